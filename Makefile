@@ -1,0 +1,47 @@
+# Two commands set everything up on a fresh machine with only Python and pip:
+#   make demo   -> .venv, torch, memprofiler, then the demo run on CPU
+#   make test   -> the same with dev extras, then pytest
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+
+.PHONY: venv install install-dev demo test lint typecheck bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# torch goes in first and pinned: a bare `torch` requirement would pull the CUDA build.
+$(VENV)/.torch: | $(PY)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: install
+	$(PY) examples/demo.py fit --config configs/demo.yaml
+
+test: install-dev
+	$(PY) -m pytest -q
+
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+bench: install
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info lightning_logs

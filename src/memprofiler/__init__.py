@@ -1,0 +1,45 @@
+"""memprofiler: memory profiling for PyTorch and Lightning training.
+
+The core (:class:`MemProfiler`, :func:`memprofilable`, :class:`MemProfilerConfig`) has no
+Lightning import; the Lightning adapters are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memprofiler.config import MemProfilerConfig
+from memprofiler.decorator import memprofilable
+from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
+from memprofiler.profiler import MemProfiler
+
+if TYPE_CHECKING:
+    from memprofiler.lightning.callback import MemProfilerCallback
+    from memprofiler.lightning.mixin import ProfilerHooksMixin
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "MemProfilerCallback": "memprofiler.lightning.callback",
+    "ProfilerHooksMixin": "memprofiler.lightning.mixin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'memprofiler' has no attribute {name!r}")
+
+
+__all__ = [
+    "ArtifactError",
+    "ConfigError",
+    "MemProfiler",
+    "MemProfilerCallback",
+    "MemProfilerConfig",
+    "MemProfilerError",
+    "ProfilerHooksMixin",
+    "memprofilable",
+]

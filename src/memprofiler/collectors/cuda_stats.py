@@ -1,0 +1,33 @@
+"""CUDA caching-allocator statistics at the start and end of a collected call.
+
+Peak statistics are reset at start, so every ``*.peak`` value in the ``end`` snapshot
+belongs to this call alone. Reading the stats needs no device synchronisation: they are
+the allocator's host-side bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memprofiler.collectors.base import CallContext
+from memprofiler.cuda_backend import CudaBackend
+
+
+class CudaStatsCollector:
+    """Collects every flat ``torch.cuda.memory_stats()`` key."""
+
+    name = "cuda"
+
+    def __init__(self, backend: CudaBackend) -> None:
+        self._backend = backend
+
+    def start(self, ctx: CallContext) -> Mapping[str, Any]:
+        self._backend.reset_peak_memory_stats()
+        return self._backend.memory_stats()
+
+    def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
+        return self._backend.memory_stats()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,70 @@
+"""Which collectors a config switches on, and for which functions.
+
+Adding a collector means adding it here; no other collector changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memprofiler.collectors.base import Collector
+from memprofiler.collectors.cuda_stats import CudaStatsCollector
+from memprofiler.collectors.host import HostCollector
+from memprofiler.collectors.module_hooks import ModuleHooksCollector
+from memprofiler.collectors.saved_tensors import SavedTensorsCollector
+from memprofiler.config import MemProfilerConfig
+from memprofiler.cuda_backend import CudaBackend
+
+
+@dataclass
+class Registered:
+    """A collector and the functions it collects."""
+
+    funcs: frozenset[str]
+    collector: Collector
+
+
+def build_collectors(
+    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
+) -> list[Registered]:
+    """Instantiate the collectors ``cfg`` enables, in start order.
+
+    Collection types whose capability is missing (no CUDA) are warned about once and
+    switched off.
+    """
+    out: list[Registered] = []
+    every = cfg.collect_funcs.all_funcs()
+    out.append(
+        Registered(
+            cfg.collect_funcs.funcs_for("cpu"), HostCollector(cfg.rss_peak_method, cfg.rss_sample_interval_ms)
+        )
+    )
+    cuda_funcs = cfg.collect_funcs.funcs_for("cuda")
+    if cuda.is_available():
+        out.append(Registered(cuda_funcs, CudaStatsCollector(cuda)))
+    else:
+        warn(
+            "CUDA is not available: CUDA allocator statistics (collection type `cuda`) are off; "
+            "host and saved-tensor collection continue."
+        )
+    saved: SavedTensorsCollector | None = None
+    if cfg.enable_saved_tensors_hooks:
+        saved = SavedTensorsCollector()
+        out.append(Registered(every, saved))
+    if cfg.enable_memory_hooks:
+        hooks = cfg.memory_hooks
+        out.append(
+            Registered(
+                every,
+                ModuleHooksCollector(
+                    pre=hooks.resolved("pre_forward_hooks"),
+                    post=hooks.resolved("post_forward_hooks"),
+                    reset=hooks.resolved("reset_state_hooks"),
+                    save_attrs=cfg.save_hook_attrs,
+                    retain_for=frozenset(cfg.retain_hooks_for_funcs),
+                    saved_tensors=saved,
+                ),
+            )
+        )
+    return out

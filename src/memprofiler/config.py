@@ -1,0 +1,278 @@
+"""Typed configuration for :class:`memprofiler.MemProfiler`.
+
+One source of options: a tree of dataclasses, validated when built. Field names follow
+finetuning-scheduler's ``MemProfilerCfg`` wherever it has one, so existing YAML carries over.
+Every error names the dotted key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from memprofiler._dataclass_build import build_dataclass
+from memprofiler.errors import ConfigError
+
+HookSpec = str | Callable[..., Any]
+
+#: Collection types a function can be registered for in ``collect_funcs``.
+COLLECT_TYPES = ("cpu", "cuda", "cuda_allocator_history", "fsdp")
+
+_DEFAULT_HOOKS = "memprofiler.collectors.module_hooks"
+
+
+@dataclass
+class ScheduleConfig:
+    """Which calls of each ``@memprofilable`` function are collected.
+
+    Calls are counted per function, starting at 1. The cyclic fields follow
+    ``torch.profiler.schedule`` exactly (call ``n`` is profiler step ``n - 1``). The default
+    collects exactly call 2, with call 1 as warmup.
+    """
+
+    skip_first: int = 0
+    """Calls to skip entirely before the first cycle starts."""
+    wait: int = 0
+    """Idle calls at the start of every cycle."""
+    warmup: int = 1
+    """Calls per cycle before collection; allocator-history recording starts here."""
+    active: int = 1
+    """Collected calls per cycle."""
+    repeat: int = 1
+    """Number of cycles; ``0`` repeats forever."""
+    warmup_iters: int | None = None
+    """Short form (the ancestor's): collect calls with ``warmup_iters < call <= max_iter``."""
+    max_iter: int | None = None
+    """Short form: the last collected call. Defaults to ``warmup_iters + 1``."""
+
+    _CYCLIC: ClassVar[tuple[str, ...]] = ("skip_first", "wait", "warmup", "active", "repeat")
+
+    def __post_init__(self) -> None:
+        for name in ("skip_first", "wait", "warmup", "repeat"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"got {getattr(self, name)}; must be >= 0")
+        if self.active < 1:
+            raise ConfigError("active", f"got {self.active}; must be >= 1")
+        if self.is_short_form:
+            defaults = ScheduleConfig.__dataclass_fields__
+            changed = [n for n in self._CYCLIC if getattr(self, n) != defaults[n].default]
+            if changed:
+                raise ConfigError(
+                    changed[0],
+                    "cannot be combined with the short form `warmup_iters`/`max_iter`; use one form",
+                )
+            if self.warmup_iters is None:
+                self.warmup_iters = 1
+            if self.warmup_iters < 0:
+                raise ConfigError("warmup_iters", f"got {self.warmup_iters}; must be >= 0")
+            if self.max_iter is None:
+                self.max_iter = self.warmup_iters + 1
+            if self.max_iter <= self.warmup_iters:
+                raise ConfigError(
+                    "max_iter", f"got {self.max_iter}; must be greater than warmup_iters={self.warmup_iters}"
+                )
+
+    @property
+    def is_short_form(self) -> bool:
+        return self.warmup_iters is not None or self.max_iter is not None
+
+
+@dataclass
+class CollectFuncsConfig:
+    """Which ``@memprofilable`` functions get which collection type.
+
+    The names in ``default`` are added to every other set.
+    """
+
+    default: list[str] = field(default_factory=lambda: ["training_step"])
+    """Functions collected by every enabled collection type."""
+    cpu: list[str] = field(default_factory=list)
+    """Extra functions for host memory (RSS, VMS, peak RSS)."""
+    cuda: list[str] = field(default_factory=list)
+    """Extra functions for ``torch.cuda.memory_stats()``."""
+    cuda_allocator_history: list[str] = field(default_factory=list)
+    """Extra functions for CUDA allocator-history pickles."""
+    fsdp: list[str] = field(default_factory=list)
+    """Extra functions for FSDP2 memory tracking."""
+
+    def funcs_for(self, collect_type: str) -> frozenset[str]:
+        """Return the functions collected by ``collect_type``, ``default`` included."""
+        if collect_type not in COLLECT_TYPES:
+            raise ConfigError("collect_funcs", f"unknown collection type {collect_type!r}")
+        return frozenset(self.default) | frozenset(getattr(self, collect_type))
+
+    def all_funcs(self) -> frozenset[str]:
+        """Every function named anywhere."""
+        out = frozenset(self.default)
+        for t in COLLECT_TYPES:
+            out |= frozenset(getattr(self, t))
+        return out
+
+
+def resolve_hook(spec: HookSpec, key: str) -> Callable[..., Any]:
+    """Turn a callable or dotted import path into a callable.
+
+    Raises:
+        ConfigError: the path does not import or does not name a callable.
+    """
+    if callable(spec):
+        return spec
+    module_name, _, attr = spec.rpartition(".")
+    if not module_name:
+        raise ConfigError(key, f"got {spec!r}; expected a dotted import path like `pkg.module.func`")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(
+            key, f"cannot import {spec!r} ({err}); give an importable `module.function`"
+        ) from None
+    if not callable(obj):
+        raise ConfigError(key, f"{spec!r} is not callable")
+    return obj
+
+
+@dataclass
+class MemoryHooksConfig:
+    """Forward hooks run on the profiled module during collected calls (``enable_memory_hooks``).
+
+    A pre-forward hook is called as ``hook(state, module, args)``, a post-forward hook as
+    ``hook(state, module, args, output)`` and a reset hook as ``hook(state)``. ``state`` is a
+    :class:`memprofiler.collectors.module_hooks.HookState` held by the profiler; attributes
+    named in ``save_hook_attrs`` are copied from it into the snapshot.
+    """
+
+    pre_forward_hooks: list[HookSpec] = field(
+        default_factory=lambda: [f"{_DEFAULT_HOOKS}.rss_pre_forward", f"{_DEFAULT_HOOKS}.npp_pre_forward"]
+    )
+    """Called before the outermost forward of the profiled module."""
+    post_forward_hooks: list[HookSpec] = field(
+        default_factory=lambda: [f"{_DEFAULT_HOOKS}.rss_post_forward", f"{_DEFAULT_HOOKS}.npp_post_forward"]
+    )
+    """Called after the outermost forward of the profiled module."""
+    reset_state_hooks: list[HookSpec] = field(default_factory=lambda: [f"{_DEFAULT_HOOKS}.reset_state"])
+    """Called at the start of every collected call."""
+
+    def __post_init__(self) -> None:
+        for name in ("pre_forward_hooks", "post_forward_hooks", "reset_state_hooks"):
+            for i, spec in enumerate(getattr(self, name)):
+                resolve_hook(spec, f"{name}[{i}]")
+
+    def resolved(self, name: str) -> list[Callable[..., Any]]:
+        return [resolve_hook(s, f"memory_hooks.{name}[{i}]") for i, s in enumerate(getattr(self, name))]
+
+
+@dataclass
+class MemProfilerConfig:
+    """All options of :class:`memprofiler.MemProfiler`.
+
+    Accepts nested mappings anywhere a nested config is expected. Build from a dict, a YAML
+    mapping or a YAML file with :meth:`from_any`.
+
+    Example:
+        >>> cfg = MemProfilerConfig.from_any({"schedule": {"warmup": 0, "active": 2}})
+        >>> cfg.schedule.active
+        2
+    """
+
+    enabled: bool = True
+    """Master switch. When false the profiler attaches nothing and costs nothing."""
+    save_dir: str | None = None
+    """Output directory. Default: ``<trainer.log_dir or default_root_dir>/memprofiler``."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Which calls are collected."""
+    collect_funcs: CollectFuncsConfig = field(default_factory=CollectFuncsConfig)
+    """Which functions get which collection type."""
+    dump_memorystats_yaml: bool = True
+    """Write ``rank_{rank}_memory_stats.yaml``."""
+    dump_memorystats_pickle: bool = False
+    """Also write the same data to ``rank_{rank}_memory_stats.pickle``."""
+    enable_saved_tensors_hooks: bool = True
+    """Count bytes autograd saves for backward (``saved_tensors.*``) inside collected calls."""
+    enable_memory_hooks: bool = False
+    """Install ``memory_hooks`` on the profiled module during collected calls."""
+    memory_hooks: MemoryHooksConfig = field(default_factory=MemoryHooksConfig)
+    """The forward hooks run when ``enable_memory_hooks`` is on."""
+    save_hook_attrs: list[str] = field(
+        default_factory=lambda: [
+            "rss_pre_forward",
+            "rss_post_forward",
+            "rss_diff",
+            "npp_pre_forward",
+            "npp_post_forward",
+            "npp_diff",
+        ]
+    )
+    """Hook-state attributes copied into the ``end`` snapshot."""
+    retain_hooks_for_funcs: list[str] = field(default_factory=lambda: ["training_step"])
+    """Functions whose memory hooks stay installed between consecutive collected calls
+    instead of being removed and re-installed; they are removed when the window closes."""
+    rss_peak_method: str = "auto"
+    """How ``rss_peak`` is measured: ``clear_refs`` (Linux: reset and read the kernel's
+    ``VmHWM``, exact, no thread), ``sampler`` (a thread polling RSS during collected calls
+    only) or ``auto`` (``clear_refs`` where it works, else ``sampler``)."""
+    rss_sample_interval_ms: float = 1.0
+    """Polling interval of the ``sampler`` method."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            nested = _NESTED_TYPES.get(f.name)
+            if nested is not None and isinstance(value, Mapping):
+                try:
+                    setattr(self, f.name, build_dataclass(nested, value))
+                except ConfigError as err:
+                    raise err.prefixed(f.name) from None
+        if self.rss_peak_method not in ("auto", "clear_refs", "sampler"):
+            raise ConfigError(
+                "rss_peak_method", f"got {self.rss_peak_method!r}; allowed: auto, clear_refs, sampler"
+            )
+        if self.rss_sample_interval_ms <= 0:
+            raise ConfigError("rss_sample_interval_ms", f"got {self.rss_sample_interval_ms}; must be > 0")
+
+    @classmethod
+    def from_any(cls, obj: MemProfilerConfig | Mapping[str, Any] | str | Path | None) -> MemProfilerConfig:
+        """Build a config from a config, a mapping, YAML text or a YAML file path.
+
+        Raises:
+            ConfigError: unknown key, wrong type or value out of range; names the dotted key.
+        """
+        if obj is None:
+            return cls()
+        if isinstance(obj, cls):
+            return obj
+        if isinstance(obj, (str, Path)):
+            path = Path(obj)
+            text = path.read_text() if path.suffix in (".yaml", ".yml") and path.is_file() else str(obj)
+            try:
+                obj = yaml.safe_load(text) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError("", f"cannot parse config YAML: {err}") from None
+        if not isinstance(obj, Mapping):
+            raise ConfigError("", f"expected a mapping of MemProfilerConfig fields, got {type(obj).__name__}")
+        return build_dataclass(cls, obj)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data view (callables shown by their qualified name), for logging and YAML."""
+        return _plain(self)
+
+
+_NESTED_TYPES: dict[str, type] = {
+    "schedule": ScheduleConfig,
+    "collect_funcs": CollectFuncsConfig,
+    "memory_hooks": MemoryHooksConfig,
+}
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in obj]
+    if callable(obj):
+        return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    return obj

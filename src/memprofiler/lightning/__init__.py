@@ -1,0 +1,6 @@
+"""Thin Lightning adapters over the framework-agnostic :class:`memprofiler.MemProfiler`."""
+
+from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.mixin import ProfilerHooksMixin
+
+__all__ = ["MemProfilerCallback", "ProfilerHooksMixin"]

@@ -1,0 +1,44 @@
+"""``ProfilerHooksMixin``: the ancestor's style, a ``memprofiler_cfg`` init argument."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from memprofiler.config import MemProfilerConfig
+from memprofiler.lightning.callback import MemProfilerCallback
+
+
+class ProfilerHooksMixin:
+    """Mix into a LightningModule to configure profiling from its own init arguments.
+
+    The module's ``configure_callbacks`` then returns a :class:`MemProfilerCallback` built
+    from ``memprofiler_cfg``, so no trainer change is needed.
+
+    Args:
+        memprofiler_cfg: a :class:`~memprofiler.MemProfilerConfig` or mapping; ``None``
+            leaves profiling off.
+
+    Example:
+        >>> class Model(ProfilerHooksMixin, LightningModule):  # doctest: +SKIP
+        ...     def __init__(self, memprofiler_cfg=None):
+        ...         super().__init__(memprofiler_cfg=memprofiler_cfg)
+    """
+
+    def __init__(
+        self, *args: Any, memprofiler_cfg: MemProfilerConfig | Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.memprofiler_cfg = (
+            None if memprofiler_cfg is None else MemProfilerConfig.from_any(memprofiler_cfg)
+        )
+
+    def configure_callbacks(self) -> list[Callback] | Callback:
+        parent = getattr(super(), "configure_callbacks", None)
+        base = parent() if parent is not None else []
+        callbacks = list(base) if isinstance(base, (list, tuple)) else [base]
+        if self.memprofiler_cfg is not None and self.memprofiler_cfg.enabled:
+            callbacks.append(MemProfilerCallback(self.memprofiler_cfg))
+        return callbacks

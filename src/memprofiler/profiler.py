@@ -1,0 +1,316 @@
+"""The framework-agnostic core: schedule, collectors, snapshots, files.
+
+Nothing here imports Lightning. The Lightning callback, the mixin and the CLI are thin
+adapters over :class:`MemProfiler`, which also serves Fabric and plain PyTorch loops.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from torch import nn
+
+from memprofiler import layout, schedule
+from memprofiler._warn import log, warn_once
+from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.registry import Registered, build_collectors
+from memprofiler.config import MemProfilerConfig
+from memprofiler.cuda_backend import CudaBackend, default_backend
+from memprofiler.decorator import ATTACH_ATTR, memprofilable
+from memprofiler.errors import ArtifactError
+from memprofiler.writers import write_pickle, write_yaml
+
+
+def detect_rank() -> int:
+    """Global rank from ``torch.distributed`` if initialised, else ``RANK``, else 0."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return int(os.environ.get("RANK", "0"))
+
+
+class _Run:
+    """One collected call in flight."""
+
+    __slots__ = ("collectors", "ctx", "started")
+
+    def __init__(self, ctx: CallContext, collectors: list[Registered]) -> None:
+        self.ctx = ctx
+        self.collectors = collectors
+        self.started: list[Registered] = []
+
+
+class MemProfiler:
+    """Collects memory snapshots of ``@memprofilable`` calls selected by a schedule.
+
+    Args:
+        config: a :class:`MemProfilerConfig`, a mapping, YAML text or a YAML file path.
+        save_dir: output directory; overrides ``config.save_dir``.
+        rank: global rank used in keys and file names; detected when omitted.
+        cuda: the CUDA seam; tests pass a fake.
+
+    Raises:
+        ConfigError: the config is invalid (names the dotted key).
+
+    Example:
+        >>> prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp)  # doctest: +SKIP
+        >>> with prof:  # set up, and dump at exit even when the loop raises
+        ...     for batch in loader:
+        ...         with prof.profile("train_step", module=model):
+        ...             loss = model(batch).sum()
+        ...         loss.backward()
+    """
+
+    memprofilable = staticmethod(memprofilable)
+
+    def __init__(
+        self,
+        config: MemProfilerConfig | Mapping[str, Any] | str | Path | None = None,
+        *,
+        save_dir: str | os.PathLike[str] | None = None,
+        rank: int | None = None,
+        cuda: CudaBackend | None = None,
+    ) -> None:
+        self.config = MemProfilerConfig.from_any(config)
+        self.rank = detect_rank() if rank is None else rank
+        chosen = save_dir or self.config.save_dir or layout.DEFAULT_SUBDIR
+        self.save_dir = Path(chosen).expanduser()
+        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.module: nn.Module | None = None
+        self._cuda = cuda or default_backend()
+        self._calls: dict[str, int] = {}
+        self._finished: set[str] = set()
+        self._collectors: list[Registered] = []
+        self._collected_funcs: frozenset[str] = frozenset()
+        self._active: _Run | None = None
+        self._is_setup = False
+        self._dirty = False
+        self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
+
+    # ----------------------------------------------------------------- life cycle
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def setup(self, module: nn.Module | None = None) -> MemProfiler:
+        """Check the output directory and build the collectors. Idempotent.
+
+        Raises:
+            ArtifactError: ``save_dir`` cannot be created or written.
+        """
+        if module is not None:
+            self.module = module
+        if self._is_setup or not self.enabled:
+            return self
+        _check_writable(self.save_dir)
+        self._collectors = build_collectors(self.config, self._cuda, self._warn)
+        self._collected_funcs = self.config.collect_funcs.all_funcs()
+        self._is_setup = True
+        return self
+
+    def attach(self, obj: Any) -> None:
+        """Let ``@memprofilable`` methods of ``obj`` report to this profiler."""
+        if self.enabled:
+            object.__setattr__(obj, ATTACH_ATTR, self)
+            if isinstance(obj, nn.Module) and self.module is None:
+                self.module = obj
+
+    def add_listener(self, fn: Callable[[str, dict[str, Any], CallContext], None]) -> None:
+        """Call ``fn(key, metrics, ctx)`` after every snapshot is recorded.
+
+        ``ctx.scratch["t_ns"]`` holds the ``time.time_ns()`` at which the snapshot was taken.
+        A listener that raises is warned about and removed; training continues.
+        """
+        self._listeners.append(fn)
+
+    def _record(self, phase: str, metrics: dict[str, Any], ctx: CallContext) -> None:
+        key = layout.snapshot_key(self.rank, ctx.fn_name, ctx.call, phase)
+        self.snapshots[key] = metrics
+        ctx.scratch["t_ns"] = time.time_ns()
+        ctx.scratch["phase"] = phase
+        for listener in list(self._listeners):
+            try:
+                listener(key, metrics, ctx)
+            except Exception as err:
+                self._warn(f"snapshot listener {listener!r} failed ({err!r}); it is removed")
+                self._listeners.remove(listener)
+
+    @staticmethod
+    def detach(obj: Any) -> None:
+        obj.__dict__.pop(ATTACH_ATTR, None)
+
+    def teardown(self) -> list[Path]:
+        """Write the files and release every hook and thread the collectors hold."""
+        written = self.dump()
+        for reg in self._collectors:
+            self._guard(reg, "close", lambda r=reg: r.collector.close())
+        return written
+
+    def __enter__(self) -> MemProfiler:
+        return self.setup()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.teardown()
+
+    # ----------------------------------------------------------------- collection
+    @contextmanager
+    def profile(self, fn_name: str, module: nn.Module | None = None) -> Iterator[None]:
+        """Count one call of ``fn_name``; collect it if the schedule selects it.
+
+        Use this around a step in a plain loop or Fabric. ``module`` is the model whose
+        parameters are excluded from saved-tensor bytes and whose submodules are tracked.
+        """
+        run = self.begin(fn_name, module)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            if run is not None:
+                self.finish(run, ok)
+
+    def begin(self, fn_name: str, module: nn.Module | None = None) -> _Run | None:
+        """Count a call and start collecting it if scheduled; pair with :meth:`finish`."""
+        if fn_name in self._finished or not self._is_setup:
+            return None
+        call = self._calls.get(fn_name, 0) + 1
+        self._calls[fn_name] = call
+        if fn_name not in self._collected_funcs:
+            self._finished.add(fn_name)
+            return None
+        try:
+            return self._begin(fn_name, call, module)
+        except Exception as err:  # a profiler fault never kills training
+            self._warn(f"internal error while starting `{fn_name}` call {call}: {err!r}; skipping it")
+            return None
+
+    def _begin(self, fn_name: str, call: int, module: nn.Module | None) -> _Run | None:
+        sched = self.config.schedule
+        act = schedule.action(sched, call)
+        if schedule.is_finished(sched, call) and not act.collects:
+            self._finished.add(fn_name)
+        if act is schedule.Action.NONE:
+            return None
+        regs = [r for r in self._collectors if fn_name in r.funcs]
+        ctx = CallContext(
+            fn_name=fn_name,
+            call=call,
+            rank=self.rank,
+            module=module if module is not None else self.module,
+            closes_window=schedule.closes_window(sched, call),
+        )
+        if act is schedule.Action.WARMUP:
+            for reg in regs:
+                warmup = getattr(reg.collector, "warmup", None)
+                if warmup is not None:
+                    self._guard(reg, "warmup", lambda w=warmup: w(ctx))
+            return None
+        if self._active is not None:
+            self._warn(
+                f"`{fn_name}` was called inside collected `{self._active.ctx.fn_name}`; "
+                "nested calls are counted but not collected"
+            )
+            return None
+        run = _Run(ctx, regs)
+        metrics: dict[str, Any] = {}
+        for reg in regs:
+            out = self._guard(reg, "start", lambda r=reg: r.collector.start(ctx))
+            if out is not None:
+                run.started.append(reg)
+                metrics.update(out)
+        self._record("start", metrics, ctx)
+        self._active = run
+        self._dirty = True
+        return run
+
+    def finish(self, run: _Run, ok: bool) -> None:
+        """End a collected call started by :meth:`begin`."""
+        self._active = None
+        ctx = run.ctx
+        metrics: dict[str, Any] = {}
+        for reg in reversed(run.started):
+            out = self._guard(reg, "end", lambda r=reg: r.collector.end(ctx, ok))
+            if out is not None:
+                metrics.update(out)
+        if ok:
+            self._record("end", metrics, ctx)
+        if schedule.is_finished(self.config.schedule, ctx.call):
+            self._finished.add(ctx.fn_name)
+
+    def call_count(self, fn_name: str) -> int:
+        """How many calls of ``fn_name`` have been counted."""
+        return self._calls.get(fn_name, 0)
+
+    # ----------------------------------------------------------------- output
+    def dump(self) -> list[Path]:
+        """Write every enabled output file atomically; safe to call repeatedly.
+
+        Never raises: a write failure is a warning, and whatever else can be written is.
+        """
+        if not self._is_setup:
+            return []
+        written: list[Path] = []
+        cfg = self.config
+        try:
+            if cfg.dump_memorystats_yaml:
+                written.append(
+                    write_yaml(
+                        self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank), self.snapshots
+                    )
+                )
+            if cfg.dump_memorystats_pickle:
+                written.append(
+                    write_pickle(
+                        self.save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self.rank), self.snapshots
+                    )
+                )
+        except OSError as err:
+            self._warn(f"could not write memory stats to {self.save_dir}: {err}", all_ranks=True)
+        for reg in self._collectors:
+            dump = getattr(reg.collector, "dump", None)
+            if dump is not None:
+                files = self._guard(reg, "dump", lambda d=dump: d(self.save_dir, self.rank))
+                written.extend(files or [])
+        self._dirty = False
+        return written
+
+    # ----------------------------------------------------------------- faults
+    def _warn(self, message: str, all_ranks: bool = False) -> None:
+        warn_once(message, rank=self.rank, all_ranks=all_ranks)
+
+    def _guard(self, reg: Registered, what: str, fn: Any) -> Any:
+        """Run a collector step; on failure warn, switch that collector off, return None."""
+        try:
+            return fn()
+        except Exception as err:
+            name = getattr(reg.collector, "name", type(reg.collector).__name__)
+            log.debug("collector %s failed in %s", name, what, exc_info=True)
+            self._warn(
+                f"collector `{name}` failed in {what} ({err!r}); it is switched off, training continues"
+            )
+            if reg in self._collectors:
+                self._collectors.remove(reg)
+                with suppress(Exception):
+                    reg.collector.close()
+            return None
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".memprofiler-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ArtifactError(
+            f"`save_dir` {str(path)!r} is not writable ({err.strerror or err}); "
+            "choose a writable directory with `save_dir: ...`"
+        ) from None

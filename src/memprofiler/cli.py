@@ -35,7 +35,7 @@ class MemProfilerCLI(LightningCLI):
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_argument(f"--{GROUP}", type=MemProfilerConfig | None, default=None)
+        parser.add_dataclass_arguments(MemProfilerConfig, GROUP)
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -179,10 +179,12 @@ class MemProfiler:
 
     def begin(self, fn_name: str, module: nn.Module | None = None) -> _Run | None:
         """Count a call and start collecting it if scheduled; pair with :meth:`finish`."""
-        if fn_name in self._finished or not self._is_setup:
+        if not self._is_setup:
             return None
         call = self._calls.get(fn_name, 0) + 1
         self._calls[fn_name] = call
+        if fn_name in self._finished:
+            return None
         if fn_name not in self._collected_funcs:
             self._finished.add(fn_name)
             return None

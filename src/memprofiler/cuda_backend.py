@@ -108,6 +108,8 @@ class CudaBackend:
 
     def _attach_raw_oom_observer(self, dispatcher: OomObserver) -> None:
         """Attach ``dispatcher`` to the allocator, for good (it cannot be detached)."""
+        # Older torch builds crash attaching before the allocator exists (pytorch#107330).
+        torch.cuda.init()
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer")  # noqa: B009
         attach(dispatcher)
 

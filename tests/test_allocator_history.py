@@ -239,6 +239,16 @@ def test_users_own_recording_is_left_alone_and_reported_once(tmp_path):
     assert len(_alloc_files(tmp_path)) == 4
 
 
+def test_rank_is_in_the_file_names(tmp_path):
+    fake = FakeCudaBackend()
+    with MemProfiler(_cfg({}), save_dir=tmp_path, rank=3, cuda=fake) as prof:
+        _run_loop(prof, fake, 2)
+    assert _alloc_files(tmp_path) == [
+        "cuda_alloc_rank_3.train_step.2.end.pickle",
+        "cuda_alloc_rank_3.train_step.2.start.pickle",
+    ]
+
+
 def test_no_cuda_warns_once_and_training_goes_on(tmp_path):
     # GIVEN no CUDA device
     fake = FakeCudaBackend()
@@ -460,3 +470,20 @@ def test_record_real_fixture(tmp_path):
     if os.environ.get("MEMPROFILER_RECORD_FIXTURE") == "1":
         out = Path(__file__).parent / "fixtures" / "cuda_snapshot_tiny.pickle"
         out.write_bytes(pickle.dumps(snap, protocol=4))
+
+
+def test_benchmark_skips_cleanly_without_cuda(capsys):
+    # GIVEN the GPU benchmark on a machine without CUDA
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU path")
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "allocator_history.py"
+    spec = importlib.util.spec_from_file_location("bench_allocator_history", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # WHEN it runs THEN it exits 0 with one JSON line saying why it skipped
+    assert bench.main([]) == 0
+    assert json.loads(capsys.readouterr().out) == {"skipped": "no CUDA"}

@@ -259,3 +259,21 @@ def test_gpu_real_oom_is_recorded(tmp_path):
     rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
     assert set(rec["memory_stats"]) == set(torch.cuda.memory_stats())
     assert rec["failed_alloc_bytes"] >= total and rec["device_total_bytes"] == total
+
+
+def test_each_rank_writes_its_own_records(tmp_path):
+    # GIVEN two ranks sharing one output directory
+    fakes = {rank: FakeCudaBackend() for rank in (0, 1)}
+    profs = {}
+    for rank, fake in fakes.items():
+        profs[rank] = MemProfiler({"oom": {"enabled": True}}, save_dir=tmp_path, rank=rank, cuda=fake).setup()
+    # WHEN rank 1 runs out of memory twice and rank 0 once
+    _oom(fakes[1], 1 * GIB)
+    _oom(fakes[0], 2 * GIB)
+    _oom(fakes[1], 3 * GIB)
+    for prof in profs.values():
+        prof.teardown()
+    # THEN each rank numbers its own records from 0
+    assert _yaml(tmp_path / "oom_rank_0_0.yaml")["failed_alloc_bytes"] == 2 * GIB
+    assert [_yaml(tmp_path / f"oom_rank_1_{n}.yaml")["failed_alloc_bytes"] for n in (0, 1)] == [GIB, 3 * GIB]
+    assert _yaml(tmp_path / "oom_rank_1_1.yaml")["rank"] == 1

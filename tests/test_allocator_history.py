@@ -151,13 +151,10 @@ def test_pickles_hold_exactly_the_history_of_the_window(tmp_path):
     # AND the snapshot keys of the memory_viz format are all there
     assert set(end) == {"segments", "device_traces", "allocator_settings"}
     assert end["segments"] == load_fixture()["segments"]
-    # AND the consolidated YAML points at the pickles and counts their entries
+    # AND the consolidated YAML counts the pickles' entries
     stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
     assert stats["0.train_step.2.start"]["allocator_history.entries"] == 4
     assert stats["0.train_step.2.end"]["allocator_history.entries"] == 8
-    assert (
-        stats["0.train_step.2.end"]["allocator_history.file"] == "cuda_alloc_rank_0.train_step.2.end.pickle"
-    )
 
 
 def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):

@@ -96,4 +96,5 @@ class AllocatorHistoryCollector(BaseCollector):
         name = layout.cuda_alloc_pickle(ctx.rank, ctx.fn_name, ctx.call, phase)
         # plain=False: the snapshot is already plain data, and memory_viz needs it verbatim.
         write_pickle(self._save_dir / name, snap, plain=False)
-        return {"allocator_history.file": name, "allocator_history.entries": trace_entries(snap)}
+        # Numbers only in the snapshot; the pickle's name follows from the snapshot key.
+        return {"allocator_history.entries": trace_entries(snap)}

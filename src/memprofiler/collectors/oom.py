@@ -18,7 +18,7 @@ reported as a warning and the OOM stays the OOM it was.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +26,7 @@ import torch
 
 from memprofiler import layout
 from memprofiler._warn import log, warn_once
-from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.base import BaseCollector
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.cuda_backend import CudaBackend
 from memprofiler.writers import write_pickle, write_yaml
@@ -89,12 +89,6 @@ class OomRecorder(BaseCollector):
                 "this torch build has no CUDA out-of-memory observer; OOM records are written "
                 "from the exception handler only"
             )
-
-    def start(self, ctx: CallContext) -> Mapping[str, Any]:
-        return {}
-
-    def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
-        return {}
 
     def crash(self, exc: BaseException) -> list[Path]:
         """Write a record for an exception that ends training, then stop the ring."""

@@ -183,3 +183,61 @@ def test_sigterm_mid_run_leaves_valid_files(tmp_path):
     assert "SIGTERMException; recording on: False" in proc.stdout
     # AND steps 1-3 are on disk in full, with the crash record
     assert_complete_record(tmp_path / "mp", done_steps=3, failed_step=None)
+
+
+class _CudaOomModel(pl.LightningModule):
+    """Trains a small MLP on CUDA; step 3 asks for more memory than the device has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+
+    @memprofilable
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            _, total = torch.cuda.mem_get_info()
+            torch.empty(total + (1 << 30), dtype=torch.uint8, device=self.device)
+        return self.net(batch[0]).pow(2).mean()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 64)), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_real_oom_in_a_trainer_leaves_every_record(tmp_path):
+    # GIVEN every step collected with history and the flight recorder, on a real GPU
+    cb = MemProfilerCallback({**CONFIG, "save_dir": str(tmp_path / "mp")})
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=6,
+        callbacks=[cb],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        accelerator="cuda",
+        devices=1,
+    )
+    # WHEN step 3 runs out of memory
+    with pytest.raises(torch.OutOfMemoryError):
+        trainer.fit(_CudaOomModel())
+    save_dir = tmp_path / "mp"
+    # THEN the observer's record (0) and the exception's record (1) are both there
+    first = yaml.safe_load((save_dir / "oom_rank_0_0.yaml").read_text())
+    second = yaml.safe_load((save_dir / "oom_rank_0_1.yaml").read_text())
+    assert (first["reason"], second["reason"]) == ("cuda_oom", "exception")
+    assert first["failed_alloc_bytes"] >= first["device_total_bytes"]
+    assert any(
+        e["action"] == "oom"
+        for trace in _load_pickle(save_dir / first["pickle"])["device_traces"]
+        for e in trace
+    )
+    # AND steps 1-2 are complete in the stats file, step 3 has its start
+    stats = yaml.safe_load((save_dir / "rank_0_memory_stats.yaml").read_text())
+    assert {k for k in stats if k.endswith(".end")} == {"0.training_step.1.end", "0.training_step.2.end"}
+    assert "0.training_step.3.start" in stats and first["snapshots"].keys() <= stats.keys()
+    # AND nothing keeps recording after the crash
+    assert torch._C._cuda_isHistoryEnabled() is False

@@ -173,7 +173,14 @@ class MemProfiler:
         """Training ends with ``exc``: let collectors write crash records, then write every file.
 
         Never raises. Lightning's ``on_exception`` (SIGTERM included) and leaving the context
-        manager by an exception call it.
+        manager by an exception call it; call it yourself where a loop catches the exception.
+
+        Example:
+            >>> try:  # doctest: +SKIP
+            ...     train(prof)
+            ... except Exception as err:
+            ...     prof.record_crash(err)
+            ...     raise
         """
         written: list[Path] = []
         if not self._is_setup:

@@ -24,3 +24,15 @@ def parse_snapshot_key(key: str) -> tuple[int, str, int, str]:
     rank, rest = key.split(".", 1)
     fn, call, phase = rest.rsplit(".", 2)
     return int(rank), fn, int(call), phase
+
+
+#: Allocator-history pickle (memory_viz) at the start / end of a collected call; the
+#: ancestor's name.
+CUDA_ALLOC_PICKLE = "cuda_alloc_rank_{rank}.{fn}.{call}.{phase}.pickle"
+#: OOM flight records; ``n`` counts up from 0 so an earlier record is never overwritten.
+OOM_PICKLE = "oom_rank_{rank}_{n}.pickle"
+OOM_YAML = "oom_rank_{rank}_{n}.yaml"
+
+
+def cuda_alloc_pickle(rank: int, fn: str, call: int, phase: str) -> str:
+    return CUDA_ALLOC_PICKLE.format(rank=rank, fn=fn, call=call, phase=phase)

@@ -92,6 +92,8 @@ class MemProfiler:
         self._is_setup = False
         self._dirty = False
         self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
+        #: Returns the training step for crash records (the Lightning callback sets it).
+        self.step_fn: Callable[[], int] | None = None
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -112,6 +114,11 @@ class MemProfiler:
         self._collectors = build_collectors(self.config, self._cuda, self._warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
         self._is_setup = True
+        for reg in list(self._collectors):
+            # Collectors that write their own files or read the snapshots get the profiler.
+            bind = getattr(reg.collector, "bind", None)
+            if bind is not None:
+                self._guard(reg, "bind", lambda b=bind: b(self))
         return self
 
     def attach(self, obj: Any) -> None:
@@ -158,7 +165,44 @@ class MemProfiler:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc is not None:
+            self.record_crash(exc)
         self.teardown()
+
+    def record_crash(self, exc: BaseException) -> list[Path]:
+        """Training ends with ``exc``: let collectors write crash records, then write every file.
+
+        Never raises. Lightning's ``on_exception`` (SIGTERM included) and leaving the context
+        manager by an exception call it; call it yourself where a loop catches the exception.
+
+        Example:
+            >>> try:  # doctest: +SKIP
+            ...     train(prof)
+            ... except Exception as err:
+            ...     prof.record_crash(err)
+            ...     raise
+        """
+        written: list[Path] = []
+        if not self._is_setup:
+            return written
+        for reg in list(self._collectors):
+            crash = getattr(reg.collector, "crash", None)
+            if crash is not None:
+                written.extend(self._guard(reg, "crash", lambda c=crash: c(exc)) or [])
+        return written + self.dump()
+
+    def current_step(self) -> int | None:
+        """The training step from ``step_fn``, or ``None`` when unknown."""
+        if self.step_fn is None:
+            return None
+        try:
+            return int(self.step_fn())
+        except Exception:
+            return None
+
+    def counted_functions(self) -> frozenset[str]:
+        """Every ``@memprofilable`` function counted so far."""
+        return frozenset(self._calls)
 
     # ----------------------------------------------------------------- collection
     @contextmanager

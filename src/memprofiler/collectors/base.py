@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from memprofiler.profiler import MemProfiler
 
 Metrics = dict[str, Any]
 
@@ -55,8 +58,12 @@ class BaseCollector:
 
     Besides ``start`` / ``end`` the profiler calls, when a collector defines them:
 
+    * ``bind(profiler)`` once at set-up, for collectors that write their own files or read
+      the profiler's snapshots;
     * ``warmup(ctx)`` on calls the schedule marks as warmup (before collection starts);
     * ``dump(save_dir, rank)`` whenever the profiler writes its files, to write extra files;
+    * ``crash(exc)`` when training ends in an exception (before the files are written), to
+      write crash records and stop anything that would outlive the run;
     * ``close()`` at teardown.
     """
 
@@ -68,8 +75,14 @@ class BaseCollector:
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
         return {}
 
+    def bind(self, profiler: MemProfiler) -> None:
+        return None
+
     def warmup(self, ctx: CallContext) -> None:
         return None
+
+    def crash(self, exc: BaseException) -> list[Path]:
+        return []
 
     def dump(self, save_dir: Path, rank: int) -> list[Path]:
         return []

@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
 from memprofiler.collectors.base import Collector
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
+from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.collectors.host import HostCollector
 from memprofiler.collectors.module_hooks import ModuleHooksCollector
+from memprofiler.collectors.oom import OomRecorder
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 from memprofiler.config import MemProfilerConfig
 from memprofiler.cuda_backend import CudaBackend
@@ -67,4 +70,56 @@ def build_collectors(
                 ),
             )
         )
+    out.extend(_history_collectors(cfg, cuda, warn))
+    return out
+
+
+def _history_collectors(
+    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
+) -> list[Registered]:
+    """Allocator history and the OOM flight recorder, sharing one recording owner."""
+    out: list[Registered] = []
+    if not (cfg.cuda_allocator_history or cfg.oom.enabled):
+        return out
+    has_history = cuda.supports_history()
+    recording = HistoryRecording(cuda, warn) if has_history else None
+    if cfg.cuda_allocator_history:
+        if recording is None:
+            warn(
+                "CUDA allocator history is not available here (no CUDA device, or a torch build "
+                "without `_cuda_record_memory_history`): `cuda_allocator_history` is off"
+            )
+        else:
+            hist = cfg.allocator_history
+            out.append(
+                Registered(
+                    cfg.collect_funcs.funcs_for("cuda_allocator_history"),
+                    AllocatorHistoryCollector(
+                        cuda, recording, HistoryOptions(hist.max_entries, hist.stacks, hist.context)
+                    ),
+                )
+            )
+    if cfg.oom.enabled:
+        if not cuda.is_available():
+            warn("CUDA is not available: the OOM flight recorder (`oom.enabled`) is off")
+        else:
+            if recording is None:
+                warn(
+                    "this torch build cannot record CUDA allocator history: OOM records carry "
+                    "allocator stats but no memory_viz history"
+                )
+            oom = cfg.oom
+            # No functions: the recorder takes no per-call snapshots, it only binds and dumps.
+            out.append(
+                Registered(
+                    frozenset(),
+                    OomRecorder(
+                        cuda,
+                        recording,
+                        HistoryOptions(oom.max_entries, oom.stacks, oom.context),
+                        oom.max_dumps,
+                        warn,
+                    ),
+                )
+            )
     return out

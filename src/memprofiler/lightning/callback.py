@@ -57,6 +57,7 @@ class MemProfilerCallback(Callback):
             self.profiler = MemProfiler(self.config, save_dir=save_dir, rank=trainer.global_rank)
         self.profiler.setup(pl_module)
         self.profiler.attach(pl_module)
+        self.profiler.step_fn = lambda: trainer.global_step
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -66,7 +67,8 @@ class MemProfilerCallback(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._dump()
+        if self.profiler is not None:
+            self.profiler.record_crash(exception)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

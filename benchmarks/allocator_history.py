@@ -1,0 +1,110 @@
+"""Cost of CUDA allocator-history recording and of its memory_viz dumps (GPU only).
+
+For a small transformer, measures the median training-step time with no recording, with
+``stacks="python"`` and with ``stacks="all"``, and, with the ring filled to ``max_entries``
+(100k by default), the time to take and write one dump and the file's size. Uses the same
+seam and writer as the collector. Prints one JSON object; on a machine without CUDA it
+prints ``{"skipped": "no CUDA"}`` and exits 0.
+
+Usage:
+    python benchmarks/allocator_history.py [--steps 30] [--max-entries 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from memprofiler.collectors.allocator_history import trace_entries
+from memprofiler.cuda_backend import CudaBackend
+from memprofiler.writers import write_pickle
+
+
+def _model() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, dim_feedforward=1024, batch_first=True)
+    return nn.Sequential(nn.TransformerEncoder(layer, num_layers=4), nn.Linear(256, 256)).cuda()
+
+
+def _step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _dump(backend: CudaBackend, out: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    snap = backend.snapshot()
+    t1 = time.perf_counter()
+    write_pickle(out, snap, plain=False)
+    t2 = time.perf_counter()
+    return {
+        "entries": trace_entries(snap),
+        "snapshot_s": round(t1 - t0, 4),
+        "write_s": round(t2 - t1, 4),
+        "dump_s": round(t2 - t0, 4),
+        "file_mib": round(out.stat().st_size / 2**20, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per setting")
+    parser.add_argument("--max-entries", type=int, default=100_000, help="ring size for the dumps")
+    args = parser.parse_args(argv)
+    backend = CudaBackend()
+    if not backend.supports_history():
+        print(json.dumps({"skipped": "no CUDA"}))
+        return 0
+
+    torch.manual_seed(0)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(16, 128, 256, device="cuda")
+    _step_times(model, opt, x, 5)  # warm up kernels and the caching allocator
+
+    result: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "model": "4-layer TransformerEncoder d=256, batch 16 x 128",
+        "steps": args.steps,
+        "max_entries": args.max_entries,
+    }
+    base = statistics.median(_step_times(model, opt, x, args.steps))
+    result["step_ms"] = {"none": round(base * 1e3, 3)}
+    with tempfile.TemporaryDirectory() as tmp:
+        for stacks in ("python", "all"):
+            backend.record_memory_history("all", context="all", stacks=stacks, max_entries=args.max_entries)
+            try:
+                med = statistics.median(_step_times(model, opt, x, args.steps))
+                result["step_ms"][stacks] = round(med * 1e3, 3)
+                result.setdefault("step_ratio", {})[stacks] = round(med / base, 3)
+                # Fill the ring so the dump is measured at its bound.
+                per_step = max(1, trace_entries(backend.snapshot()) // (args.steps + 1))
+                fill = args.max_entries // per_step + 1
+                _step_times(model, opt, x, min(fill, 5000))
+                result.setdefault("dump", {})[stacks] = _dump(backend, Path(tmp) / f"{stacks}.pickle")
+            finally:
+                backend.record_memory_history(None)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

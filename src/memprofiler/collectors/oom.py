@@ -1,0 +1,191 @@
+"""The OOM flight recorder: a bounded allocator-history ring, dumped when training dies.
+
+While enabled, allocator history is recorded for the whole run into a ring of
+``oom.max_entries`` events. On a CUDA out-of-memory (the allocator's observer, called just
+before the OOM error is raised) and again when training ends in an exception (Lightning's
+``on_exception``, or leaving ``with MemProfiler(...)`` by an exception) it writes:
+
+* ``oom_rank_{rank}_{n}.pickle``: the allocator snapshot, for pytorch.org/memory_viz;
+* ``oom_rank_{rank}_{n}.yaml``: why, ``torch.cuda.memory_stats()``, the device's free and
+  total bytes, the size of the allocation that failed, the step and call counts, and the
+  consolidated snapshots collected so far.
+
+``n`` counts up from the first number not already on disk, so nothing earlier is
+overwritten. Nothing here may raise into the allocator: a fault while writing a record is
+reported as a warning and the OOM stays the OOM it was.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from memprofiler import layout
+from memprofiler._warn import log, warn_once
+from memprofiler.collectors.base import BaseCollector
+from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
+from memprofiler.cuda_backend import CudaBackend
+from memprofiler.writers import write_pickle, write_yaml
+
+if TYPE_CHECKING:
+    from memprofiler.profiler import MemProfiler
+
+#: Holder name of the flight recorder's ring in :class:`HistoryRecording`.
+RING_HOLDER = "oom"
+
+
+class OomRecorder(BaseCollector):
+    """Keeps the ring and writes OOM / crash records. Collects no per-call metrics.
+
+    Args:
+        backend: the CUDA seam.
+        recording: the shared recording owner; ``None`` when history cannot be recorded
+            here (records then carry stats but no history).
+        options: ring size and stack options.
+        max_dumps: records written per run at most.
+        warn: reports a missing capability (once, on rank zero).
+    """
+
+    name = "oom"
+
+    def __init__(
+        self,
+        backend: CudaBackend,
+        recording: HistoryRecording | None,
+        options: HistoryOptions,
+        max_dumps: int,
+        warn: Callable[[str], None],
+    ) -> None:
+        self._backend = backend
+        self._recording = recording
+        self._options = options
+        self._max_dumps = max_dumps
+        self._warn = warn
+        self._profiler: MemProfiler | None = None
+        self._remove_observer: Callable[[], None] | None = None
+        self._next_n = 0
+        self._dumps = 0
+        self._last_oom: dict[str, int] | None = None
+        self._active = False
+
+    @property
+    def dumps_written(self) -> int:
+        return self._dumps
+
+    def bind(self, profiler: MemProfiler) -> None:
+        """Start the ring and attach the OOM observer; called once at set-up."""
+        self._profiler = profiler
+        self._active = True
+        if self._recording is not None:
+            self._recording.acquire(RING_HOLDER, self._options)
+        if self._backend.supports_oom_observer():
+            self._remove_observer = self._backend.add_oom_observer(self._on_oom)
+        else:
+            self._warn(
+                "this torch build has no CUDA out-of-memory observer; OOM records are written "
+                "from the exception handler only"
+            )
+
+    def crash(self, exc: BaseException) -> list[Path]:
+        """Write a record for an exception that ends training, then stop the ring."""
+        info: dict[str, Any] = {"reason": "exception", "exception": f"{type(exc).__name__}: {exc}"}
+        if self._last_oom is not None and _is_cuda_oom(exc):
+            info.update(self._last_oom)
+        written = self._record_safely(info)
+        self.close()
+        return written
+
+    def close(self) -> None:
+        self._active = False
+        if self._remove_observer is not None:
+            self._remove_observer()
+            self._remove_observer = None
+        if self._recording is not None:
+            self._recording.release(RING_HOLDER)
+
+    # ------------------------------------------------------------------ records
+    def _on_oom(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
+        # Called by the allocator with the GIL held, before it raises the OOM error.
+        self._last_oom = {
+            "device": device,
+            "failed_alloc_bytes": alloc,
+            "device_total_bytes": device_total,
+            "device_free_bytes": device_free,
+        }
+        self._record_safely({"reason": "cuda_oom", **self._last_oom})
+
+    def _record_safely(self, info: dict[str, Any]) -> list[Path]:
+        if not self._active:
+            return []
+        try:
+            return self._record(info)
+        except Exception as err:
+            log.debug("OOM record failed", exc_info=True)
+            rank = self._profiler.rank if self._profiler is not None else 0
+            # Every rank: a rank that failed to write its record must say so itself.
+            warn_once(
+                f"could not write the OOM record ({err!r}); training's own error is unchanged",
+                rank=rank,
+                all_ranks=True,
+            )
+            return []
+
+    def _record(self, info: dict[str, Any]) -> list[Path]:
+        prof = self._profiler
+        if prof is None:
+            raise RuntimeError("OOM recorder used before the profiler bound it")
+        if self._dumps >= self._max_dumps:
+            self._warn(f"{self._max_dumps} OOM records written (`oom.max_dumps`); later ones are skipped")
+            return []
+        n = self._claim_number(prof.save_dir, prof.rank)
+        self._dumps += 1
+        written: list[Path] = []
+        record: dict[str, Any] = {
+            "rank": prof.rank,
+            "n": n,
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **info,
+            "step": prof.current_step(),
+            "calls": {fn: prof.call_count(fn) for fn in sorted(prof.counted_functions())},
+        }
+        record.setdefault("failed_alloc_bytes", None)
+        # Each part is taken on its own so that one failing still leaves the others.
+        try:
+            snap = self._backend.snapshot()
+            pickle_name = layout.OOM_PICKLE.format(rank=prof.rank, n=n)
+            written.append(write_pickle(prof.save_dir / pickle_name, snap, plain=False))
+            record["pickle"] = pickle_name
+            record["trace_entries"] = sum(len(t) for t in snap.get("device_traces", ()))
+        except Exception as err:
+            record["pickle"] = None
+            record["pickle_error"] = repr(err)
+        if "device_total_bytes" not in record:
+            try:
+                free, total = self._backend.mem_get_info()
+                record["device_free_bytes"], record["device_total_bytes"] = free, total
+            except Exception as err:
+                record["mem_get_info_error"] = repr(err)
+        try:
+            record["memory_stats"] = self._backend.memory_stats()
+        except Exception as err:
+            record["memory_stats_error"] = repr(err)
+        record["snapshots"] = dict(prof.snapshots)
+        written.append(write_yaml(prof.save_dir / layout.OOM_YAML.format(rank=prof.rank, n=n), record))
+        return written
+
+    def _claim_number(self, save_dir: Path, rank: int) -> int:
+        n = self._next_n
+        while (save_dir / layout.OOM_YAML.format(rank=rank, n=n)).exists() or (
+            save_dir / layout.OOM_PICKLE.format(rank=rank, n=n)
+        ).exists():
+            n += 1
+        self._next_n = n + 1
+        return n
+
+
+def _is_cuda_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()

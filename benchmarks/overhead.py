@@ -98,7 +98,9 @@ def main() -> None:
 
     x = torch.randn(args.batch, args.width)
     times: dict[str, list[float]] = {k: [] for k in loops}
-    runners: list[tuple[str, Callable[[], None]]] = [(k, (lambda lp=lp: lp.step(x))) for k, lp in loops.items()]
+    runners: list[tuple[str, Callable[[], None]]] = [
+        (k, (lambda lp=lp: lp.step(x))) for k, lp in loops.items()
+    ]
     for i in range(args.warmup + args.steps):
         order = runners[i % 3 :] + runners[: i % 3]  # rotate who goes first
         for name, run in order:

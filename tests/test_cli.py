@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_stats
 
+from conftest import load_stats
 from memprofiler.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from demo import DemoGPT  # noqa: E402
+from demo import DemoGPT
 
 
 def _config(tmp_path: Path, extra: dict) -> Path:

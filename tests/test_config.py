@@ -44,18 +44,24 @@ def test_direct_construction_accepts_nested_mappings():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"enabeld": True}, "`enabeld`: unknown key; allowed keys here: collect_funcs, dump_memorystats_pickle"),
+        ({"enabeld": True}, "`enabeld`: unknown key; allowed keys here: allocator_history, collect_funcs"),
         ({"schedule": {"activ": 1}}, "`schedule.activ`: unknown key; allowed keys here: active, max_iter"),
         ({"schedule": {"active": 0}}, "`schedule.active`: got 0; must be >= 1"),
         ({"schedule": {"wait": "1"}}, "`schedule.wait`: got '1'; expected an integer"),
         ({"enabled": "yes"}, "`enabled`: got 'yes'; expected true or false"),
-        ({"collect_funcs": {"cpu": "validation_step"}}, "`collect_funcs.cpu`: got 'validation_step'; expected a list"),
+        (
+            {"collect_funcs": {"cpu": "validation_step"}},
+            "`collect_funcs.cpu`: got 'validation_step'; expected a list",
+        ),
         ({"rss_peak_method": "guess"}, "`rss_peak_method`: got 'guess'; allowed: auto, clear_refs, sampler"),
         (
             {"memory_hooks": {"pre_forward_hooks": ["no.such.module.hook"]}},
             "`memory_hooks.pre_forward_hooks[0]`: cannot import 'no.such.module.hook'",
         ),
-        ({"schedule": {"warmup_iters": 2, "max_iter": 1}}, "`schedule.max_iter`: got 1; must be greater than"),
+        (
+            {"schedule": {"warmup_iters": 2, "max_iter": 1}},
+            "`schedule.max_iter`: got 1; must be greater than",
+        ),
     ],
 )
 def test_errors_name_the_dotted_key(data, message):

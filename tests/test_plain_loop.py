@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import load_stats
 from torch import nn
 
+from conftest import load_stats
 from memprofiler import MemProfiler, memprofilable
 
 F32 = 4
@@ -31,7 +31,10 @@ class Trainer:
 def test_context_manager_collects_and_dumps_on_exit(tmp_path):
     model = nn.Linear(16, 8)
     with MemProfiler(
-        {"schedule": {"wait": 1, "warmup": 0, "active": 1, "repeat": 2}, "collect_funcs": {"default": ["step"]}},
+        {
+            "schedule": {"wait": 1, "warmup": 0, "active": 1, "repeat": 2},
+            "collect_funcs": {"default": ["step"]},
+        },
         save_dir=tmp_path,
         rank=3,
     ) as prof:
@@ -65,9 +68,10 @@ def test_without_a_profiler_the_decorator_just_calls():
 
 
 def test_exception_inside_the_loop_still_dumps(tmp_path):
-    with pytest.raises(ValueError, match="boom"), MemProfiler(
-        {"schedule": {"warmup": 0, "active": 5}}, save_dir=tmp_path, rank=0
-    ) as prof:
+    with (
+        pytest.raises(ValueError, match="boom"),
+        MemProfiler({"schedule": {"warmup": 0, "active": 5}}, save_dir=tmp_path, rank=0) as prof,
+    ):
         for i in range(4):
             with prof.profile("training_step"):
                 if i == 2:
@@ -83,8 +87,11 @@ def test_nested_collected_calls_are_counted_not_collected(tmp_path):
         save_dir=tmp_path,
         rank=0,
     ).setup()
-    with pytest.warns(UserWarning, match="nested calls are counted but not collected"):
-        with prof.profile("outer"), prof.profile("inner"):
-            pass
+    with (
+        pytest.warns(UserWarning, match="nested calls are counted but not collected"),
+        prof.profile("outer"),
+        prof.profile("inner"),
+    ):
+        pass
     assert prof.call_count("inner") == 1
     assert "0.inner.1.start" not in prof.snapshots and "0.outer.1.end" in prof.snapshots

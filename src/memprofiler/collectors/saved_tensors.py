@@ -67,7 +67,11 @@ class SavedTensorsCollector:
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         # FSDP2 swaps in unsharded parameters just before forward: exclude them here.
-        self._exclude_module_tensors(module, recurse=False)
+        for p in module._parameters.values():
+            if p is not None:
+                found = _storage_key(p)
+                if found is not None:
+                    self._excluded.add(found[0])
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         self.count += 1
@@ -96,7 +100,10 @@ class SavedTensorsCollector:
         self._excluded = set()
         if ctx.module is not None:
             self._exclude_module_tensors(ctx.module, recurse=True)
-            self._stack = ModuleStack(ctx.module, on_enter=self._on_enter)
+            # Parameters only change storage mid-forward when they are sharded (DTensor):
+            # skip the per-module re-check otherwise, it is the costliest part of the hooks.
+            sharded = any(callable(getattr(p, "to_local", None)) for p in ctx.module.parameters())
+            self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None)
             self._stack.install()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()

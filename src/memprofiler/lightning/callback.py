@@ -69,6 +69,9 @@ class MemProfilerCallback(Callback):
     ) -> None:
         if self.profiler is not None:
             self.profiler.record_crash(exception)
+            # Lightning skips `teardown` after an exception: release hooks and threads here.
+            self.profiler.teardown()
+            MemProfiler.detach(pl_module)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

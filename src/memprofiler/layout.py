@@ -24,3 +24,10 @@ def parse_snapshot_key(key: str) -> tuple[int, str, int, str]:
     rank, rest = key.split(".", 1)
     fn, call, phase = rest.rsplit(".", 2)
     return int(rank), fn, int(call), phase
+
+
+#: Module-wise tracker reports, one pair (``.log`` + ``.yaml``) per collected call.
+FSDP_MEM_REPORT = "fsdp_mem_rank_{rank}_{fn}_{call}"
+MODULE_MEM_REPORT = "module_mem_rank_{rank}_{fn}_{call}"
+#: Cross-rank summary written by rank 0 after gathering every rank's snapshots.
+MEMORY_SUMMARY_YAML = "memory_summary.yaml"

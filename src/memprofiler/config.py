@@ -229,7 +229,8 @@ class MemProfilerConfig:
     """Dotted path, from the profiled module (the LightningModule), of the ``fully_shard``-ed module
     to track; ``""`` means the profiled module itself."""
     fsdp_mem_track_module_depth: int = 2
-    """Deepest module level shown in the module-wise snapshots (the root is level 1)."""
+    """Deepest module level shown in the module-wise snapshots. Levels count from the profiled
+    module (the LightningModule is 1, ``model`` under it 2, ``model.blocks.0`` 4)."""
     fsdp_mem_tracker_units: str = "MiB"
     """Units of the human-readable ``.log`` reports: ``B``, ``KiB``, ``MiB`` or ``GiB``. The ``.yaml``
     reports and snapshot keys are always in bytes."""

@@ -21,6 +21,7 @@ freed storages) costs anything outside the window.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ class TrackerCollector:
         self.units = units
         self.tabulate = tabulate
         self.root: nn.Module | None = None
+        self.profiled: nn.Module | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self._bound = False
         self._tracker: Any = None
@@ -80,6 +82,7 @@ class TrackerCollector:
             ConfigError: the module to track cannot be resolved (see :meth:`_resolve`).
         """
         self.root = self._resolve(module)
+        self.profiled = module
         self.optimizers = list(optimizers)
         self._tracker = None
         self._bound = True
@@ -89,6 +92,14 @@ class TrackerCollector:
 
     def _new_tracker(self) -> Any:
         raise NotImplementedError
+
+    def _name_modules(self, tracker: Any) -> None:
+        # Name modules from the profiled module down (``DemoGPT.model.blocks.0``, the paths of
+        # ``fsdp_mem_tracker_root_module`` under the LightningModule's class name), whichever
+        # module the step calls first; depth 1 is the profiled module. Private ModTracker API,
+        # hence the guard: without it names start at the first module called.
+        with contextlib.suppress(Exception):
+            tracker._mod_tracker._get_mod_name(self.profiled or self.root)
 
     def _before_enter(self, tracker: Any) -> None:
         """Register what existed before the window (parameters, optimizer state)."""
@@ -101,6 +112,7 @@ class TrackerCollector:
             self.bind(ctx.module, [])
         if self._tracker is None:
             self._tracker = self._new_tracker()
+            self._name_modules(self._tracker)
         tracker = self._tracker
         tracker.reset_mod_stats()
         tracker.repeated_forward = False

@@ -115,7 +115,9 @@ def gather_collective(snapshots: Snapshots) -> dict[int, Snapshots] | None:
     return dict(enumerate(out))
 
 
-def gather_via_store(snapshots: Snapshots, generation: int, timeout_s: float) -> dict[int, Snapshots] | None:
+def gather_via_store(
+    snapshots: Snapshots, generation: int, timeout_s: float, channel: str = ""
+) -> dict[int, Snapshots] | None:
     """Post this rank's snapshots to the default store; rank 0 collects what arrives in time.
 
     Never blocks a rank other than 0; rank 0 waits at most ``timeout_s``.
@@ -123,6 +125,7 @@ def gather_via_store(snapshots: Snapshots, generation: int, timeout_s: float) ->
     Args:
         snapshots: this rank's snapshots.
         generation: distinguishes successive exchanges in one process group.
+        channel: further distinguishes exchanges (the callback passes its ``save_dir``).
         timeout_s: how long rank 0 waits for the other ranks.
 
     Returns:
@@ -136,7 +139,8 @@ def gather_via_store(snapshots: Snapshots, generation: int, timeout_s: float) ->
     dist = torch.distributed
     store = dist.distributed_c10d._get_default_store()
     rank, world = dist.get_rank(), dist.get_world_size()
-    store.set(f"{_STORE_PREFIX}/{generation}/{rank}", json.dumps(to_plain(snapshots)))
+    prefix = f"{_STORE_PREFIX}/{generation}/{channel}"
+    store.set(f"{prefix}/{rank}", json.dumps(to_plain(snapshots)))
     if rank != 0:
         return None
     got: dict[int, Snapshots] = {0: snapshots}
@@ -144,10 +148,11 @@ def gather_via_store(snapshots: Snapshots, generation: int, timeout_s: float) ->
     missing = set(range(1, world))
     while missing:
         for r in sorted(missing):
-            key = f"{_STORE_PREFIX}/{generation}/{r}"
+            key = f"{prefix}/{r}"
             if store.check([key]):
                 store.wait([key], timedelta(seconds=max(timeout_s, 1.0)))
                 got[r] = json.loads(store.get(key))
+                store.delete_key(key)  # consumed: a later exchange never reads it again
                 missing.discard(r)
         if not missing or time.monotonic() >= deadline:
             break
@@ -190,7 +195,7 @@ def gather_and_write_summary(
         return None
     world = torch.distributed.get_world_size()
     if after_exception:
-        per_rank = gather_via_store(snapshots, generation, timeout_s)
+        per_rank = gather_via_store(snapshots, generation, timeout_s, channel=str(save_dir))
     else:
         per_rank = gather_collective(snapshots)
     if per_rank is None:

@@ -142,7 +142,9 @@ def test_ddp_module_mem_summary_and_exception_path(tmp_path):
             stem = layout.MODULE_MEM_REPORT.format(rank=r, fn="training_step", call=call)
             assert (save_dir / f"{stem}.yaml").is_file()
             _assert_log_matches_yaml(save_dir / f"{stem}.log", "KiB")
-        assert not (save_dir / f"{layout.MODULE_MEM_REPORT.format(rank=r, fn='training_step', call=1)}.yaml").exists()
+        assert not (
+            save_dir / f"{layout.MODULE_MEM_REPORT.format(rank=r, fn='training_step', call=1)}.yaml"
+        ).exists()
     # AND the module-wise numbers are the analytic ones on both ranks (replicated model)
     for r in range(WORLD):
         snaps = _load(save_dir / layout.MEMORY_STATS_YAML.format(rank=r))
@@ -161,7 +163,11 @@ def test_ddp_module_mem_summary_and_exception_path(tmp_path):
     # THEN the snapshots of call 2 were gathered through the store and summarized
     summary = _load(raised / layout.MEMORY_SUMMARY_YAML)
     assert summary["missing_ranks"] == []
-    assert set(summary["snapshots"]) == {"training_step.2.start", "training_step.2.end", "training_step.3.start"}
+    assert set(summary["snapshots"]) == {
+        "training_step.2.start",
+        "training_step.2.end",
+        "training_step.3.start",
+    }
     for r in range(WORLD):
         snaps = _load(raised / layout.MEMORY_STATS_YAML.format(rank=r))
         assert f"{r}.training_step.2.end" in snaps
@@ -182,7 +188,11 @@ def test_model_parallel_fsdp_tracker_numbers(tmp_path):
             # THEN sharded parameter bytes per rank == total / 2, up to FSDP's padding
             sharded = end["fsdp.peak.sharded_param"]
             assert sharded == exp["padded_shard_bytes"]
-            assert exp["total_param_bytes"] / WORLD <= sharded <= exp["total_param_bytes"] / WORLD + exp["max_pad"]
+            assert (
+                exp["total_param_bytes"] / WORLD
+                <= sharded
+                <= exp["total_param_bytes"] / WORLD + exp["max_pad"]
+            )
             # AND the optimizer state of *both* optimizers is Adam's 2x the local shard + step scalars
             stem = layout.FSDP_MEM_REPORT.format(rank=r, fn="training_step", call=call)
             report = _load(save_dir / f"{stem}.yaml")

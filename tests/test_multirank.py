@@ -114,7 +114,7 @@ def _assert_log_matches_yaml(log_path: Path, units: str) -> None:
     """Every number of the human-readable report equals the YAML's, converted to ``units``."""
     report = _load(log_path.with_suffix(".yaml"))
     expected = []
-    for cats in report["peak"].values():
+    for cats in [*report["peak"].values(), *report["final"].values()]:
         expected += list(cats.items())
     for states in report["modules"].values():
         for snaps in states.values():

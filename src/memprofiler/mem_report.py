@@ -10,12 +10,13 @@ One report per collected call, in two forms that hold the same numbers:
       call: 2
       window: ...
       peak: {cpu: {Sharded Param: 1292, ..., Total: 9200}}
+      final: {cpu: {...}}          # what is still alive when the window closes
       modules:
         DemoGPT.model:
           Before Pre-Forward: [{cpu: {...}}]
 
-* a human-readable ``.log``: the peak snapshot, then the module-wise snapshots down to the
-  chosen depth, in the chosen units (values rounded to 2 decimals, bytes unrounded), one
+* a human-readable ``.log``: the peak snapshot, the snapshot at the end of the window, then
+  the module-wise snapshots down to the chosen depth, in the chosen units (values rounded to 2 decimals, bytes unrounded), one
   ``category: value unit`` line each, or as tables.
 
 Nothing here imports Lightning.
@@ -115,6 +116,9 @@ def render_log(report: Mapping[str, Any], units: str = "MiB", tabulate: bool = F
     lines += [f"Note: {n}" for n in report.get("notes", [])]
     lines += ["", "Peak snapshot"]
     lines += _render_snapshot(report["peak"], units, tabulate)
+    if "final" in report:
+        lines += ["", "Snapshot at the end of the window"]
+        lines += _render_snapshot(report["final"], units, tabulate)
     lines += ["", f"Module-wise snapshots (depth <= {report['module_depth']})"]
     for fqn, states in report["modules"].items():
         lines += ["", f"Module:  {fqn}"]

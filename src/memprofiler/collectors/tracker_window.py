@@ -160,6 +160,7 @@ class TrackerCollector:
             "module_depth": self.depth,
             "notes": notes,
             "peak": mem_report.plain_snapshot(tracker.get_tracker_snapshot("peak")),
+            "final": mem_report.plain_snapshot(tracker.get_tracker_snapshot("current")),
             "modules": mem_report.modulewise(tracker.memory_tracking, self.depth),
         }
         self._pending[self.report_name.format(rank=ctx.rank, fn=ctx.fn_name, call=ctx.call)] = report

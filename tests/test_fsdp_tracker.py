@@ -284,3 +284,30 @@ def test_lightning_model_parallel_window_covers_backward_and_optimizer_step(worl
             .startswith(f"FSDPMemTracker report: rank 0, `training_step` call {call}")
         )
     assert os.path.exists(save_dir / "memory_summary.yaml")  # a (1-rank) process group exists
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_config_parses_with_the_demo_cli():
+    # GIVEN the shipped FSDP demo config WHEN the demo CLI parses it (no training)
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    out = subprocess.run(
+        [sys.executable, "examples/demo.py", "fit", "--config", "configs/fsdp_cpu.yaml", "--print_config"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    cfg = yaml.safe_load(out.stdout)
+    # THEN FSDP2 over 2 CPU processes is configured, with the tracker on the sharded GPT
+    assert cfg["trainer"]["strategy"]["class_path"].endswith("ModelParallelStrategy")
+    assert cfg["trainer"]["strategy"]["init_args"]["data_parallel_size"] == 2
+    assert (cfg["trainer"]["accelerator"], cfg["trainer"]["devices"]) == ("cpu", 2)
+    mp = cfg["memprofiler"]
+    assert mp["track_fsdp_mem"] is True
+    assert mp["fsdp_mem_tracker_root_module"] == "model"

@@ -32,6 +32,12 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(PY) examples/demo.py fit --config configs/demo.yaml
 
+# The demo GPT sharded with FSDP2 over 2 CPU processes (gloo), FSDPMemTracker reports and
+# the cross-rank memory_summary.yaml. Lightning starts the second process itself.
+.PHONY: demo-fsdp
+demo-fsdp: install
+	$(PY) examples/demo.py fit --config configs/fsdp_cpu.yaml
+
 test: install-dev
 	$(PY) -m pytest -q
 

@@ -108,6 +108,19 @@ class DemoGPT(pl.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
+    def configure_model(self) -> None:
+        """Shard with FSDP2 when a device mesh is set (``ModelParallelStrategy``): each block, then the root."""
+        if self.device_mesh is None:
+            return
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if isinstance(self.model, FSDPModule):  # configure_model runs again for validate/test
+            return
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         logits = self(batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))

@@ -25,6 +25,9 @@ COLLECT_TYPES = ("cpu", "cuda", "cuda_allocator_history", "fsdp")
 
 _DEFAULT_HOOKS = "memprofiler.collectors.module_hooks"
 
+#: Units accepted by ``fsdp_mem_tracker_units`` (bytes per unit).
+MEM_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
 
 @dataclass
 class ScheduleConfig:
@@ -290,6 +293,27 @@ class MemProfilerConfig:
     """Recording options used by ``cuda_allocator_history``."""
     oom: OomConfig = field(default_factory=OomConfig)
     """The OOM flight recorder."""
+    track_fsdp_mem: bool = False
+    """Track FSDP2 memory per module with ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``
+    during the functions of collection type ``fsdp``. The window runs from the start of the call to
+    the end of the step (backward and optimizer step included; see the README). Writes
+    ``fsdp_mem_rank_{rank}_{fn}_{call}.log``/``.yaml`` and ``fsdp.peak.*`` snapshot keys."""
+    fsdp_mem_tracker_root_module: str = ""
+    """Dotted path, from the profiled module (the LightningModule), of the ``fully_shard``-ed module
+    to track; ``""`` means the profiled module itself."""
+    fsdp_mem_track_module_depth: int = 2
+    """Deepest module level shown in the module-wise snapshots. Levels count from the profiled
+    module (the LightningModule is 1, ``model`` under it 2, ``model.blocks.0`` 4)."""
+    fsdp_mem_tracker_units: str = "MiB"
+    """Units of the human-readable ``.log`` reports: ``B``, ``KiB``, ``MiB`` or ``GiB``. The ``.yaml``
+    reports and snapshot keys are always in bytes."""
+    fsdp_mem_tracker_tabulate: bool = False
+    """Render the ``.log`` reports as tables instead of one line per category."""
+    track_module_mem: bool = False
+    """Track memory per module without FSDP, with ``torch.distributed._tools.mem_tracker.MemTracker``
+    (CPU and CUDA), during the functions of collection type ``fsdp``. Same window and report layout
+    as ``track_fsdp_mem``, named ``module_mem_rank_...``, with ``module_mem.peak.*`` snapshot keys.
+    Costs about 2x a step while collecting; nothing outside the window."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -306,6 +330,21 @@ class MemProfilerConfig:
             )
         if self.rss_sample_interval_ms <= 0:
             raise ConfigError("rss_sample_interval_ms", f"got {self.rss_sample_interval_ms}; must be > 0")
+        if self.fsdp_mem_tracker_units not in MEM_UNITS:
+            raise ConfigError(
+                "fsdp_mem_tracker_units",
+                f"got {self.fsdp_mem_tracker_units!r}; allowed: {', '.join(MEM_UNITS)}",
+            )
+        if self.fsdp_mem_track_module_depth < 0:
+            raise ConfigError(
+                "fsdp_mem_track_module_depth", f"got {self.fsdp_mem_track_module_depth}; must be >= 0"
+            )
+        if self.track_fsdp_mem and self.track_module_mem:
+            raise ConfigError(
+                "track_module_mem",
+                "cannot be combined with `track_fsdp_mem` (both are dispatch-mode trackers over the "
+                "same calls); use `track_fsdp_mem` for fully_shard-ed models, `track_module_mem` otherwise",
+            )
 
     @classmethod
     def from_any(cls, obj: MemProfilerConfig | Mapping[str, Any] | str | Path | None) -> MemProfilerConfig:

@@ -36,3 +36,10 @@ OOM_YAML = "oom_rank_{rank}_{n}.yaml"
 
 def cuda_alloc_pickle(rank: int, fn: str, call: int, phase: str) -> str:
     return CUDA_ALLOC_PICKLE.format(rank=rank, fn=fn, call=call, phase=phase)
+
+
+#: Module-wise tracker reports, one pair (``.log`` + ``.yaml``) per collected call.
+FSDP_MEM_REPORT = "fsdp_mem_rank_{rank}_{fn}_{call}"
+MODULE_MEM_REPORT = "module_mem_rank_{rank}_{fn}_{call}"
+#: Cross-rank summary written by rank 0 after gathering every rank's snapshots.
+MEMORY_SUMMARY_YAML = "memory_summary.yaml"

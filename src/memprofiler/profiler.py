@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +24,7 @@ from memprofiler.collectors.registry import Registered, build_collectors
 from memprofiler.config import MemProfilerConfig
 from memprofiler.cuda_backend import CudaBackend, default_backend
 from memprofiler.decorator import ATTACH_ATTR, memprofilable
-from memprofiler.errors import ArtifactError
+from memprofiler.errors import ArtifactError, MemProfilerError
 from memprofiler.writers import write_pickle, write_yaml
 
 
@@ -83,6 +83,7 @@ class MemProfiler:
         self.save_dir = Path(chosen).expanduser()
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.module: nn.Module | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
         self._cuda = cuda or default_backend()
         self._calls: dict[str, int] = {}
         self._finished: set[str] = set()
@@ -91,6 +92,9 @@ class MemProfiler:
         self._active: _Run | None = None
         self._is_setup = False
         self._dirty = False
+        # True from the end of a collected call until `step_end()`: step-long collectors
+        # (module-wise trackers) are still recording backward and the optimizer step.
+        self._step_open = False
         self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
@@ -120,6 +124,56 @@ class MemProfiler:
             if bind is not None:
                 self._guard(reg, "bind", lambda b=bind: b(self))
         return self
+
+    def bind(self, module: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+        """Give the collectors the model as prepared for training, and its optimizers.
+
+        Call it once the model is wrapped or sharded (after ``fully_shard``) and the optimizers
+        exist; the Lightning callback does so at fit start. Collectors that need neither ignore it.
+
+        Args:
+            module: the profiled module; defaults to the one given to :meth:`setup`.
+            optimizers: every optimizer that steps the module's parameters.
+
+        Raises:
+            ConfigError: an option does not fit the model (e.g. the FSDP root module is missing
+                or not ``fully_shard``-ed); the message names the key and the fix.
+        """
+        if module is not None:
+            self.module = module
+        self.optimizers = list(optimizers)
+        if not self._is_setup:
+            return
+        for reg in list(self._collectors):
+            bind_model = getattr(reg.collector, "bind_model", None)
+            if bind_model is not None:
+                self._guard(
+                    reg,
+                    "bind_model",
+                    lambda b=bind_model: b(self.module, self.optimizers),
+                    reraise=(MemProfilerError,),
+                )
+
+    def step_end(self) -> None:
+        """Mark the end of a training step: after backward and the optimizer step.
+
+        Collectors whose window spans the whole step (``track_fsdp_mem``, ``track_module_mem``)
+        stop here and merge their metrics into the ``.end`` snapshot of the call they started
+        in. The Lightning callback calls it at every ``on_*_batch_end``; a plain loop calls it
+        after ``optimizer.step()``. If nobody does, the next profiled call or :meth:`dump`
+        closes the window. Costs one attribute check when no window is open.
+        """
+        if not self._step_open:
+            return
+        self._step_open = False
+        for reg in list(self._collectors):
+            end_step = getattr(reg.collector, "step_end", None)
+            if end_step is None:
+                continue
+            out = self._guard(reg, "step_end", end_step)
+            for key, metrics in (out or {}).items():
+                self.snapshots.setdefault(key, {}).update(metrics)
+                self._dirty = True
 
     def attach(self, obj: Any) -> None:
         """Let ``@memprofilable`` methods of ``obj`` report to this profiler."""
@@ -223,6 +277,8 @@ class MemProfiler:
 
     def begin(self, fn_name: str, module: nn.Module | None = None) -> _Run | None:
         """Count a call and start collecting it if scheduled; pair with :meth:`finish`."""
+        if self._step_open:
+            self.step_end()
         if not self._is_setup:
             return None
         call = self._calls.get(fn_name, 0) + 1
@@ -288,6 +344,8 @@ class MemProfiler:
                 metrics.update(out)
         if ok:
             self._record("end", metrics, ctx)
+            if any(hasattr(reg.collector, "step_end") for reg in run.started):
+                self._step_open = True
         if schedule.is_finished(self.config.schedule, ctx.call):
             self._finished.add(ctx.fn_name)
 
@@ -303,6 +361,7 @@ class MemProfiler:
         """
         if not self._is_setup:
             return []
+        self.step_end()
         written: list[Path] = []
         cfg = self.config
         try:
@@ -332,10 +391,17 @@ class MemProfiler:
     def _warn(self, message: str, all_ranks: bool = False) -> None:
         warn_once(message, rank=self.rank, all_ranks=all_ranks)
 
-    def _guard(self, reg: Registered, what: str, fn: Any) -> Any:
-        """Run a collector step; on failure warn, switch that collector off, return None."""
+    def _guard(
+        self, reg: Registered, what: str, fn: Any, reraise: tuple[type[BaseException], ...] = ()
+    ) -> Any:
+        """Run a collector step; on failure warn, switch that collector off, return None.
+
+        Exceptions of the types in ``reraise`` (the user's mistakes) propagate unchanged.
+        """
         try:
             return fn()
+        except reraise:
+            raise
         except Exception as err:
             name = getattr(reg.collector, "name", type(reg.collector).__name__)
             log.debug("collector %s failed in %s", name, what, exc_info=True)

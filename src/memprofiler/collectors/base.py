@@ -60,6 +60,10 @@ class BaseCollector:
 
     * ``bind(profiler)`` once at set-up, for collectors that write their own files or read
       the profiler's snapshots;
+    * ``bind_model(module, optimizers)`` once the model is prepared for training (sharded)
+      and its optimizers exist (``MemProfiler.bind``, called by the callback at fit start);
+    * ``step_end()`` at the end of a training step, for collectors whose window spans
+      backward and the optimizer step;
     * ``warmup(ctx)`` on calls the schedule marks as warmup (before collection starts);
     * ``dump(save_dir, rank)`` whenever the profiler writes its files, to write extra files;
     * ``crash(exc)`` when training ends in an exception (before the files are written), to

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
 from memprofiler.collectors.base import Collector
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
+from memprofiler.collectors.fsdp import FSDPMemCollector
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.collectors.host import HostCollector
 from memprofiler.collectors.module_hooks import ModuleHooksCollector
+from memprofiler.collectors.module_mem import ModuleMemCollector
 from memprofiler.collectors.oom import OomRecorder
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 from memprofiler.config import MemProfilerConfig
@@ -38,6 +40,17 @@ def build_collectors(
     """
     out: list[Registered] = []
     every = cfg.collect_funcs.all_funcs()
+    # The module-wise trackers come first: their dispatch mode stays entered until the end of
+    # the step, so it must sit below any mode another collector pushes and pops within the call.
+    if cfg.track_fsdp_mem or cfg.track_module_mem:
+        depth, units = cfg.fsdp_mem_track_module_depth, cfg.fsdp_mem_tracker_units
+        tabulate = cfg.fsdp_mem_tracker_tabulate
+        tracker: Collector = (
+            FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate)
+            if cfg.track_fsdp_mem
+            else ModuleMemCollector(depth, units, tabulate)
+        )
+        out.append(Registered(cfg.collect_funcs.funcs_for("fsdp"), tracker))
     out.append(
         Registered(
             cfg.collect_funcs.funcs_for("cpu"), HostCollector(cfg.rss_peak_method, cfg.rss_sample_interval_ms)

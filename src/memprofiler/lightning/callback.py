@@ -11,7 +11,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from memprofiler import layout
+from memprofiler import distributed, layout
+from memprofiler._warn import warn_once
 from memprofiler.config import MemProfilerConfig
 from memprofiler.profiler import MemProfiler
 
@@ -40,9 +41,14 @@ class MemProfilerCallback(Callback):
         >>> trainer = Trainer(callbacks=[MemProfilerCallback({"schedule": {"active": 2}})])  # doctest: +SKIP
     """
 
+    #: How long rank 0 waits for the other ranks' snapshots after an exception.
+    EXCEPTION_GATHER_TIMEOUT_S = 15.0
+
     def __init__(self, config: MemProfilerConfig | Mapping[str, Any] | None = None) -> None:
         self.config = MemProfilerConfig.from_any(config)
         self.profiler: MemProfiler | None = None
+        self._bound = False
+        self._gathers = 0
 
     @property
     def state_key(self) -> str:
@@ -60,8 +66,69 @@ class MemProfilerCallback(Callback):
         self.profiler.step_fn = lambda: trainer.global_step
 
     @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._bind(trainer, pl_module)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._bind(trainer, pl_module)
+
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._bind(trainer, pl_module)
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._bind(trainer, pl_module)
+
+    # Under automatic optimization, backward and the optimizer step run after training_step
+    # returns; the batch-end hooks are where a step-long collection window closes.
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._step_end()
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._step_end()
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._step_end()
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._step_end()
+
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._dump()
+        self._summarize(after_exception=False)
 
     @override
     def on_exception(
@@ -69,9 +136,11 @@ class MemProfilerCallback(Callback):
     ) -> None:
         if self.profiler is not None:
             self.profiler.record_crash(exception)
+            self._summarize(after_exception=True)
             # Lightning skips `teardown` after an exception: release hooks and threads here.
             self.profiler.teardown()
             MemProfiler.detach(pl_module)
+            self._bound = False
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -79,7 +148,41 @@ class MemProfilerCallback(Callback):
             return
         self.profiler.teardown()
         MemProfiler.detach(pl_module)
+        self._bound = False
 
     def _dump(self) -> None:
         if self.profiler is not None:
             self.profiler.dump()
+
+    def _bind(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # After configure_model and the strategy's set-up: the model is sharded (fully_shard)
+        # and every optimizer exists. A bad FSDP root raises ConfigError here.
+        if self.profiler is not None and not self._bound:
+            self.profiler.bind(pl_module, list(trainer.optimizers))
+            self._bound = True
+
+    def _step_end(self) -> None:
+        if self.profiler is not None:
+            self.profiler.step_end()
+
+    def _summarize(self, after_exception: bool) -> None:
+        """Gather every rank's snapshots; rank 0 writes ``memory_summary.yaml``. Never raises."""
+        prof = self.profiler
+        if prof is None or not distributed.dist_ready():
+            return
+        self._gathers += 1
+        try:
+            distributed.gather_and_write_summary(
+                prof.snapshots,
+                prof.save_dir,
+                after_exception=after_exception,
+                generation=self._gathers,
+                timeout_s=self.EXCEPTION_GATHER_TIMEOUT_S,
+            )
+        except Exception as err:
+            warn_once(
+                f"could not gather snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
+                "each rank's own files are complete",
+                rank=prof.rank,
+                all_ranks=True,
+            )

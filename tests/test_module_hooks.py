@@ -13,7 +13,10 @@ F32 = 4
 
 
 def _hook_count(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    from torch.nn.modules import module as nn_module
+
+    per_module = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    return per_module + len(nn_module._global_forward_hooks) + len(nn_module._global_forward_pre_hooks)
 
 
 @pytest.mark.parametrize("call_submodule", [False, True])

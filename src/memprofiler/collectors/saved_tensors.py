@@ -25,27 +25,30 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.module_tracker import ModuleStack
 
-_StorageKey = tuple[str, int]
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(t, "to_local", None)  # DTensor (FSDP2 shards)
-    return to_local() if callable(to_local) else t
-
-
-def _storage_key(t: torch.Tensor) -> tuple[_StorageKey, torch.UntypedStorage] | None:
+def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
+    if type(t) is not torch.Tensor:
+        to_local = getattr(t, "to_local", None)  # DTensor (FSDP2 shards)
+        if callable(to_local):
+            t = to_local()
     try:
-        st = _local(t).untyped_storage()
-        ptr = st.data_ptr()
+        st = t.untyped_storage()
+        return st if st.data_ptr() else None
     except (RuntimeError, NotImplementedError, TypeError):
         return None
-    if ptr == 0:
-        return None
-    return (str(st.device), ptr), st
+
+
+def _is_param(t: torch.Tensor | None) -> bool:
+    # nn.Parameter's isinstance goes through a metaclass hook: skip it for plain tensors.
+    return t is not None and type(t) is not torch.Tensor and isinstance(t, nn.Parameter)
 
 
 class SavedTensorsCollector:
-    """Collects ``saved_tensors.{unique_bytes,packed_bytes,count,by_module}`` at end."""
+    """Collects ``saved_tensors.{unique_bytes,packed_bytes,count,by_module}`` at end.
+
+    Storages are keyed by address and held by weak reference, so an address freed and
+    reused within the call counts as a new storage.
+    """
 
     name = "saved_tensors"
 
@@ -54,40 +57,51 @@ class SavedTensorsCollector:
         self.unique_bytes = 0
         self.count = 0
         self._by_module: dict[str, int] = {}
-        self._seen: dict[_StorageKey, StorageWeakRef] = {}
-        self._excluded: set[_StorageKey] = set()
+        self._seen: dict[int, StorageWeakRef] = {}
+        # Weak too: FSDP2 frees all-gather buffers after each block, and an activation later
+        # allocated at the same address must not be excluded.
+        self._excluded: dict[int, StorageWeakRef] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._stack: ModuleStack | None = None
+        # (root, its modules, whether any parameter is sharded), computed once per root
+        self._tree: tuple[nn.Module, list[nn.Module], bool] | None = None
 
-    def _exclude_module_tensors(self, module: nn.Module, recurse: bool) -> None:
-        for t in (*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)):
-            found = _storage_key(t)
-            if found is not None:
-                self._excluded.add(found[0])
+    def _modules_of(self, root: nn.Module) -> tuple[list[nn.Module], bool]:
+        if self._tree is None or self._tree[0] is not root:
+            mods = list(root.modules())
+            sharded = any(callable(getattr(p, "to_local", None)) for p in root.parameters())
+            self._tree = (root, mods, sharded)
+        return self._tree[1], self._tree[2]
+
+    def _exclude(self, tensors: Any) -> None:
+        for t in tensors:
+            if t is not None:
+                st = _storage(t)
+                if st is not None:
+                    self._excluded[st.data_ptr()] = StorageWeakRef(st)
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         # FSDP2 swaps in unsharded parameters just before forward: exclude them here.
-        for p in module._parameters.values():
-            if p is not None:
-                found = _storage_key(p)
-                if found is not None:
-                    self._excluded.add(found[0])
+        self._exclude(module._parameters.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         self.count += 1
-        is_param = isinstance(t, nn.Parameter)
-        found = _storage_key(t)
-        if found is None:
+        st = _storage(t)
+        if st is None:
             return t.detach()
-        key, st = found
+        is_param = _is_param(t)
+        n = st.nbytes()
         if not is_param:
-            self.packed_bytes += st.nbytes()
-        if is_param or isinstance(t._base, nn.Parameter) or key in self._excluded:
+            self.packed_bytes += n
+        if is_param or _is_param(t._base):
+            return t.detach()
+        key = st.data_ptr()
+        ex = self._excluded.get(key)
+        if ex is not None and not ex.expired():
             return t.detach()
         prev = self._seen.get(key)
         if prev is None or prev.expired():
             self._seen[key] = StorageWeakRef(st)
-            n = st.nbytes()
             self.unique_bytes += n
             owner = self._stack.current if self._stack is not None else "(outside forward)"
             self._by_module[owner] = self._by_module.get(owner, 0) + n
@@ -97,12 +111,14 @@ class SavedTensorsCollector:
         self.packed_bytes = self.unique_bytes = self.count = 0
         self._by_module = {}
         self._seen = {}
-        self._excluded = set()
+        self._excluded = {}
         if ctx.module is not None:
-            self._exclude_module_tensors(ctx.module, recurse=True)
+            mods, sharded = self._modules_of(ctx.module)
+            for m in mods:
+                self._exclude(m._parameters.values())
+                self._exclude(m._buffers.values())
             # Parameters only change storage mid-forward when they are sharded (DTensor):
-            # skip the per-module re-check otherwise, it is the costliest part of the hooks.
-            sharded = any(callable(getattr(p, "to_local", None)) for p in ctx.module.parameters())
+            # skip the per-module re-check otherwise.
             self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None)
             self._stack.install()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
@@ -126,11 +142,11 @@ class SavedTensorsCollector:
             self._stack.remove()
             self._stack = None
         self._seen = {}
-        self._excluded = set()
+        self._excluded = {}
 
     def close(self) -> None:
         self._release()
 
 
-def _unpack(t: torch.Tensor) -> torch.Tensor:
+def _unpack(t: torch.Tensor) -> torch.Tensor:  # the pack hook already returned an alias
     return t

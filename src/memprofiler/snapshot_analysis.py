@@ -225,13 +225,18 @@ def _analyze_device(
     bucket_len = max(1, -(-n // max(1, points)))
     timeline_rel: list[tuple[int, int, int]] = []
     b_max = b_res = 0
-    b_edge = bucket_len
+    b_edge = 0
     ooms: list[OomEntry] = []
     for i, e in enumerate(entries):
-        if i == b_edge:
-            timeline_rel.append((i - 1, b_max, b_res))
-            b_max, b_res, b_edge = cur, res, b_edge + bucket_len
         a = e["action"]
+        if i == b_edge:
+            if i:
+                timeline_rel.append((i - 1, b_max, b_res))
+            # A bucket's maximum starts from the state after its first entry; allocs and
+            # reserves below raise it, so only a first free/release must be applied here.
+            b_max = cur - e["size"] if a == "free_completed" else cur
+            b_res = res - e["size"] if a in _RELEASE else res
+            b_edge += bucket_len
         if a == "alloc":
             cur += e["size"]
             if cur > peak:

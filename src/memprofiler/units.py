@@ -29,7 +29,20 @@ _NUMBER = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 #: Metric-name parts that mark a value as a byte count (everything else is shown as a plain number).
-_BYTE_HINTS = ("bytes", "rss", "vms", "npp", "mem", "size", "fsdp.", "saved_tensors.by_module")
+_BYTE_HINTS = (
+    "bytes",
+    "rss",
+    "vms",
+    "npp",
+    "mem",
+    "size",
+    "free",
+    "total",
+    "reserved",
+    "allocated",
+    "fsdp.",
+    "saved_tensors.by_module",
+)
 _COUNT_HINTS = ("count", "num_", "imbalance", "rank", "time", "calls", "_ns", "entries", "allocation.")
 
 

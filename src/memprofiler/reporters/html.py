@@ -180,10 +180,11 @@ class HtmlReporter:
                 for title, cols, rows in nested_tables(rep.data):
                     if title:
                         out.append(f"<p class='muted'>{escape(title)}</p>")
+                    # FSDP / module-wise categories (Parameter, Activation, ...) are all bytes.
                     out.append(
                         _table(
                             cols,
-                            [[_auto_cell(cols[j], v) for j, v in enumerate(r)] for r in rows],
+                            [[_bytes_cell(v) if _is_num(v) else v for v in r] for r in rows],
                             filterable=True,
                         )
                     )
@@ -331,6 +332,10 @@ def _value_cell(metric: str, v: Any) -> _Cell:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return _Cell(escape(format_value(metric, v)), "n")
     return _Cell(escape("-" if v is None else str(v)))
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _auto_cell(col: str, v: Any) -> Any:

@@ -50,8 +50,13 @@ def line_chart(
     xs = [p[0] for p in pts] or [0.0]
     ys = [p[1] for p in pts] or [0.0]
     x0, x1 = min(xs), max(xs)
-    y1 = max([*ys, 1.0]) * 1.05
-    y0 = min(0.0, min(ys))
+    lo, hi = min(ys), max(ys)
+    if lo > 0.3 * hi:
+        # Values far from zero (host RSS): zoom in, or every line is flat at the top.
+        pad = (hi - lo) * 0.1 or hi * 0.05 or 1.0
+        y0, y1 = max(0.0, lo - pad), hi + pad
+    else:
+        y0, y1 = min(0.0, lo), max(hi, 1.0) * 1.05
     pw, ph = width - left - right, height - top - bottom
 
     def sx(x: float) -> float:
@@ -78,7 +83,7 @@ def line_chart(
         for k in range(5):
             xv = x0 + (x1 - x0) * k / 4
             out.append(
-                f'<text x="{sx(xv):.1f}" y="{top + ph + 16}" text-anchor="middle" class="tick">{int(xv):,}</text>'
+                f'<text x="{sx(xv):.1f}" y="{top + ph + 16}" text-anchor="middle" class="tick">{xv:,.0f}</text>'
             )
     for n, (name, s) in enumerate(series):
         colour = PALETTE[n % len(PALETTE)]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from snapshot_fixtures import known_snapshot
 
 BATCH = 8
@@ -25,7 +26,9 @@ def _fit(root: Path, hidden: int) -> Path:
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.enc = nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, IN_FEATURES))
+            self.enc = nn.Sequential(
+                nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, IN_FEATURES)
+            )
             self.head = nn.Linear(IN_FEATURES, 8)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,9 @@ S2 = _frames("attention_forward", "model_forward", "training_step")
 INIT = _frames("init_weights", "build_model")
 
 
-def _block(addr: int, size: int, state: str, frames: list[dict[str, Any]] | None = None, requested: int | None = None) -> dict[str, Any]:
+def _block(
+    addr: int, size: int, state: str, frames: list[dict[str, Any]] | None = None, requested: int | None = None
+) -> dict[str, Any]:
     return {
         "address": addr,
         "size": size,
@@ -78,8 +80,18 @@ def _seg(addr: int, blocks: list[dict[str, Any]], device: int = 0) -> dict[str, 
     }
 
 
-def _e(action: str, addr: int, size: int, t: int, frames: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t, "frames": frames or [], **extra}
+def _e(
+    action: str, addr: int, size: int, t: int, frames: list[dict[str, Any]] | None = None, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": 0,
+        "time_us": t,
+        "frames": frames or [],
+        **extra,
+    }
 
 
 def known_snapshot() -> dict[str, Any]:

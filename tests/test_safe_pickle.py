@@ -36,7 +36,12 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 
 
 def test_plain_data_round_trips_for_every_protocol(tmp_path):
-    data = {"segments": [{"address": 1, "frames": [{"line": 3}]}], "t": (1, 2.5, None, True), "s": {1}, "b": b"x"}
+    data = {
+        "segments": [{"address": 1, "frames": [{"line": 3}]}],
+        "t": (1, 2.5, None, True),
+        "s": {1},
+        "b": b"x",
+    }
     for proto in range(pickle.HIGHEST_PROTOCOL + 1):
         p = _write(tmp_path, f"p{proto}.pickle", pickle.dumps(data, protocol=proto))
         assert safe_pickle.load(p) == data
@@ -74,7 +79,7 @@ def test_classes_are_refused_even_harmless_ones(tmp_path):
     import collections
 
     p = _write(tmp_path, "od.pickle", pickle.dumps(collections.OrderedDict(a=1), protocol=4))
-    with pytest.raises(ArtifactError, match="collections.OrderedDict"):
+    with pytest.raises(ArtifactError, match=r"collections\.OrderedDict"):
         safe_pickle.load(p)
 
 

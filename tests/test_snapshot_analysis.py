@@ -5,10 +5,10 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from snapshot_fixtures import KNOWN, KiB, known_snapshot, trace_only_snapshot
 
 from memprofiler.errors import ArtifactError
 from memprofiler.snapshot_analysis import NO_STACK, analyze, load_snapshot
+from snapshot_fixtures import KNOWN, KiB, known_snapshot, trace_only_snapshot
 
 
 def test_peaks_and_totals_match_hand_computed_values():
@@ -59,7 +59,12 @@ def test_top_n_keeps_the_largest_groups():
 def test_fragmentation_per_segment():
     segs = {s.address: s for s in analyze(known_snapshot()).segments}
     a, b, c = segs[1_000_000], segs[5_000_000], segs[8_000_000]
-    assert (a.total_size, a.allocated, a.free, a.largest_free) == (2048 * KiB, 1536 * KiB, 512 * KiB, 512 * KiB)
+    assert (a.total_size, a.allocated, a.free, a.largest_free) == (
+        2048 * KiB,
+        1536 * KiB,
+        512 * KiB,
+        512 * KiB,
+    )
     assert a.requested == 512 * KiB + 1_000_000
     assert a.fragmentation == 0.0
     assert b.fragmentation == 0.0 and b.free == 1024 * KiB
@@ -87,7 +92,12 @@ def test_trace_without_segments_starts_from_zero():
     result = analyze(trace_only_snapshot())
     [dev] = result.devices
     assert dev.device == 1
-    assert (dev.baseline_allocated, dev.peak_allocated, dev.peak_allocated_index, dev.end_allocated) == (0, 300, 1, 250)
+    assert (dev.baseline_allocated, dev.peak_allocated, dev.peak_allocated_index, dev.end_allocated) == (
+        0,
+        300,
+        1,
+        250,
+    )
     assert [(g.bytes, g.count) for g in dev.top_stacks] == [(200, 1), (100, 1)]
 
 
@@ -140,5 +150,18 @@ def test_foreign_data_is_a_one_line_artifact_error(tmp_path, payload, message):
 
 def test_full_resolution_timeline_is_the_state_after_every_entry():
     dev = analyze(known_snapshot(), points=1000).devices[0]
-    assert [a // KiB for _, a, _ in dev.timeline] == [896, 1152, 1408, 1408, 1280, 2304, 2304, 2048, 1792, 1792, 1792, 1792]
+    assert [a // KiB for _, a, _ in dev.timeline] == [
+        896,
+        1152,
+        1408,
+        1408,
+        1280,
+        2304,
+        2304,
+        2048,
+        1792,
+        1792,
+        1792,
+        1792,
+    ]
     assert [r // KiB for _, _, r in dev.timeline] == [4096] * 10 + [6144, 4096]

@@ -71,6 +71,13 @@ def loads(data: bytes, source: str = "<bytes>") -> Any:
 def _load_stream(stream: IO[bytes], source: str) -> Any:
     # The cyclic GC would rescan the growing object graph again and again while a
     # million-entry snapshot loads; plain data has no cycles to collect.
+    head = stream.read(4)
+    stream.seek(0)
+    if head.startswith(b"PK\x03\x04"):
+        raise ArtifactError(f"{source}: is a zip archive (a torch.save checkpoint?), not a pickle snapshot")
+    # Protocol 2+ pickles start with PROTO (0x80); older ones are text that a foreign file
+    # can resemble, so their failures are reported as "not a pickle" rather than "truncated".
+    modern = head[:1] == b"\x80"
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -82,10 +89,12 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
             "or torch allocator snapshot (or it was tampered with)"
         ) from None
     except EOFError:
+        if not modern:
+            raise ArtifactError(f"{source}: not a pickle file (or a truncated protocol-0/1 one)") from None
         raise ArtifactError(f"{source}: pickle is truncated (the write was cut off); re-create it") from None
     except (pickle.UnpicklingError, ValueError, TypeError, IndexError, KeyError, AttributeError) as err:
         what = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "truncated" in what:
+        if "truncated" in what and modern:
             raise ArtifactError(
                 f"{source}: pickle is truncated (the write was cut off); re-create it"
             ) from None

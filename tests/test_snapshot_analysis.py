@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,54 @@ def test_full_resolution_timeline_is_the_state_after_every_entry():
         1792,
     ]
     assert [r // KiB for _, _, r in dev.timeline] == [4096] * 10 + [6144, 4096]
+
+
+def _benchmark_generator():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "snapshot_analysis.py"
+    spec = importlib.util.spec_from_file_location("bench_snapshot_analysis", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_snapshot
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_realistic_trace_peak_matches_generator_truth(seed):
+    # GIVEN the benchmark's synthetic snapshot (reused addresses, request/complete pairs)
+    data, true_peak = _benchmark_generator()(5000, seed=seed)
+    # WHEN analysed
+    result = analyze(data)
+    dev = result.devices[0]
+    # THEN the peak is the generator's, the end state agrees with the segments, and the stacks
+    # live at the peak add up to it
+    assert dev.peak_allocated == true_peak
+    assert dev.baseline_allocated == 0
+    assert dev.end_allocated == result.total_allocated
+    assert dev.end_reserved == result.total_reserved
+    assert sum(g.bytes for g in analyze(data, top=10_000).devices[0].top_stacks) == true_peak
+
+
+_FIXTURES = Path(__file__).parent / "fixtures"
+_REAL = sorted(
+    p for p in _FIXTURES.glob("*.pickle") if "alloc" in p.name or "oom" in p.name or "snapshot" in p.name
+)
+
+
+@pytest.mark.skipif(not _REAL, reason="no recorded GPU allocator pickle committed under tests/fixtures/ yet")
+@pytest.mark.parametrize("path", _REAL, ids=[p.name for p in _REAL])
+def test_real_recorded_snapshot_is_self_consistent(path):
+    # GIVEN an allocator-history pickle recorded on a real GPU
+    result = analyze(load_snapshot(path), str(path), top=1_000_000)
+    # THEN each device's trace replays to the state its segments show, and the stacks live at
+    # the peak add up to the peak
+    assert result.devices
+    for dev in result.devices:
+        segs = [s for s in result.segments if s.device == dev.device]
+        if segs:
+            assert dev.end_allocated == sum(s.allocated for s in segs)
+            assert dev.end_reserved == sum(s.total_size for s in segs)
+        assert sum(g.bytes for g in dev.top_stacks) == dev.peak_allocated
+        assert dev.peak_allocated >= dev.end_allocated

@@ -26,7 +26,9 @@ def test_terminal_summary_shows_calls_peaks_and_saved_modules(full_run, tmp_path
     assert rc == 0
     saved = format_bytes(expected_saved_bytes(256))
     assert saved == "12.25 KiB"
-    call_lines = [ln for ln in out.splitlines() if re.match(r"│\s+[01] │ training_step", ln)]
+    call_lines = [
+        ln for ln in out.splitlines() if re.match(r"│\s+[01] │ training_step │\s+\d │\s+[\d.]+ MiB", ln)
+    ]
     assert len(call_lines) == 4  # 2 ranks x calls 2 and 3
     assert all(saved in ln for ln in call_lines)
     # the ReLU output (8 x 256 float32) is the biggest saved module
@@ -35,6 +37,8 @@ def test_terminal_summary_shows_calls_peaks_and_saved_modules(full_run, tmp_path
     assert "Across ranks" in out
     assert re.search(r"training_step\.2\.end\s+│ rss_peak\s+│.*│\s+1 │\s+1\.0\d\d │", out)
     assert "peak allocated 2.25 MiB (entry 5" in out
+    [fsdp_row] = [ln for ln in out.splitlines() if re.match(r"│\s+0 │ training_step │\s+2 │\s+4\.00 KiB", ln)]
+    assert "64.00 KiB" in fsdp_row
     assert "8.00 GiB requested" in out
     assert f"HTML report: {tmp_path / 'r.html'}" in out
 

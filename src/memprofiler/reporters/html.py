@@ -171,9 +171,21 @@ class HtmlReporter:
 
     def _reports_section(self) -> str:
         reps = self.model.run.reports
-        if not reps:
+        cats, fsdp = self.model.fsdp_rows()
+        if not reps and not fsdp:
             return ""
         out = ["<h2 id='modules'>FSDP and module-wise memory</h2>"]
+        if fsdp:
+            out.append("<h3>FSDP peaks per category</h3>")
+            out.append(
+                _table(
+                    ["rank", "function", "call", *cats],
+                    [
+                        [str(c.rank), c.fn, str(c.call), *[_bytes_cell(p.get(k)) for k in cats]]
+                        for c, p in fsdp
+                    ],
+                )
+            )
         for rep in reps:
             out.append(f"<h3>{escape(rep.kind)} · rank {rep.rank} · {escape(rep.fn)} #{rep.call}</h3>")
             if rep.data is not None:

@@ -76,17 +76,37 @@ class ReportModel:
         ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))
         return [(mod, b, where) for mod, (b, where) in ranked[:n]]
 
-    def summary_rows(self, metrics: tuple[str, ...] | None = None) -> list[tuple[str, str, dict[str, Any]]]:
-        """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first."""
+    def summary_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first.
+
+        A stats entry is any mapping with ``min``/``max``/``mean``; the path to it gives the
+        snapshot key and the metric, however deep the file nests them.
+        """
         rows: list[tuple[str, str, dict[str, Any]]] = []
-        for key, per_metric in (self.run.summary or {}).items():
-            if not isinstance(per_metric, Mapping):
-                continue
-            for metric, stats in per_metric.items():
-                if isinstance(stats, Mapping) and "max" in stats and (metrics is None or metric in metrics):
-                    rows.append((str(key), str(metric), dict(stats)))
+        _collect_stats(self.run.summary or {}, (), rows)
         rows.sort(key=lambda r: (-_num(r[2].get("imbalance")), r[0], r[1]))
         return rows
+
+    def fsdp_rows(self) -> tuple[list[str], list[tuple[CallRow, dict[str, int]]]]:
+        """Categories, and per call the ``fsdp.*`` peaks merged into its ``end`` snapshot."""
+        cats: list[str] = []
+        rows = []
+        for c in self.calls:
+            if c.fsdp:
+                cats.extend(k for k in c.fsdp if k not in cats)
+                rows.append((c, c.fsdp))
+        return cats, rows
+
+
+def _collect_stats(node: Any, path: tuple[str, ...], rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    if not isinstance(node, Mapping):
+        return
+    if "max" in node and ("mean" in node or "min" in node) and len(path) >= 1:
+        key = ".".join(path[:-1]) if len(path) > 1 else "-"
+        rows.append((key, path[-1], dict(node)))
+        return
+    for k, v in node.items():
+        _collect_stats(v, (*path, str(k)), rows)
 
 
 def _num(v: Any) -> float:

@@ -48,6 +48,7 @@ class TerminalReporter:
         )
         self._calls(console)
         self._modules(console)
+        self._fsdp(console)
         self._summary(console)
         self._reports(console)
         for entry in self.model.snapshots:
@@ -93,6 +94,17 @@ class TerminalReporter:
         t.add_column("largest in")
         for mod, b, where in top:
             t.add_row(mod, format_bytes(b), where)
+        console.print(t)
+
+    def _fsdp(self, console: Console) -> None:
+        cats, rows = self.model.fsdp_rows()
+        if not rows:
+            return
+        t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")
+        for col in ("rank", "function", "call", *cats):
+            t.add_column(col, justify="left" if col == "function" else "right")
+        for c, peaks in rows:
+            t.add_row(str(c.rank), c.fn, str(c.call), *[format_bytes(peaks.get(k)) for k in cats])
         console.print(t)
 
     def _summary(self, console: Console) -> None:

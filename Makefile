@@ -51,3 +51,7 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info lightning_logs
+
+.PHONY: bench-snapshot
+bench-snapshot: install
+	$(PY) benchmarks/snapshot_analysis.py --out benchmarks/results/snapshot_analysis.json

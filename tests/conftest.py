@@ -83,3 +83,9 @@ def load_stats(save_dir: Path, rank: int = 0) -> dict[str, dict[str, Any]]:
 @pytest.fixture
 def save_dir(tmp_path: Path) -> Path:
     return tmp_path / "memprofiler"
+
+
+# Session fixtures with real run directories, for the command and report tests.
+from run_fixtures import full_run, real_runs  # noqa: E402
+
+__all__ = ["full_run", "real_runs"]

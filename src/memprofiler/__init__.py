@@ -1,7 +1,9 @@
 """memprofiler: memory profiling for PyTorch and Lightning training.
 
 The core (:class:`MemProfiler`, :func:`memprofilable`, :class:`MemProfilerConfig`) has no
-Lightning import; the Lightning adapters are loaded on first use.
+Lightning import; the Lightning adapters are loaded on first use. :class:`MemProfiler` (and
+with it torch) is loaded on first use too, so the ``memprofiler`` console script, which only
+reads files, starts without paying torch's import time.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ from typing import TYPE_CHECKING, Any
 from memprofiler.config import MemProfilerConfig
 from memprofiler.decorator import memprofilable
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
-from memprofiler.profiler import MemProfiler
 
 if TYPE_CHECKING:
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.mixin import ProfilerHooksMixin
+    from memprofiler.profiler import MemProfiler
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "MemProfiler": "memprofiler.profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
 }

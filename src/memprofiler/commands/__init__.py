@@ -22,5 +22,11 @@ class Command(Protocol):
 
 def all_commands() -> list[Command]:
     """Every registered subcommand, in the order ``--help`` lists them."""
-    commands: list[Command] = []
+    # Each command module imports its heavy dependencies inside ``run``, so ``--help`` is quick.
+    from memprofiler.commands.check import CheckCommand
+    from memprofiler.commands.diff import DiffCommand
+    from memprofiler.commands.report import ReportCommand
+    from memprofiler.commands.snapshot import SnapshotCommand
+
+    commands: list[Command] = [ReportCommand(), DiffCommand(), CheckCommand(), SnapshotCommand()]
     return commands

@@ -1,0 +1,40 @@
+"""``memprofiler snapshot FILE.pickle [--html out.html]``: peaks, live stacks, fragmentation, OOMs."""
+
+from __future__ import annotations
+
+import argparse
+
+
+class SnapshotCommand:
+    name = "snapshot"
+    help = "Analyse a CUDA allocator snapshot pickle (torch.cuda.memory._snapshot() / memory_viz format)."
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("file", metavar="FILE.pickle", help="allocator snapshot pickle")
+        parser.add_argument(
+            "--html", metavar="OUT", default=None, help="also write a self-contained HTML page"
+        )
+        parser.add_argument(
+            "--top", type=int, default=10, help="stack groups and segments to show (default: 10)"
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        from memprofiler.errors import ArtifactError
+        from memprofiler.reporters.html import render_snapshot_page
+        from memprofiler.reporters.model import SnapshotEntry
+        from memprofiler.reporters.terminal import make_console, render_snapshot
+        from memprofiler.snapshot_analysis import analyze, load_snapshot
+        from memprofiler.writers import write_text
+
+        analysis = analyze(load_snapshot(args.file), args.file, top=args.top)
+        console = make_console()
+        render_snapshot(analysis, console, top=args.top, segments=args.top)
+        if args.html:
+            try:
+                write_text(
+                    args.html, render_snapshot_page(SnapshotEntry(args.file, args.file, analysis), args.top)
+                )
+            except OSError as err:
+                raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
+            console.print(f"HTML: {args.html}")
+        return 0

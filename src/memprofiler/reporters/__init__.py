@@ -1,0 +1,1 @@
+"""One module per output format; each only renders a :class:`~memprofiler.reporters.model.ReportModel`."""

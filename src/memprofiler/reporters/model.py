@@ -1,0 +1,201 @@
+"""The figures a report shows, shaped once from a run so every reporter shows the same numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memprofiler import layout
+from memprofiler.artifacts import AllocPickle, OomRecord, RunArtifacts
+from memprofiler.snapshot_analysis import SnapshotAnalysis, analyze, load_snapshot
+
+#: CUDA ``memory_stats()`` keys shown per call (the ``end`` snapshot's peaks belong to that call).
+CUDA_ALLOCATED_PEAK = "allocated_bytes.all.peak"
+CUDA_RESERVED_PEAK = "reserved_bytes.all.peak"
+
+
+@dataclass
+class CallRow:
+    """One collected call of one function on one rank, start and end merged."""
+
+    rank: int
+    fn: str
+    call: int
+    rss_start: int | None = None
+    rss_end: int | None = None
+    rss_peak: int | None = None
+    cuda_allocated_peak: int | None = None
+    cuda_reserved_peak: int | None = None
+    saved_unique: int | None = None
+    saved_packed: int | None = None
+    by_module: dict[str, int] = field(default_factory=dict)
+    fsdp: dict[str, int] = field(default_factory=dict)
+    """``fsdp.*`` peaks merged into the snapshot by the FSDP tracker, without the prefix."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.fn} #{self.call}"
+
+    @property
+    def rss_peak_delta(self) -> int | None:
+        """How far the host peak rose above the RSS at the call's start."""
+        if self.rss_peak is None or self.rss_start is None:
+            return None
+        return self.rss_peak - self.rss_start
+
+
+@dataclass
+class SnapshotEntry:
+    """An allocator pickle (history or OOM) with its analysis."""
+
+    title: str
+    path: str
+    analysis: SnapshotAnalysis
+
+
+@dataclass
+class ReportModel:
+    """What ``memprofiler report`` shows."""
+
+    run: RunArtifacts
+    calls: list[CallRow]
+    snapshots: list[SnapshotEntry] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({c.rank for c in self.calls})
+
+    def top_saved_modules(self, n: int = 10) -> list[tuple[str, int, str]]:
+        """``(module, bytes, where)``: each module's largest saved bytes over calls and ranks."""
+        best: dict[str, tuple[int, str]] = {}
+        for c in self.calls:
+            for mod, b in c.by_module.items():
+                if mod not in best or b > best[mod][0]:
+                    best[mod] = (b, f"rank {c.rank} {c.label}")
+        ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        return [(mod, b, where) for mod, (b, where) in ranked[:n]]
+
+    def summary_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first.
+
+        A stats entry is any mapping with ``min``/``max``/``mean``; the path to it gives the
+        snapshot key and the metric, however deep the file nests them.
+        """
+        rows: list[tuple[str, str, dict[str, Any]]] = []
+        _collect_stats(self.run.summary or {}, (), rows)
+        rows.sort(key=lambda r: (-_num(r[2].get("imbalance")), r[0], r[1]))
+        return rows
+
+    def fsdp_rows(self) -> tuple[list[str], list[tuple[CallRow, dict[str, int]]]]:
+        """Categories, and per call the ``fsdp.*`` peaks merged into its ``end`` snapshot."""
+        cats: list[str] = []
+        rows = []
+        for c in self.calls:
+            if c.fsdp:
+                cats.extend(k for k in c.fsdp if k not in cats)
+                rows.append((c, c.fsdp))
+        return cats, rows
+
+
+def _collect_stats(node: Any, path: tuple[str, ...], rows: list[tuple[str, str, dict[str, Any]]]) -> None:
+    if not isinstance(node, Mapping):
+        return
+    if "max" in node and ("mean" in node or "min" in node) and len(path) >= 1:
+        key = ".".join(path[:-1]) if len(path) > 1 else "-"
+        rows.append((key, path[-1], dict(node)))
+        return
+    for k, v in node.items():
+        _collect_stats(v, (*path, str(k)), rows)
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def call_rows(run: RunArtifacts) -> list[CallRow]:
+    """Merge each call's ``start`` and ``end`` snapshots into one row, ordered by rank, fn, call."""
+    rows: dict[tuple[int, str, int], CallRow] = {}
+    for key, m in run.snapshots().items():
+        rank, fn, call, phase = layout.parse_snapshot_key(key)
+        row = rows.setdefault((rank, fn, call), CallRow(rank, fn, call))
+        if phase == "start":
+            row.rss_start = _int(m.get("rss"))
+            continue
+        row.rss_end = _int(m.get("rss"))
+        row.rss_peak = _int(m.get("rss_peak"))
+        row.cuda_allocated_peak = _int(m.get(CUDA_ALLOCATED_PEAK))
+        row.cuda_reserved_peak = _int(m.get(CUDA_RESERVED_PEAK))
+        row.saved_unique = _int(m.get("saved_tensors.unique_bytes"))
+        row.saved_packed = _int(m.get("saved_tensors.packed_bytes"))
+        by_mod = m.get("saved_tensors.by_module")
+        if isinstance(by_mod, Mapping):
+            row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
+        row.fsdp = {
+            k[len("fsdp.") :]: int(v) for k, v in m.items() if k.startswith("fsdp.") and _int(v) is not None
+        }
+    return [rows[k] for k in sorted(rows)]
+
+
+def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
+    """Shape a loaded run; load and analyse every allocator-history and OOM pickle in it.
+
+    Raises:
+        ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
+    """
+    entries = []
+    items: list[AllocPickle | OomRecord] = [*run.alloc_pickles, *[o for o in run.ooms if o.pickle_path]]
+    for item in items:
+        path = item.path if isinstance(item, AllocPickle) else item.pickle_path
+        assert path is not None
+        analysis = analyze(load_snapshot(path), str(path), top=top)
+        entries.append(SnapshotEntry(snapshot_title(item), str(path), analysis))
+    return ReportModel(run=run, calls=call_rows(run), snapshots=entries)
+
+
+def snapshot_title(item: AllocPickle | OomRecord) -> str:
+    if isinstance(item, AllocPickle):
+        return f"rank {item.rank} {item.fn} #{item.call} {item.phase}"
+    return f"rank {item.rank} OOM #{item.n}"
+
+
+def nested_tables(data: Any, title: str = "") -> list[tuple[str, list[str], list[list[Any]]]]:
+    """Turn a report's nested YAML into ``(title, columns, rows)`` tables.
+
+    A mapping whose values are all flat mappings becomes one table (a row per key, a column
+    per inner key); a flat mapping becomes a two-column table; deeper data is split by key.
+    The FSDP and module-wise reports are module -> category -> bytes, so each is one table.
+    """
+    if isinstance(data, Mapping) and data:
+        values = list(data.values())
+        if all(
+            isinstance(v, Mapping) and v and all(not isinstance(x, (Mapping, list)) for x in v.values())
+            for v in values
+        ):
+            cols: list[str] = []
+            for v in values:
+                cols.extend(str(c) for c in v if str(c) not in cols)
+            rows = [[str(k), *[v.get(c) for c in cols]] for k, v in data.items()]
+            return [(title, ["", *cols], rows)]
+        if all(not isinstance(v, (Mapping, list)) for v in values):
+            return [(title, ["key", "value"], [[str(k), v] for k, v in data.items()])]
+        out: list[tuple[str, list[str], list[list[Any]]]] = []
+        flat = [[str(k), v] for k, v in data.items() if not isinstance(v, (Mapping, list))]
+        if flat:
+            out.append((title, ["key", "value"], flat))
+        for k, v in data.items():
+            if isinstance(v, (Mapping, list)):
+                out.extend(nested_tables(v, f"{title} / {k}" if title else str(k)))
+        return out
+    if isinstance(data, list) and data and all(isinstance(v, Mapping) for v in data):
+        cols = []
+        for v in data:
+            cols.extend(str(c) for c in v if str(c) not in cols)
+        return [(title, cols, [[v.get(c) for c in cols] for v in data])]
+    if isinstance(data, list):
+        return [(title, ["value"], [[v] for v in data])]
+    return [(title, ["value"], [[data]])]

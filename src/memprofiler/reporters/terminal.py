@@ -1,0 +1,219 @@
+"""Terminal tables (rich) for ``memprofiler report`` and ``memprofiler snapshot``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from memprofiler.reporters.model import ReportModel
+from memprofiler.run_diff import DiffRow
+from memprofiler.snapshot_analysis import SnapshotAnalysis
+from memprofiler.units import format_bytes, format_value
+
+
+def make_console() -> Console:
+    """A console for command output; piped output (CI logs) gets wide lines instead of 80 columns."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)
+    return console
+
+
+def _time(us: int | None) -> str:
+    return "-" if us is None else f"t={us / 1e6:.6f}s"
+
+
+def _at(index: int, us: int | None) -> str:
+    where = "before the first entry" if index < 0 else f"entry {index:,}"
+    return f"{where}, {_time(us)}" if us is not None else where
+
+
+class TerminalReporter:
+    """Prints a run's calls, saved-tensor modules, cross-rank summary and allocator snapshots.
+
+    Example:
+        >>> TerminalReporter(build_model(load_run("run"))).render(Console())  # doctest: +SKIP
+    """
+
+    def __init__(self, model: ReportModel, top: int = 10) -> None:
+        self.model = model
+        self.top = top
+
+    def render(self, console: Console) -> None:
+        run = self.model.run
+        console.print(
+            f"[bold]memprofiler run[/bold] {run.root}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
+        )
+        self._calls(console)
+        self._modules(console)
+        self._fsdp(console)
+        self._summary(console)
+        self._reports(console)
+        for entry in self.model.snapshots:
+            render_snapshot(entry.analysis, console, title=entry.title, top=min(self.top, 5), segments=0)
+
+    def _calls(self, console: Console) -> None:
+        calls = self.model.calls
+        if not calls:
+            console.print("no collected calls in the per-rank stats")
+            return
+        t = Table(title="Collected calls (peaks that matter)")
+        for col in ("rank", "function", "call", "rss start", "rss end", "rss peak", "peak - start"):
+            t.add_column(col, justify="left" if col == "function" else "right")
+        has_cuda = any(c.cuda_allocated_peak is not None for c in calls)
+        if has_cuda:
+            t.add_column("cuda alloc peak", justify="right")
+            t.add_column("cuda reserved peak", justify="right")
+        t.add_column("saved unique", justify="right")
+        t.add_column("saved packed", justify="right")
+        for c in calls:
+            row = [
+                str(c.rank),
+                c.fn,
+                str(c.call),
+                format_bytes(c.rss_start),
+                format_bytes(c.rss_end),
+                format_bytes(c.rss_peak),
+                format_bytes(c.rss_peak_delta),
+            ]
+            if has_cuda:
+                row += [format_bytes(c.cuda_allocated_peak), format_bytes(c.cuda_reserved_peak)]
+            row += [format_bytes(c.saved_unique), format_bytes(c.saved_packed)]
+            t.add_row(*row)
+        console.print(t)
+
+    def _modules(self, console: Console) -> None:
+        top = self.model.top_saved_modules(self.top)
+        if not top:
+            return
+        t = Table(title=f"Top {len(top)} modules by saved-tensor bytes")
+        t.add_column("module")
+        t.add_column("saved bytes", justify="right")
+        t.add_column("largest in")
+        for mod, b, where in top:
+            t.add_row(mod, format_bytes(b), where)
+        console.print(t)
+
+    def _fsdp(self, console: Console) -> None:
+        cats, rows = self.model.fsdp_rows()
+        if not rows:
+            return
+        t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")
+        for col in ("rank", "function", "call", *cats):
+            t.add_column(col, justify="left" if col == "function" else "right")
+        for c, peaks in rows:
+            t.add_row(str(c.rank), c.fn, str(c.call), *[format_bytes(peaks.get(k)) for k in cats])
+        console.print(t)
+
+    def _summary(self, console: Console) -> None:
+        rows = self.model.summary_rows()
+        if not rows:
+            return
+        t = Table(title="Across ranks (memory_summary.yaml), most unbalanced first")
+        for col in ("key", "metric", "min", "mean", "max", "max on rank", "max/mean"):
+            t.add_column(col, justify="left" if col in ("key", "metric") else "right")
+        for key, metric, s in rows[: self.top]:
+            imb = s.get("imbalance")
+            t.add_row(
+                key,
+                metric,
+                format_value(metric, s.get("min")),
+                format_value(metric, s.get("mean")),
+                format_value(metric, s.get("max")),
+                str(_max_rank(s)),
+                f"{imb:.3f}" if isinstance(imb, (int, float)) else "-",
+            )
+        console.print(t)
+
+    def _reports(self, console: Console) -> None:
+        reps = self.model.run.reports
+        if reps:
+            kinds = ", ".join(f"{sum(r.kind == k for r in reps)} {k}" for k in sorted({r.kind for r in reps}))
+            console.print(f"module-wise reports: {kinds} (tables in the HTML report)")
+        for oom in self.model.run.ooms:
+            info = oom.info or {}
+            bits = [f"{k}={format_value(k, v)}" for k, v in info.items() if isinstance(v, (int, float))]
+            console.print(f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml"))
+
+
+def _max_rank(stats: dict[str, object]) -> object:
+    for k in ("max_rank", "argmax", "rank_of_max", "argmax_rank"):
+        if k in stats:
+            return stats[k]
+    return "-"
+
+
+def render_snapshot(
+    analysis: SnapshotAnalysis, console: Console, title: str = "", top: int = 10, segments: int = 10
+) -> None:
+    """Peaks, top stacks at the peak, OOM entries and (``segments`` > 0) the most fragmented segments."""
+    console.print(f"[bold]Allocator snapshot[/bold] {title or analysis.source}")
+    console.print(
+        f"  now: {len(analysis.segments)} segments, reserved {format_bytes(analysis.total_reserved)}, "
+        f"allocated {format_bytes(analysis.total_allocated)}"
+    )
+    for d in analysis.devices:
+        console.print(
+            f"  device {d.device}: {d.entries:,} trace entries; "
+            f"peak allocated {format_bytes(d.peak_allocated)} ({_at(d.peak_allocated_index, d.peak_allocated_time_us)}); "
+            f"peak reserved {format_bytes(d.peak_reserved)} ({_at(d.peak_reserved_index, d.peak_reserved_time_us)})"
+        )
+        if d.top_stacks:
+            t = Table(
+                title=f"device {d.device}: live at the allocated peak by stack ({d.live_blocks_at_peak:,} blocks)"
+            )
+            t.add_column("bytes", justify="right")
+            t.add_column("blocks", justify="right")
+            t.add_column("stack (innermost first)")
+            for g in d.top_stacks[:top]:
+                t.add_row(format_bytes(g.bytes), f"{g.count:,}", "\n".join(g.frames))
+            console.print(t)
+        for o in d.ooms:
+            free = format_bytes(o.device_free) if o.device_free is not None else "?"
+            where = o.frames[0] if o.frames else "no stack"
+            console.print(
+                f"  [red]OOM[/red] device {o.device} entry {o.index:,} {_time(o.time_us)}: "
+                f"{format_bytes(o.size)} requested, {free} free; at {where}"
+            )
+    if segments and analysis.segments:
+        worst = sorted(analysis.segments, key=lambda s: (-s.free, s.address))[:segments]
+        t = Table(title=f"Segments with the most free bytes ({len(worst)} of {len(analysis.segments)})")
+        for col in ("device", "address", "size", "allocated", "free", "largest free", "fragmentation"):
+            t.add_column(col, justify="right")
+        for s in worst:
+            t.add_row(
+                str(s.device),
+                hex(s.address),
+                format_bytes(s.total_size),
+                format_bytes(s.allocated),
+                format_bytes(s.free),
+                format_bytes(s.largest_free),
+                f"{s.fragmentation:.1%}",
+            )
+        console.print(t)
+
+
+def render_diff(rows: Sequence[DiffRow], console: Console, total: int | None = None) -> None:
+    """The ``memprofiler diff`` table: key, metric, A, B, change, percentage."""
+    if not rows:
+        console.print("no differences")
+        return
+    shown = f"{len(rows)} of {total}" if total is not None and total != len(rows) else f"{len(rows)}"
+    t = Table(title=f"Differences, largest absolute change first ({shown} rows)")
+    for col in ("key", "metric", "A", "B", "change", "%"):
+        t.add_column(col, justify="left" if col in ("key", "metric") else "right")
+    for r in rows:
+        change = r.change
+        pct = r.percent
+        sign = "+" if change is not None and change > 0 else ""
+        t.add_row(
+            r.key,
+            r.metric,
+            format_value(r.metric, r.a) if r.a is not None else "(missing)",
+            format_value(r.metric, r.b) if r.b is not None else "(missing)",
+            "-" if change is None else sign + format_value(r.metric, change),
+            "-" if pct is None else f"{pct:+.1f}%",
+        )
+    console.print(t)

@@ -1,0 +1,111 @@
+"""Human byte units: parse ``2GiB`` / ``300MiB`` / ``1.5GB`` and format byte counts back."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from memprofiler.errors import ConfigError
+
+#: Binary (``KiB``) and decimal (``KB``) suffixes, case-insensitive; ``K``/``M``/``G`` alone are binary,
+#: as in ``ulimit`` and most memory tools.
+_FACTORS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "kb": 1000,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "mb": 1000**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "gb": 1000**3,
+    "t": 1024**4,
+    "tib": 1024**4,
+    "tb": 1000**4,
+}
+_NUMBER = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+#: Metric-name parts that mark a value as a byte count (everything else is shown as a plain number).
+_BYTE_HINTS = (
+    "bytes",
+    "rss",
+    "vms",
+    "npp",
+    "mem",
+    "size",
+    "free",
+    "total",
+    "reserved",
+    "allocated",
+    "fsdp.",
+    "saved_tensors.by_module",
+)
+_COUNT_HINTS = ("count", "num_", "imbalance", "rank", "time", "calls", "_ns", "entries", "allocation.")
+
+
+def parse_size(text: str, key: str = "size") -> float:
+    """Parse ``"2GiB"``, ``"300 MiB"``, ``"1.5GB"``, ``"4096"`` or ``"1e9"`` into a number of bytes.
+
+    Args:
+        text: the value; a bare number is taken as is (also right for non-byte metrics).
+        key: named in the error message.
+
+    Raises:
+        ConfigError: the text is not a number with a known unit.
+
+    Example:
+        >>> parse_size("1.5GiB")
+        1610612736.0
+    """
+    m = _NUMBER.match(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _FACTORS:
+        raise ConfigError(
+            key,
+            f"got {text!r}; expected a number with an optional unit "
+            "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 2GiB or 300MiB",
+        )
+    value = float(m.group(1)) * _FACTORS[unit]
+    if not math.isfinite(value):
+        raise ConfigError(key, f"got {text!r}; must be finite")
+    return value
+
+
+def format_bytes(n: float | int | None) -> str:
+    """``1610612736 -> "1.50 GiB"``; small values stay exact (``"512 B"``), ``None`` is ``"-"``."""
+    if n is None:
+        return "-"
+    value = float(n)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in _BINARY:
+        if value < 1024 or unit == _BINARY[-1]:
+            if unit == "B":
+                return f"{sign}{int(value)} B"
+            return f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def looks_like_bytes(metric: str) -> bool:
+    """Whether a metric name holds bytes (``rss_peak``, ``allocated_bytes.all.peak``, ``fsdp.Activation``)."""
+    name = metric.lower()
+    if "bytes" in name:
+        return True
+    if any(h in name for h in _COUNT_HINTS):
+        return False
+    return any(h in name for h in _BYTE_HINTS)
+
+
+def format_value(metric: str, value: float | int | None) -> str:
+    """Bytes in human units when the metric holds bytes, else the number itself."""
+    if value is None:
+        return "-"
+    if looks_like_bytes(metric):
+        return format_bytes(value)
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g}"
+    return f"{int(value):,}"

@@ -1,0 +1,78 @@
+"""``memprofiler check``: the CI memory budget gate, on a real CPU run."""
+
+from __future__ import annotations
+
+import pytest
+
+from memprofiler.__main__ import main
+from run_fixtures import expected_saved_bytes
+
+
+def test_within_budget_exits_0(real_runs, capsys):
+    # GIVEN limits above every collected value, in human units
+    rc = main(
+        ["check", str(real_runs["a"]), "--max", "rss_peak=64GiB", "--max", "saved_tensors.unique_bytes=1.5GB"]
+    )
+    # THEN exit 0 and a one-line all-clear (2 calls x 2 metrics checked)
+    assert rc == 0
+    assert capsys.readouterr().out.strip() == "memprofiler check: all 4 values within budget"
+
+
+def test_each_violation_is_one_line_naming_key_value_and_limit(real_runs, capsys):
+    saved = expected_saved_bytes(256)  # 12544 bytes = 12.25 KiB
+    rc = main(
+        ["check", str(real_runs["a"]), "--max", "saved_tensors.unique_bytes=12KiB", "--max", "rss_peak=64GiB"]
+    )
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert captured.out.splitlines() == [
+        f"0.training_step.{call}.end saved_tensors.unique_bytes = 12.25 KiB ({saved:,}) exceeds limit "
+        "12.00 KiB (12,288) set by --max saved_tensors.unique_bytes"
+        for call in (2, 3)
+    ]
+    assert "2 of 4 values over budget" in captured.err
+
+
+def test_exact_limit_passes_and_one_byte_less_fails(real_runs, capsys):
+    saved = expected_saved_bytes(256)
+    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved}"]) == 0
+    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved - 1}B"]) == 1
+
+
+def test_patterns_and_key_filter(real_runs, capsys):
+    # by_module entries are metrics too; only call 3 is checked
+    rc = main(
+        [
+            "check",
+            str(real_runs["a"]),
+            "--max",
+            "saved_tensors.by_module.*=4KiB",
+            "--key",
+            "*.training_step.3.end",
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1
+    assert out == [
+        "0.training_step.3.end saved_tensors.by_module.enc.1 = 8.00 KiB (8,192) exceeds limit 4.00 KiB (4,096) "
+        "set by --max saved_tensors.by_module.*"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("limit", "message"),
+    [
+        ("rss_peek=2GiB", "`--max rss_peek`: matches no collected value"),
+        ("rss_peak=2 parsecs", "`--max rss_peak`: got '2 parsecs'"),
+        ("rss_peak", "expected METRIC=VALUE"),
+    ],
+)
+def test_bad_limits_are_one_line_exit_2(real_runs, capsys, limit, message):
+    rc = main(["check", str(real_runs["a"]), "--max", limit])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and message in err
+
+
+def test_missing_run_dir_exit_2(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope"), "--max", "rss_peak=1GiB"]) == 2
+    assert "no such directory" in capsys.readouterr().err

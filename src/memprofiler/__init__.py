@@ -15,11 +15,13 @@ from memprofiler.profiler import MemProfiler
 
 if TYPE_CHECKING:
     from memprofiler.lightning.callback import MemProfilerCallback
+    from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
 }
@@ -36,6 +38,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ArtifactError",
     "ConfigError",
+    "ExtendedPyTorchProfiler",
     "MemProfiler",
     "MemProfilerCallback",
     "MemProfilerConfig",

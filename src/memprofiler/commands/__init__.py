@@ -22,5 +22,8 @@ class Command(Protocol):
 
 def all_commands() -> list[Command]:
     """Every registered subcommand, in the order ``--help`` lists them."""
+    from memprofiler.commands.merge_traces import MergeTracesCommand
+
     commands: list[Command] = []
+    commands.append(MergeTracesCommand())
     return commands

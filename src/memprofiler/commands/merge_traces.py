@@ -1,0 +1,34 @@
+"""``memprofiler merge-traces DIR -o merged.json``: one Chrome trace for all ranks."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memprofiler.trace_merge import find_rank_traces, merge_rank_traces
+from memprofiler.writers import write_json
+
+#: Output name when ``-o`` is not given, written into DIR.
+DEFAULT_OUTPUT = "memory_trace_merged.json"
+
+
+class MergeTracesCommand:
+    """Merge ``memory_trace_rank_*.json`` under DIR into one trace for Perfetto / chrome://tracing."""
+
+    name = "merge-traces"
+    help = "Merge every rank's memory_trace_rank_*.json under DIR into one Chrome trace (pid = rank)."
+
+    def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("dir", type=Path, metavar="DIR", help="run directory (searched recursively)")
+        parser.add_argument(
+            "-o", "--output", type=Path, default=None, help=f"output file (default: DIR/{DEFAULT_OUTPUT})"
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        traces = find_rank_traces(args.dir)
+        merged = merge_rank_traces(traces)
+        output = args.output if args.output is not None else args.dir / DEFAULT_OUTPUT
+        write_json(output, merged)
+        n = sum(1 for e in merged["traceEvents"] if e.get("ph") != "M")
+        print(f"merged {len(traces)} rank(s) ({n} events) into {output}")
+        return 0

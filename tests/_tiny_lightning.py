@@ -22,10 +22,18 @@ class TinyModel(pl.LightningModule):
         self.fail_at = fail_at
         self.n_samples = n_samples
         self.calls = 0
+        #: Per training call: whether Lightning's module-name hooks were on the first layer.
+        self.module_name_hooks: list[bool] = []
 
     @memprofilable
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         self.calls += 1
+        hooks = self.net[0]._forward_pre_hooks.values()
+        self.module_name_hooks.append(
+            any(
+                getattr(getattr(h, "func", None), "__name__", "") == "_start_recording_forward" for h in hooks
+            )
+        )
         if self.fail_at is not None and self.calls == self.fail_at:
             raise RuntimeError(f"injected failure in training call {self.calls}")
         # A known allocation inside the step, freed before it returns.
@@ -41,5 +49,7 @@ class TinyModel(pl.LightningModule):
 
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, ...]]:
         gen = torch.Generator().manual_seed(0)
-        data = TensorDataset(torch.randn(self.n_samples, 16, generator=gen), torch.randn(self.n_samples, 1, generator=gen))
+        data = TensorDataset(
+            torch.randn(self.n_samples, 16, generator=gen), torch.randn(self.n_samples, 1, generator=gen)
+        )
         return DataLoader(data, batch_size=8)

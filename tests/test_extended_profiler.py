@@ -11,9 +11,9 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import yaml
-from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
@@ -71,7 +71,9 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     assert sorted(stats) == [f"0.training_step.{n}.{p}" for n in (3, 4) for p in ("end", "start")]
     spans = _memory_spans(trace)
     assert sorted(spans) == ["training_step.3", "training_step.4"]
-    strategy_steps = [e for e in trace["traceEvents"] if str(e.get("name", "")).endswith("Strategy.training_step")]
+    strategy_steps = [
+        e for e in trace["traceEvents"] if str(e.get("name", "")).endswith("Strategy.training_step")
+    ]
     for n in (3, 4):
         assert _inside(spans[f"training_step.{n}"], steps[f"ProfilerStep#{n - 1}"])
         assert any(_inside(spans[f"training_step.{n}"], s) for s in strategy_steps)
@@ -123,6 +125,17 @@ def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
     # AND the summary, and the module-name hooks are gone from the model
     assert "ProfilerStep*" in (tmp_path / "fit_rank0_summary.txt").read_text()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_module_name_hooks_exist_only_while_the_profiler_records(tmp_path):
+    # GIVEN steps 1 (warmup) to 3 (active) of six
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
+    model = TinyModel()
+    # WHEN training runs
+    _trainer(tmp_path, prof, steps=6).fit(model)
+    # THEN the per-module hooks were on for calls 2-4 only (step n - 1 in the window), and are gone
+    assert model.module_name_hooks == [False, True, True, True, False, False]
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
@@ -197,7 +210,9 @@ def test_bad_options_raise_naming_the_key(kwargs, key):
 def test_unknown_sort_key_is_lightnings_error_and_device_keys_are_accepted():
     with pytest.raises(MisconfigurationException, match="sort_by_key"):
         ExtendedPyTorchProfiler(sort_by_key="nope")
-    assert ExtendedPyTorchProfiler(sort_by_key="self_device_time_total")._sort_by_key == "self_device_time_total"
+    assert (
+        ExtendedPyTorchProfiler(sort_by_key="self_device_time_total")._sort_by_key == "self_device_time_total"
+    )
 
 
 def test_use_cuda_is_dropped_quietly_when_unset_and_with_a_warning_when_set():

@@ -9,10 +9,10 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import yaml
-from _tiny_lightning import TinyModel
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from _tiny_lightning import TinyModel
 from memprofiler import MemProfilerCallback
 from memprofiler.lightning.metrics_logger import headline_figures
 
@@ -53,9 +53,9 @@ def test_tensorboard_event_file_has_memprofiler_scalars_at_the_global_step(tmp_p
         assert [s.step for s in acc.Scalars(tag)] == [1, 2]
     assert {s.step for s in acc.Scalars("loss")} >= {1, 2}
     # AND the values are the snapshot's (float32 in the event file)
-    for scalar, call in zip(acc.Scalars(TAGS[0]), (2, 3)):
+    for scalar, call in zip(acc.Scalars(TAGS[0]), (2, 3), strict=True):
         assert scalar.value == pytest.approx(stats[f"0.training_step.{call}.end"]["rss_peak"], rel=1e-6)
-    for scalar, call in zip(acc.Scalars(TAGS[1]), (2, 3)):
+    for scalar, call in zip(acc.Scalars(TAGS[1]), (2, 3), strict=True):
         expected = stats[f"0.training_step.{call}.end"]["saved_tensors.unique_bytes"]
         # x (8x16), the ReLU output (8x32) and the residual squared in the loss (8x1), fp32
         assert scalar.value == expected == (8 * 16 + 8 * 32 + 8 * 1) * 4
@@ -71,7 +71,9 @@ def test_every_logger_gets_the_figures(tmp_path):
     with open(Path(csv_logger.log_dir) / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get(TAGS[0])]
     assert [int(r["step"]) for r in rows] == [1, 2]
-    assert [float(r[TAGS[0]]) for r in rows] == [stats[f"0.training_step.{n}.end"]["rss_peak"] for n in (2, 3)]
+    assert [float(r[TAGS[0]]) for r in rows] == [
+        stats[f"0.training_step.{n}.end"]["rss_peak"] for n in (2, 3)
+    ]
 
 
 def test_log_metrics_false_logs_nothing(tmp_path):

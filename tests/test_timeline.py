@@ -53,11 +53,10 @@ def _run_steps(prof: MemProfiler, model: nn.Module, n: int) -> None:
 
 def test_kineto_cpu_timestamps_are_epoch_nanoseconds_after_base(tmp_path):
     # GIVEN a record_function whose inside is stamped with time.time_ns()
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        with record_function("marker"):
-            inside_start = time.time_ns()
-            time.sleep(0.02)
-            inside_end = time.time_ns()
+    with profile(activities=[ProfilerActivity.CPU]) as p, record_function("marker"):
+        inside_start = time.time_ns()
+        time.sleep(0.02)
+        inside_end = time.time_ns()
     p.export_chrome_trace(str(tmp_path / "t.json"))
     # WHEN its Kineto timestamps are converted with the trace's base
     trace = json.loads((tmp_path / "t.json").read_text())
@@ -77,9 +76,8 @@ def test_memory_spans_land_inside_the_kineto_event_that_encloses_them(tmp_path):
     model = _mlp()
     prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(model)
     assert prof.timeline is not None
-    with profile(activities=[ProfilerActivity.CPU]) as p:
-        with record_function("outer"):
-            _run_steps(prof, model, 1)
+    with profile(activities=[ProfilerActivity.CPU]) as p, record_function("outer"):
+        _run_steps(prof, model, 1)
     p.export_chrome_trace(str(tmp_path / "k.json"))
     trace = json.loads((tmp_path / "k.json").read_text())
     # WHEN the timeline is merged into the Kineto trace
@@ -97,9 +95,7 @@ def test_memory_spans_land_inside_the_kineto_event_that_encloses_them(tmp_path):
 def test_memory_trace_file_holds_the_snapshot_values(tmp_path):
     # GIVEN calls 1 and 2 collected, with a fake CUDA device
     model = _mlp()
-    prof = MemProfiler(
-        {"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=3, cuda=FakeCuda()
-    )
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=3, cuda=FakeCuda())
     # WHEN three calls run and the profiler exits
     with prof:
         prof.setup(model)
@@ -118,7 +114,9 @@ def test_memory_trace_file_holds_the_snapshot_values(tmp_path):
     by_name: dict[str, list[Any]] = {}
     for c in sorted(counters, key=lambda c: c["ts"]):
         by_name.setdefault(c["name"], []).append(c["args"]["bytes"])
-    assert by_name["rss"] == [stats[f"3.training_step.{n}.{p}"]["rss"] for n in (1, 2) for p in ("start", "end")]
+    assert by_name["rss"] == [
+        stats[f"3.training_step.{n}.{p}"]["rss"] for n in (1, 2) for p in ("start", "end")
+    ]
     assert by_name["rss_peak"] == [stats[f"3.training_step.{n}.end"]["rss_peak"] for n in (1, 2)]
     # saved for backward: x (8x16 fp32) and the ReLU output (8x32 fp32), weights excluded
     assert by_name["saved_tensors.unique_bytes"] == [8 * 16 * 4 + 8 * 32 * 4] * 2

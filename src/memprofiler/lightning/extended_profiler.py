@@ -224,7 +224,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._step_functions = None if step_functions is None else set(step_functions)
         self._timelines: list[MemoryTimeline] = []
         self._cycle = 0
-        self._tables: list[str] = []
+        self._tables: list[tuple[int, str]] = []
         self._written: list[Path] = []
         self._flusher: _FlushOnException | None = None
         self._trainer_ref: weakref.ReferenceType[pl.Trainer] | None = None
@@ -283,7 +283,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         # never raise into training.
         self._cycle += 1
         try:
-            self._tables.append(self._table(prof))
+            self._tables.append((self._cycle, self._table(prof)))
         except Exception as err:
             warn_once(
                 f"ExtendedPyTorchProfiler could not tabulate cycle {self._cycle}: {err!r}", all_ranks=True
@@ -337,7 +337,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._delete_profilers()
         if not self._tables:
             return ""
-        stats = {f"cycle {i} of {self._stage_name}": table for i, table in enumerate(self._tables, start=1)}
+        stats = {f"cycle {cycle} of {self._stage_name}": table for cycle, table in self._tables}
         text = self._stats_to_str(stats)
         try:
             self._write_summary(text)
@@ -358,8 +358,23 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
     def start(self, action_name: str) -> None:
         # After an exception was flushed, Lightning still runs other callbacks' hooks inside
         # `profile()`: do not start a new profiler (and module hooks) that nothing would close.
-        if not self._closed:
-            super().start(action_name)
+        if self._closed:
+            return
+        if self._idle():
+            # Between windows nothing is recorded: skip the per-action `record_function` and
+            # keep the per-module forward hooks off, so the profiler costs ~nothing there.
+            self._remove_module_hooks()
+            return
+        super().start(action_name)
+
+    def _idle(self) -> bool:
+        prof = self.profiler
+        return isinstance(prof, torch.profiler.profile) and prof.current_action is ProfilerAction.NONE
+
+    def _remove_module_hooks(self) -> None:
+        if self._register is not None:
+            self._register.__exit__(None, None, None)
+            self._register = None
 
     @override
     def teardown(self, stage: str | None) -> None:

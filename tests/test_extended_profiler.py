@@ -61,7 +61,7 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     # WHEN training runs
     trainer.fit(TinyModel())
     # THEN one valid trace with ProfilerStep#2 and #3 is written under the per-rank name
-    trace_file = tmp_path / "fit_rank0.1.pt.trace.json"
+    trace_file = tmp_path / "fit_rank_0.1.pt.trace.json"
     assert sorted(p.name for p in tmp_path.glob("*.pt.trace.json")) == [trace_file.name]
     trace = _load(trace_file)
     steps = _named(trace, "ProfilerStep#")
@@ -89,7 +89,7 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     start = stats["0.training_step.3.start"]["rss"]
     assert spans["training_step.3"]["args"]["rss_peak"] - start >= 0.9 * STEP_ALLOC_BYTES
     # AND the summary table went to the per-rank text file
-    summary = (tmp_path / "fit_rank0_summary.txt").read_text()
+    summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert "cycle 1 of fit" in summary and "ProfilerStep*" in summary
 
 
@@ -101,13 +101,13 @@ def test_repeat_two_gives_two_trace_cycles(tmp_path):
     trainer.fit(TinyModel())
     # THEN each cycle has its own trace with its own step and its own memory span
     files = sorted(p.name for p in tmp_path.glob("*.pt.trace.json"))
-    assert files == ["fit_rank0.1.pt.trace.json", "fit_rank0.2.pt.trace.json"]
+    assert files == ["fit_rank_0.1.pt.trace.json", "fit_rank_0.2.pt.trace.json"]
     first, second = (_load(tmp_path / f) for f in files)
     assert sorted(_named(first, "ProfilerStep#")) == ["ProfilerStep#2"]
     assert sorted(_named(second, "ProfilerStep#")) == ["ProfilerStep#5"]
     assert sorted(_memory_spans(first)) == ["training_step.3"]
     assert sorted(_memory_spans(second)) == ["training_step.6"]
-    summary = (tmp_path / "fit_rank0_summary.txt").read_text()
+    summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert "cycle 1 of fit" in summary and "cycle 2 of fit" in summary
 
 
@@ -120,11 +120,11 @@ def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     with pytest.raises(RuntimeError, match="injected failure in training call 5"):
         trainer.fit(model)
     # THEN the cycle in progress is on disk: a valid trace with the completed steps' memory
-    trace = _load(tmp_path / "fit_rank0.1.pt.trace.json")
+    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= set(_named(trace, "ProfilerStep#"))
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
     # AND the summary, and the module-name hooks are gone from the model
-    assert "ProfilerStep*" in (tmp_path / "fit_rank0_summary.txt").read_text()
+    assert "ProfilerStep*" in (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
@@ -150,7 +150,7 @@ def test_summary_table_honours_name_width_and_sort_key(tmp_path):
     trainer = _trainer(tmp_path, prof, steps=4)
     # WHEN training runs
     trainer.fit(TinyModel())
-    summary = (tmp_path / "fit_rank0_summary.txt").read_text()
+    summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
     # THEN long module names are whole (Lightning's 55-column default cuts them)
     assert "[pl][module]torch.nn.modules.linear.Linear: net.0" in summary
     # AND rows are sorted by the last column, "# of Calls", descending
@@ -185,7 +185,7 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     # AND memory followed it: calls 3 and 4, inside the one trace written
     stats = yaml.safe_load((tmp_path / "memprofiler" / "rank_0_memory_stats.yaml").read_text())
     assert sorted({k.rsplit(".", 1)[0] for k in stats}) == ["0.training_step.3", "0.training_step.4"]
-    trace = _load(tmp_path / "fit_rank0.1.pt.trace.json")
+    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
 
 
@@ -239,3 +239,19 @@ def test_follow_profiler_without_the_extended_profiler_warns_and_keeps_own_sched
 def test_follow_profiler_rejects_the_short_form():
     with pytest.raises(ConfigError, match="`follow_profiler`"):
         ScheduleConfig(follow_profiler=True, warmup_iters=2)
+
+
+def test_trace_names_and_content_load_in_torch_tb_profiler(tmp_path):
+    """Runs where the plugin is installed (it is not a dependency): its own loader must parse our files."""
+    consts = pytest.importorskip("torch_tb_profiler.consts")
+    data_mod = pytest.importorskip("torch_tb_profiler.profiler.data")
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
+    _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()]).fit(TinyModel())
+    path = tmp_path / "fit_rank_0.1.pt.trace.json"
+    match = consts.WORKER_PATTERN.match(path.name)
+    assert match is not None and match.group(1) == "fit_rank_0" and match.group(2) == ".1"
+    assert consts.NODE_PROCESS_PATTERN.match("fit_rank_0").group(2) == "0"  # process = rank
+    parsed = data_mod.RunProfileData.parse("fit_rank_0", ".1", str(path), str(tmp_path / "cache"))
+    run = parsed[0] if isinstance(parsed, tuple) else parsed
+    run.process()
+    assert run.steps_names == ["2", "3"]

@@ -60,8 +60,8 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
         "memory_trace_rank_1.json",
     ]
     assert sorted(p.name for p in ddp_run.glob("*.pt.trace.json")) == [
-        "fit_rank0.1.pt.trace.json",
-        "fit_rank1.1.pt.trace.json",
+        "fit_rank_0.1.pt.trace.json",
+        "fit_rank_1.1.pt.trace.json",
     ]
     # WHEN merged
     out = ddp_run / "merged.json"
@@ -83,7 +83,7 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
     assert abs(s0["ts"] - s1["ts"]) < 5e6  # within 5 s, on the microsecond scale
     # AND each rank's profiler trace carries its own memory spans
     for rank in (0, 1):
-        trace = json.loads((ddp_run / f"fit_rank{rank}.1.pt.trace.json").read_text())
+        trace = json.loads((ddp_run / f"fit_rank_{rank}.1.pt.trace.json").read_text())
         assert sorted(
             e["name"] for e in trace["traceEvents"] if e.get("cat") == "memprofiler" and e["ph"] == "X"
         ) == [

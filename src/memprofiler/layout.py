@@ -30,6 +30,6 @@ def parse_snapshot_key(key: str) -> tuple[int, str, int, str]:
 MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
 #: ExtendedPyTorchProfiler trace, one per schedule cycle. ``{worker}.{span}.pt.trace.json`` is
 #: the name TensorBoard's torch-tb-profiler plugin discovers; the worker is stage and rank.
-PROFILER_TRACE_JSON = "{stage}_rank{rank}.{cycle}.pt.trace.json"
+PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
 #: ExtendedPyTorchProfiler per-rank summary table.
-PROFILER_SUMMARY_TXT = "{stage}_rank{rank}_summary.txt"
+PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"

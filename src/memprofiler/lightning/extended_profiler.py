@@ -11,8 +11,8 @@ What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
 * ``max_name_column_width`` and more ``sort_by_key`` values for the summary table.
 * Activities are chosen automatically (CPU, plus CUDA when available); the deprecated
   ``use_cuda`` is dropped, so jsonargparse's default for it warns about nothing.
-* Each rank writes its summary table to ``{stage}_rank{rank}_summary.txt`` and one Chrome
-  trace per cycle to ``{stage}_rank{rank}.{cycle}.pt.trace.json``, the names TensorBoard's
+* Each rank writes its summary table to ``{stage}_rank_{rank}_summary.txt`` and one Chrome
+  trace per cycle to ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, the names TensorBoard's
   torch-tb-profiler plugin loads. Memory counters of a :class:`~memprofiler.MemProfilerCallback`
   in the same Trainer are merged into the trace.
 * Trace and summary are also written when training raises: Lightning only calls
@@ -330,7 +330,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
     def summary(self) -> str:
         """Stop profiling (writing the cycle in progress) and return every cycle's table.
 
-        The text also goes to ``{stage}_rank{rank}_summary.txt`` in ``dirpath``.
+        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in ``dirpath``.
         """
         if not self._profiler_kwargs.get("enabled", True):
             return ""

@@ -91,6 +91,9 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     # AND the summary table went to the per-rank text file
     summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert "cycle 1 of fit" in summary and "ProfilerStep*" in summary
+    # AND teardown left nothing behind: no helper callback, no module hooks
+    assert not [cb for cb in trainer.callbacks if type(cb).__name__ == "_FlushOnException"]
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in trainer.lightning_module.modules())
 
 
 def test_repeat_two_gives_two_trace_cycles(tmp_path):
@@ -162,10 +165,14 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     # GIVEN the shipped profiler config on top of a tiny model
     from memprofiler.cli import MemProfilerCLI
 
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("trainer:\n  profiler:\n    dict_kwargs: {profile_memory: true}\n")
     args = [
         "fit",
         "--config",
         str(REPO / "configs" / "profiler.yaml"),
+        "--config",
+        str(extra),
         f"--trainer.default_root_dir={tmp_path}",
         "--trainer.max_steps=5",
         "--trainer.logger=false",
@@ -182,11 +189,13 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     assert isinstance(prof, ExtendedPyTorchProfiler)
     assert (prof.schedule_cfg.wait, prof.schedule_cfg.warmup, prof.schedule_cfg.active) == (1, 1, 2)
     assert not [w for w in caught if "use_cuda" in str(w.message)]
+    assert prof._profiler_kwargs["profile_memory"] is True  # dict_kwargs reach torch.profiler.profile
     # AND memory followed it: calls 3 and 4, inside the one trace written
     stats = yaml.safe_load((tmp_path / "memprofiler" / "rank_0_memory_stats.yaml").read_text())
     assert sorted({k.rsplit(".", 1)[0] for k in stats}) == ["0.training_step.3", "0.training_step.4"]
     trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
+    assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])  # Kineto's own memory events
 
 
 @pytest.mark.parametrize(

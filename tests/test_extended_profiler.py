@@ -14,7 +14,7 @@ import yaml
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
-from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
+from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
 
@@ -196,6 +196,31 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])  # Kineto's own memory events
+
+
+class TinyValModel(TinyModel):
+    @memprofilable
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", ((self.net(x) - y) ** 2).mean())
+
+    def val_dataloader(self) -> Any:
+        return self.train_dataloader()
+
+
+def test_validate_stage_steps_on_validation_step(tmp_path):
+    # GIVEN trainer.validate with memory following the profiler on validation_step
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
+    cb = MemProfilerCallback(
+        {"schedule": {"follow_profiler": True}, "collect_funcs": {"default": ["validation_step"]}}
+    )
+    # WHEN validation runs
+    _trainer(tmp_path, prof, steps=-1, callbacks=[cb]).validate(TinyValModel())
+    # THEN the stage's step drives the schedule: validation calls 3 and 4 in steps 2 and 3
+    trace = _load(tmp_path / "validate_rank_0.1.pt.trace.json")
+    assert sorted(_named(trace, "ProfilerStep#")) == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert sorted(_memory_spans(trace)) == ["validation_step.3", "validation_step.4"]
+    assert "cycle 1 of validate" in (tmp_path / "validate_rank_0_summary.txt").read_text()
 
 
 @pytest.mark.parametrize(

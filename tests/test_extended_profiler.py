@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 import yaml
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -289,3 +290,60 @@ def test_trace_names_and_content_load_in_torch_tb_profiler(tmp_path):
     run = parsed[0] if isinstance(parsed, tuple) else parsed
     run.process()
     assert run.steps_names == ["2", "3"]
+
+
+def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkeypatch):
+    # GIVEN merging memory events fails
+    import memprofiler.lightning.extended_profiler as ext
+
+    def broken(*args: Any, **kwargs: Any) -> int:
+        raise ValueError("broken merge")
+
+    monkeypatch.setattr(ext, "merge_into_trace", broken)
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
+    trainer = _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()])
+    # WHEN training runs THEN it completes with a warning
+    with pytest.warns(UserWarning, match="without memory events"):
+        trainer.fit(TinyModel())
+    assert trainer.global_step == 5
+    # AND Kineto's own trace is on disk, valid, without our events
+    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    assert sorted(_named(trace, "ProfilerStep#")) == ["ProfilerStep#2", "ProfilerStep#3"]
+    assert not _memory_spans(trace)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_kernels_and_cuda_memory_counters_share_one_trace(tmp_path):
+    # GIVEN a GPU run: activities must include CUDA without being asked
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
+    assert torch.profiler.ProfilerActivity.CUDA in prof._profiler_kwargs["activities"]
+    assert prof._sort_by_key == "device_time_total"
+    trainer = pl.Trainer(
+        accelerator="gpu",
+        devices=1,
+        default_root_dir=tmp_path,
+        max_steps=5,
+        profiler=prof,
+        callbacks=[_memprofiler()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    # WHEN training runs
+    trainer.fit(TinyModel())
+    # THEN kernels and our CUDA counters are in the same trace, counters inside the steps
+    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+    steps = _named(trace, "ProfilerStep#")
+    lo = min(s["ts"] for s in steps.values())
+    hi = max(s["ts"] + s["dur"] for s in steps.values())
+    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and e.get("cat") == "memprofiler"]
+    assert {"cuda.allocated", "cuda.reserved", "cuda.allocated_peak", "cuda.reserved_peak"} <= {
+        c["name"] for c in counters
+    }
+    assert all(lo <= c["ts"] <= hi for c in counters)
+    spans = _memory_spans(trace)
+    for n in (3, 4):
+        assert _inside(spans[f"training_step.{n}"], steps[f"ProfilerStep#{n - 1}"])

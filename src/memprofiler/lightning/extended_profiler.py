@@ -308,16 +308,26 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         tmp = dirpath / f".{path.name}.{os.getpid()}.tmp"
         try:
             prof.export_chrome_trace(str(tmp))
-            if any(len(t) for t in self._timelines):
-                trace = json.loads(tmp.read_text())
-                for timeline in self._timelines:
-                    merge_into_trace(trace, timeline, pid=os.getpid())
-                atomic_write_bytes(path, json.dumps(trace).encode())
-            else:
+            if not (any(len(t) for t in self._timelines) and self._write_merged(tmp, path)):
                 os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
         return path
+
+    def _write_merged(self, kineto_file: Path, path: Path) -> bool:
+        """Write Kineto's trace plus our memory events to ``path``; on failure keep Kineto's alone."""
+        try:
+            trace = json.loads(kineto_file.read_text())
+            for timeline in self._timelines:
+                # Kineto draws CPU events under this process's pid: memory rows join them.
+                merge_into_trace(trace, timeline, pid=os.getpid())
+            atomic_write_bytes(path, json.dumps(trace).encode())
+            return True
+        except (ValueError, TypeError, KeyError) as err:
+            warn_once(
+                f"ExtendedPyTorchProfiler wrote trace cycle {self._cycle} without memory events: {err!r}"
+            )
+            return False
 
     def _write_summary(self, text: str) -> None:
         if not text or self.dirpath is None:

@@ -233,6 +233,7 @@ def test_validate_stage_steps_on_validation_step(tmp_path):
         ({"schedule_cfg": {"repeat": -1}}, "schedule_cfg.repeat"),
         ({"schedule_cfg": {"warmup": "x"}}, "schedule_cfg.warmup"),
         ({"schedule": lambda step: None}, "schedule"),
+        ({"on_trace_ready": print}, "on_trace_ready"),
         ({"max_name_column_width": 0}, "max_name_column_width"),
         ({"step_functions": []}, "step_functions"),
     ],

@@ -97,7 +97,13 @@ class _CyclicSchedule(ScheduleWrapper):
         if self._current_action is None:
             return ProfilerAction.NONE
         self._step()
-        return self._schedule(max(self.num_step, 0))
+        action = self._schedule(max(self.num_step, 0))
+        if self._prev_schedule_action is ProfilerAction.RECORD and action is ProfilerAction.WARMUP:
+            # Kept from Lightning: with several `step_functions`, one function's warmup must
+            # not interrupt another's recording (torch rejects RECORD -> WARMUP).
+            action = ProfilerAction.RECORD
+        self._prev_schedule_action = action
+        return action
 
 
 class _FlushOnException(Callback):
@@ -184,8 +190,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             raise ConfigError(
                 "emit_nvtx", "is not supported by ExtendedPyTorchProfiler; use Lightning's PyTorchProfiler"
             )
-        if "schedule" in profiler_kwargs:
+        if profiler_kwargs.pop("schedule", None) is not None:
             raise ConfigError("schedule", "give the schedule as a mapping in `schedule_cfg` instead")
+        if profiler_kwargs.pop("on_trace_ready", None) is not None:
+            raise ConfigError(
+                "on_trace_ready", "is set by ExtendedPyTorchProfiler (it writes and merges the traces)"
+            )
         if isinstance(max_name_column_width, bool) or not isinstance(max_name_column_width, int):
             raise ConfigError("max_name_column_width", f"got {max_name_column_width!r}; expected an integer")
         if max_name_column_width < 1:

@@ -92,6 +92,33 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
         ]
 
 
+@pytest.mark.slow
+def test_with_profiler_folds_kernels_in_on_one_clock(ddp_run):
+    # WHEN the profiler traces are folded in as well
+    out = ddp_run / "merged_full.json"
+    assert main(["merge-traces", str(ddp_run), "--with-profiler", "-o", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    # THEN every event is under its rank, and each rank has its profiler steps
+    assert {e["pid"] for e in events} == {0, 1}
+    for rank in (0, 1):
+        mine = [e for e in events if e["pid"] == rank]
+        steps = {e["name"]: e for e in mine if str(e.get("name", "")).startswith("ProfilerStep#")}
+        assert sorted(steps) == ["ProfilerStep#2", "ProfilerStep#3"]
+        # AND the memory events appear once (the profiler trace's copies are dropped) ...
+        spans = {e["name"]: e for e in mine if e.get("cat") == "memprofiler" and e["ph"] == "X"}
+        assert sorted(e["name"] for e in mine if e.get("cat") == "memprofiler" and e["ph"] == "X") == sorted(
+            spans
+        )
+        # ... and, moved from the memory file's base onto Kineto's, still inside their steps
+        for n in (3, 4):
+            step, span = steps[f"ProfilerStep#{n - 1}"], spans[f"training_step.{n}"]
+            assert step["ts"] <= span["ts"] and span["ts"] + span["dur"] <= step["ts"] + step["dur"]
+        names = [e["args"]["name"] for e in mine if e.get("ph") == "M" and e.get("name") == "process_name"]
+        assert names == [f"rank {rank}"]
+    flows = [e for e in events if e.get("ph") in ("s", "f")]
+    assert all(str(e["id"]).startswith(f"{e['pid']}:") for e in flows)
+
+
 def test_merge_aligns_ranks_on_the_earliest_base(tmp_path):
     # GIVEN two rank files whose bases differ by one second
     for rank, base in ((0, 5_000_000_000), (1, 6_000_000_000)):

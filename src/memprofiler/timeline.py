@@ -128,6 +128,7 @@ class MemoryTimeline:
                         "cat": CATEGORY,
                         "name": track,
                         "pid": pid,
+                        "tid": SPAN_TID,
                         "ts": ts,
                         "args": {"bytes": value},
                     }
@@ -171,7 +172,7 @@ class MemoryTimeline:
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": base,
             "traceEvents": events,
-            "memprofiler": {"rank": self.rank, "os_pid": os.getpid()},
+            "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
         }
 
     def dump(self, save_dir: str | os.PathLike[str]) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memprofiler.trace_merge import find_rank_traces, merge_rank_traces
+from memprofiler.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
 from memprofiler.writers import write_json
 
 #: Output name when ``-o`` is not given, written into DIR.
@@ -23,12 +23,20 @@ class MergeTracesCommand:
         parser.add_argument(
             "-o", "--output", type=Path, default=None, help=f"output file (default: DIR/{DEFAULT_OUTPUT})"
         )
+        parser.add_argument(
+            "--with-profiler",
+            action="store_true",
+            help="also fold in each rank's ExtendedPyTorchProfiler traces (*_rank_N.C.pt.trace.json): "
+            "operators and kernels under the same pid",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         traces = find_rank_traces(args.dir)
-        merged = merge_rank_traces(traces)
+        profiler = find_profiler_traces(args.dir) if args.with_profiler else None
+        merged = merge_rank_traces(traces, profiler)
         output = args.output if args.output is not None else args.dir / DEFAULT_OUTPUT
         write_json(output, merged)
         n = sum(1 for e in merged["traceEvents"] if e.get("ph") != "M")
-        print(f"merged {len(traces)} rank(s) ({n} events) into {output}")
+        extra = f", {sum(len(v) for v in profiler.values())} profiler trace(s)" if profiler else ""
+        print(f"merged {len(traces)} rank(s){extra} ({n} events) into {output}")
         return 0

@@ -127,6 +127,9 @@ def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= set(_named(trace, "ProfilerStep#"))
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
+    # AND the per-rank memory trace holds the same completed calls
+    memory = _load(tmp_path / "memprofiler" / "memory_trace_rank_0.json")
+    assert sorted(_memory_spans(memory)) == ["training_step.3", "training_step.4"]
     # AND the summary, and the module-name hooks are gone from the model
     assert "ProfilerStep*" in (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

@@ -45,7 +45,10 @@ def test_direct_construction_accepts_nested_mappings():
     ("data", "message"),
     [
         ({"enabeld": True}, "`enabeld`: unknown key; allowed keys here: allocator_history, collect_funcs"),
-        ({"schedule": {"activ": 1}}, "`schedule.activ`: unknown key; allowed keys here: active, max_iter"),
+        (
+            {"schedule": {"activ": 1}},
+            "`schedule.activ`: unknown key; allowed keys here: active, follow_profiler, max_iter",
+        ),
         ({"schedule": {"active": 0}}, "`schedule.active`: got 0; must be >= 1"),
         ({"schedule": {"wait": "1"}}, "`schedule.wait`: got '1'; expected an integer"),
         ({"enabled": "yes"}, "`enabled`: got 'yes'; expected true or false"),

@@ -15,6 +15,7 @@ import torch
 import yaml
 from torch import nn
 
+from _env import subprocess_env
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, _warn, memprofilable
 
@@ -173,7 +174,7 @@ def test_sigterm_mid_run_leaves_valid_files(tmp_path):
     # GIVEN a Trainer run in a subprocess that receives SIGTERM during step 3
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SIGTERM_SCRIPT))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    env = subprocess_env(ROOT / "src", ROOT / "tests")
     # WHEN it runs
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=240

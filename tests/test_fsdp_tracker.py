@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from _env import subprocess_env
 from memprofiler import ConfigError, MemProfiler, MemProfilerCallback, layout, memprofilable
 from memprofiler.collectors.fsdp import fsdp_module_paths, resolve_root
 
@@ -293,7 +294,7 @@ def test_fsdp_cpu_config_parses_with_the_demo_cli():
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    env = subprocess_env(root / "src")
     out = subprocess.run(
         [sys.executable, "examples/demo.py", "fit", "--config", "configs/fsdp_cpu.yaml", "--print_config"],
         cwd=root,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from _env import subprocess_env
 from memprofiler import layout
 from memprofiler.mem_report import fmt_value, parse_log_values
 
@@ -40,8 +41,7 @@ def _launch(scenario: str, out: Path, timeout: float = 240) -> list[subprocess.C
     procs = []
     for rank in range(WORLD):
         env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+            **subprocess_env(SRC),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "WORLD_SIZE": str(WORLD),

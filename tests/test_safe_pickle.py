@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _env import subprocess_env
 from memprofiler import safe_pickle
 from memprofiler.errors import ArtifactError
 
@@ -102,7 +103,7 @@ def test_cli_on_a_malicious_pickle_exits_2_without_traceback_or_side_effect(tmp_
     # GIVEN the malicious pickle handed to the command-line tool in a fresh process
     marker = tmp_path / "pwned_cli"
     p = _write(tmp_path, "evil.pickle", pickle.dumps({"segments": [], "x": _Exploit(marker)}, protocol=4))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = subprocess_env(Path(__file__).parents[1] / "src")
     # WHEN memprofiler snapshot reads it
     res = subprocess.run(
         [sys.executable, "-m", "memprofiler", "snapshot", str(p)], capture_output=True, text=True, env=env

@@ -16,6 +16,7 @@ from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
     from memprofiler.lightning.callback import MemProfilerCallback
+    from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
     from memprofiler.profiler import MemProfiler
 
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "MemProfiler": "memprofiler.profiler",
+    "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
 }
@@ -39,6 +41,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ArtifactError",
     "ConfigError",
+    "ExtendedPyTorchProfiler",
     "MemProfiler",
     "MemProfilerCallback",
     "MemProfilerConfig",

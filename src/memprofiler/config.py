@@ -52,6 +52,12 @@ class ScheduleConfig:
     """Short form (the ancestor's): collect calls with ``warmup_iters < call <= max_iter``."""
     max_iter: int | None = None
     """Short form: the last collected call. Defaults to ``warmup_iters + 1``."""
+    follow_profiler: bool = False
+    """Take the cyclic fields from the Trainer's :class:`~memprofiler.ExtendedPyTorchProfiler`
+    ``schedule_cfg`` at set-up, so memory snapshots and the kernel trace cover the same calls
+    (training call ``n`` is profiler step ``n - 1``, traced as ``ProfilerStep#{n-1}``). The
+    cyclic fields given here are then ignored. Without that profiler: a warning, and this
+    schedule is used as given."""
 
     _CYCLIC: ClassVar[tuple[str, ...]] = ("skip_first", "wait", "warmup", "active", "repeat")
 
@@ -61,6 +67,11 @@ class ScheduleConfig:
                 raise ConfigError(name, f"got {getattr(self, name)}; must be >= 0")
         if self.active < 1:
             raise ConfigError("active", f"got {self.active}; must be >= 1")
+        if self.follow_profiler and self.is_short_form:
+            raise ConfigError(
+                "follow_profiler",
+                "cannot be combined with the short form `warmup_iters`/`max_iter`; drop one of them",
+            )
         if self.is_short_form:
             defaults = ScheduleConfig.__dataclass_fields__
             changed = [n for n in self._CYCLIC if getattr(self, n) != defaults[n].default]
@@ -314,6 +325,14 @@ class MemProfilerConfig:
     (CPU and CUDA), during the functions of collection type ``fsdp``. Same window and report layout
     as ``track_fsdp_mem``, named ``module_mem_rank_...``, with ``module_mem.peak.*`` snapshot keys.
     Costs about 2x a step while collecting; nothing outside the window."""
+    dump_memory_trace: bool = True
+    """Write ``memory_trace_rank_{rank}.json``: Chrome-trace counters and ``{fn}.{call}`` spans
+    of every snapshot, on the PyTorch profiler's clock. With the extended profiler the same
+    events are also merged into its trace."""
+    log_metrics: bool = True
+    """Log each collected call's headline figures (``rss_peak``, saved-tensor bytes, CUDA and
+    FSDP peaks) to every logger the Trainer has, as ``memprofiler/{fn}/{metric}`` at the
+    global step. No effect without a logger or outside Lightning."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

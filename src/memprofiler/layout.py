@@ -43,3 +43,10 @@ FSDP_MEM_REPORT = "fsdp_mem_rank_{rank}_{fn}_{call}"
 MODULE_MEM_REPORT = "module_mem_rank_{rank}_{fn}_{call}"
 #: Cross-rank summary written by rank 0 after gathering every rank's snapshots.
 MEMORY_SUMMARY_YAML = "memory_summary.yaml"
+#: Per-rank Chrome trace of memory counters and ``{fn}.{call}`` spans.
+MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
+#: ExtendedPyTorchProfiler trace, one per schedule cycle. ``{worker}.{span}.pt.trace.json`` is
+#: the name TensorBoard's torch-tb-profiler plugin discovers; the worker is stage and rank.
+PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
+#: ExtendedPyTorchProfiler per-rank summary table.
+PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"

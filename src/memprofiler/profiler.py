@@ -25,6 +25,7 @@ from memprofiler.config import MemProfilerConfig
 from memprofiler.cuda_backend import CudaBackend, default_backend
 from memprofiler.decorator import ATTACH_ATTR, memprofilable
 from memprofiler.errors import ArtifactError, MemProfilerError
+from memprofiler.timeline import MemoryTimeline
 from memprofiler.writers import write_pickle, write_yaml
 
 
@@ -98,6 +99,8 @@ class MemProfiler:
         self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
+        #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
+        self.timeline: MemoryTimeline | None = None
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -117,6 +120,9 @@ class MemProfiler:
         _check_writable(self.save_dir)
         self._collectors = build_collectors(self.config, self._cuda, self._warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
+        if self.config.dump_memory_trace:
+            self.timeline = MemoryTimeline(self.rank)
+            self.add_listener(self.timeline.on_snapshot)
         self._is_setup = True
         for reg in list(self._collectors):
             # Collectors that write their own files or read the snapshots get the profiler.
@@ -379,6 +385,11 @@ class MemProfiler:
                 )
         except OSError as err:
             self._warn(f"could not write memory stats to {self.save_dir}: {err}", all_ranks=True)
+        if self.timeline is not None:
+            try:
+                written.append(self.timeline.dump(self.save_dir))
+            except OSError as err:
+                self._warn(f"could not write the memory trace to {self.save_dir}: {err}", all_ranks=True)
         for reg in self._collectors:
             dump = getattr(reg.collector, "dump", None)
             if dump is not None:

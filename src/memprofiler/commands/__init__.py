@@ -25,8 +25,15 @@ def all_commands() -> list[Command]:
     # Each command module imports its heavy dependencies inside ``run``, so ``--help`` is quick.
     from memprofiler.commands.check import CheckCommand
     from memprofiler.commands.diff import DiffCommand
+    from memprofiler.commands.merge_traces import MergeTracesCommand
     from memprofiler.commands.report import ReportCommand
     from memprofiler.commands.snapshot import SnapshotCommand
 
-    commands: list[Command] = [ReportCommand(), DiffCommand(), CheckCommand(), SnapshotCommand()]
+    commands: list[Command] = [
+        ReportCommand(),
+        DiffCommand(),
+        CheckCommand(),
+        SnapshotCommand(),
+        MergeTracesCommand(),
+    ]
     return commands

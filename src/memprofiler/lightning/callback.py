@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +15,8 @@ from typing_extensions import override
 from memprofiler import distributed, layout
 from memprofiler._warn import warn_once
 from memprofiler.config import MemProfilerConfig
+from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
+from memprofiler.lightning.metrics_logger import LoggerListener
 from memprofiler.profiler import MemProfiler
 
 
@@ -60,7 +63,14 @@ class MemProfilerCallback(Callback):
             return
         if self.profiler is None:
             save_dir = self.config.save_dir or os.fspath(default_save_dir(trainer))
-            self.profiler = MemProfiler(self.config, save_dir=save_dir, rank=trainer.global_rank)
+            config = _follow_profiler_schedule(self.config, trainer)
+            self.profiler = MemProfiler(config, save_dir=save_dir, rank=trainer.global_rank)
+            self.profiler.setup(pl_module)
+            if config.log_metrics:
+                self.profiler.add_listener(LoggerListener(trainer))
+            extended = _extended_profiler(trainer)
+            if extended is not None and self.profiler.timeline is not None:
+                extended.add_memory_timeline(self.profiler.timeline)
         self.profiler.setup(pl_module)
         self.profiler.attach(pl_module)
         self.profiler.step_fn = lambda: trainer.global_step
@@ -186,3 +196,23 @@ class MemProfilerCallback(Callback):
                 rank=prof.rank,
                 all_ranks=True,
             )
+
+
+def _follow_profiler_schedule(config: MemProfilerConfig, trainer: pl.Trainer) -> MemProfilerConfig:
+    """With ``schedule.follow_profiler``, a copy of ``config`` on the profiler's schedule."""
+    if not config.schedule.follow_profiler:
+        return config
+    profiler = _extended_profiler(trainer)
+    if profiler is None:
+        warn_once(
+            "`schedule.follow_profiler` is on but `trainer.profiler` is not "
+            "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given"
+        )
+        return config
+    schedule = dataclasses.replace(profiler.schedule_cfg, follow_profiler=True)
+    return dataclasses.replace(config, schedule=schedule)
+
+
+def _extended_profiler(trainer: pl.Trainer) -> ExtendedPyTorchProfiler | None:
+    profiler = trainer.profiler  # type: ignore[attr-defined]  # set by Lightning's connector
+    return profiler if isinstance(profiler, ExtendedPyTorchProfiler) else None

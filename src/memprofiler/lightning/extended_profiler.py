@@ -1,0 +1,364 @@
+"""``ExtendedPyTorchProfiler``: Lightning's PyTorch profiler, configurable from YAML.
+
+What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
+
+* ``schedule_cfg``: a plain mapping for ``torch.profiler.schedule``, so the schedule can come
+  from a YAML file (Lightning #20074), and ``repeat`` is honoured: Lightning stops after the
+  first cycle (Lightning #14063).
+* Only the stage's own step function (``training_step`` in ``fit``) advances the schedule,
+  so profiler step ``k`` is exactly training call ``k + 1``, the count
+  :class:`~memprofiler.MemProfiler` uses; ``schedule.follow_profiler`` relies on it.
+* ``max_name_column_width`` and more ``sort_by_key`` values for the summary table.
+* Activities are chosen automatically (CPU, plus CUDA when available); the deprecated
+  ``use_cuda`` is dropped, so jsonargparse's default for it warns about nothing.
+* Each rank writes its summary table to ``{stage}_rank_{rank}_summary.txt`` and one Chrome
+  trace per cycle to ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, the names TensorBoard's
+  torch-tb-profiler plugin loads. Memory counters of a :class:`~memprofiler.MemProfilerCallback`
+  in the same Trainer are merged into the trace.
+* Trace and summary are also written when training raises: Lightning only calls
+  ``describe()`` on success, so the profiler adds a small callback that flushes it from
+  ``on_exception``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import PyTorchProfiler
+from torch.profiler import ProfilerAction
+from typing_extensions import override
+
+from memprofiler import layout
+from memprofiler._warn import warn_once
+from memprofiler.errors import ConfigError
+from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
+from memprofiler.timeline import MemoryTimeline, merge_into_trace
+from memprofiler.writers import atomic_write_bytes, write_text
+
+_DEPRECATED_KWARGS = ("use_cuda", "use_cpu", "use_device")
+
+
+class _FlushOnException(Callback):
+    """Writes the profiler's trace and summary from ``on_exception`` (Lightning skips ``describe``)."""
+
+    def __init__(self, profiler: ExtendedPyTorchProfiler) -> None:
+        self._profiler = weakref.ref(profiler)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        profiler = self._profiler()
+        if profiler is not None:
+            profiler.flush_after_exception()
+
+
+class ExtendedPyTorchProfiler(PyTorchProfiler):
+    """Lightning's ``PyTorchProfiler`` with a YAML schedule, ``repeat``, per-rank files and memory.
+
+    Args:
+        dirpath: output directory; default ``trainer.log_dir``.
+        filename: optional extra prefix of Lightning's own stream file (see ``PyTorchProfiler``).
+        schedule_cfg: ``torch.profiler.schedule`` fields ``skip_first``, ``wait``, ``warmup``,
+            ``active``, ``repeat`` (``0`` = forever). Missing keys default to
+            ``{wait: 1, warmup: 1, active: 3, repeat: 1}``. Step ``k`` is the ``k+1``-th
+            call of the stage's step function; step 0 cannot be profiled (the profiler
+            decides its action before it starts), so ``skip_first + wait >= 1``.
+        max_name_column_width: width of the summary's name column (long module names).
+        sort_by_key: summary sort key; Lightning's keys plus the ``device_*`` and ``self_*``
+            ones. Default ``device_time_total`` with CUDA, else ``cpu_time_total``.
+        row_limit: rows of the summary table; ``-1`` for all.
+        step_functions: which step functions advance the schedule; default the stage's own.
+        export_to_chrome: write the Chrome traces.
+        record_module_names: label operators with the module that ran them.
+        group_by_input_shapes: group summary rows by input shapes (needs ``record_shapes``).
+        table_kwargs: more ``EventList.table`` arguments.
+        **profiler_kwargs: passed to ``torch.profiler.profile`` (``record_shapes``,
+            ``profile_memory``, ``with_stack``, ``activities``...). ``use_cuda``/``use_cpu``
+            are dropped: activities are chosen automatically.
+
+    Raises:
+        ConfigError: a bad ``schedule_cfg``, ``max_name_column_width`` or ``step_functions``,
+            or ``schedule`` given as well as ``schedule_cfg``.
+        MisconfigurationException: an unknown ``sort_by_key`` (Lightning's check).
+
+    Example:
+        .. code-block:: yaml
+
+            trainer:
+              profiler:
+                class_path: memprofiler.ExtendedPyTorchProfiler
+                init_args:
+                  schedule_cfg: {wait: 1, warmup: 1, active: 2, repeat: 2}
+                  max_name_column_width: 100
+    """
+
+    AVAILABLE_SORT_KEYS = PyTorchProfiler.AVAILABLE_SORT_KEYS | {
+        "self_cpu_time_total",
+        "device_time",
+        "device_time_total",
+        "self_device_time_total",
+        "self_cuda_time_total",
+        "device_memory_usage",
+        "self_device_memory_usage",
+    }
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        filename: str | None = None,
+        schedule_cfg: dict[str, int] | None = None,
+        max_name_column_width: int = 100,
+        sort_by_key: str | None = None,
+        row_limit: int = 20,
+        step_functions: list[str] | None = None,
+        export_to_chrome: bool = True,
+        record_module_names: bool = True,
+        group_by_input_shapes: bool = False,
+        table_kwargs: dict[str, Any] | None = None,
+        **profiler_kwargs: Any,
+    ) -> None:
+        if profiler_kwargs.get("emit_nvtx"):
+            raise ConfigError(
+                "emit_nvtx", "is not supported by ExtendedPyTorchProfiler; use Lightning's PyTorchProfiler"
+            )
+        if profiler_kwargs.pop("schedule", None) is not None:
+            raise ConfigError("schedule", "give the schedule as a mapping in `schedule_cfg` instead")
+        if profiler_kwargs.pop("on_trace_ready", None) is not None:
+            raise ConfigError(
+                "on_trace_ready", "is set by ExtendedPyTorchProfiler (it writes and merges the traces)"
+            )
+        if isinstance(max_name_column_width, bool) or not isinstance(max_name_column_width, int):
+            raise ConfigError("max_name_column_width", f"got {max_name_column_width!r}; expected an integer")
+        if max_name_column_width < 1:
+            raise ConfigError("max_name_column_width", f"got {max_name_column_width}; must be >= 1")
+        if step_functions is not None and not step_functions:
+            raise ConfigError("step_functions", "got an empty list; leave it unset for the stage's step")
+        for name in _DEPRECATED_KWARGS:
+            value = profiler_kwargs.pop(name, None)
+            if value is not None:
+                warn_once(
+                    f"ExtendedPyTorchProfiler: `{name}` is deprecated and ignored; activities are automatic"
+                )
+        self.schedule_cfg = build_schedule_config(schedule_cfg)
+        sched = self.schedule_cfg
+        profiler_kwargs["schedule"] = torch.profiler.schedule(
+            skip_first=sched.skip_first, wait=sched.wait, warmup=sched.warmup, active=sched.active,
+            repeat=sched.repeat,
+        )  # fmt: skip
+        profiler_kwargs["on_trace_ready"] = self._on_trace_ready
+        table = dict(table_kwargs or {})
+        table.setdefault("max_name_column_width", max_name_column_width)
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            group_by_input_shapes=group_by_input_shapes,
+            export_to_chrome=export_to_chrome,
+            row_limit=row_limit,
+            sort_by_key=sort_by_key or _default_sort_key(profiler_kwargs),
+            record_module_names=record_module_names,
+            table_kwargs=table,
+            **profiler_kwargs,
+        )
+        # Replace Lightning's wrapper (it stops after the first cycle) around the same schedule.
+        self._schedule = CyclicSchedule(profiler_kwargs["schedule"])
+        self._profiler_kwargs["schedule"] = self._schedule
+        self._step_functions = None if step_functions is None else set(step_functions)
+        self._timelines: list[MemoryTimeline] = []
+        self._cycle = 0
+        self._tables: list[tuple[int, str]] = []
+        self._written: list[Path] = []
+        self._flusher: _FlushOnException | None = None
+        self._trainer_ref: weakref.ReferenceType[pl.Trainer] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- wiring
+    def add_memory_timeline(self, timeline: MemoryTimeline) -> None:
+        """Merge ``timeline``'s events into every trace this profiler writes from now on."""
+        if timeline not in self._timelines:
+            self._timelines.append(timeline)
+
+    @property
+    def rank(self) -> int:
+        """Global rank (Lightning only passes the local rank, which repeats across nodes)."""
+        trainer = self._trainer_ref() if self._trainer_ref is not None else None
+        if trainer is not None:
+            return int(trainer.global_rank)
+        return self.local_rank
+
+    @property
+    def _stage_name(self) -> str:
+        # Lightning passes a `TrainerFn` (a str enum whose `str()` is `TrainerFn.FITTING`).
+        stage = self._stage
+        return str(getattr(stage, "value", stage)) if stage is not None else "run"
+
+    @property
+    def written_files(self) -> list[Path]:
+        """Every trace and summary file written so far."""
+        return list(self._written)
+
+    @override
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        super().setup(stage=stage, local_rank=local_rank, log_dir=log_dir)
+        self._closed = False
+        # An instance attribute: Lightning's `stop()` steps the profiler for these names only.
+        self.STEP_FUNCTIONS = self._step_functions or {STAGE_STEP.get(self._stage_name, "training_step")}
+        trainer = self._find_trainer()
+        if trainer is None:
+            return
+        self._trainer_ref = weakref.ref(trainer)
+        callbacks = _callbacks(trainer)
+        if self._flusher is None or self._flusher not in callbacks:
+            self._flusher = _FlushOnException(self)
+            callbacks.append(self._flusher)
+
+    def _find_trainer(self) -> pl.Trainer | None:
+        try:
+            module = self._lightning_module
+            return module.trainer if module is not None else None
+        except (RuntimeError, ReferenceError):
+            return None
+
+    # ----------------------------------------------------------------- output
+    def _on_trace_ready(self, prof: torch.profiler.profile) -> None:
+        # Called from inside `profiler.step()` in the training loop: a fault here must warn,
+        # never raise into training.
+        self._cycle += 1
+        try:
+            self._tables.append((self._cycle, self._table(prof)))
+        except Exception as err:
+            warn_once(
+                f"ExtendedPyTorchProfiler could not tabulate cycle {self._cycle}: {err!r}", all_ranks=True
+            )
+        if not self._export_to_chrome or self.dirpath is None:
+            return
+        try:
+            self._written.append(self._export_trace(prof, Path(self.dirpath)))
+        except Exception as err:
+            warn_once(
+                f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
+            )
+
+    def _table(self, prof: torch.profiler.profile) -> str:
+        data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
+        return str(data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs))
+
+    def _export_trace(self, prof: torch.profiler.profile, dirpath: Path) -> Path:
+        stage = self._stage_name
+        path = dirpath / layout.PROFILER_TRACE_JSON.format(stage=stage, rank=self.rank, cycle=self._cycle)
+        dirpath.mkdir(parents=True, exist_ok=True)
+        tmp = dirpath / f".{path.name}.{os.getpid()}.tmp"
+        try:
+            prof.export_chrome_trace(str(tmp))
+            if not (any(len(t) for t in self._timelines) and self._write_merged(tmp, path)):
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    def _write_merged(self, kineto_file: Path, path: Path) -> bool:
+        """Write Kineto's trace plus our memory events to ``path``; on failure keep Kineto's alone."""
+        try:
+            trace = json.loads(kineto_file.read_text())
+            for timeline in self._timelines:
+                # Kineto draws CPU events under this process's pid: memory rows join them.
+                merge_into_trace(trace, timeline, pid=os.getpid())
+            atomic_write_bytes(path, json.dumps(trace).encode())
+            return True
+        except (ValueError, TypeError, KeyError) as err:
+            warn_once(
+                f"ExtendedPyTorchProfiler wrote trace cycle {self._cycle} without memory events: {err!r}"
+            )
+            return False
+
+    def _write_summary(self, text: str) -> None:
+        if not text or self.dirpath is None:
+            return
+        stage = self._stage_name
+        path = Path(self.dirpath) / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
+        self._written.append(write_text(path, text + os.linesep))
+
+    @override
+    def summary(self) -> str:
+        """Stop profiling (writing the cycle in progress) and return every cycle's table.
+
+        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in ``dirpath``.
+        """
+        if not self._profiler_kwargs.get("enabled", True):
+            return ""
+        self._delete_profilers()
+        if not self._tables:
+            return ""
+        stats = {f"cycle {cycle} of {self._stage_name}": table for cycle, table in self._tables}
+        text = self._stats_to_str(stats)
+        try:
+            self._write_summary(text)
+        except OSError as err:
+            warn_once(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
+        self._tables = []
+        return text
+
+    def flush_after_exception(self) -> None:
+        """Write the trace of the cycle in progress and the summary; never raises."""
+        self._closed = True
+        try:
+            self.summary()
+        except Exception as err:
+            warn_once(f"ExtendedPyTorchProfiler could not flush after an exception: {err!r}", all_ranks=True)
+
+    @override
+    def start(self, action_name: str) -> None:
+        # After an exception was flushed, Lightning still runs other callbacks' hooks inside
+        # `profile()`: do not start a new profiler (and module hooks) that nothing would close.
+        if self._closed:
+            return
+        if self._idle():
+            # Between windows nothing is recorded: skip the per-action `record_function` and
+            # keep the per-module forward hooks off, so the profiler costs ~nothing there.
+            self._remove_module_hooks()
+            return
+        super().start(action_name)
+
+    def _idle(self) -> bool:
+        prof = self.profiler
+        return isinstance(prof, torch.profiler.profile) and prof.current_action is ProfilerAction.NONE
+
+    def _remove_module_hooks(self) -> None:
+        if self._register is not None:
+            self._register.__exit__(None, None, None)
+            self._register = None
+
+    @override
+    def teardown(self, stage: str | None) -> None:
+        if not hasattr(self, "_closed"):  # an instance whose __init__ raised
+            return
+        super().teardown(stage=stage)
+        trainer = self._trainer_ref() if self._trainer_ref is not None else None
+        if trainer is not None and self._flusher is not None and self._flusher in _callbacks(trainer):
+            _callbacks(trainer).remove(self._flusher)
+        self._flusher = None
+
+    @override
+    def __del__(self) -> None:
+        # Lightning's `__del__` reads attributes an instance whose __init__ raised lacks.
+        if hasattr(self, "_closed"):
+            super().__del__()
+
+
+def _default_sort_key(profiler_kwargs: Mapping[str, Any]) -> str:
+    activities = profiler_kwargs.get("activities")
+    cuda = torch.profiler.ProfilerActivity.CUDA in activities if activities else torch.cuda.is_available()
+    return "device_time_total" if cuda else "cpu_time_total"
+
+
+def _callbacks(trainer: pl.Trainer) -> list[Callback]:
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning's connector
+    return callbacks

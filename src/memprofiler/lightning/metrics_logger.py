@@ -1,0 +1,59 @@
+"""Send each collected call's headline memory figures to the Trainer's loggers."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import lightning.pytorch as pl
+
+from memprofiler.collectors.base import CallContext
+
+#: Prefix of every logged name: ``memprofiler/{fn}/{metric}``.
+PREFIX = "memprofiler"
+#: Figures logged when present in the ``end`` snapshot (bytes).
+HEADLINE_METRICS = (
+    "rss_peak",
+    "saved_tensors.unique_bytes",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.peak",
+)
+
+
+def headline_figures(metrics: dict[str, Any]) -> dict[str, float]:
+    """The headline figures of one ``end`` snapshot, FSDP peaks (``fsdp.*peak*``) included."""
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        wanted = name in HEADLINE_METRICS or (name.startswith("fsdp.") and "peak" in name)
+        if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+class LoggerListener:
+    """A :meth:`MemProfiler.add_listener` callback logging to every ``trainer.loggers`` entry.
+
+    Figures are logged at ``trainer.global_step`` as of the call (for ``training_step`` call
+    ``n`` without gradient accumulation that is ``n - 1``: the optimizer steps done before
+    it). Loggers log on rank zero only, so multi-rank runs show rank zero's figures; every
+    rank's figures are in its own ``rank_{rank}_memory_stats.yaml``.
+
+    Args:
+        trainer: the Trainer whose loggers receive the figures (held weakly).
+    """
+
+    def __init__(self, trainer: pl.Trainer) -> None:
+        self._trainer = weakref.ref(trainer)
+
+    def __call__(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
+        if ctx.scratch.get("phase") != "end":
+            return
+        trainer = self._trainer()
+        if trainer is None or not trainer.loggers:
+            return
+        figures = headline_figures(metrics)
+        if not figures:
+            return
+        named = {f"{PREFIX}/{ctx.fn_name}/{name}": value for name, value in figures.items()}
+        for logger in trainer.loggers:
+            logger.log_metrics(named, step=trainer.global_step)

@@ -1,0 +1,34 @@
+"""Environment for test subprocesses: our sources first, no inherited launcher variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Set by launchers (torchrun, SLURM, Lightning's own) or left behind by in-process runs: a child
+# that inherits them believes it was launched as one rank of a job and waits for its peers.
+_LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+)
+
+
+def subprocess_env(*paths: Path | str, **extra: str) -> dict[str, str]:
+    """``os.environ`` minus launcher variables, with ``paths`` prepended to ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("PL_")}
+    parts = [str(p) for p in paths]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.update(extra)
+    return env

@@ -13,6 +13,11 @@ ROOT_NAME = "(root)"
 OUTSIDE_NAME = "(outside forward)"
 
 
+def module_labels(root: nn.Module) -> dict[int, str]:
+    """``id(module) -> qualified name`` for every submodule of ``root`` (``(root)`` for itself)."""
+    return {id(mod): name or ROOT_NAME for name, mod in root.named_modules()}
+
+
 class ModuleStack:
     """While installed, tracks which submodules of ``root`` are running.
 
@@ -29,12 +34,13 @@ class ModuleStack:
         root: nn.Module,
         on_enter: Callable[[nn.Module, str, int, tuple[Any, ...]], None] | None = None,
         on_exit: Callable[[nn.Module, str, int, tuple[Any, ...], Any], None] | None = None,
+        labels: dict[int, str] | None = None,
     ) -> None:
         self._root = root
         self._on_enter = on_enter
         self._on_exit = on_exit
         self._handles: list[RemovableHandle] = []
-        self._labels: dict[int, str] = {}
+        self._labels: dict[int, str] = labels if labels is not None else {}
         self.stack: list[str] = []
 
     @property
@@ -48,7 +54,8 @@ class ModuleStack:
     def install(self) -> None:
         if self._handles:
             return
-        self._labels = {id(mod): name or ROOT_NAME for name, mod in self._root.named_modules()}
+        if not self._labels:
+            self._labels = module_labels(self._root)
         self._handles.append(register_module_forward_pre_hook(self._pre))
         self._handles.append(register_module_forward_hook(self._post, always_call=True))
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from memprofiler.collectors.base import CallContext
-from memprofiler.collectors.module_tracker import ModuleStack
+from memprofiler.collectors.module_tracker import ModuleStack, module_labels
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -63,15 +63,16 @@ class SavedTensorsCollector:
         self._excluded: dict[int, StorageWeakRef] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._stack: ModuleStack | None = None
-        # (root, its modules, whether any parameter is sharded), computed once per root
-        self._tree: tuple[nn.Module, list[nn.Module], bool] | None = None
+        # (root, its modules, their labels, whether any parameter is sharded), once per root:
+        # walking the module tree on every collected call would cost more than the hooks.
+        self._tree: tuple[nn.Module, list[nn.Module], dict[int, str], bool] | None = None
 
-    def _modules_of(self, root: nn.Module) -> tuple[list[nn.Module], bool]:
+    def _tree_of(self, root: nn.Module) -> tuple[nn.Module, list[nn.Module], dict[int, str], bool]:
         if self._tree is None or self._tree[0] is not root:
             mods = list(root.modules())
             sharded = any(callable(getattr(p, "to_local", None)) for p in root.parameters())
-            self._tree = (root, mods, sharded)
-        return self._tree[1], self._tree[2]
+            self._tree = (root, mods, module_labels(root), sharded)
+        return self._tree
 
     def _exclude(self, tensors: Any) -> None:
         for t in tensors:
@@ -113,13 +114,13 @@ class SavedTensorsCollector:
         self._seen = {}
         self._excluded = {}
         if ctx.module is not None:
-            mods, sharded = self._modules_of(ctx.module)
+            _, mods, labels, sharded = self._tree_of(ctx.module)
             for m in mods:
                 self._exclude(m._parameters.values())
                 self._exclude(m._buffers.values())
             # Parameters only change storage mid-forward when they are sharded (DTensor):
             # skip the per-module re-check otherwise.
-            self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None)
+            self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None, labels=labels)
             self._stack.install()
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()

@@ -193,6 +193,10 @@ def test_model_parallel_fsdp_tracker_numbers(tmp_path):
                 <= sharded
                 <= exp["total_param_bytes"] / WORLD + exp["max_pad"]
             )
+            # AND saved-tensor bytes are the unsharded model's on every rank: the input (4x10),
+            # the ReLU output (4x33, saved by ReLU and the second Linear) and the output (4x7)
+            # saved by pow; the unsharded weights FSDP all-gathers are parameters, not activations
+            assert end["saved_tensors.unique_bytes"] == 4 * (4 * 10 + 4 * 33 + 4 * 7)
             # AND the optimizer state of *both* optimizers is Adam's 2x the local shard + step scalars
             stem = layout.FSDP_MEM_REPORT.format(rank=r, fn="training_step", call=call)
             report = _load(save_dir / f"{stem}.yaml")

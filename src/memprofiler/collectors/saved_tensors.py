@@ -58,9 +58,11 @@ class SavedTensorsCollector:
         self.count = 0
         self._by_module: dict[str, int] = {}
         self._seen: dict[int, StorageWeakRef] = {}
-        # Weak too: FSDP2 frees all-gather buffers after each block, and an activation later
-        # allocated at the same address must not be excluded.
-        self._excluded: dict[int, StorageWeakRef] = {}
+        # Address -> the parameter or buffer seen there. FSDP2 frees unsharded parameters after
+        # each block (the storage object lives on, resized to 0), and an activation allocated
+        # later at the same address must not be excluded: a hit counts only while the tensor
+        # still sits at that address. Holding parameters for one call costs nothing extra.
+        self._excluded: dict[int, torch.Tensor] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._stack: ModuleStack | None = None
         # (root, its modules, their labels, whether any parameter is sharded), once per root:
@@ -78,8 +80,8 @@ class SavedTensorsCollector:
         for t in tensors:
             if t is not None:
                 st = _storage(t)
-                if st is not None:
-                    self._excluded[st.data_ptr()] = StorageWeakRef(st)
+                if st is not None and st.nbytes():
+                    self._excluded[st.data_ptr()] = t
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         # FSDP2 swaps in unsharded parameters just before forward: exclude them here.
@@ -98,8 +100,10 @@ class SavedTensorsCollector:
             return t.detach()
         key = st.data_ptr()
         ex = self._excluded.get(key)
-        if ex is not None and not ex.expired():
-            return t.detach()
+        if ex is not None:
+            ex_st = _storage(ex)
+            if ex_st is not None and ex_st.data_ptr() == key and ex_st.nbytes():
+                return t.detach()
         prev = self._seen.get(key)
         if prev is None or prev.expired():
             self._seen[key] = StorageWeakRef(st)

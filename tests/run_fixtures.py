@@ -90,7 +90,7 @@ def full_run(real_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     rank0 = yaml.safe_load((root / "rank_0_memory_stats.yaml").read_text())
     for key, m in rank0.items():
         if key.endswith(".end"):  # the FSDP tracker merges its per-category peaks like this
-            m.update({"fsdp.Parameter": 4096, "fsdp.Activation": 65536})
+            m.update({"fsdp.peak.sharded_param": 4096, "fsdp.peak.activation": 65536})
     (root / "rank_0_memory_stats.yaml").write_text(yaml.safe_dump(rank0, sort_keys=False))
     rank1 = {}
     for key, m in rank0.items():
@@ -100,24 +100,9 @@ def full_run(real_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
                 m1[k] = m1[k] + 64 * 1024**2  # rank 1 peaks 64 MiB higher
         rank1["1" + key[1:]] = m1
     (root / "rank_1_memory_stats.yaml").write_text(yaml.safe_dump(rank1, sort_keys=False))
-    summary = {}
-    for key, m in rank0.items():
-        short = key.split(".", 1)[1]
-        other = rank1["1" + key[1:]]
-        per = {}
-        for metric, v in m.items():
-            if isinstance(v, int):
-                vals = [v, other[metric]]
-                mean = sum(vals) / 2
-                per[metric] = {
-                    "min": min(vals),
-                    "max": max(vals),
-                    "mean": mean,
-                    "max_rank": vals.index(max(vals)),
-                    "imbalance": max(vals) / mean if mean else 1.0,
-                }
-        summary[short] = per
-    (root / "memory_summary.yaml").write_text(yaml.safe_dump(summary, sort_keys=False))
+    from memprofiler.distributed import write_summary
+
+    write_summary(root, {0: rank0, 1: rank1}, world_size=2)  # what rank 0 writes after a gather
     fsdp = {
         "peak": {"Parameter": 4096, "Gradient": 4096, "Activation": 65536, "Optstate": 0},
         "modules": {

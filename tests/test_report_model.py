@@ -23,7 +23,7 @@ def test_call_rows_merge_start_and_end():
                     "rss_peak": 400,
                     "allocated_bytes.all.peak": 7,
                     "saved_tensors.by_module": {"a": 5, "b": 9},
-                    "fsdp.Activation": 3,
+                    "fsdp.peak.activation": 3,
                 },
             }
         }
@@ -31,25 +31,25 @@ def test_call_rows_merge_start_and_end():
     [row] = model.calls
     assert (row.rank, row.fn, row.call) == (0, "model.encode", 2)  # dotted function names survive
     assert (row.rss_start, row.rss_end, row.rss_peak, row.rss_peak_delta) == (100, 150, 400, 300)
-    assert row.cuda_allocated_peak == 7 and row.fsdp == {"Activation": 3}
+    assert row.cuda_allocated_peak == 7 and row.fsdp == {"activation": 3}
     assert model.top_saved_modules(1) == [("b", 9, "rank 0 model.encode #2")]
 
 
-def test_summary_rows_found_at_any_depth_and_sorted_by_imbalance():
-    flat = {"training_step.2.end": {"rss_peak": {"min": 1, "max": 3, "mean": 2, "imbalance": 1.5}}}
-    nested = {
-        "training_step": {
-            "2": {"end": {"rss_peak": {"min": 1, "max": 3, "mean": 2, "imbalance": 1.5}}},
-            "3": {"end": {"rss_peak": {"min": 2, "max": 2, "mean": 2, "imbalance": 1.0}}},
-        }
+def test_summary_rows_read_the_written_layout_and_sort_by_imbalance():
+    from memprofiler.distributed import summarize
+
+    per_rank = {
+        0: {"0.training_step.2.end": {"rss_peak": 100}, "0.training_step.3.end": {"rss_peak": 200}},
+        1: {"1.training_step.2.end": {"rss_peak": 300}, "1.training_step.3.end": {"rss_peak": 200}},
     }
-    assert [(k, m) for k, m, _ in _model(summary=flat).summary_rows()] == [
-        ("training_step.2.end", "rss_peak")
-    ]
-    assert [(k, m) for k, m, _ in _model(summary=nested).summary_rows()] == [
+    rows = _model(summary=summarize(per_rank)).summary_rows()
+    assert [(k, m) for k, m, _ in rows] == [
         ("training_step.2.end", "rss_peak"),
         ("training_step.3.end", "rss_peak"),
     ]
+    stats = rows[0][2]
+    assert (stats["min"], stats["max"], stats["mean"], stats["argmax_rank"]) == (100, 300, 200, 1)
+    assert stats["imbalance"] == 1.5
 
 
 def test_nested_tables():

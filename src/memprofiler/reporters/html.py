@@ -161,7 +161,7 @@ class HtmlReporter:
                     _value_cell(metric, s.get("min")),
                     _value_cell(metric, s.get("mean")),
                     _value_cell(metric, s.get("max")),
-                    str(next((s[k] for k in ("max_rank", "argmax", "rank_of_max") if k in s), "-")),
+                    str(s.get("argmax_rank", "-")),
                     f"{imb:.3f}" if isinstance(imb, (int, float)) else "-",
                 ]
             )

@@ -31,7 +31,8 @@ class CallRow:
     saved_packed: int | None = None
     by_module: dict[str, int] = field(default_factory=dict)
     fsdp: dict[str, int] = field(default_factory=dict)
-    """``fsdp.*`` peaks merged into the snapshot by the FSDP tracker, without the prefix."""
+    """Per-category peaks the FSDP or module-wise tracker merged into the snapshot
+    (``fsdp.peak.*`` / ``module_mem.peak.*``), keyed by category."""
 
     @property
     def label(self) -> str:
@@ -77,13 +78,14 @@ class ReportModel:
         return [(mod, b, where) for mod, (b, where) in ranked[:n]]
 
     def summary_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first.
-
-        A stats entry is any mapping with ``min``/``max``/``mean``; the path to it gives the
-        snapshot key and the metric, however deep the file nests them.
-        """
+        """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first."""
         rows: list[tuple[str, str, dict[str, Any]]] = []
-        _collect_stats(self.run.summary or {}, (), rows)
+        snapshots = (self.run.summary or {}).get("snapshots") or {}
+        for key, metrics in snapshots.items():
+            if isinstance(metrics, Mapping):
+                for metric, stats in metrics.items():
+                    if isinstance(stats, Mapping) and "max" in stats:
+                        rows.append((str(key), str(metric), dict(stats)))
         rows.sort(key=lambda r: (-_num(r[2].get("imbalance")), r[0], r[1]))
         return rows
 
@@ -98,15 +100,7 @@ class ReportModel:
         return cats, rows
 
 
-def _collect_stats(node: Any, path: tuple[str, ...], rows: list[tuple[str, str, dict[str, Any]]]) -> None:
-    if not isinstance(node, Mapping):
-        return
-    if "max" in node and ("mean" in node or "min" in node) and len(path) >= 1:
-        key = ".".join(path[:-1]) if len(path) > 1 else "-"
-        rows.append((key, path[-1], dict(node)))
-        return
-    for k, v in node.items():
-        _collect_stats(v, (*path, str(k)), rows)
+_TRACKER_PEAK_PREFIXES = ("fsdp.peak.", "module_mem.peak.")
 
 
 def _num(v: Any) -> float:
@@ -136,7 +130,9 @@ def call_rows(run: RunArtifacts) -> list[CallRow]:
         if isinstance(by_mod, Mapping):
             row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
         row.fsdp = {
-            k[len("fsdp.") :]: int(v) for k, v in m.items() if k.startswith("fsdp.") and _int(v) is not None
+            k.split(".peak.", 1)[1]: int(v)
+            for k, v in m.items()
+            if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
         }
     return [rows[k] for k in sorted(rows)]
 

@@ -139,10 +139,7 @@ class TerminalReporter:
 
 
 def _max_rank(stats: dict[str, object]) -> object:
-    for k in ("max_rank", "argmax", "rank_of_max", "argmax_rank"):
-        if k in stats:
-            return stats[k]
-    return "-"
+    return stats.get("argmax_rank", "-")
 
 
 def render_snapshot(

@@ -71,7 +71,8 @@ class MemProfilerCallback(Callback):
             extended = _extended_profiler(trainer)
             if extended is not None and self.profiler.timeline is not None:
                 extended.add_memory_timeline(self.profiler.timeline)
-        self.profiler.setup(pl_module)
+        else:
+            self.profiler.setup(pl_module)  # a later stage (validate, test) of the same Trainer
         self.profiler.attach(pl_module)
         self.profiler.step_fn = lambda: trainer.global_step
 

@@ -52,13 +52,15 @@ def test_exception_in_step_five_keeps_steps_one_to_four(tmp_path):
     trainer = make_trainer(tmp_path, [cb], limit_train_batches=8)
     with pytest.raises(RuntimeError, match="injected failure in step 5"):
         trainer.fit(TinyMLP(fail_at=5))
-    # THEN steps 1-4 are on disk, valid; step 5 has only its start
+    # THEN steps 1-4 are on disk, valid; step 5's end is there too, marked failed
     stats = load_stats(tmp_path)
     for call in range(1, 5):
-        assert stats[f"0.training_step.{call}.end"]["saved_tensors.unique_bytes"] == F32 * (
-            B * D + B * H + B * O
-        )
-    assert "0.training_step.5.start" in stats and "0.training_step.5.end" not in stats
+        end = stats[f"0.training_step.{call}.end"]
+        assert end["saved_tensors.unique_bytes"] == F32 * (B * D + B * H + B * O)
+        assert "failed" not in end
+    assert "0.training_step.5.start" in stats
+    assert stats["0.training_step.5.end"]["failed"] is True
+    assert stats["0.training_step.5.end"]["rss_peak"] >= stats["0.training_step.5.start"]["rss"]
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 

@@ -72,3 +72,14 @@ def test_bad_group_exits_2_naming_the_key_before_training(tmp_path, capsys, grou
     assert info.value.code == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
+
+
+def test_unwritable_save_dir_exits_2_before_training(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    path = _config(tmp_path, {"memprofiler": {"save_dir": str(blocker / "sub")}})
+    with pytest.raises(SystemExit) as info:
+        MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    assert info.value.code == 2
+    assert "`memprofiler.save_dir`" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

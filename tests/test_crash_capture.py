@@ -85,9 +85,11 @@ def assert_complete_record(save_dir: Path, done_steps: int, failed_step: int | N
     """The files hold every finished step, exactly, and the crash record."""
     stats = yaml.safe_load((save_dir / "rank_0_memory_stats.yaml").read_text())
     expected = {f"0.training_step.{n}.{p}" for n in range(1, done_steps + 1) for p in ("start", "end")}
-    if failed_step is not None:
-        expected.add(f"0.training_step.{failed_step}.start")
+    if failed_step is not None:  # the failed call keeps its start and an end marked failed
+        expected |= {f"0.training_step.{failed_step}.start", f"0.training_step.{failed_step}.end"}
     assert set(stats) == expected
+    if failed_step is not None:
+        assert stats[f"0.training_step.{failed_step}.end"]["failed"] is True
     # History ring from set-up on: each step adds alloc + free_requested + free_completed and
     # two snapshot entries, so the end of step k holds exactly 5k entries.
     for n in range(1, done_steps + 1):

@@ -117,6 +117,7 @@ def test_repeat_two_gives_two_trace_cycles(tmp_path):
 
 def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     # GIVEN steps 2-4 traced and training that raises in call 5 (step 4), mid-cycle
+    # (the failed call keeps its span: its end snapshot is recorded, marked failed)
     prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 3})
     model = TinyModel(fail_at=5)
     trainer = _trainer(tmp_path, prof, steps=10, callbacks=[_memprofiler()])
@@ -126,10 +127,10 @@ def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     # THEN the cycle in progress is on disk: a valid trace with the completed steps' memory
     trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= set(_named(trace, "ProfilerStep#"))
-    assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
+    assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4", "training_step.5"]
     # AND the per-rank memory trace holds the same completed calls
     memory = _load(tmp_path / "memprofiler" / "memory_trace_rank_0.json")
-    assert sorted(_memory_spans(memory)) == ["training_step.3", "training_step.4"]
+    assert sorted(_memory_spans(memory)) == ["training_step.3", "training_step.4", "training_step.5"]
     # AND the summary, and the module-name hooks are gone from the model
     assert "ProfilerStep*" in (tmp_path / "fit_rank_0_summary.txt").read_text()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

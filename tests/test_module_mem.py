@@ -184,7 +184,7 @@ def test_a_raising_call_closes_the_tracker_and_keeps_its_report(tmp_path):
     report = _report(tmp_path / "module_mem_rank_0_training_step_2.yaml")
     assert report["notes"] == ["`training_step` raised; the report covers the call up to the error"]
     assert report["peak"]["cpu"]["Parameter"] == _pb(net)
-    assert "0.training_step.2.end" not in prof.snapshots
+    assert prof.snapshots["0.training_step.2.end"]["failed"] is True
 
 
 @pytest.mark.parametrize(

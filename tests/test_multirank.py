@@ -167,6 +167,7 @@ def test_ddp_module_mem_summary_and_exception_path(tmp_path):
         "training_step.2.start",
         "training_step.2.end",
         "training_step.3.start",
+        "training_step.3.end",  # the call that raised, marked failed
     }
     for r in range(WORLD):
         snaps = _load(raised / layout.MEMORY_STATS_YAML.format(rank=r))

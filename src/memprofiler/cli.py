@@ -12,6 +12,7 @@ code 2, before any model or trainer is built.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
@@ -19,8 +20,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.errors import ConfigError
+from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.profiler import check_writable
 
 GROUP = "memprofiler"
 
@@ -45,9 +47,15 @@ class MemProfilerCLI(LightningCLI):
         if value is None:
             return
         try:
-            MemProfilerConfig.from_any(_to_dict(value))
+            cfg = MemProfilerConfig.from_any(_to_dict(value))
         except ConfigError as err:
             self._parser(self.subcommand).error(str(err.prefixed(GROUP)))
+            return
+        if cfg.enabled and cfg.save_dir:
+            try:
+                check_writable(Path(cfg.save_dir).expanduser())
+            except ArtifactError as err:
+                self._parser(self.subcommand).error(str(err).replace("`save_dir`", f"`{GROUP}.save_dir`", 1))
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -376,16 +376,33 @@ class MemProfilerConfig:
             return cls()
         if isinstance(obj, cls):
             return obj
+        source = ""
         if isinstance(obj, (str, Path)):
-            path = Path(obj)
-            text = path.read_text() if path.suffix in (".yaml", ".yml") and path.is_file() else str(obj)
+            text = str(obj)
+            looks_like_file = isinstance(obj, Path) or ("\n" not in text and text.endswith((".yaml", ".yml")))
+            if looks_like_file:
+                path = Path(obj)
+                source = f" in {str(path)!r}"
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as err:
+                    raise ConfigError(
+                        "", f"cannot read config file {str(path)!r} ({err}); give a readable UTF-8 YAML file"
+                    ) from None
             try:
                 obj = yaml.safe_load(text) or {}
             except yaml.YAMLError as err:
-                raise ConfigError("", f"cannot parse config YAML: {err}") from None
+                raise ConfigError("", f"cannot parse config YAML{source}: {err}") from None
         if not isinstance(obj, Mapping):
-            raise ConfigError("", f"expected a mapping of MemProfilerConfig fields, got {type(obj).__name__}")
-        return build_dataclass(cls, obj)
+            raise ConfigError(
+                "", f"expected a mapping of MemProfilerConfig fields{source}, got {type(obj).__name__}"
+            )
+        try:
+            return build_dataclass(cls, obj)
+        except ConfigError as err:
+            if not source:
+                raise
+            raise ConfigError(err.key, f"{err.rule}{source}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data view (callables shown by their qualified name), for logging and YAML."""

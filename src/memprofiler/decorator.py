@@ -13,6 +13,30 @@ F = TypeVar("F", bound=Callable[..., Any])
 ATTACH_ATTR = "_memprofiler"
 
 
+def _detached() -> None:
+    return None
+
+
+class Attachment:
+    """The reference ``attach`` writes onto a user's object.
+
+    Copies and pickles of the object come out unattached: Lightning's SWA, EMA and teacher
+    models ``deepcopy`` the LightningModule, and must neither copy the profiler (it holds
+    locks and hooks) nor report to it.
+    """
+
+    __slots__ = ("profiler",)
+
+    def __init__(self, profiler: Any) -> None:
+        self.profiler = profiler
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[Callable[[], None], tuple[()]]:
+        return (_detached, ())
+
+
 def memprofilable(fn: F) -> F:
     """Let an attached :class:`~memprofiler.MemProfiler` count and collect calls of ``fn``.
 
@@ -28,9 +52,10 @@ def memprofilable(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        prof = self.__dict__.get(ATTACH_ATTR)
-        if prof is None:
+        att = self.__dict__.get(ATTACH_ATTR)
+        if att is None:
             return fn(self, *args, **kwargs)
+        prof = att.profiler
         run = prof.begin(name)
         if run is None:
             return fn(self, *args, **kwargs)

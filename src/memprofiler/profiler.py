@@ -23,7 +23,7 @@ from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.registry import Registered, build_collectors
 from memprofiler.config import MemProfilerConfig
 from memprofiler.cuda_backend import CudaBackend, default_backend
-from memprofiler.decorator import ATTACH_ATTR, memprofilable
+from memprofiler.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.errors import ArtifactError, MemProfilerError
 from memprofiler.timeline import MemoryTimeline
 from memprofiler.writers import write_pickle, write_yaml
@@ -96,6 +96,7 @@ class MemProfiler:
         # True from the end of a collected call until `step_end()`: step-long collectors
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
+        self._dump_after_step = False
         self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
@@ -117,7 +118,7 @@ class MemProfiler:
             self.module = module
         if self._is_setup or not self.enabled:
             return self
-        _check_writable(self.save_dir)
+        check_writable(self.save_dir)
         self._collectors = build_collectors(self.config, self._cuda, self._warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
         if self.config.dump_memory_trace:
@@ -180,11 +181,14 @@ class MemProfiler:
             for key, metrics in (out or {}).items():
                 self.snapshots.setdefault(key, {}).update(metrics)
                 self._dirty = True
+        if self._dump_after_step:
+            self._dump_after_step = False
+            self.dump()
 
     def attach(self, obj: Any) -> None:
         """Let ``@memprofilable`` methods of ``obj`` report to this profiler."""
         if self.enabled:
-            object.__setattr__(obj, ATTACH_ATTR, self)
+            object.__setattr__(obj, ATTACH_ATTR, Attachment(self))
             if isinstance(obj, nn.Module) and self.module is None:
                 self.module = obj
 
@@ -196,10 +200,10 @@ class MemProfiler:
         """
         self._listeners.append(fn)
 
-    def _record(self, phase: str, metrics: dict[str, Any], ctx: CallContext) -> None:
+    def _record(self, phase: str, metrics: dict[str, Any], ctx: CallContext, t_ns: int | None = None) -> None:
         key = layout.snapshot_key(self.rank, ctx.fn_name, ctx.call, phase)
         self.snapshots[key] = metrics
-        ctx.scratch["t_ns"] = time.time_ns()
+        ctx.scratch["t_ns"] = time.time_ns() if t_ns is None else t_ns
         ctx.scratch["phase"] = phase
         for listener in list(self._listeners):
             try:
@@ -340,7 +344,12 @@ class MemProfiler:
         return run
 
     def finish(self, run: _Run, ok: bool) -> None:
-        """End a collected call started by :meth:`begin`."""
+        """End a collected call started by :meth:`begin`.
+
+        A call that raised still gets its ``end`` snapshot, marked ``failed: true``: its peak
+        is often the figure that explains the failure.
+        """
+        t_end = time.time_ns()  # before any collector's end work, which is not the call's time
         self._active = None
         ctx = run.ctx
         metrics: dict[str, Any] = {}
@@ -348,12 +357,20 @@ class MemProfiler:
             out = self._guard(reg, "end", lambda r=reg: r.collector.end(ctx, ok))
             if out is not None:
                 metrics.update(out)
-        if ok:
-            self._record("end", metrics, ctx)
-            if any(hasattr(reg.collector, "step_end") for reg in run.started):
-                self._step_open = True
+        if not ok:
+            metrics["failed"] = True
+        self._record("end", metrics, ctx, t_ns=t_end)
+        if ok and any(hasattr(reg.collector, "step_end") for reg in run.started):
+            self._step_open = True
         if schedule.is_finished(self.config.schedule, ctx.call):
             self._finished.add(ctx.fn_name)
+        if ctx.closes_window:
+            # Write what the window collected now, so a process killed later (the host OOM
+            # killer sends SIGKILL) still leaves it on disk. One small write per window.
+            if self._step_open:
+                self._dump_after_step = True
+            else:
+                self.dump()
 
     def call_count(self, fn_name: str) -> int:
         """How many calls of ``fn_name`` have been counted."""
@@ -370,26 +387,21 @@ class MemProfiler:
         self.step_end()
         written: list[Path] = []
         cfg = self.config
-        try:
-            if cfg.dump_memorystats_yaml:
-                written.append(
-                    write_yaml(
-                        self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank), self.snapshots
-                    )
-                )
-            if cfg.dump_memorystats_pickle:
-                written.append(
-                    write_pickle(
-                        self.save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self.rank), self.snapshots
-                    )
-                )
-        except OSError as err:
-            self._warn(f"could not write memory stats to {self.save_dir}: {err}", all_ranks=True)
-        if self.timeline is not None:
+        writers: list[tuple[str, Callable[[], Path]]] = []
+        yaml_path = self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank)
+        pickle_path = self.save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self.rank)
+        if cfg.dump_memorystats_yaml:
+            writers.append((yaml_path.name, lambda: write_yaml(yaml_path, self.snapshots)))
+        if cfg.dump_memorystats_pickle:
+            writers.append((pickle_path.name, lambda: write_pickle(pickle_path, self.snapshots)))
+        timeline = self.timeline
+        if timeline is not None:
+            writers.append(("the memory trace", lambda: timeline.dump(self.save_dir)))
+        for what, write in writers:
             try:
-                written.append(self.timeline.dump(self.save_dir))
-            except OSError as err:
-                self._warn(f"could not write the memory trace to {self.save_dir}: {err}", all_ranks=True)
+                written.append(write())
+            except Exception as err:  # each file on its own: one failure must not cost the others
+                self._warn(f"could not write {what} in {self.save_dir}: {err!r}", all_ranks=True)
         for reg in self._collectors:
             dump = getattr(reg.collector, "dump", None)
             if dump is not None:
@@ -426,7 +438,12 @@ class MemProfiler:
             return None
 
 
-def _check_writable(path: Path) -> None:
+def check_writable(path: Path) -> None:
+    """Create ``path`` if needed and prove a file can be written in it.
+
+    Raises:
+        ArtifactError: naming the directory and the fix.
+    """
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".memprofiler-write-test-{os.getpid()}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import pickle
@@ -42,8 +43,19 @@ def to_plain(obj: Any) -> Any:
         return {str(k): to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_plain(v) for v in obj]
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, float, str)):
+    if obj is None or type(obj) in (bool, int, float, str):
         return obj
+    if isinstance(obj, enum.Enum):
+        return to_plain(obj.value)
+    # Subclasses (numpy scalars, IntEnum-like types) are not representable by safe_dump.
+    if isinstance(obj, bool):
+        return bool(obj)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, str):
+        return str(obj)
     item = getattr(obj, "item", None)  # numpy / torch scalars
     if callable(item):
         return to_plain(item())

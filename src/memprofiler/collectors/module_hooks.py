@@ -100,6 +100,7 @@ class ModuleHooksCollector:
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         for hook in self._reset:
             hook(self.state)
+        self.state.entered = False  # ours, not the reset hooks': custom ones need not know it
         if ctx.module is not None and self._stack is None:
             self._stack = ModuleStack(ctx.module, self._on_enter, self._on_exit)
             self._stack.install()

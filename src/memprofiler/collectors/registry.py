@@ -33,7 +33,7 @@ class Registered:
 def build_collectors(
     cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
 ) -> list[Registered]:
-    """Instantiate the collectors ``cfg`` enables, in start order.
+    """Instantiate the collectors ``cfg`` enables, in start order (they end in reverse).
 
     Collection types whose capability is missing (no CUDA) are warned about once and
     switched off.
@@ -51,6 +51,9 @@ def build_collectors(
             else ModuleMemCollector(depth, units, tabulate)
         )
         out.append(Registered(cfg.collect_funcs.funcs_for("fsdp"), tracker))
+    # Allocator-history snapshots are large dumps: start them before, and end them after, the
+    # collectors that measure the call (host peak RSS, CUDA stats), which must not see them.
+    out.extend(_history_collectors(cfg, cuda, warn))
     out.append(
         Registered(
             cfg.collect_funcs.funcs_for("cpu"), HostCollector(cfg.rss_peak_method, cfg.rss_sample_interval_ms)
@@ -83,7 +86,6 @@ def build_collectors(
                 ),
             )
         )
-    out.extend(_history_collectors(cfg, cuda, warn))
     return out
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class MemProfilerCallback(Callback):
         self.profiler: MemProfiler | None = None
         self._bound = False
         self._gathers = 0
+        self._trainer_ref: weakref.ref[pl.Trainer] | None = None
 
     @property
     def state_key(self) -> str:
@@ -61,6 +63,11 @@ class MemProfilerCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not self.config.enabled:
             return
+        if self.profiler is not None and self._trainer_ref is not None and self._trainer_ref() is not trainer:
+            # The same callback in a new Trainer: a fresh profiler (counts, save_dir, loggers).
+            self.profiler.teardown()
+            self.profiler = None
+        self._trainer_ref = weakref.ref(trainer)
         if self.profiler is None:
             save_dir = self.config.save_dir or os.fspath(default_save_dir(trainer))
             config = _follow_profiler_schedule(self.config, trainer)

@@ -118,3 +118,77 @@ def full_run(real_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     oom_info = {"step": 3, "alloc_size": 8 * 1024**3, "device_free": 1000, "device_total": 80 * 1024**3}
     (root / "oom_rank_0_0.yaml").write_text(yaml.safe_dump(oom_info))
     return root.parents[2]  # the top of the tree: the report must search down to save_dir
+
+
+#: The start of a real ``fsdp_mem_rank_0_training_step_2.yaml`` (2-rank CPU FSDP2 run of a small
+#: GPT, ``runs/fsdp_cpu``): the scalars, ``peak``, ``final`` and the first module's first two
+#: phases, verbatim.
+REAL_FSDP_REPORT_YAML = """\
+tracker: FSDPMemTracker
+rank: 0
+fn: training_step
+call: 2
+window: from the start of `training_step` to the end of its step (backward and optimizer
+  step included, when they run before the step ends)
+units: B
+module_depth: 4
+notes: []
+peak:
+  cpu:
+    Sharded Param: 1734144
+    Unsharded Param: 1089024
+    Buffer: 0
+    Sharded Grad: 1734144
+    Unsharded Grad: 0
+    Activation: 17371712
+    Temp: 0
+    All Gather: 793088
+    Reduce Scatter: 0
+    OptState: 3468500
+    Inputs: 0
+    Total: 26190612
+final:
+  cpu:
+    Sharded Param: 1734144
+    Unsharded Param: 0
+    Buffer: 0
+    Sharded Grad: 1734144
+    Unsharded Grad: 0
+    Activation: 4168
+    Temp: 0
+    All Gather: 0
+    Reduce Scatter: 0
+    OptState: 3468500
+    Inputs: 0
+    Total: 6940956
+modules:
+  DemoGPT.model:
+    Peak Forward:
+    - cpu:
+        Sharded Param: 1734144
+        Unsharded Param: 1089024
+        Buffer: 0
+        Sharded Grad: 1734144
+        Unsharded Grad: 0
+        Activation: 17371712
+        Temp: 0
+        All Gather: 793088
+        Reduce Scatter: 0
+        OptState: 3468500
+        Inputs: 0
+        Total: 26190612
+    Before Pre-Forward:
+    - cpu:
+        Sharded Param: 1734144
+        Unsharded Param: 0
+        Buffer: 0
+        Sharded Grad: 1734144
+        Unsharded Grad: 0
+        Activation: 4160
+        Temp: 0
+        All Gather: 0
+        Reduce Scatter: 0
+        OptState: 3468500
+        Inputs: 0
+        Total: 6940948
+"""

@@ -1,6 +1,7 @@
 """Hand-built allocator snapshots in torch's ``_snapshot()`` layout, with answers worked out by hand.
 
-``known_snapshot()`` (device 0), in bytes (KiB = 1024):
+``known_snapshot()`` (device 0), in bytes (KiB = 1024); every block is requested at its
+rounded size here (``rounded_snapshot()`` below is where they differ):
 
 segments at snapshot time
   A @1_000_000  2 MiB: P1 512 KiB live (pre-trace, stack `init_weights`), 512 KiB free, B3 1 MiB live
@@ -102,7 +103,7 @@ def known_snapshot() -> dict[str, Any]:
             [
                 _block(a, 512 * KiB, "active_allocated", INIT),
                 _block(a + 512 * KiB, 512 * KiB, "inactive"),
-                _block(a + MiB, MiB, "active_allocated", S1, requested=1_000_000),
+                _block(a + MiB, MiB, "active_allocated", S1),
             ],
         ),
         _seg(b, [_block(b, MiB, "inactive")]),
@@ -160,3 +161,64 @@ def trace_only_snapshot() -> dict[str, Any]:
         _e("alloc", 3, 50, 4, S1),
     ]
     return {"segments": [], "device_traces": [[], t]}
+
+
+ROUND_BASE = 0x100000
+
+
+def rounded_snapshot() -> dict[str, Any]:
+    """Requested sizes differ from the rounded block sizes, as on a real GPU.
+
+    One 2 MiB segment at ``ROUND_BASE`` (offsets in bytes):
+
+    block  offset  rounded  requested  state at the end       origin
+      A        0    1024       1000    active_allocated       pre-trace (stack INIT)
+      P     1024    1024        700    inactive               pre-trace, freed in the trace
+      B     2048     512          4    active_allocated       trace (S2)
+      C     2560    3072       3000    inactive               trace (S1), freed
+      D     5632    2048       2000    active_pending_free    trace (S1), free requested only
+      rest  7680    2 MiB - 7680       inactive
+
+    torch writes requested sizes into trace entries:
+
+      0 alloc B 4                 rel 4
+      1 free_requested P 700
+      2 free_completed P 700      rel -696
+      3 alloc C 3000              rel 2304
+      4 alloc D 2000              rel 4304   <- peak
+      5 free_requested C 3000
+      6 free_completed C 3000     rel 1304
+      7 free_requested D 2000     rel 1304   (D is still active until free_completed)
+
+    baseline = A + P = 1000 + 700 = 1700 requested bytes
+    peak = 1700 + 4304 = 6004 at entry 4: A 1000 (INIT) + B 4 (S2) + C 3000 + D 2000 (S1 5000)
+    end = 1700 + 1304 = 3004 = A + B + D requested; the segment's rounded allocated bytes are
+    1024 + 512 + 2048 = 3584. (Mixing rounded pre-trace blocks with requested trace sizes
+    gives baseline 1724, peak 6028, end 3028: neither figure.)
+    """
+    o = ROUND_BASE
+    rest = 2 * MiB - 7680
+    segments = [
+        _seg(
+            o,
+            [
+                _block(o, 1024, "active_allocated", INIT, requested=1000),
+                _block(o + 1024, 1024, "inactive", requested=0),
+                _block(o + 2048, 512, "active_allocated", S2, requested=4),
+                _block(o + 2560, 3072, "inactive", requested=0),
+                _block(o + 5632, 2048, "active_pending_free", S1, requested=2000),
+                _block(o + 7680, rest, "inactive", requested=0),
+            ],
+        )
+    ]
+    trace = [
+        _e("alloc", o + 2048, 4, 10, S2),
+        _e("free_requested", o + 1024, 700, 20, INIT),
+        _e("free_completed", o + 1024, 700, 21, INIT),
+        _e("alloc", o + 2560, 3000, 30, S1),
+        _e("alloc", o + 5632, 2000, 40, S1),
+        _e("free_requested", o + 2560, 3000, 50, S1),
+        _e("free_completed", o + 2560, 3000, 51, S1),
+        _e("free_requested", o + 5632, 2000, 60, S1),
+    ]
+    return {"segments": segments, "device_traces": [trace]}

@@ -113,7 +113,7 @@ def test_report_renders_offline_with_no_console_errors(full_run, tmp_path, capsy
     assert "saved-tensor bytes (unique)" in labels
     # the page shows the expected peak figures
     text = page["text"]
-    assert "Peak allocated 2.25 MiB at entry 5" in text
+    assert "Peak active 2.25 MiB requested at entry 5" in text
     assert "peak reserved 6.00 MiB at entry 10" in text
     assert "12.25 KiB saved for backward" in text
     assert "OOM at entry 9: 8.00 GiB requested" in text

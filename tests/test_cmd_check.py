@@ -65,6 +65,7 @@ def test_patterns_and_key_filter(real_runs, capsys):
         ("rss_peek=2GiB", "`--max rss_peek`: matches no collected value"),
         ("rss_peak=2 parsecs", "`--max rss_peak`: got '2 parsecs'"),
         ("rss_peak", "expected METRIC=VALUE"),
+        ("rss_peak=-1GiB", "`--max rss_peak`: got '-1GiB'; must not be negative"),
     ],
 )
 def test_bad_limits_are_one_line_exit_2(real_runs, capsys, limit, message):
@@ -76,3 +77,33 @@ def test_bad_limits_are_one_line_exit_2(real_runs, capsys, limit, message):
 def test_missing_run_dir_exit_2(tmp_path, capsys):
     assert main(["check", str(tmp_path / "nope"), "--max", "rss_peak=1GiB"]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_key_filter_matching_nothing_names_the_key_option(real_runs, capsys):
+    # GIVEN a --key pattern with a typo
+    rc = main(["check", str(real_runs["a"]), "--max", "rss_peak=64GiB", "--key", "*.training_stp.*"])
+    # THEN exit 2 blaming --key (not --max) and showing what keys look like
+    assert rc == 2
+    assert capsys.readouterr().err == (
+        "memprofiler check: error: `--key`: '*.training_stp.*' matches no snapshot key in "
+        f"{real_runs['a']}; keys look like 0.training_step.2.end, 0.training_step.2.start, "
+        "0.training_step.3.end, 0.training_step.3.start\n"
+    )
+
+
+@pytest.mark.parametrize("bad", [".nan", ".inf"])
+def test_non_finite_value_fails_the_budget(tmp_path, capsys, bad):
+    # GIVEN a stats file whose rss_peak is not a finite number (edited or corrupted)
+    (tmp_path / "rank_0_memory_stats.yaml").write_text(
+        f"0.training_step.2.end:\n  rss_peak: {bad}\n0.training_step.3.end:\n  rss_peak: 100\n"
+    )
+    # WHEN checked against a generous limit
+    rc = main(["check", str(tmp_path), "--max", "rss_peak=1GiB"])
+    captured = capsys.readouterr()
+    # THEN the gate fails closed: exit 1 and one line naming the key and the value
+    assert rc == 1
+    assert captured.out.splitlines() == [
+        f"0.training_step.2.end rss_peak = {float(bad[1:])} is not a finite number (edited or corrupted "
+        "file?); limit 1.00 GiB (1,073,741,824) set by --max rss_peak"
+    ]
+    assert "1 of 2 values over budget" in captured.err

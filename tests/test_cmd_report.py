@@ -11,7 +11,7 @@ import pytest
 
 from memprofiler.__main__ import main
 from memprofiler.units import format_bytes
-from run_fixtures import expected_saved_bytes
+from run_fixtures import REAL_FSDP_REPORT_YAML, expected_saved_bytes
 
 
 def _save_dir(root: Path) -> Path:
@@ -36,7 +36,7 @@ def test_terminal_summary_shows_calls_peaks_and_saved_modules(full_run, tmp_path
     # rank 1 peaks 64 MiB higher: the summary names it, with max/mean a little above 1
     assert "Across ranks" in out
     assert re.search(r"training_step\.2\.end\s+│ rss_peak\s+│.*│\s+1 │\s+1\.0\d\d │", out)
-    assert "peak allocated 2.25 MiB (entry 5" in out
+    assert "peak active 2.25 MiB requested (entry 5" in out
     [fsdp_row] = [ln for ln in out.splitlines() if re.match(r"│\s+0 │ training_step │\s+2 │\s+4\.00 KiB", ln)]
     assert "64.00 KiB" in fsdp_row
     assert "8.00 GiB requested" in out
@@ -64,7 +64,7 @@ def test_html_report_is_self_contained_and_holds_the_figures(full_run, tmp_path,
         assert section in html
     assert html.count("<svg") >= 6
     # the figures
-    assert "Peak allocated <span title='2,359,296 bytes'>2.25 MiB</span>" in html
+    assert "Peak active <span title='2,359,296 bytes'>2.25 MiB</span> requested" in html
     assert "peak reserved <span title='6,291,456 bytes'>6.00 MiB</span>" in html
     assert "12.25 KiB saved for backward" in html
     assert "<span title='65,536 bytes'>64.00 KiB</span>" in html  # FSDP activation peak
@@ -130,3 +130,87 @@ def test_bad_input_is_one_line_exit_2(real_runs, tmp_path, capsys, breakage, mes
     assert rc == 2
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
     assert not (tmp_path / "pwn").exists()
+
+
+def _html_text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def test_real_fsdp_report_tables_format_only_categories_as_bytes(real_runs, tmp_path, capsys):
+    # GIVEN a run with a real FSDPMemTracker report (scalars, peak/final, module-wise phases)
+    run = _copy(real_runs, tmp_path)
+    (run / "fsdp_mem_rank_0_training_step_2.yaml").write_text(REAL_FSDP_REPORT_YAML)
+    # WHEN reported
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    section = html[html.index("<h3>fsdp · rank 0 · training_step #2</h3>") :]
+    # THEN the scalars are shown as written (not "0 B"), and `notes: []` has no table
+    assert "<tr><td>rank</td><td>0</td></tr><tr><td>fn</td><td>training_step</td></tr>" in section
+    assert "<tr><td>call</td><td>2</td></tr>" in section
+    assert "<tr><td>module_depth</td><td>4</td></tr>" in section
+    assert "notes" not in section
+    # AND peak/final are one row per device, categories in bytes with the exact count
+    peak = _html_text(section[section.index(">peak<") : section.index(">final<")])
+    assert peak.startswith(
+        ">peak device Sharded Param Unsharded Param Buffer Sharded Grad Unsharded Grad Activation Temp "
+        "All Gather Reduce Scatter OptState Inputs Total cpu 1.65 MiB 1.04 MiB 0 B 1.65 MiB 0 B 16.57 MiB "
+        "0 B 774.50 KiB 0 B 3.31 MiB 0 B 24.98 MiB"
+    )
+    assert "<span title='17,371,712 bytes'>16.57 MiB</span>" in section
+    # AND the module-wise snapshots are rows (module, phase, device, categories), no dict reprs
+    mods = _html_text(section[section.index(">modules<") : section.index("<script>")])
+    assert mods.startswith(">modules module phase device Sharded Param")
+    assert "DemoGPT.model Peak Forward cpu 1.65 MiB 1.04 MiB 0 B 1.65 MiB 0 B 16.57 MiB" in mods
+    assert "DemoGPT.model Before Pre-Forward cpu 1.65 MiB 0 B 0 B 1.65 MiB 0 B 4.06 KiB" in mods
+    assert "{" not in mods and "&#x27;cpu&#x27;" not in section
+
+
+def test_non_finite_values_and_odd_keys_do_not_crash_the_report(real_runs, tmp_path, capsys):
+    # GIVEN an edited stats file with rss_peak .inf and an OOM yaml with an integer key
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank_0_memory_stats.yaml").write_text(
+        "0.training_step.2.start:\n  rss: 100\n0.training_step.2.end:\n  rss: 200\n  rss_peak: .inf\n"
+    )
+    (run / "oom_rank_0_0.yaml").write_text("5: 7\nsize: 2048\n")
+    # WHEN reported THEN exit 0: the infinite peak shows as "-", the integer key as text
+    assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    [row] = [ln for ln in out.splitlines() if "training_step" in ln]
+    assert re.search(r"│\s+0 │ training_step │\s+2 │\s+100 B │\s+200 B │\s+- │\s+- │", row), row
+    assert "OOM dump rank 0 #0: 5=7, size=2.00 KiB" in out
+    html = (tmp_path / "r.html").read_text()
+    assert "<tr><td>5</td><td class='n'>7</td></tr>" in html
+
+
+def test_yaml_aliases_are_refused(tmp_path, capsys):
+    # GIVEN a 1 KB stats file whose aliases would expand to 10**8 entries (billion laughs)
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = ["0.training_step.2.end:", "  rss: 1", "  saved_tensors.by_module:", "    l0: &a0 {x: 1, y: 1}"]
+    lines += [f"    l{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (run / "rank_0_memory_stats.yaml").write_text("\n".join(lines) + "\n")
+    # THEN one line naming the file and the line, exit 2, before anything expands
+    assert main(["report", str(run), "--no-html"]) == 2
+    assert capsys.readouterr().err == (
+        f"memprofiler report: error: {run / 'rank_0_memory_stats.yaml'}: refused: YAML alias (*name) "
+        "at line 5; memprofiler never writes aliases and they can expand a small file to gigabytes\n"
+    )
+
+
+def test_markup_in_the_run_path_is_printed_as_is(real_runs, tmp_path, capsys):
+    # GIVEN a run directory whose name looks like rich markup
+    run = tmp_path / "sweep[/lr]" / "exp[red]"
+    shutil.copytree(real_runs["a"], run)
+    # THEN the report prints it verbatim (no MarkupError, nothing swallowed)
+    assert main(["report", str(run), "--no-html"]) == 0
+    assert f"memprofiler run {run}  ranks: 0" in capsys.readouterr().out
+
+
+def test_stats_yaml_is_read_and_a_broken_pickle_beside_it_ignored(real_runs, tmp_path, capsys):
+    # GIVEN a good rank_0_memory_stats.yaml next to a truncated .pickle of the same data
+    run = _copy(real_runs, tmp_path)
+    (run / "rank_0_memory_stats.pickle").write_bytes(pickle.dumps({"x": list(range(100))}, protocol=4)[:30])
+    # THEN the YAML is used and the report succeeds with the analytic saved bytes
+    assert main(["report", str(run), "--no-html"]) == 0
+    assert format_bytes(expected_saved_bytes(256)) in capsys.readouterr().out

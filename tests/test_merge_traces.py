@@ -115,7 +115,8 @@ def test_with_profiler_folds_kernels_in_on_one_clock(ddp_run):
         names = [e["args"]["name"] for e in mine if e.get("ph") == "M" and e.get("name") == "process_name"]
         assert names == [f"rank {rank}"]
     flows = [e for e in events if e.get("ph") in ("s", "f")]
-    assert all(str(e["id"]).startswith(f"{e['pid']}:") for e in flows)
+    # flow ids stay numbers (Perfetto drops "0:17"-style string ids) and carry the rank
+    assert flows and all(isinstance(e["id"], int) and e["id"] >> 40 == e["pid"] for e in flows)
 
 
 def test_merge_aligns_ranks_on_the_earliest_base(tmp_path):
@@ -162,3 +163,40 @@ def test_one_rank_twice_is_an_error(tmp_path, capsys):
 def test_missing_directory_is_an_error(tmp_path, capsys):
     assert main(["merge-traces", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_flow_ids_stay_numeric_and_unique_per_rank(tmp_path):
+    # GIVEN two ranks whose flows use the same ids (17 as a number, "0x1f" as a string)
+    for rank in (0, 1):
+        events = [
+            {"ph": "s", "id": 17, "name": "f", "cat": "ac2g", "pid": 9, "tid": 1, "ts": 1.0},
+            {"ph": "f", "id": 17, "name": "f", "cat": "ac2g", "pid": 9, "tid": 1, "ts": 2.0, "bp": "e"},
+            {"ph": "s", "id": "0x1f", "name": "g", "cat": "ac2g", "pid": 9, "tid": 1, "ts": 3.0},
+        ]
+        trace = {"baseTimeNanoseconds": 0, "traceEvents": events}
+        (tmp_path / f"memory_trace_rank_{rank}.json").write_text(json.dumps(trace))
+    # WHEN merged
+    assert main(["merge-traces", str(tmp_path), "-o", str(tmp_path / "m.json")]) == 0
+    flows = [e for e in json.loads((tmp_path / "m.json").read_text())["traceEvents"] if e["ph"] in "sf"]
+    # THEN each id is the number (rank << 40) | id, so Perfetto keeps the arrows, start and
+    # finish still pair up within a rank, and the ranks no longer collide
+    assert [(e["pid"], e["ph"], e["id"]) for e in flows] == [
+        (0, "s", 17),
+        (0, "f", 17),
+        (0, "s", 0x1F),
+        (1, "s", (1 << 40) | 17),
+        (1, "f", (1 << 40) | 17),
+        (1, "s", (1 << 40) | 0x1F),
+    ]
+
+
+def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
+    # GIVEN an output path that is an existing directory
+    (tmp_path / "memory_trace_rank_0.json").write_text('{"traceEvents": []}')
+    out = tmp_path / "out"
+    out.mkdir()
+    # THEN exit 2 with one line naming it, no traceback
+    assert main(["merge-traces", str(tmp_path), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"memprofiler merge-traces: error: {out}: cannot write the merged trace (")
+    assert err.count("\n") == 1

@@ -113,3 +113,47 @@ def test_cli_on_a_malicious_pickle_exits_2_without_traceback_or_side_effect(tmp_
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert "refused to load" in res.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("payload", "target"),
+    [
+        # protocol 2 spells bytearray(1_500_000_000) in 33 bytes: a 1.5 GB allocation
+        (b"\x80\x02c__builtin__\nbytearray\nq\x00J\x00/\x68Y\x85q\x01Rq\x02.", "__builtin__.bytearray"),
+        (b"\x80\x02c__builtin__\ncomplex\nK\x01K\x02\x86R.", "__builtin__.complex"),
+        # _codecs.encode is only allowed as protocol 2 spells bytes: (text, "latin1")
+        (
+            b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x04\x00\x00\x00nope\x86R.",
+            "_codecs.encode(..., 'nope')",
+        ),
+    ],
+)
+def test_data_building_calls_that_can_blow_up_are_refused(tmp_path, payload, target):
+    # GIVEN a tiny pickle calling bytearray/complex, or _codecs.encode with a foreign codec
+    p = _write(tmp_path, "bomb.pickle", payload)
+    assert p.stat().st_size < 60
+    # THEN it is refused before the call, naming it, in one line
+    with pytest.raises(ArtifactError) as info:
+        safe_pickle.load(p)
+    assert str(info.value) == (
+        f"{p}: refused to load: the pickle wants to import or call `{target}`; only plain data (dicts, "
+        "lists, strings, numbers) is allowed, so this is not a memprofiler or torch allocator snapshot "
+        "(or it was tampered with)"
+    )
+
+
+def test_protocol_2_bytes_still_load():
+    data = {"b": b"\x00\xffabc", "s": {1, 2}}
+    assert safe_pickle.loads(pickle.dumps(data, protocol=2)) == data
+
+
+def test_a_corrupted_frame_length_is_a_one_line_error(tmp_path):
+    # GIVEN a protocol-4 pickle whose FRAME length byte was flipped (length > sys.maxsize)
+    good = bytearray(pickle.dumps({"segments": list(range(100))}, protocol=4))
+    assert good[2] == pickle.FRAME[0]
+    good[3 + 7] = 0xFF  # most significant byte of the 8-byte frame length
+    p = _write(tmp_path, "corrupt.pickle", bytes(good))
+    # THEN an ArtifactError naming the file, not an OverflowError traceback
+    with pytest.raises(ArtifactError) as info:
+        safe_pickle.load(p)
+    assert str(info.value) == f"{p}: not a pickle file, or corrupted (OverflowError)"

@@ -9,7 +9,7 @@ import pytest
 
 from memprofiler.errors import ArtifactError
 from memprofiler.snapshot_analysis import NO_STACK, analyze, load_snapshot
-from snapshot_fixtures import KNOWN, KiB, known_snapshot, trace_only_snapshot
+from snapshot_fixtures import KNOWN, ROUND_BASE, KiB, known_snapshot, rounded_snapshot, trace_only_snapshot
 
 
 def test_peaks_and_totals_match_hand_computed_values():
@@ -32,7 +32,8 @@ def test_peaks_and_totals_match_hand_computed_values():
 def test_end_state_of_the_trace_agrees_with_the_segments():
     result = analyze(known_snapshot())
     assert result.total_reserved == KNOWN["total_reserved"]
-    assert result.total_allocated == result.devices[0].end_allocated == KNOWN["end_allocated"]
+    assert result.total_requested == result.devices[0].end_allocated == KNOWN["end_allocated"]
+    assert result.total_allocated == KNOWN["end_allocated"]  # requested == rounded in this fixture
 
 
 def test_live_blocks_at_peak_grouped_by_python_stack_sum_to_the_peak():
@@ -66,10 +67,46 @@ def test_fragmentation_per_segment():
         512 * KiB,
         512 * KiB,
     )
-    assert a.requested == 512 * KiB + 1_000_000
+    assert a.requested == 1536 * KiB
     assert a.fragmentation == 0.0
     assert b.fragmentation == 0.0 and b.free == 1024 * KiB
     assert c.fragmentation == pytest.approx(1 / 3)
+
+
+def test_figures_are_requested_bytes_when_blocks_are_rounded_up():
+    # GIVEN blocks whose rounded sizes exceed what was requested (pre-trace blocks alive at
+    # the end and freed in the trace, one block only free_requested at the end)
+    result = analyze(rounded_snapshot())
+    [dev] = result.devices
+    # THEN every trace figure is in requested bytes, worked out by hand in the fixture
+    assert (dev.baseline_allocated, dev.peak_allocated, dev.peak_allocated_index, dev.end_allocated) == (
+        1700,
+        6004,
+        4,
+        3004,
+    )
+    assert [a for _, a, _ in analyze(rounded_snapshot(), points=100).devices[0].timeline] == [
+        1704,
+        1704,
+        1004,
+        4004,
+        6004,
+        6004,
+        3004,
+        3004,
+    ]
+    # AND the stacks live at the peak add up to it in requested bytes
+    assert [(g.bytes, g.count, g.frames[0]) for g in dev.top_stacks] == [
+        (5000, 2, "linear_forward (linear_forward.py:10)"),
+        (1000, 1, "init_weights (init_weights.py:10)"),
+        (4, 1, "attention_forward (attention_forward.py:10)"),
+    ]
+    # AND the trace's end agrees with the segments' requested bytes, while the segment keeps the
+    # allocator's rounded count (the active_pending_free block is still in both)
+    [seg] = result.segments
+    assert (seg.address, seg.allocated, seg.requested) == (ROUND_BASE, 3584, 3004)
+    assert result.total_requested == dev.end_allocated == 3004
+    assert result.total_allocated == 3584
 
 
 def test_oom_entries_are_reported():
@@ -191,7 +228,7 @@ def test_random_realistic_trace_peak_matches_generator_truth(seed):
     # live at the peak add up to it
     assert dev.peak_allocated == true_peak
     assert dev.baseline_allocated == 0
-    assert dev.end_allocated == result.total_allocated
+    assert dev.end_allocated == result.total_requested
     assert dev.end_reserved == result.total_reserved
     assert sum(g.bytes for g in analyze(data, top=10_000).devices[0].top_stacks) == true_peak
 
@@ -213,7 +250,7 @@ def test_real_recorded_snapshot_is_self_consistent(path):
     for dev in result.devices:
         segs = [s for s in result.segments if s.device == dev.device]
         if segs:
-            assert dev.end_allocated == sum(s.allocated for s in segs)
+            assert dev.end_allocated == sum(s.requested for s in segs)
             assert dev.end_reserved == sum(s.total_size for s in segs)
         assert sum(g.bytes for g in dev.top_stacks) == dev.peak_allocated
         assert dev.peak_allocated >= dev.end_allocated

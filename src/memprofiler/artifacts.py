@@ -147,8 +147,8 @@ def _add(
     name = path.name
     if m := _STATS.match(name):
         rank, ext = int(m.group(1)), m.group(2)
-        if ext == "pickle" and rank in run.stats:
-            return  # the YAML holds the same data and was read already
+        if ext == "pickle" and (rank in run.stats or path.with_suffix(".yaml").is_file()):
+            return  # the YAML beside it holds the same data and is the one we read
         data = read_yaml(path) if ext == "yaml" else safe_pickle.load(path)
         run.stats[rank] = _check_stats(data, path)
     elif name == _SUMMARY:
@@ -170,8 +170,28 @@ def _add(
             rec.info = _mapping(read_yaml(path), path)
 
 
+class _AliasFound(yaml.YAMLError):
+    def __init__(self, mark: Any) -> None:
+        super().__init__("alias")
+        self.problem_mark = mark
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses aliases (``*name``).
+
+    Each alias re-uses a whole subtree, so a 760-byte file of nested aliases expands to
+    gigabytes (the "billion laughs"). ``memprofiler.writers`` never emits aliases, so a file
+    with one was written by something else.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFound(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` a file, turning every failure into a one-line :class:`ArtifactError`."""
+    """Load a file as safe YAML without aliases, turning every failure into a one-line :class:`ArtifactError`."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -181,7 +201,12 @@ def read_yaml(path: Path) -> Any:
     if not text.strip():
         raise ArtifactError(f"{path}: file is empty; re-run to write it again")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass: no tags
+    except _AliasFound as err:
+        raise ArtifactError(
+            f"{path}: refused: YAML alias (*name) at line {err.problem_mark.line + 1}; memprofiler "
+            "never writes aliases and they can expand a small file to gigabytes"
+        ) from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +46,11 @@ class Violation:
     def line(self) -> str:
         """``0.training_step.2.end rss_peak = 2.31 GiB exceeds limit 2.00 GiB (rss_peak=...)``."""
         v, lim = format_value(self.metric, self.value), format_value(self.metric, self.limit.value)
+        if not math.isfinite(self.value):
+            return (
+                f"{self.key} {self.metric} = {v} is not a finite number (edited or corrupted file?); "
+                f"limit {lim} ({self.limit.value:,.0f}) set by --max {self.limit.metric}"
+            )
         return (
             f"{self.key} {self.metric} = {v} ({self.value:,.0f}) exceeds limit {lim} "
             f"({self.limit.value:,.0f}) set by --max {self.limit.metric}"
@@ -56,10 +62,21 @@ def check_budget(
 ) -> tuple[list[Violation], int]:
     """Return the violations and how many values were checked.
 
+    A value that is not a finite number (NaN, inf) is a violation: a gate must fail closed.
+
     Raises:
-        ConfigError: a limit matches no collected value: a typo would otherwise pass CI silently.
+        ConfigError: a ``--key`` pattern or a limit matches nothing: a typo would otherwise
+            pass CI silently.
     """
-    snaps = {k: m for k, m in flat_snapshots(run).items() if match_any(k, keys)}
+    every = flat_snapshots(run)
+    snaps = {k: m for k, m in every.items() if match_any(k, keys)}
+    if keys and not snaps:
+        shown = sorted(every)[:4]
+        raise ConfigError(
+            "--key",
+            f"{', '.join(repr(k) for k in keys)} matches no snapshot key in {run.root}; keys look like "
+            + (", ".join(shown) + (" ..." if len(every) > 4 else "") if shown else "(none collected)"),
+        )
     violations: list[Violation] = []
     checked = 0
     for limit in limits:
@@ -69,7 +86,7 @@ def check_budget(
                 if not match_any(metric, [limit.metric]):
                     continue
                 matched += 1
-                if value > limit.value:
+                if not value <= limit.value:  # NaN compares false both ways: over budget
                     violations.append(Violation(key, metric, value, limit))
         if not matched:
             known = sorted({m for ms in snaps.values() for m in ms if "." not in m or m.count(".") < 3})

@@ -18,17 +18,23 @@ from typing import IO, Any
 
 from memprofiler.errors import ArtifactError
 
-#: Globals a plain-data pickle may name: protocols 0-2 build sets, frozensets, bytearrays and
-#: bytes by calling these, which only ever produce data. (Python 2 spelled the module
-#: ``__builtin__``; protocol-2 pickles still do.)
+#: Globals a plain-data pickle may name: protocols 0-2 build sets and frozensets by calling
+#: these, which only ever produce data no larger than their input. (Python 2 spelled the
+#: module ``__builtin__``; protocol-2 pickles still do.) ``bytearray`` and ``complex`` are
+#: not here: ``bytearray(1_500_000_000)`` is a 33-byte pickle that allocates 1.5 GB, and no
+#: snapshot or stats file holds either type.
 _ALLOWED: frozenset[tuple[str, str]] = frozenset(
-    {
-        (mod, name)
-        for mod in ("builtins", "__builtin__")
-        for name in ("set", "frozenset", "bytearray", "complex")
-    }
-    | {("_codecs", "encode")}
+    (mod, name) for mod in ("builtins", "__builtin__") for name in ("set", "frozenset")
 )
+#: Encodings protocol 0-2 pickles use to spell ``bytes`` (``_codecs.encode(text, "latin1")``).
+_BYTES_ENCODINGS = frozenset(("latin1", "latin-1"))
+
+
+def _encode_bytes(text: str, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode`` as protocol 0-2 pickles call it for ``bytes``, and nothing else."""
+    if not isinstance(text, str) or encoding not in _BYTES_ENCODINGS:
+        raise _Refused("_codecs", f"encode(..., {encoding!r})")
+    return text.encode("latin-1")
 
 
 class _Refused(Exception):
@@ -41,6 +47,8 @@ class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("_codecs", "encode"):
+            return _encode_bytes
         raise _Refused(module, name)
 
     def persistent_load(self, pid: Any) -> Any:
@@ -103,6 +111,9 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
         raise ArtifactError(f"{source}: too large to load into memory") from None
     except RecursionError:
         raise ArtifactError(f"{source}: nesting too deep to load safely") from None
+    except Exception as err:  # any other failure is a bad file: one line, never a traceback
+        # e.g. OverflowError from a corrupted FRAME length: the file, not our code, is at fault.
+        raise ArtifactError(f"{source}: not a pickle file, or corrupted ({type(err).__name__})") from None
     finally:
         if was_enabled:
             gc.enable()

@@ -9,10 +9,17 @@ The layout read here is torch's::
 ``device_traces[d]`` is a ring buffer of the last allocator events on device ``d``, so memory
 allocated before its first entry is invisible in it. We recover that baseline from the
 segments (the state at snapshot time): blocks alive at the end that the trace never
-allocated, plus blocks the trace frees without having allocated them. Allocated bytes at
-trace entry ``i`` are then ``baseline + sum(alloc) - sum(free_completed)`` up to ``i``, which
-matches the allocator's own ``allocated_bytes`` counter. (``torch.cuda._memory_viz trace``
-reuses its byte counter as the loop index, so its ``TOTAL MEM`` line is wrong.)
+allocated, plus blocks the trace frees without having allocated them.
+
+Every byte figure drawn from the trace is **active requested bytes**: torch records the size
+the caller asked for in ``alloc``/``free_*`` entries (and ``requested_size`` on blocks), and a
+block counts from its ``alloc`` until its ``free_completed`` (a block freed on one stream
+but still in use on another, ``active_pending_free``, is still active). That is what the
+Active Memory Timeline at pytorch.org/memory_viz plots. It is *not* the allocator's
+``allocated_bytes`` counter, which counts rounded block sizes (``SegmentInfo.allocated``)
+and drops at ``free_requested``. Active bytes at trace entry ``i`` are
+``baseline + sum(alloc) - sum(free_completed)`` up to ``i``. (``torch.cuda._memory_viz
+trace`` reuses its byte counter as the loop index, so its ``TOTAL MEM`` line is wrong.)
 
 Two linear passes over plain dicts, no per-entry objects: a million entries take well under
 a second after loading.
@@ -28,10 +35,12 @@ from typing import Any
 from memprofiler import safe_pickle
 from memprofiler.errors import ArtifactError
 
-#: Block states that the allocator's ``allocated_bytes`` still counts.
+#: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
 _LIVE_STATES = ("active_allocated", "active_pending_free")
 _RESERVE = ("segment_alloc", "segment_map")
 _RELEASE = ("segment_free", "segment_unmap")
+#: Actions whose ``size`` enters a running total.
+_SIZED = frozenset(("alloc", "free_completed", *_RESERVE, *_RELEASE))
 #: Stack-group label for blocks allocated before the trace whose stack the snapshot lacks.
 NO_STACK = "(no stack recorded)"
 #: Python frames shown per stack group.
@@ -40,12 +49,12 @@ STACK_DEPTH = 8
 
 @dataclass
 class StackGroup:
-    """Live bytes at the peak that were allocated from one Python stack."""
+    """Active requested bytes at the peak that were allocated from one Python stack."""
 
     frames: tuple[str, ...]
     """Innermost first, ``"name (file:line)"``; ``(NO_STACK,)`` when none was recorded."""
     bytes: int = 0
-    """Sum of the live block sizes."""
+    """Sum of the live blocks' requested sizes."""
     count: int = 0
     """Number of live blocks."""
 
@@ -59,7 +68,7 @@ class SegmentInfo:
     stream: int
     total_size: int
     allocated: int
-    """Bytes in live blocks (rounded block sizes, as ``allocated_bytes`` counts them)."""
+    """Bytes in active blocks, rounded block sizes (what the allocator's ``allocated_bytes`` counts)."""
     requested: int
     """Bytes the live blocks' callers asked for."""
     largest_free: int
@@ -89,12 +98,16 @@ class OomEntry:
 
 @dataclass
 class DeviceAnalysis:
-    """Peaks and the live blocks at the allocated peak for one device's trace."""
+    """Peaks and the live blocks at the active peak for one device's trace.
+
+    The ``*_allocated`` figures are active requested bytes (see the module docstring), not
+    the allocator's rounded ``allocated_bytes``; ``*_reserved`` are segment bytes.
+    """
 
     device: int
     entries: int
     baseline_allocated: int
-    """Allocated bytes before the first trace entry."""
+    """Active requested bytes before the first trace entry."""
     peak_allocated: int
     peak_allocated_index: int
     """Trace index at which the peak was reached; ``-1`` means before the first entry."""
@@ -125,7 +138,13 @@ class SnapshotAnalysis:
 
     @property
     def total_allocated(self) -> int:
+        """Rounded bytes in active blocks now (the allocator's ``allocated_bytes``)."""
         return sum(s.allocated for s in self.segments)
+
+    @property
+    def total_requested(self) -> int:
+        """Requested bytes in active blocks now: what the trace figures end at."""
+        return sum(s.requested for s in self.segments)
 
     @property
     def ooms(self) -> list[OomEntry]:
@@ -175,7 +194,8 @@ def analyze(
         >>> result.devices[0].peak_allocated
     """
     try:
-        segments = [_segment_info(s) for s in data.get("segments", [])]
+        _refuse_shared(data, source)
+        segments = [_segment_info(s, k) for k, s in enumerate(data.get("segments", []))]
         traces = data.get("device_traces", []) or []
         devices = []
         seen = set()
@@ -186,24 +206,65 @@ def analyze(
         # Devices with segments but no trace (history off): the current state is all we know.
         for dev in sorted({s.device for s in segments} - seen):
             devices.append(_analyze_device(dev, [], data.get("segments", []), top, points))
-    except (KeyError, TypeError, AttributeError) as err:
+    except _BadField as err:
+        raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     return SnapshotAnalysis(source=source, devices=devices, segments=segments)
 
 
-def _segment_info(seg: Mapping[str, Any]) -> SegmentInfo:
+def _refuse_shared(data: Mapping[str, Any], source: str) -> None:
+    """Refuse a snapshot that names one trace, segment or block list more than once.
+
+    A pickle stores a repeated object once and refers back to it in a few bytes, so a 24 KB
+    file listing one 1000-entry trace 2000 times would make us replay two million entries.
+    torch builds every trace, segment and block list afresh, so a repeat means a crafted file.
+    """
+    seen: set[int] = set()
+    containers: list[Any] = [*(data.get("device_traces") or []), *(data.get("segments") or [])]
+    containers += [s.get("blocks") for s in data.get("segments") or [] if isinstance(s, Mapping)]
+    for obj in containers:
+        if isinstance(obj, (list, dict)) and obj:
+            if id(obj) in seen:
+                raise ArtifactError(
+                    f"{source}: refused: the snapshot repeats one trace, segment or block list "
+                    "(a small file that would expand to far more entries than it holds); "
+                    "torch never writes that, so the file was crafted or corrupted"
+                )
+            seen.add(id(obj))
+
+
+class _BadField(Exception):
+    """A field holds the wrong type; the message names it, where it is, and what it holds."""
+
+
+def _int(value: Any, what: str) -> int:
+    # torch writes every size, address, device and time as a Python int; a string or a
+    # float (NaN, inf) would otherwise surface as a traceback far from the file.
+    if type(value) is not int:
+        raise _BadField(f"{what} must be an integer, got {value!r}"[:200])
+    return value
+
+
+def _opt_int(value: Any, what: str) -> int | None:
+    return None if value is None else _int(value, what)
+
+
+def _segment_info(seg: Mapping[str, Any], k: int) -> SegmentInfo:
     allocated = requested = largest_free = 0
+    where = f"segments[{k}]"
     for b in seg.get("blocks", []):
+        size = _int(b["size"], f"{where}: block size")
         if b["state"] in _LIVE_STATES:
-            allocated += b["size"]
-            requested += b.get("requested_size", b["size"])
-        elif b["size"] > largest_free:
-            largest_free = b["size"]
+            allocated += size
+            requested += _int(_requested(b), f"{where}: block requested_size")
+        elif size > largest_free:
+            largest_free = size
     return SegmentInfo(
-        device=int(seg.get("device", 0)),
-        address=int(seg.get("address", 0)),
-        stream=int(seg.get("stream", 0)),
-        total_size=int(seg["total_size"]),
+        device=_int(seg.get("device", 0), f"{where}: device"),
+        address=_int(seg.get("address", 0), f"{where}: address"),
+        stream=_int(seg.get("stream", 0), f"{where}: stream"),
+        total_size=_int(seg["total_size"], f"{where}: total_size"),
         allocated=allocated,
         requested=requested,
         largest_free=largest_free,
@@ -229,6 +290,8 @@ def _analyze_device(
     ooms: list[OomEntry] = []
     for i, e in enumerate(entries):
         a = e["action"]
+        if a in _SIZED and type(e["size"]) is not int:
+            _int(e["size"], f"device_traces[{dev}][{i}] ({a}): size")
         if i == b_edge:
             if i:
                 timeline_rel.append((i - 1, b_max, b_res))
@@ -260,9 +323,11 @@ def _analyze_device(
                 OomEntry(
                     device=dev,
                     index=i,
-                    time_us=e.get("time_us"),
-                    size=int(e.get("size", 0)),
-                    device_free=e.get("device_free"),
+                    time_us=_opt_int(e.get("time_us"), f"device_traces[{dev}][{i}] (oom): time_us"),
+                    size=_int(e.get("size", 0), f"device_traces[{dev}][{i}] (oom): size"),
+                    device_free=_opt_int(
+                        e.get("device_free"), f"device_traces[{dev}][{i}] (oom): device_free"
+                    ),
                     frames=_format_frames(e.get("frames")),
                 )
             )
@@ -273,7 +338,7 @@ def _analyze_device(
     end_blocks: dict[int, Mapping[str, Any]] = {}
     end_reserved = 0
     for seg in segments:
-        if int(seg.get("device", 0)) != dev:
+        if seg.get("device", 0) != dev:
             continue
         end_reserved += seg["total_size"]
         for b in seg.get("blocks", []):
@@ -298,7 +363,8 @@ def _analyze_device(
     # (With no positive step the peak is the trace start, index -1: only these and the
     # pre-trace blocks freed later are alive then.)
     pre_alive = [b for addr, b in end_blocks.items() if addr not in live]
-    baseline = pre_freed_bytes + sum(b["size"] for b in pre_alive)
+    # Trace sizes are requested bytes, so the blocks count theirs too (not the rounded size).
+    baseline = pre_freed_bytes + sum(_requested(b) for b in pre_alive)
     pre_live_at_peak.extend(pre_alive)
 
     res_baseline = max(end_reserved - res, -res_min)
@@ -315,12 +381,14 @@ def _analyze_device(
         g = groups.get(key)
         if g is None:
             g = groups[key] = StackGroup(frames=key)
-        g.bytes += block["size"]
+        g.bytes += _requested(block)
         g.count += 1
     ranked = sorted(groups.values(), key=lambda g: (-g.bytes, g.frames))
 
     def _time(idx: int) -> int | None:
-        return entries[idx].get("time_us") if 0 <= idx < n else None
+        if not 0 <= idx < n:
+            return None
+        return _opt_int(entries[idx].get("time_us"), f"device_traces[{dev}][{idx}]: time_us")
 
     return DeviceAnalysis(
         device=dev,
@@ -339,6 +407,11 @@ def _analyze_device(
         timeline=[(i, baseline + a, res_baseline + r) for i, a, r in timeline_rel],
         ooms=ooms,
     )
+
+
+def _requested(block: Mapping[str, Any]) -> int:
+    """A block's requested bytes; a trace entry's ``size`` already is (it has no ``requested_size``)."""
+    return int(block.get("requested_size", block["size"]))
 
 
 def _format_frames(frames: Any) -> tuple[str, ...]:

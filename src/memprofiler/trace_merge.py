@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ _PROFILER_FILE = re.compile(r"^.+_rank_(\d+)\.\d+\.pt\.trace\.json$")
 _PROCESS_META = ("process_name", "process_labels", "process_sort_index")
 #: Flow-event phases: their ids are only unique within one file.
 _FLOW_PHASES = ("s", "t", "f")
+#: A rank's flow ids move above ``rank << _FLOW_ID_BITS``; per-file ids are far below 2**40.
+_FLOW_ID_BITS = 40
 
 
 def find_rank_traces(run_dir: str | Path) -> dict[int, Path]:
@@ -95,8 +98,25 @@ def _moved(events: Iterable[Any], rank: int, shift_us: float, skip_memory: bool)
         if "ts" in moved:
             moved["ts"] = float(moved["ts"]) + shift_us
         if moved.get("ph") in _FLOW_PHASES and "id" in moved:
-            moved["id"] = f"{rank}:{moved['id']}"
+            moved["id"] = _flow_id(rank, moved["id"])
         yield moved
+
+
+def _flow_id(rank: int, flow_id: Any) -> Any:
+    """A flow id unique across ranks that stays a number.
+
+    Perfetto's JSON importer reads a string id as hex and drops ``"0:17"``, so ``rank:id``
+    strings would lose every arrow; ``(rank << 40) | id`` keeps it numeric. A string id is
+    read as hex, as Perfetto reads it (or, if not hex, by its CRC-32).
+    """
+    try:
+        value = int(flow_id)
+    except (TypeError, ValueError, OverflowError):
+        try:
+            value = int(str(flow_id), 16)  # how Perfetto itself reads a string id
+        except ValueError:
+            value = zlib.crc32(str(flow_id).encode())
+    return (rank << _FLOW_ID_BITS) | (value & ((1 << _FLOW_ID_BITS) - 1))
 
 
 def merge_rank_traces(

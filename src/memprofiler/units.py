@@ -44,6 +44,13 @@ _BYTE_HINTS = (
     "saved_tensors.by_module",
 )
 _COUNT_HINTS = ("count", "num_", "imbalance", "rank", "time", "calls", "_ns", "entries", "allocation.")
+#: Families whose every leaf is bytes, whatever the module or category name in it says
+#: (``saved_tensors.by_module.unet.time_embed.0`` is bytes although it contains "time").
+_BYTE_PREFIXES = ("saved_tensors.by_module.", "fsdp.", "module_mem.")
+#: CUDA ``memory_stats()`` families that count blocks, segments or events; their ``*_bytes``
+#: siblings are caught by the "bytes" test first (``oversize_allocations.current`` is a count
+#: although it contains "size").
+_COUNT_PREFIXES = ("oversize_", "active.", "segment.", "inactive_split.", "allocation.", "num_")
 
 
 def parse_size(text: str, key: str = "size") -> float:
@@ -60,7 +67,7 @@ def parse_size(text: str, key: str = "size") -> float:
         >>> parse_size("1.5GiB")
         1610612736.0
     """
-    m = _NUMBER.match(text)
+    m = _NUMBER.match(str(text))
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _FACTORS:
         raise ConfigError(
@@ -71,6 +78,8 @@ def parse_size(text: str, key: str = "size") -> float:
     value = float(m.group(1)) * _FACTORS[unit]
     if not math.isfinite(value):
         raise ConfigError(key, f"got {text!r}; must be finite")
+    if value < 0:
+        raise ConfigError(key, f"got {text!r}; must not be negative")
     return value
 
 
@@ -79,6 +88,8 @@ def format_bytes(n: float | int | None) -> str:
     if n is None:
         return "-"
     value = float(n)
+    if not math.isfinite(value):
+        return str(value)  # "nan", "inf", "-inf": an edited file, shown rather than crashing
     sign = "-" if value < 0 else ""
     value = abs(value)
     for unit in _BINARY:
@@ -92,9 +103,11 @@ def format_bytes(n: float | int | None) -> str:
 
 def looks_like_bytes(metric: str) -> bool:
     """Whether a metric name holds bytes (``rss_peak``, ``allocated_bytes.all.peak``, ``fsdp.Activation``)."""
-    name = metric.lower()
-    if "bytes" in name:
+    name = str(metric).lower()
+    if name.startswith(_BYTE_PREFIXES) or "bytes" in name:
         return True
+    if name.startswith(_COUNT_PREFIXES):
+        return False
     if any(h in name for h in _COUNT_HINTS):
         return False
     return any(h in name for h in _BYTE_HINTS)
@@ -106,6 +119,8 @@ def format_value(metric: str, value: float | int | None) -> str:
         return "-"
     if looks_like_bytes(metric):
         return format_bytes(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if isinstance(value, float) and not value.is_integer():
         return f"{value:.3g}"
     return f"{int(value):,}"

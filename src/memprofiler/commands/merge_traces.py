@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memprofiler.errors import ArtifactError
 from memprofiler.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
 from memprofiler.writers import write_json
 
@@ -35,7 +36,10 @@ class MergeTracesCommand:
         profiler = find_profiler_traces(args.dir) if args.with_profiler else None
         merged = merge_rank_traces(traces, profiler)
         output = args.output if args.output is not None else args.dir / DEFAULT_OUTPUT
-        write_json(output, merged)
+        try:
+            write_json(output, merged)
+        except OSError as err:
+            raise ArtifactError(f"{output}: cannot write the merged trace ({err.strerror or err})") from None
         n = sum(1 for e in merged["traceEvents"] if e.get("ph") != "M")
         extra = f", {sum(len(v) for v in profiler.values())} profiler trace(s)" if profiler else ""
         print(f"merged {len(traces)} rank(s){extra} ({n} events) into {output}")

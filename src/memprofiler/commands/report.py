@@ -39,5 +39,5 @@ class ReportCommand:
                 write_text(out, HtmlReporter(model, top=args.top).render())
             except OSError as err:
                 raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
-            console.print(f"HTML report: {out}")
+            console.print(f"HTML report: {out}", markup=False, highlight=False)
         return 0

@@ -36,5 +36,5 @@ class SnapshotCommand:
                 )
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
-            console.print(f"HTML: {args.html}")
+            console.print(f"HTML: {args.html}", markup=False, highlight=False)
         return 0

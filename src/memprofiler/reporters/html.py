@@ -6,12 +6,13 @@ tables. The file opens the same on an air-gapped machine as anywhere else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from html import escape
 from typing import Any
 
 from memprofiler.reporters import svg
-from memprofiler.reporters.model import CallRow, ReportModel, SnapshotEntry, nested_tables
+from memprofiler.reporters.model import CallRow, ReportModel, SnapshotEntry, report_tables
 from memprofiler.snapshot_analysis import SnapshotAnalysis
 from memprofiler.units import format_bytes, format_value
 
@@ -189,14 +190,21 @@ class HtmlReporter:
         for rep in reps:
             out.append(f"<h3>{escape(rep.kind)} · rank {rep.rank} · {escape(rep.fn)} #{rep.call}</h3>")
             if rep.data is not None:
-                for title, cols, rows in nested_tables(rep.data):
-                    if title:
-                        out.append(f"<p class='muted'>{escape(title)}</p>")
-                    # FSDP / module-wise categories (Parameter, Activation, ...) are all bytes.
+                for table in report_tables(rep.data):
+                    if table.title:
+                        out.append(f"<p class='muted'>{escape(table.title)}</p>")
+                    # Only the tracker categories (Parameter, Activation, ...) are bytes; rank,
+                    # call and module_depth are shown as written.
                     out.append(
                         _table(
-                            cols,
-                            [[_bytes_cell(v) if _is_num(v) else v for v in r] for r in rows],
+                            table.columns,
+                            [
+                                [
+                                    _bytes_cell(v) if j in table.byte_columns and _is_num(v) else v
+                                    for j, v in enumerate(r)
+                                ]
+                                for r in table.rows
+                            ],
                             filterable=True,
                         )
                     )
@@ -225,7 +233,9 @@ class HtmlReporter:
         out = ["<h2 id='oom'>OOM dumps</h2>"]
         for o in ooms:
             flat = [
-                [k, _auto_cell(k, v)] for k, v in (o.info or {}).items() if not isinstance(v, (dict, list))
+                [str(k), _auto_cell(str(k), v)]
+                for k, v in (o.info or {}).items()
+                if not isinstance(v, (dict, list))
             ]
             out.append(f"<h3 class='oom'>rank {o.rank} OOM #{o.n}</h3>" + _table(["field", "value"], flat))
         return "\n".join(out)
@@ -236,7 +246,8 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
     a: SnapshotAnalysis = entry.analysis
     out = [
         f"<h3>{escape(entry.title)}</h3><p class='muted'>{escape(entry.path)}</p>",
-        f"<p>now: {len(a.segments)} segments, reserved {_b(a.total_reserved)}, allocated {_b(a.total_allocated)}</p>",
+        f"<p>now: {len(a.segments)} segments, reserved {_b(a.total_reserved)}, allocated "
+        f"{_b(a.total_allocated)} in rounded blocks, {_b(a.total_requested)} requested</p>",
     ]
     for d in a.devices:
         when = (
@@ -253,9 +264,12 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
         )
         out.append(
             f"<p>device {d.device}: {d.entries:,} trace entries. "
-            f"<b>Peak allocated {_b(d.peak_allocated)}</b> {when}; "
+            f"<b>Peak active {_b(d.peak_allocated)} requested</b> {when}; "
             f"<b>peak reserved {_b(d.peak_reserved)}</b> {rwhen}. "
-            f"Allocated before the trace: {_b(d.baseline_allocated)}; at the end: {_b(d.end_allocated)}.</p>"
+            f"Active before the trace: {_b(d.baseline_allocated)}; at the end: {_b(d.end_allocated)}. "
+            "<span class='muted'>Active = bytes requested by blocks not yet free_completed, as "
+            "memory_viz's active memory timeline; the allocator's allocated_bytes counts rounded "
+            "blocks.</span></p>"
         )
         if d.timeline:
             marker = None
@@ -268,7 +282,7 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
             out.append(
                 svg.line_chart(
                     [
-                        ("allocated", [(float(i), float(v)) for i, v, _ in d.timeline]),
+                        ("active (requested)", [(float(i), float(v)) for i, v, _ in d.timeline]),
                         ("reserved", [(float(i), float(r)) for i, _, r in d.timeline]),
                     ],
                     format_bytes,
@@ -281,7 +295,7 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
                 f"<p>Live at the peak: {d.live_blocks_at_peak:,} blocks, by allocating stack (top {len(d.top_stacks)}):</p>"
             )
             rows = [[_bytes_cell(g.bytes), f"{g.count:,}", "\n".join(g.frames)] for g in d.top_stacks[:top]]
-            out.append(_table(["bytes", "blocks", "stack (innermost first)"], rows, stack_col=2))
+            out.append(_table(["requested bytes", "blocks", "stack (innermost first)"], rows, stack_col=2))
         for o in d.ooms:
             free = _b(o.device_free) if o.device_free is not None else "?"
             out.append(
@@ -330,9 +344,11 @@ class _Cell:
 
 
 def _b(n: int | float | None) -> str:
-    """Human bytes with the exact count as a tooltip."""
+    """Human bytes with the exact count as a tooltip; NaN/inf (an edited file) as written."""
     if n is None:
         return "-"
+    if not math.isfinite(n):
+        return escape(str(n))
     return f"<span title='{int(n):,} bytes'>{escape(format_bytes(n))}</span>"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memprofiler.reporters.model import ReportModel
@@ -44,7 +45,7 @@ class TerminalReporter:
     def render(self, console: Console) -> None:
         run = self.model.run
         console.print(
-            f"[bold]memprofiler run[/bold] {run.root}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
+            f"[bold]memprofiler run[/bold] {escape(str(run.root))}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
         )
         self._calls(console)
         self._modules(console)
@@ -71,7 +72,7 @@ class TerminalReporter:
         for c in calls:
             row = [
                 str(c.rank),
-                c.fn,
+                escape(c.fn),
                 str(c.call),
                 format_bytes(c.rss_start),
                 format_bytes(c.rss_end),
@@ -93,7 +94,7 @@ class TerminalReporter:
         t.add_column("saved bytes", justify="right")
         t.add_column("largest in")
         for mod, b, where in top:
-            t.add_row(mod, format_bytes(b), where)
+            t.add_row(escape(mod), format_bytes(b), escape(where))
         console.print(t)
 
     def _fsdp(self, console: Console) -> None:
@@ -102,9 +103,9 @@ class TerminalReporter:
             return
         t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")
         for col in ("rank", "function", "call", *cats):
-            t.add_column(col, justify="left" if col == "function" else "right")
+            t.add_column(escape(col), justify="left" if col == "function" else "right")
         for c, peaks in rows:
-            t.add_row(str(c.rank), c.fn, str(c.call), *[format_bytes(peaks.get(k)) for k in cats])
+            t.add_row(str(c.rank), escape(c.fn), str(c.call), *[format_bytes(peaks.get(k)) for k in cats])
         console.print(t)
 
     def _summary(self, console: Console) -> None:
@@ -117,12 +118,12 @@ class TerminalReporter:
         for key, metric, s in rows[: self.top]:
             imb = s.get("imbalance")
             t.add_row(
-                key,
-                metric,
+                escape(key),
+                escape(metric),
                 format_value(metric, s.get("min")),
                 format_value(metric, s.get("mean")),
                 format_value(metric, s.get("max")),
-                str(_max_rank(s)),
+                escape(str(_max_rank(s))),
                 f"{imb:.3f}" if isinstance(imb, (int, float)) else "-",
             )
         console.print(t)
@@ -134,7 +135,11 @@ class TerminalReporter:
             console.print(f"module-wise reports: {kinds} (tables in the HTML report)")
         for oom in self.model.run.ooms:
             info = oom.info or {}
-            bits = [f"{k}={format_value(k, v)}" for k, v in info.items() if isinstance(v, (int, float))]
+            bits = [
+                escape(f"{k}={format_value(str(k), v)}")
+                for k, v in info.items()
+                if isinstance(v, (int, float))
+            ]
             console.print(f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml"))
 
 
@@ -145,31 +150,37 @@ def _max_rank(stats: dict[str, object]) -> object:
 def render_snapshot(
     analysis: SnapshotAnalysis, console: Console, title: str = "", top: int = 10, segments: int = 10
 ) -> None:
-    """Peaks, top stacks at the peak, OOM entries and (``segments`` > 0) the most fragmented segments."""
-    console.print(f"[bold]Allocator snapshot[/bold] {title or analysis.source}")
+    """Peaks, top stacks at the peak, OOM entries and (``segments`` > 0) the most fragmented segments.
+
+    Trace figures are active requested bytes (memory_viz's active memory), not the allocator's
+    rounded ``allocated_bytes``; the ``now`` line gives both for the snapshot's end state.
+    """
+    console.print(f"[bold]Allocator snapshot[/bold] {escape(title or analysis.source)}")
     console.print(
         f"  now: {len(analysis.segments)} segments, reserved {format_bytes(analysis.total_reserved)}, "
-        f"allocated {format_bytes(analysis.total_allocated)}"
+        f"allocated {format_bytes(analysis.total_allocated)} in rounded blocks, "
+        f"{format_bytes(analysis.total_requested)} requested"
     )
     for d in analysis.devices:
         console.print(
             f"  device {d.device}: {d.entries:,} trace entries; "
-            f"peak allocated {format_bytes(d.peak_allocated)} ({_at(d.peak_allocated_index, d.peak_allocated_time_us)}); "
+            f"peak active {format_bytes(d.peak_allocated)} requested "
+            f"({_at(d.peak_allocated_index, d.peak_allocated_time_us)}); "
             f"peak reserved {format_bytes(d.peak_reserved)} ({_at(d.peak_reserved_index, d.peak_reserved_time_us)})"
         )
         if d.top_stacks:
             t = Table(
-                title=f"device {d.device}: live at the allocated peak by stack ({d.live_blocks_at_peak:,} blocks)"
+                title=f"device {d.device}: live at the active peak by stack ({d.live_blocks_at_peak:,} blocks)"
             )
-            t.add_column("bytes", justify="right")
+            t.add_column("requested bytes", justify="right")
             t.add_column("blocks", justify="right")
             t.add_column("stack (innermost first)")
             for g in d.top_stacks[:top]:
-                t.add_row(format_bytes(g.bytes), f"{g.count:,}", "\n".join(g.frames))
+                t.add_row(format_bytes(g.bytes), f"{g.count:,}", escape("\n".join(g.frames)))
             console.print(t)
         for o in d.ooms:
             free = format_bytes(o.device_free) if o.device_free is not None else "?"
-            where = o.frames[0] if o.frames else "no stack"
+            where = escape(o.frames[0]) if o.frames else "no stack"
             console.print(
                 f"  [red]OOM[/red] device {o.device} entry {o.index:,} {_time(o.time_us)}: "
                 f"{format_bytes(o.size)} requested, {free} free; at {where}"
@@ -206,8 +217,8 @@ def render_diff(rows: Sequence[DiffRow], console: Console, total: int | None = N
         pct = r.percent
         sign = "+" if change is not None and change > 0 else ""
         t.add_row(
-            r.key,
-            r.metric,
+            escape(r.key),
+            escape(r.metric),
             format_value(r.metric, r.a) if r.a is not None else "(missing)",
             format_value(r.metric, r.b) if r.b is not None else "(missing)",
             "-" if change is None else sign + format_value(r.metric, change),

@@ -8,9 +8,12 @@ which over-counts (views of weights, one storage saved by several ops).
 
 The hooks wrap the whole call from the outside: inside a non-reentrant checkpoint region
 the checkpoint's own hooks take precedence, so what checkpointing saves is unchanged and
-what it keeps for recomputation (its inputs) is what we see. The pack hook returns a
-detached alias, never the tensor itself: returning an output tensor would keep it alive
-through a reference cycle with its own ``grad_fn``.
+what it keeps for recomputation (its inputs) is what we see. For a tensor with autograd
+history the pack hook returns a detached alias, never the tensor itself: an output saved by
+its own node would otherwise stay alive through a reference cycle with its ``grad_fn``.
+
+Cost inside the window (CPU, 122-module residual MLP): about 2.5% of a step for the pack
+hooks and 2% for the two process-wide module hooks that attribute bytes to modules.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from memprofiler.collectors.base import CallContext
-from memprofiler.collectors.module_tracker import ModuleStack, module_labels
+from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -63,6 +66,7 @@ class SavedTensorsCollector:
         # later at the same address must not be excluded: a hit counts only while the tensor
         # still sits at that address. Holding parameters for one call costs nothing extra.
         self._excluded: dict[int, torch.Tensor] = {}
+        self._excluded_valid = False
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._stack: ModuleStack | None = None
         # (root, its modules, their labels, whether any parameter is sharded), once per root:
@@ -74,6 +78,7 @@ class SavedTensorsCollector:
             mods = list(root.modules())
             sharded = any(callable(getattr(p, "to_local", None)) for p in root.parameters())
             self._tree = (root, mods, module_labels(root), sharded)
+            self._excluded_valid = False
         return self._tree
 
     def _exclude(self, tensors: Any) -> None:
@@ -88,17 +93,30 @@ class SavedTensorsCollector:
         self._exclude(module._parameters.values())
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        # Runs once per tensor autograd saves: kept to plain attribute and dict work.
         self.count += 1
-        st = _storage(t)
-        if st is None:
-            return t.detach()
-        is_param = _is_param(t)
-        n = st.nbytes()
-        if not is_param:
-            self.packed_bytes += n
-        if is_param or _is_param(t._base):
-            return t.detach()
+        if type(t) is torch.Tensor:  # the common case: no subclass, so never a Parameter
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):
+                return t.detach()
+            is_param = False
+        else:
+            found = _storage(t)
+            if found is None:
+                return t.detach()
+            st = found
+            is_param = _is_param(t)
         key = st.data_ptr()
+        if not key:
+            return t.detach()
+        n = st.nbytes()
+        if is_param:
+            return t.detach()
+        self.packed_bytes += n
+        base = t._base
+        if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
+            return t.detach()
         ex = self._excluded.get(key)
         if ex is not None:
             ex_st = _storage(ex)
@@ -108,20 +126,26 @@ class SavedTensorsCollector:
         if prev is None or prev.expired():
             self._seen[key] = StorageWeakRef(st)
             self.unique_bytes += n
-            owner = self._stack.current if self._stack is not None else "(outside forward)"
+            stack = self._stack.stack if self._stack is not None else None
+            owner = stack[-1] if stack else OUTSIDE_NAME
             self._by_module[owner] = self._by_module.get(owner, 0) + n
-        return t.detach()
+        # Only a tensor with history can close a cycle through its own grad_fn.
+        return t if t.grad_fn is None else t.detach()
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         self.packed_bytes = self.unique_bytes = self.count = 0
         self._by_module = {}
         self._seen = {}
-        self._excluded = {}
         if ctx.module is not None:
             _, mods, labels, sharded = self._tree_of(ctx.module)
-            for m in mods:
-                self._exclude(m._parameters.values())
-                self._exclude(m._buffers.values())
+            # Built once per window: a stale entry is harmless (a hit counts only while the
+            # tensor still sits at that address), and walking every parameter per call is not.
+            if sharded or not self._excluded_valid:
+                self._excluded = {}
+                for m in mods:
+                    self._exclude(m._parameters.values())
+                    self._exclude(m._buffers.values())
+                self._excluded_valid = not sharded
             # Parameters only change storage mid-forward when they are sharded (DTensor):
             # skip the per-module re-check otherwise.
             self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None, labels=labels)
@@ -131,6 +155,8 @@ class SavedTensorsCollector:
         return {}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
+        if ctx.closes_window or not ok:
+            self._excluded_valid = False
         self._release()
         return {
             "saved_tensors.unique_bytes": self.unique_bytes,
@@ -147,9 +173,11 @@ class SavedTensorsCollector:
             self._stack.remove()
             self._stack = None
         self._seen = {}
-        self._excluded = {}
+        if not self._excluded_valid:
+            self._excluded = {}
 
     def close(self) -> None:
+        self._excluded_valid = False
         self._release()
 
 

@@ -92,7 +92,6 @@ class MemProfiler:
         self._collected_funcs: frozenset[str] = frozenset()
         self._active: _Run | None = None
         self._is_setup = False
-        self._dirty = False
         # True from the end of a collected call until `step_end()`: step-long collectors
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
@@ -180,7 +179,6 @@ class MemProfiler:
             out = self._guard(reg, "step_end", end_step)
             for key, metrics in (out or {}).items():
                 self.snapshots.setdefault(key, {}).update(metrics)
-                self._dirty = True
         if self._dump_after_step:
             self._dump_after_step = False
             self.dump()
@@ -340,7 +338,6 @@ class MemProfiler:
                 metrics.update(out)
         self._record("start", metrics, ctx)
         self._active = run
-        self._dirty = True
         return run
 
     def finish(self, run: _Run, ok: bool) -> None:
@@ -407,7 +404,6 @@ class MemProfiler:
             if dump is not None:
                 files = self._guard(reg, "dump", lambda d=dump: d(self.save_dir, self.rank))
                 written.extend(files or [])
-        self._dirty = False
         return written
 
     # ----------------------------------------------------------------- faults

@@ -177,6 +177,10 @@ def print_summary(save_dir: Path) -> None:
                 _mib(m.get("saved_tensors.packed_bytes")),
             )
         console.print(table)
+    console.print(
+        f"\nNext: [bold]memprofiler report {save_dir} -o report.html[/bold] "
+        "(terminal summary and an offline HTML report)"
+    )
 
 
 def main() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -95,3 +97,42 @@ def test_nested_collected_calls_are_counted_not_collected(tmp_path):
         pass
     assert prof.call_count("inner") == 1
     assert "0.inner.1.start" not in prof.snapshots and "0.outer.1.end" in prof.snapshots
+
+
+SIGTERM_LOOP = """
+import os, signal, sys
+from memprofiler import MemProfiler
+
+with MemProfiler({"schedule": {"warmup": 0, "active": 10}}, save_dir=sys.argv[1], rank=0) as prof:
+    for i in range(1, 10):
+        with prof.profile("training_step"):
+            if i == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+print("not reached")
+"""
+
+
+def test_sigterm_in_a_plain_loop_writes_the_files_and_still_dies_by_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from _env import subprocess_env
+
+    # GIVEN a plain loop whose window (calls 1-10) is still open when SIGTERM arrives in call 4
+    script = tmp_path / "loop.py"
+    script.write_text(SIGTERM_LOOP)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")],
+        env=subprocess_env(root / "src"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # THEN the process ended by SIGTERM, as a scheduler expects, after writing calls 1-3
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
+    assert "not reached" not in proc.stdout
+    stats = load_stats(tmp_path / "out")
+    assert [k for k in stats if k.endswith(".end")] == [f"0.training_step.{c}.end" for c in (1, 2, 3)]
+    assert "0.training_step.4.start" in stats

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from memprofiler import layout, schedule
+from memprofiler._sigterm import SigtermDump
 from memprofiler._warn import log, warn_once
 from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.registry import Registered, build_collectors
@@ -101,6 +102,7 @@ class MemProfiler:
         self.step_fn: Callable[[], int] | None = None
         #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
         self.timeline: MemoryTimeline | None = None
+        self._sigterm = SigtermDump(lambda: self.record_crash(SystemExit("SIGTERM")))
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -222,11 +224,15 @@ class MemProfiler:
         return written
 
     def __enter__(self) -> MemProfiler:
-        return self.setup()
+        """Set up; until exit, SIGTERM (where it has its default action) writes the files first."""
+        self.setup()
+        self._sigterm.install()
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self._sigterm.remove()
         if exc is not None:
             self.record_crash(exc)
         self.teardown()

@@ -108,3 +108,18 @@ def test_headline_figures_pick_peaks_only():
         "reserved_bytes.all.peak": 6.0,
         "fsdp.peak.Activation": 7.0,
     }
+
+
+def test_tracker_peaks_merged_at_step_end_are_logged_at_the_calls_step(tmp_path):
+    # GIVEN module-wise tracking, whose peaks are merged after backward and the optimizer step
+    trainer, stats = _fit(tmp_path, CSVLogger(tmp_path), track_module_mem=True)
+    with open(Path(trainer.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    tag = "memprofiler/training_step/module_mem.peak.parameter"
+    logged = {int(r["step"]): float(r[tag]) for r in rows if r.get(tag)}
+    # THEN they are logged at the same step as the call's rss_peak (call n -> step n-1)
+    rss = {int(r["step"]) for r in rows if r.get(TAGS[0])}
+    assert set(logged) == rss == {1, 2}
+    # AND with the snapshot's value: the parameter bytes the tracker saw
+    for step, call in ((1, 2), (2, 3)):
+        assert logged[step] == stats[f"0.training_step.{call}.end"]["module_mem.peak.parameter"] > 0

@@ -181,6 +181,11 @@ class MemProfiler:
             out = self._guard(reg, "step_end", end_step)
             for key, metrics in (out or {}).items():
                 self.snapshots.setdefault(key, {}).update(metrics)
+                # Listeners see the late metrics as phase "step_end" of the same call.
+                rank, fn, call, _ = layout.parse_snapshot_key(key)
+                ctx = CallContext(fn_name=fn, call=call, rank=rank, module=self.module)
+                ctx.scratch.update(phase="step_end", t_ns=time.time_ns())
+                self._notify(key, metrics, ctx)
         if self._dump_after_step:
             self._dump_after_step = False
             self.dump()
@@ -195,6 +200,10 @@ class MemProfiler:
     def add_listener(self, fn: Callable[[str, dict[str, Any], CallContext], None]) -> None:
         """Call ``fn(key, metrics, ctx)`` after every snapshot is recorded.
 
+        ``ctx.scratch["phase"]`` is ``start`` or ``end``, or ``step_end`` for metrics that
+        step-long collectors (module-wise trackers) add to the ``end`` snapshot after backward
+        and the optimizer step; ``metrics`` then holds only those.
+
         ``ctx.scratch["t_ns"]`` holds the ``time.time_ns()`` at which the snapshot was taken.
         A listener that raises is warned about and removed; training continues.
         """
@@ -205,6 +214,9 @@ class MemProfiler:
         self.snapshots[key] = metrics
         ctx.scratch["t_ns"] = time.time_ns() if t_ns is None else t_ns
         ctx.scratch["phase"] = phase
+        self._notify(key, metrics, ctx)
+
+    def _notify(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
         for listener in list(self._listeners):
             try:
                 listener(key, metrics, ctx)

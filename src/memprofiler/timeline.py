@@ -82,6 +82,8 @@ class MemoryTimeline:
 
     def on_snapshot(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
         """The :meth:`MemProfiler.add_listener` callback."""
+        if ctx.scratch.get("phase") not in ("start", "end"):
+            return  # late tracker peaks have no instant of their own on the timeline
         self._marks.append(
             _Mark(
                 fn=ctx.fn_name,

@@ -21,10 +21,11 @@ HEADLINE_METRICS = (
 
 
 def headline_figures(metrics: dict[str, Any]) -> dict[str, float]:
-    """The headline figures of one ``end`` snapshot, FSDP peaks (``fsdp.*peak*``) included."""
+    """The headline figures of one ``end`` snapshot, tracker peaks (``fsdp.peak.*``,
+    ``module_mem.peak.*``) included."""
     out: dict[str, float] = {}
     for name, value in metrics.items():
-        wanted = name in HEADLINE_METRICS or (name.startswith("fsdp.") and "peak" in name)
+        wanted = name in HEADLINE_METRICS or name.startswith(("fsdp.peak.", "module_mem.peak."))
         if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = float(value)
     return out
@@ -44,16 +45,26 @@ class LoggerListener:
 
     def __init__(self, trainer: pl.Trainer) -> None:
         self._trainer = weakref.ref(trainer)
+        # The key and step of the last `end` logged: tracker peaks arriving at that call's
+        # step end (after the optimizer stepped) are logged at the same step as the rest of it.
+        self._last_end: tuple[str, int] | None = None
 
     def __call__(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
-        if ctx.scratch.get("phase") != "end":
+        phase = ctx.scratch.get("phase")
+        if phase not in ("end", "step_end"):
             return
         trainer = self._trainer()
         if trainer is None or not trainer.loggers:
             return
+        if phase == "end":
+            step = trainer.global_step
+            self._last_end = (key, step)
+        else:
+            last = self._last_end
+            step = last[1] if last is not None and last[0] == key else trainer.global_step
         figures = headline_figures(metrics)
         if not figures:
             return
         named = {f"{PREFIX}/{ctx.fn_name}/{name}": value for name, value in figures.items()}
         for logger in trainer.loggers:
-            logger.log_metrics(named, step=trainer.global_step)
+            logger.log_metrics(named, step=step)

@@ -136,3 +136,17 @@ def test_sigterm_in_a_plain_loop_writes_the_files_and_still_dies_by_sigterm(tmp_
     stats = load_stats(tmp_path / "out")
     assert [k for k in stats if k.endswith(".end")] == [f"0.training_step.{c}.end" for c in (1, 2, 3)]
     assert "0.training_step.4.start" in stats
+
+
+def test_memprofilable_on_a_slotted_class_just_runs():
+    class Slotted:
+        __slots__ = ("k",)
+
+        def __init__(self) -> None:
+            self.k = 2
+
+        @memprofilable
+        def step(self, x: int) -> int:
+            return x * self.k
+
+    assert Slotted().step(3) == 6

@@ -52,7 +52,10 @@ def memprofilable(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        att = self.__dict__.get(ATTACH_ATTR)
+        try:
+            att = self.__dict__.get(ATTACH_ATTR)
+        except AttributeError:  # a class with __slots__ cannot be attached to
+            att = None
         if att is None:
             return fn(self, *args, **kwargs)
         prof = att.profiler

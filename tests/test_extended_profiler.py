@@ -240,6 +240,8 @@ def test_validate_stage_steps_on_validation_step(tmp_path):
         ({"on_trace_ready": print}, "on_trace_ready"),
         ({"max_name_column_width": 0}, "max_name_column_width"),
         ({"step_functions": []}, "step_functions"),
+        ({"step_functions": "training_step"}, "step_functions"),
+        ({"step_functions": ["train_step"]}, "step_functions"),
     ],
 )
 def test_bad_options_raise_naming_the_key(kwargs, key):
@@ -352,3 +354,15 @@ def test_cuda_kernels_and_cuda_memory_counters_share_one_trace(tmp_path):
     spans = _memory_spans(trace)
     for n in (3, 4):
         assert _inside(spans[f"training_step.{n}"], steps[f"ProfilerStep#{n - 1}"])
+
+
+def test_a_run_shorter_than_the_schedule_ends_cleanly(tmp_path):
+    # GIVEN a schedule whose first warmup step is never reached (wait 5, 3 steps)
+    prof = ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg={"wait": 5, "warmup": 1, "active": 2})
+    model = TinyModel()
+    # WHEN fit runs to the end
+    with pytest.warns(UserWarning, match="ended before the schedule recorded any step"):
+        _trainer(tmp_path, prof, steps=3).fit(model)
+    # THEN it finished normally, with no trace to write
+    assert model.calls == 3
+    assert not list(tmp_path.glob("*.pt.trace.json"))

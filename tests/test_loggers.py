@@ -8,6 +8,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import pytest
+import torch
 import yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -123,3 +124,47 @@ def test_tracker_peaks_merged_at_step_end_are_logged_at_the_calls_step(tmp_path)
     # AND with the snapshot's value: the parameter bytes the tracker saw
     for step, call in ((1, 2), (2, 3)):
         assert logged[step] == stats[f"0.training_step.{call}.end"]["module_mem.peak.parameter"] > 0
+
+
+class TwoOptimizerManual(TinyModel):
+    """Manual optimization with two optimizers: global_step advances twice per batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:  # type: ignore[override]
+        loss = super().training_step(batch, batch_idx)
+        for opt in self.optimizers():
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in self.optimizers():
+            opt.step()
+
+    def configure_optimizers(self) -> Any:
+        return [
+            torch.optim.SGD(self.net[0].parameters(), lr=0.01),
+            torch.optim.SGD(self.net[2].parameters(), lr=0.01),
+        ]
+
+
+def test_manual_optimization_logs_at_the_losss_step_not_the_optimizer_step(tmp_path):
+    # GIVEN two optimizers stepped inside training_step (global_step moves by 2 per batch)
+    cb = MemProfilerCallback({"schedule": {"warmup": 1, "active": 2}})
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        max_epochs=1,
+        limit_train_batches=4,
+        logger=CSVLogger(tmp_path),
+        log_every_n_steps=1,
+        callbacks=[cb],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )
+    trainer.fit(TwoOptimizerManual())
+    with open(Path(trainer.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    # THEN calls 2 and 3 are logged at steps 1 and 2, the rows of their losses
+    assert sorted(int(r["step"]) for r in rows if r.get(TAGS[0])) == [1, 2]
+    assert {int(r["step"]) for r in rows if r.get("loss")} >= {1, 2}

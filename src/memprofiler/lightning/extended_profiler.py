@@ -140,8 +140,16 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             raise ConfigError("max_name_column_width", f"got {max_name_column_width!r}; expected an integer")
         if max_name_column_width < 1:
             raise ConfigError("max_name_column_width", f"got {max_name_column_width}; must be >= 1")
-        if step_functions is not None and not step_functions:
-            raise ConfigError("step_functions", "got an empty list; leave it unset for the stage's step")
+        if step_functions is not None:
+            allowed = sorted(set(STAGE_STEP.values()))
+            if isinstance(step_functions, str) or not step_functions:
+                raise ConfigError(
+                    "step_functions",
+                    f"got {step_functions!r}; give a non-empty list of {', '.join(allowed)}, or leave it unset",
+                )
+            for name in step_functions:
+                if name not in allowed:
+                    raise ConfigError("step_functions", f"got {name!r}; allowed: {', '.join(allowed)}")
         for name in _DEPRECATED_KWARGS:
             value = profiler_kwargs.pop(name, None)
             if value is not None:
@@ -305,6 +313,17 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             warn_once(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
         self._tables = []
         return text
+
+    @override
+    def _cache_functions_events(self) -> None:
+        prof = self.profiler
+        if isinstance(prof, torch.profiler.profile) and prof.profiler is None:
+            # The run ended before the schedule's first warmup step: nothing was recorded,
+            # and asking torch for the events would raise after a successful fit.
+            self.function_events = None
+            warn_once("ExtendedPyTorchProfiler: the run ended before the schedule recorded any step")
+            return
+        super()._cache_functions_events()
 
     def flush_after_exception(self) -> None:
         """Write the trace of the cycle in progress and the summary; never raises."""

@@ -34,9 +34,9 @@ def headline_figures(metrics: dict[str, Any]) -> dict[str, float]:
 class LoggerListener:
     """A :meth:`MemProfiler.add_listener` callback logging to every ``trainer.loggers`` entry.
 
-    Figures are logged at ``trainer.global_step`` as of the call (for ``training_step`` call
-    ``n`` without gradient accumulation that is ``n - 1``: the optimizer steps done before
-    it). Loggers log on rank zero only, so multi-rank runs show rank zero's figures; every
+    Figures are logged at the step Lightning logs the same batch's metrics at (for
+    ``training_step`` call ``n`` that is ``n - 1``, the batches that stepped before it, under
+    automatic and manual optimization alike). Loggers log on rank zero only, so multi-rank runs show rank zero's figures; every
     rank's figures are in its own ``rank_{rank}_memory_stats.yaml``.
 
     Args:
@@ -57,14 +57,25 @@ class LoggerListener:
         if trainer is None or not trainer.loggers:
             return
         if phase == "end":
-            step = trainer.global_step
+            step = _logging_step(trainer)
             self._last_end = (key, step)
         else:
             last = self._last_end
-            step = last[1] if last is not None and last[0] == key else trainer.global_step
+            step = last[1] if last is not None and last[0] == key else _logging_step(trainer)
         figures = headline_figures(metrics)
         if not figures:
             return
         named = {f"{PREFIX}/{ctx.fn_name}/{name}": value for name, value in figures.items()}
         for logger in trainer.loggers:
             logger.log_metrics(named, step=step)
+
+
+def _logging_step(trainer: pl.Trainer) -> int:
+    """The step Lightning logs the current batch's metrics at: batches that stepped so far.
+
+    Not ``global_step``: that counts optimizer steps, which under manual optimization have
+    already happened when a call ends, and count twice with two optimizers.
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    step = getattr(loop, "_batches_that_stepped", None)
+    return int(step) if isinstance(step, int) else int(trainer.global_step)

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from _env import subprocess_env
+from conftest import make_trainer
 from memprofiler import ConfigError, MemProfiler, MemProfilerCallback, layout, memprofilable
 from memprofiler.collectors.fsdp import fsdp_module_paths, resolve_root
 
@@ -233,18 +234,8 @@ class ShardedLM(pl.LightningModule):
 
 def _fit(tmp_path: Path, **cfg: Any) -> tuple[MemProfilerCallback, ShardedLM]:
     cb = MemProfilerCallback({"track_fsdp_mem": True, "save_dir": str(tmp_path / "mp"), **cfg})
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1),
-        max_epochs=1,
-        limit_train_batches=5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[cb],
-    )
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+    trainer = make_trainer(tmp_path, [cb], strategy=strategy, limit_train_batches=5)
     model = ShardedLM()
     trainer.fit(model)
     return cb, model

@@ -12,6 +12,7 @@ import yaml
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from conftest import make_trainer
 from memprofiler import ConfigError, MemProfiler, MemProfilerCallback, MemProfilerConfig, memprofilable
 from memprofiler.mem_report import fmt_value, parse_log_values, render_log
 
@@ -46,17 +47,7 @@ def _fit(tmp_path: Path, model: TinyLM | None = None, **cfg: Any) -> tuple[MemPr
     cfg = {"track_module_mem": True, "save_dir": str(tmp_path), "enable_saved_tensors_hooks": False, **cfg}
     cb = MemProfilerCallback(cfg)
     model = model or TinyLM()
-    pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        limit_train_batches=5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[cb],
-    ).fit(model)
+    make_trainer(tmp_path, [cb], limit_train_batches=5).fit(model)
     return cb, model
 
 

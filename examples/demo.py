@@ -190,6 +190,11 @@ def main() -> None:
     if trainer.is_global_zero:
         for save_dir in sorted(save_dirs):
             print_summary(save_dir)
+    # Multi-process runs (make demo-fsdp): end the process group before interpreter exit, so
+    # its threads are not left to static destructors.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

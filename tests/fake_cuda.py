@@ -3,11 +3,16 @@
 It replays the segments of ``fixtures/synthetic_cuda_snapshot.json`` and keeps a history
 ring with the allocator's semantics, so every piece of our orchestration runs on CPU:
 
-* ``record_memory_history("all", max_entries=N)`` starts or re-configures a ring of ``N``
-  entries (the newest win); ``record_memory_history(None)`` stops and discards it;
+* ``record_memory_history("all", max_entries=N)`` starts or re-configures the history ring
+  with the allocator's own ``RingBuffer`` semantics (see :class:`AllocatorRing`): a new
+  ``max_entries`` on a live ring neither truncates nor reorders what is stored, so resizing a
+  ring that has wrapped scrambles its order, exactly as on a device;
+  ``record_memory_history(None)`` stops and clears it;
 * ``alloc`` / ``free`` append ``alloc`` / ``free_requested`` / ``free_completed`` entries
   carrying the caller's real Python frames (innermost first) while recording;
-* ``snapshot()`` appends a ``snapshot`` entry while recording, as the allocator does;
+* ``snapshot()`` copies the ring and only then appends a ``snapshot`` entry while recording,
+  as ``NativeCachingAllocator::snapshot`` does (``trace()`` before ``snapshot()``): a pickle
+  never holds its own marker, only those of earlier snapshots;
 * ``oom(size)`` appends an ``oom`` entry, calls the attached observers (through the real
   backend's dispatcher) and raises ``torch.OutOfMemoryError``.
 
@@ -20,7 +25,7 @@ import copy
 import itertools
 import json
 import traceback
-from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +79,43 @@ def load_fixture() -> dict[str, Any]:
     return data
 
 
+class AllocatorRing:
+    """The caching allocator's ``c10::RingBuffer``: a vector plus the index of the oldest entry.
+
+    ``set_max_entries`` only moves the bound. Entries already stored stay where they are, so
+    a ring that has wrapped and then grows appends new entries in the middle of the
+    oldest-first order, and one that shrinks keeps its extra entries. memprofiler must never
+    resize a live ring; this fake makes a violation visible in the pickles.
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self._entries: list[dict[str, Any]] = []
+        self._next = 0
+        self.max_entries = max(1, max_entries)
+
+    def set_max_entries(self, max_entries: int) -> None:
+        self.max_entries = max(1, max_entries)
+
+    def append(self, entry: dict[str, Any]) -> None:
+        if len(self._entries) < self.max_entries:
+            self._entries.append(entry)
+            return
+        self._entries[self._next] = entry
+        self._next += 1
+        if self._next == self.max_entries:
+            self._next = 0
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Oldest first, read the way ``RingBuffer::getEntries`` reads them."""
+        return self._entries[self._next :] + self._entries[: self._next]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.entries())
+
+
 class FakeCudaBackend(CudaBackend):
     """See the module docstring.
 
@@ -94,7 +136,7 @@ class FakeCudaBackend(CudaBackend):
         self.fixture = load_fixture()
         self.history_calls: list[tuple[str | None, dict[str, Any]]] = []
         self.options: dict[str, Any] = {}
-        self.ring: deque[dict[str, Any]] | None = None
+        self.ring: AllocatorRing | None = None
         self.allocated = sum(s["allocated_size"] for s in self.fixture["segments"])
         self.fail_snapshot: Exception | None = None
         self.snapshots_taken = 0
@@ -132,8 +174,10 @@ class FakeCudaBackend(CudaBackend):
             self.ring = None
             self.options = {}
             return
-        old = list(self.ring) if self.ring is not None else []
-        self.ring = deque(old, maxlen=max_entries)
+        if self.ring is None:
+            self.ring = AllocatorRing(max_entries)
+        else:
+            self.ring.set_max_entries(max_entries)
         self.options = opts
 
     def is_history_enabled(self) -> bool | None:
@@ -143,12 +187,13 @@ class FakeCudaBackend(CudaBackend):
         if self.fail_snapshot is not None:
             raise self.fail_snapshot
         self.snapshots_taken += 1
-        self._trace("snapshot", addr=0, size=self.allocated, frames=[])
-        return {
+        snap = {
             "segments": copy.deepcopy(self.fixture["segments"]),
-            "device_traces": [list(self.ring) if self.ring is not None else []],
+            "device_traces": [self.ring.entries() if self.ring is not None else []],
             "allocator_settings": dict(self.fixture["allocator_settings"]),
         }
+        self._trace("snapshot", addr=0, size=self.allocated, frames=[])
+        return snap
 
     def supports_oom_observer(self) -> bool:
         return self.available and self.has_oom_observer
@@ -176,12 +221,16 @@ class FakeCudaBackend(CudaBackend):
         self._trace("free_requested", addr=addr, size=size, frames=frames)
         self._trace("free_completed", addr=addr, size=size, frames=frames)
 
-    def oom(self, size: int) -> None:
-        """Fail an allocation of ``size`` bytes the way the caching allocator does."""
+    def oom(self, size: int, *, limit: int | None = None) -> None:
+        """Fail an allocation of ``size`` bytes the way the caching allocator does.
+
+        ``limit`` plays ``torch.cuda.set_per_process_memory_fraction``: the observers then get
+        the allowed maximum in place of the device total, as the allocator passes it.
+        """
         free, total = self.mem_get_info()
         self._trace("oom", device_free=free, size=size, frames=self._frames())
         for observer in list(self.raw_observers):
-            observer(0, size, total, free)
+            observer(0, size, total if limit is None else limit, free)
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes.")
 
     def _frames(self) -> list[dict[str, Any]]:

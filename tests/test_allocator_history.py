@@ -139,11 +139,13 @@ def test_pickles_hold_exactly_the_history_of_the_window(tmp_path):
     start = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.start.pickle")
     end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
     # THEN the start pickle holds the whole warmup call and nothing of call 2
-    cycle = ["alloc", "free_requested", "free_completed", "snapshot"]
+    # (the allocator copies the ring before it appends a snapshot's own marker)
+    cycle = ["alloc", "free_requested", "free_completed"]
     assert fake.actions(start) == cycle
-    assert [e["size"] for e in start["device_traces"][0][:3]] == [4 * KIB] * 3
-    # AND the end pickle adds exactly call 2's 8 KiB allocation and its free
-    assert fake.actions(end) == cycle + cycle
+    assert [e["size"] for e in start["device_traces"][0]] == [4 * KIB] * 3
+    # AND the end pickle adds the start pickle's marker and exactly call 2's 8 KiB
+    # allocation and its free
+    assert fake.actions(end) == [*cycle, "snapshot", *cycle]
     assert [e["size"] for e in end["device_traces"][0][4:7]] == [8 * KIB] * 3
     # AND the allocations carry the Python frames of the code that allocated
     frames = end["device_traces"][0][4]["frames"]
@@ -153,8 +155,8 @@ def test_pickles_hold_exactly_the_history_of_the_window(tmp_path):
     assert end["segments"] == load_fixture()["segments"]
     # AND the consolidated YAML counts the pickles' entries
     stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
-    assert stats["0.train_step.2.start"]["allocator_history.entries"] == 4
-    assert stats["0.train_step.2.end"]["allocator_history.entries"] == 8
+    assert stats["0.train_step.2.start"]["allocator_history.entries"] == 3
+    assert stats["0.train_step.2.end"]["allocator_history.entries"] == 7
 
 
 def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):
@@ -172,15 +174,15 @@ def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):
     end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
     trace = end["device_traces"][0]
     assert len(trace) == 5
-    # (the newest 5: the 9 KiB free's completion, the 10 KiB alloc/free, the end snapshot)
+    # (the newest 5: the 9 KiB free, the 10 KiB alloc and its free)
     assert [e["action"] for e in trace] == [
+        "free_requested",
         "free_completed",
         "alloc",
         "free_requested",
         "free_completed",
-        "snapshot",
     ]
-    assert [e["size"] for e in trace[:4]] == [9 * KIB, 10 * KIB, 10 * KIB, 10 * KIB]
+    assert [e["size"] for e in trace] == [9 * KIB, 9 * KIB, 10 * KIB, 10 * KIB, 10 * KIB]
 
 
 def _recording_after_each(prof: MemProfiler, fake: FakeCudaBackend, order: list[str]) -> list[bool]:
@@ -310,28 +312,75 @@ def test_history_and_oom_ring_share_one_recording(tmp_path):
     # WHEN a window opens and closes
     with prof:
         _run_loop(prof, fake, 3)
-    # THEN the ring runs from set-up, grows for the window, shrinks back, stops at teardown
-    assert [(e, o.get("max_entries")) for e, o in fake.history_calls] == [
-        ("all", 50),
-        ("all", 1000),
-        ("all", 50),
-        (None, None),
-    ]
+    # THEN the ring runs from set-up at the larger planned size, is never resized while it
+    # records (the allocator would scramble a wrapped ring), and stops at teardown
+    assert [(e, o.get("max_entries")) for e, o in fake.history_calls] == [("all", 1000), (None, None)]
+
+
+def test_window_pickles_stay_in_order_after_the_oom_ring_has_wrapped(tmp_path):
+    # GIVEN an OOM ring of 8 and window history of 16 that sets up at the same time
+    fake = FakeCudaBackend()
+    cfg = _cfg(
+        {"warmup": 0, "wait": 3},
+        allocator_history={"max_entries": 16},
+        oom={"enabled": True, "max_entries": 8},
+    )
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN 3 waiting calls wrap the ring many times over, then the collected call 4 frees
+    # one 10 KiB allocation
+    with prof:
+        for n in range(4):
+            with prof.profile("train_step"):
+                for i in range(10 if n < 3 else 1):
+                    fake.free(fake.alloc(10 * KIB if n == 3 else (i + 1) * KIB))
+    # THEN the end pickle of call 4 is full and strictly in time order, its newest entry being
+    # the free of call 4's allocation
+    trace = _load(tmp_path / "cuda_alloc_rank_0.train_step.4.end.pickle")["device_traces"][0]
+    times = [e["time_us"] for e in trace]
+    assert times == sorted(times)
+    assert len(trace) == 16
+    assert (trace[-1]["action"], trace[-1]["size"]) == ("free_completed", 10 * KIB)
+
+
+def test_a_holder_wanting_a_bigger_live_ring_gets_one_warning_not_a_resize():
+    # GIVEN a ring started by one holder without the other having planned
+    fake = FakeCudaBackend()
+    msgs: list[str] = []
+    rec = HistoryRecording(fake, msgs.append)
+    rec.acquire("a", HistoryOptions(10, "python", "all"))
+    # WHEN a second holder wants more, twice
+    rec.acquire("b", HistoryOptions(20, "python", "all"))
+    rec.acquire("c", HistoryOptions(30, "python", "all"))
+    # THEN the ring keeps its size and the user is told once, with the keys to set
+    assert fake.ring is not None and fake.ring.max_entries == 10
+    assert [o["max_entries"] for _, o in fake.history_calls] == [10]
+    assert len(msgs) == 1 and "`oom.max_entries`" in msgs[0] and "max_entries=20" in msgs[0]
+    # AND once everyone leaves, the next start sizes the ring afresh
+    rec.release_all()
+    rec.acquire("c", HistoryOptions(30, "python", "all"))
+    assert fake.ring.max_entries == 30
 
 
 def test_recording_merges_options_of_holders():
-    # GIVEN two holders with different wishes
+    # GIVEN two holders with different wishes, both planned
     fake = FakeCudaBackend()
     rec = HistoryRecording(fake, lambda m: None)
-    rec.acquire("a", HistoryOptions(10, "python", "alloc"))
-    rec.acquire("b", HistoryOptions(5, "all", "state"))
-    # THEN the allocator gets the least options that satisfy both
+    a, b = HistoryOptions(10, "python", "alloc"), HistoryOptions(5, "all", "state")
+    rec.plan(a)
+    rec.plan(b)
+    rec.acquire("b", b)
+    # THEN the ring starts at the largest planned size
+    assert fake.options == {"max_entries": 10, "stacks": "all", "context": "state"}
+    rec.acquire("a", a)
+    # AND the allocator gets the least options that satisfy both
     assert fake.options == {"max_entries": 10, "stacks": "all", "context": "alloc"}
-    # WHEN one leaves, the other's options return; the last one out stops
+    # WHEN one leaves, the other's stacks and context return at the same ring size
     rec.release("a")
-    assert fake.options == {"max_entries": 5, "stacks": "all", "context": "state"}
+    assert fake.options == {"max_entries": 10, "stacks": "all", "context": "state"}
+    assert rec.ring_entries == 10
+    # AND the last one out stops
     rec.release("b")
-    assert fake.ring is None and not rec.recording
+    assert fake.ring is None and not rec.recording and rec.ring_entries is None
     # AND releasing an unknown holder is a no-op
     rec.release("c")
     assert len(fake.history_calls) == 4

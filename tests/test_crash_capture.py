@@ -91,10 +91,11 @@ def assert_complete_record(save_dir: Path, done_steps: int, failed_step: int | N
     if failed_step is not None:
         assert stats[f"0.training_step.{failed_step}.end"]["failed"] is True
     # History ring from set-up on: each step adds alloc + free_requested + free_completed and
-    # two snapshot entries, so the end of step k holds exactly 5k entries.
+    # two snapshot markers. A pickle is copied before its own marker is appended, so the start
+    # of step k holds 5(k - 1) entries and its end 5k - 1.
     for n in range(1, done_steps + 1):
-        assert stats[f"0.training_step.{n}.start"]["allocator_history.entries"] == 5 * n - 4
-        assert stats[f"0.training_step.{n}.end"]["allocator_history.entries"] == 5 * n
+        assert stats[f"0.training_step.{n}.start"]["allocator_history.entries"] == 5 * n - 5
+        assert stats[f"0.training_step.{n}.end"]["allocator_history.entries"] == 5 * n - 1
         assert stats[f"0.training_step.{n}.end"]["rss"] > 0
         end = _load_pickle(save_dir / f"cuda_alloc_rank_0.training_step.{n}.end.pickle")
         allocs = [e["size"] for e in end["device_traces"][0] if e["action"] == "alloc"]
@@ -238,9 +239,10 @@ def test_gpu_real_oom_in_a_trainer_leaves_every_record(tmp_path):
         for trace in _load_pickle(save_dir / first["pickle"])["device_traces"]
         for e in trace
     )
-    # AND steps 1-2 are complete in the stats file, step 3 has its start
+    # AND steps 1-2 are complete in the stats file; step 3 has its start and an end marked failed
     stats = yaml.safe_load((save_dir / "rank_0_memory_stats.yaml").read_text())
-    assert {k for k in stats if k.endswith(".end")} == {"0.training_step.1.end", "0.training_step.2.end"}
+    assert {k for k in stats if k.endswith(".end")} == {f"0.training_step.{n}.end" for n in (1, 2, 3)}
+    assert [stats[f"0.training_step.{n}.end"].get("failed", False) for n in (1, 2, 3)] == [False, False, True]
     assert "0.training_step.3.start" in stats and first["snapshots"].keys() <= stats.keys()
     # AND nothing keeps recording after the crash
     assert torch._C._cuda_isHistoryEnabled() is False

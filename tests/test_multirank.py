@@ -367,3 +367,10 @@ def _worker(scenario: str, out: str) -> None:  # pragma: no cover - runs in the 
 
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2])
+    # Tear the gloo group down before interpreter exit: left to static destructors, its C++
+    # threads can abort the process ("terminate called without an active exception") under load.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

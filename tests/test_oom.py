@@ -37,9 +37,9 @@ def _profiler(tmp_path: Path, fake: FakeCudaBackend, **oom) -> MemProfiler:
     return prof.setup()
 
 
-def _oom(fake: FakeCudaBackend, size: int) -> BaseException:
+def _oom(fake: FakeCudaBackend, size: int, limit: int | None = None) -> BaseException:
     with pytest.raises(torch.OutOfMemoryError) as info:
-        fake.oom(size)
+        fake.oom(size, limit=limit)
     return info.value
 
 
@@ -95,9 +95,24 @@ def test_oom_record_holds_stats_failed_size_step_and_snapshots(tmp_path):
     # AND the memory_viz pickle holds the whole run's history, ending in the OOM
     snap = _pickle(tmp_path / rec["pickle"])
     trace = snap["device_traces"][0]
-    assert [e["action"] for e in trace] == ["alloc", "alloc", "oom", "snapshot"]
+    assert [e["action"] for e in trace] == ["alloc", "alloc", "oom"]
     assert trace[2]["size"] == 5 * GIB and trace[2]["device_free"] == rec["device_free_bytes"]
-    assert rec["trace_entries"] == 4
+    assert rec["trace_entries"] == 3
+    prof.teardown()
+
+
+def test_a_memory_fraction_limit_is_kept_apart_from_the_device_total(tmp_path):
+    # GIVEN the recorder on and an allocator capped at 10 GiB of an 80 GiB device
+    # (torch.cuda.set_per_process_memory_fraction(0.125)), which the observer is handed
+    fake = FakeCudaBackend()
+    prof = _profiler(tmp_path, fake)
+    # WHEN an allocation fails
+    _oom(fake, 12 * GIB, limit=10 * GIB)
+    # THEN the record names both: the cap the allocator enforced and the device's real total
+    rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
+    assert rec["allocator_limit_bytes"] == 10 * GIB
+    assert rec["device_total_bytes"] == 80 * GIB
+    assert rec["failed_alloc_bytes"] == 12 * GIB
     prof.teardown()
 
 
@@ -131,11 +146,11 @@ def test_ring_is_bounded_for_the_whole_run(tmp_path):
     for i in range(100):
         fake.free(fake.alloc((i + 1) * 512))
     _oom(fake, GIB)
-    # THEN the pickle keeps the newest 8 events only, the last ones being the OOM and the dump
+    # THEN the pickle keeps the newest 8 events only, the last one being the OOM
     trace = _pickle(tmp_path / "oom_rank_0_0.pickle")["device_traces"][0]
     assert len(trace) == 8
-    assert [e["action"] for e in trace[-2:]] == ["oom", "snapshot"]
-    assert trace[-3]["size"] == 100 * 512
+    assert trace[-1]["action"] == "oom"
+    assert [e["size"] for e in trace[-4:-1]] == [100 * 512] * 3
     prof.teardown()
     assert fake.ring is None
 

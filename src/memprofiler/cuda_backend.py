@@ -19,8 +19,9 @@ import torch
 
 from memprofiler._warn import log
 
-#: ``observer(device, alloc_bytes, device_total_bytes, device_free_bytes)``, the argument
-#: order of the CUDA caching allocator's out-of-memory observers.
+#: ``observer(device, alloc_bytes, limit_bytes, device_free_bytes)``, the argument order of
+#: the CUDA caching allocator's out-of-memory observers. ``limit_bytes`` is the device total,
+#: or the allowed maximum under ``torch.cuda.set_per_process_memory_fraction``.
 OomObserver = Callable[[int, int, int, int], None]
 
 

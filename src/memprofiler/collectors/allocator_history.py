@@ -53,6 +53,7 @@ class AllocatorHistoryCollector(BaseCollector):
         self._recording = recording
         self._options = options
         self._save_dir: Path | None = None
+        recording.plan(options)
 
     def bind(self, profiler: MemProfiler) -> None:
         """Learn where to write; called once by the profiler at set-up."""

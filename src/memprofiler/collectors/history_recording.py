@@ -6,12 +6,18 @@ have turned it on. :class:`HistoryRecording` keeps a set of holders: recording r
 any holder remains, with options that satisfy all of them, and stops (``enabled=None``)
 when the last one lets go. A recording that was on before we touched it belongs to the
 user: it is left running, never re-configured and never stopped.
+
+The ring's size is fixed for as long as it records. The allocator's ``RingBuffer`` only
+moves its bound on a new ``max_entries``: it neither truncates nor reorders what it holds,
+so resizing a ring that has wrapped scrambles the order of every later snapshot. Holders
+therefore :meth:`~HistoryRecording.plan` their size up front, and a ring starts at the
+largest size planned, which a later holder can use without a resize.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memprofiler.cuda_backend import CudaBackend
 
@@ -54,6 +60,8 @@ class HistoryRecording:
         self._holders: dict[str, HistoryOptions] = {}
         self._applied: HistoryOptions | None = None
         self._foreign = False
+        self._planned_entries = 0
+        self._warned_size = False
 
     @property
     def recording(self) -> bool:
@@ -67,6 +75,15 @@ class HistoryRecording:
 
     def holders(self) -> frozenset[str]:
         return frozenset(self._holders)
+
+    @property
+    def ring_entries(self) -> int | None:
+        """``max_entries`` of the ring we run now; ``None`` while we record nothing."""
+        return None if self._applied is None else self._applied.max_entries
+
+    def plan(self, options: HistoryOptions) -> None:
+        """Announce a holder that may acquire later, so the ring is started big enough for it."""
+        self._planned_entries = max(self._planned_entries, options.max_entries)
 
     def acquire(self, holder: str, options: HistoryOptions) -> None:
         """Make sure history is recorded for ``holder``; cheap when it already is."""
@@ -101,6 +118,8 @@ class HistoryRecording:
         want: HistoryOptions | None = None
         for opts in self._holders.values():
             want = opts if want is None else want.merge(opts)
+        if want is not None:
+            want = replace(want, max_entries=self._ring_size(want.max_entries))
         if want == self._applied:
             return
         if want is None:
@@ -110,3 +129,18 @@ class HistoryRecording:
                 "all", context=want.context, stacks=want.stacks, max_entries=want.max_entries
             )
         self._applied = want
+
+    def _ring_size(self, wanted: int) -> int:
+        """The size to record with: the planned maximum at start, unchanged while live."""
+        if self._applied is None:
+            return max(wanted, self._planned_entries)
+        live = self._applied.max_entries
+        if wanted > live and not self._warned_size:
+            self._warned_size = True
+            self._warn(
+                f"a CUDA allocator-history holder asked for max_entries={wanted}, but the ring "
+                f"already records with {live}; the allocator cannot resize a live ring without "
+                f"scrambling its order, so at most {live} entries are kept. Set "
+                "`allocator_history.max_entries` and `oom.max_entries` to the same value to avoid this"
+            )
+        return live

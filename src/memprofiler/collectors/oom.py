@@ -71,6 +71,8 @@ class OomRecorder(BaseCollector):
         self._dumps = 0
         self._last_oom: dict[str, int] | None = None
         self._active = False
+        if recording is not None:
+            recording.plan(options)
 
     @property
     def dumps_written(self) -> int:
@@ -108,12 +110,15 @@ class OomRecorder(BaseCollector):
             self._recording.release(RING_HOLDER)
 
     # ------------------------------------------------------------------ records
-    def _on_oom(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
-        # Called by the allocator with the GIL held, before it raises the OOM error.
+    def _on_oom(self, device: int, alloc: int, limit: int, device_free: int) -> None:
+        # Called by the allocator with the GIL held, before it raises the OOM error. Its third
+        # argument is the device's total memory, or the allowed maximum when
+        # `torch.cuda.set_per_process_memory_fraction` is in effect, so the record keeps it as
+        # the allocator's limit and asks the driver for the true total.
         self._last_oom = {
             "device": device,
             "failed_alloc_bytes": alloc,
-            "device_total_bytes": device_total,
+            "allocator_limit_bytes": limit,
             "device_free_bytes": device_free,
         }
         self._record_safely({"reason": "cuda_oom", **self._last_oom})
@@ -163,12 +168,13 @@ class OomRecorder(BaseCollector):
         except Exception as err:
             record["pickle"] = None
             record["pickle_error"] = repr(err)
-        if "device_total_bytes" not in record:
-            try:
-                free, total = self._backend.mem_get_info()
-                record["device_free_bytes"], record["device_total_bytes"] = free, total
-            except Exception as err:
-                record["mem_get_info_error"] = repr(err)
+        try:
+            free, total = self._backend.mem_get_info()
+            record.setdefault("device_free_bytes", free)  # the observer's figure is the OOM's own
+            record["device_total_bytes"] = total
+        except Exception as err:
+            record["mem_get_info_error"] = repr(err)
+            record.setdefault("device_total_bytes", record.get("allocator_limit_bytes"))
         try:
             record["memory_stats"] = self._backend.memory_stats()
         except Exception as err:

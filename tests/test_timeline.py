@@ -152,3 +152,31 @@ def test_dump_memory_trace_false_writes_no_trace(tmp_path):
     assert prof.timeline is None
     assert not list(Path(tmp_path).glob("memory_trace_rank_*.json"))
     assert (tmp_path / "rank_0_memory_stats.yaml").is_file()
+
+
+def test_incremental_json_equals_the_full_trace_as_marks_arrive():
+    # GIVEN a timeline rendered to JSON after every snapshot of two interleaved functions,
+    # one of which has a start with no end yet when rendered
+    timeline = MemoryTimeline(rank=3)
+    marks = [
+        ("f", 1, "start", 1),
+        ("g", 1, "start", 2),
+        ("f", 1, "end", 3),
+        ("g", 1, "end", 5),
+        ("f", 2, "start", 8),
+    ]
+    for fn, call, phase, t_ms in marks:
+        ctx = CallContext(
+            fn_name=fn,
+            call=call,
+            rank=3,
+            scratch={"t_ns": 1_700_000_000_000_000_000 + t_ms * 10**6, "phase": phase},
+        )
+        timeline.on_snapshot(
+            f"3.{fn}.{call}.{phase}", {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms}, ctx
+        )
+        # THEN each rendering is exactly the trace built from scratch
+        assert json.loads(timeline.to_json()) == timeline.to_trace()
+    # AND the spans pair each end with its own start
+    spans = {e["name"]: e["dur"] for e in timeline.to_trace()["traceEvents"] if e["ph"] == "X"}
+    assert spans == {"f.1": 2000.0, "g.1": 3000.0}

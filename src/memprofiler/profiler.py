@@ -26,8 +26,9 @@ from memprofiler.config import MemProfilerConfig
 from memprofiler.cuda_backend import CudaBackend, default_backend
 from memprofiler.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.errors import ArtifactError, MemProfilerError
+from memprofiler.snapshot_cache import SnapshotCache
 from memprofiler.timeline import MemoryTimeline
-from memprofiler.writers import write_pickle, write_yaml
+from memprofiler.writers import write_pickle, write_text
 
 
 def detect_rank() -> int:
@@ -84,6 +85,8 @@ class MemProfiler:
         chosen = save_dir or self.config.save_dir or layout.DEFAULT_SUBDIR
         self.save_dir = Path(chosen).expanduser()
         self.snapshots: dict[str, dict[str, Any]] = {}
+        # Serialised snapshots, per key: a window-close rewrite converts only what changed.
+        self._snapshot_cache = SnapshotCache()
         self.module: nn.Module | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self._cuda = cuda or default_backend()
@@ -181,6 +184,7 @@ class MemProfiler:
             out = self._guard(reg, "step_end", end_step)
             for key, metrics in (out or {}).items():
                 self.snapshots.setdefault(key, {}).update(metrics)
+                self._snapshot_cache.touch(key)
                 # Listeners see the late metrics as phase "step_end" of the same call.
                 rank, fn, call, _ = layout.parse_snapshot_key(key)
                 ctx = CallContext(fn_name=fn, call=call, rank=rank, module=self.module)
@@ -212,6 +216,7 @@ class MemProfiler:
     def _record(self, phase: str, metrics: dict[str, Any], ctx: CallContext, t_ns: int | None = None) -> None:
         key = layout.snapshot_key(self.rank, ctx.fn_name, ctx.call, phase)
         self.snapshots[key] = metrics
+        self._snapshot_cache.touch(key)
         ctx.scratch["t_ns"] = time.time_ns() if t_ns is None else t_ns
         ctx.scratch["phase"] = phase
         self._notify(key, metrics, ctx)
@@ -406,9 +411,17 @@ class MemProfiler:
         yaml_path = self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank)
         pickle_path = self.save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self.rank)
         if cfg.dump_memorystats_yaml:
-            writers.append((yaml_path.name, lambda: write_yaml(yaml_path, self.snapshots)))
+            cache = self._snapshot_cache
+            writers.append((yaml_path.name, lambda: write_text(yaml_path, cache.yaml_text(self.snapshots))))
         if cfg.dump_memorystats_pickle:
-            writers.append((pickle_path.name, lambda: write_pickle(pickle_path, self.snapshots)))
+            writers.append(
+                (
+                    pickle_path.name,
+                    lambda: write_pickle(
+                        pickle_path, self._snapshot_cache.plain(self.snapshots), plain=False
+                    ),
+                )
+            )
         timeline = self.timeline
         if timeline is not None:
             writers.append(("the memory trace", lambda: timeline.dump(self.save_dir)))

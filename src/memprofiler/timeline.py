@@ -15,6 +15,7 @@ drift. ``tests/test_timeline.py`` checks this against ``record_function`` marker
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 
 from memprofiler import layout
 from memprofiler.collectors.base import CallContext
-from memprofiler.writers import write_json
+from memprofiler.writers import write_text
 
 #: Counter track -> snapshot metric it draws. A track appears only where its metric exists
 #: (``rss_peak`` and saved-tensor bytes exist at ``end`` only, CUDA tracks only with CUDA).
@@ -76,6 +77,11 @@ class MemoryTimeline:
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
         self._marks: list[_Mark] = []
+        # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
+        self._rendered: list[str] = []
+        self._rendered_n = 0
+        self._rendered_base: int | None = None
+        self._render_starts: dict[tuple[str, int], _Mark] = {}
 
     def __len__(self) -> int:
         return len(self._marks)
@@ -120,37 +126,43 @@ class MemoryTimeline:
         out: list[dict[str, Any]] = []
         starts: dict[tuple[str, int], _Mark] = {}
         for mark in self._marks:
-            if not lo <= mark.t_ns <= hi:
-                continue
-            ts = (mark.t_ns - base_ns) / 1000.0
-            for track, value in mark.values.items():
-                out.append(
-                    {
-                        "ph": "C",
-                        "cat": CATEGORY,
-                        "name": track,
-                        "pid": pid,
-                        "tid": SPAN_TID,
-                        "ts": ts,
-                        "args": {"bytes": value},
-                    }
-                )
-            if mark.phase == "start":
-                starts[(mark.fn, mark.call)] = mark
-            elif mark.phase == "end" and (mark.fn, mark.call) in starts:
-                begin = starts.pop((mark.fn, mark.call))
-                out.append(
-                    {
-                        "ph": "X",
-                        "cat": CATEGORY,
-                        "name": f"{mark.fn}.{mark.call}",
-                        "pid": pid,
-                        "tid": SPAN_TID,
-                        "ts": (begin.t_ns - base_ns) / 1000.0,
-                        "dur": (mark.t_ns - begin.t_ns) / 1000.0,
-                        "args": {"rank": self.rank, "fn": mark.fn, "call": mark.call, **mark.values},
-                    }
-                )
+            if lo <= mark.t_ns <= hi:
+                out.extend(self._mark_events(mark, pid, base_ns, starts))
+        return out
+
+    def _mark_events(
+        self, mark: _Mark, pid: int | str, base_ns: int, starts: dict[tuple[str, int], _Mark]
+    ) -> list[dict[str, Any]]:
+        """One snapshot's counters, and its call's span when ``mark`` ends a started call."""
+        ts = (mark.t_ns - base_ns) / 1000.0
+        out: list[dict[str, Any]] = [
+            {
+                "ph": "C",
+                "cat": CATEGORY,
+                "name": track,
+                "pid": pid,
+                "tid": SPAN_TID,
+                "ts": ts,
+                "args": {"bytes": value},
+            }
+            for track, value in mark.values.items()
+        ]
+        if mark.phase == "start":
+            starts[(mark.fn, mark.call)] = mark
+        elif mark.phase == "end" and (mark.fn, mark.call) in starts:
+            begin = starts.pop((mark.fn, mark.call))
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": CATEGORY,
+                    "name": f"{mark.fn}.{mark.call}",
+                    "pid": pid,
+                    "tid": SPAN_TID,
+                    "ts": (begin.t_ns - base_ns) / 1000.0,
+                    "dur": (mark.t_ns - begin.t_ns) / 1000.0,
+                    "args": {"rank": self.rank, "fn": mark.fn, "call": mark.call, **mark.values},
+                }
+            )
         return out
 
     def metadata(self, pid: int | str, process_name: str | None = None) -> list[dict[str, Any]]:
@@ -164,10 +176,14 @@ class MemoryTimeline:
             out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
         return out
 
+    def _base_ns(self) -> int:
+        """The standalone trace's base: the first snapshot's whole second."""
+        span = self.span_ns()
+        return (span[0] // 1_000_000_000) * 1_000_000_000 if span else 0
+
     def to_trace(self) -> dict[str, Any]:
         """The standalone per-rank trace: ``pid`` = rank, base = first snapshot's whole second."""
-        span = self.span_ns()
-        base = (span[0] // 1_000_000_000) * 1_000_000_000 if span else 0
+        base = self._base_ns()
         events = self.metadata(self.rank, f"rank {self.rank}") + self.events(self.rank, base)
         return {
             "schemaVersion": 1,
@@ -177,9 +193,31 @@ class MemoryTimeline:
             "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
         }
 
+    def to_json(self) -> str:
+        """``json.dumps(self.to_trace())``, rendering only the snapshots new since last time.
+
+        The file is rewritten at every window close; re-rendering every event each time made
+        that quadratic in the number of windows.
+        """
+        base = self._base_ns()
+        if self._rendered_base != base:
+            self._rendered, self._rendered_n, self._render_starts = [], 0, {}
+            self._rendered_base = base
+        for mark in self._marks[self._rendered_n :]:
+            self._rendered.extend(
+                json.dumps(e) for e in self._mark_events(mark, self.rank, base, self._render_starts)
+            )
+        self._rendered_n = len(self._marks)
+        meta = [json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}")]
+        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
+        return (
+            f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {base}, '
+            f'"traceEvents": [{", ".join(meta + self._rendered)}], "otherData": {other}}}'
+        )
+
     def dump(self, save_dir: str | os.PathLike[str]) -> Path:
         """Write ``save_dir/memory_trace_rank_{rank}.json`` atomically."""
-        return write_json(Path(save_dir) / layout.MEMORY_TRACE_JSON.format(rank=self.rank), self.to_trace())
+        return write_text(Path(save_dir) / layout.MEMORY_TRACE_JSON.format(rank=self.rank), self.to_json())
 
 
 def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:

@@ -79,6 +79,17 @@ def load_fixture() -> dict[str, Any]:
     return data
 
 
+def allocation_size(size: int) -> int:
+    """``get_allocation_size``: the cudaMalloc the allocator attempts for a block of ``size``,
+    which is what its out-of-memory observers are handed."""
+    mib = 1 << 20
+    if size <= mib:
+        return 2 * mib
+    if size < 10 * mib:
+        return 20 * mib
+    return -(-size // (2 * mib)) * (2 * mib)
+
+
 class AllocatorRing:
     """The caching allocator's ``c10::RingBuffer``: a vector plus the index of the oldest entry.
 
@@ -130,6 +141,10 @@ class FakeCudaBackend(CudaBackend):
     ) -> None:
         super().__init__()
         self.available = True
+        #: ``PYTORCH_CUDA_ALLOC_CONF=backend:...``; only ``native`` records history or observes OOMs.
+        self.allocator = "native"
+        #: The ``device`` argument of every ``memory_stats`` / ``mem_get_info`` call.
+        self.devices_asked: list[int | None] = []
         self.has_history = has_history
         self.has_oom_observer = has_oom_observer
         self.total = total
@@ -142,14 +157,15 @@ class FakeCudaBackend(CudaBackend):
         self.snapshots_taken = 0
         self.raw_observers: list[OomObserver] = []
         self._addr = itertools.count(0x7F3B00000000, 512)
-        self._live: dict[int, int] = {}
+        self._live: dict[int, tuple[int, list[dict[str, Any]] | None]] = {}
         self._clock = itertools.count(1_732_200_000_000_000, 10)
 
     # ----------------------------------------------------------------- the seam
     def is_available(self) -> bool:
         return self.available
 
-    def memory_stats(self) -> dict[str, Any]:
+    def memory_stats(self, device: int | None = None) -> dict[str, Any]:
+        self.devices_asked.append(device)
         stats = dict.fromkeys(memory_stats_keys(), 0)
         stats["allocated_bytes.all.current"] = self.allocated
         return stats
@@ -157,11 +173,19 @@ class FakeCudaBackend(CudaBackend):
     def reset_peak_memory_stats(self) -> None:
         pass
 
-    def mem_get_info(self) -> tuple[int, int]:
+    def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        self.devices_asked.append(device)
         return self.total - self.allocated, self.total
 
-    def supports_history(self) -> bool:
-        return self.available and self.has_history
+    def allocator_backend(self) -> str | None:
+        return self.allocator
+
+    def history_unsupported_reason(self) -> str | None:
+        if not self.available:
+            return "no CUDA device"
+        if not self.has_history:
+            return "this torch build lacks `torch._C._cuda_record_memory_history`"
+        return None if self.allocator == "native" else f"the `{self.allocator}` CUDA allocator has no history"
 
     def record_memory_history(
         self, enabled: Any, *, context: str | None = "all", stacks: str = "python", max_entries: int = 100_000
@@ -192,11 +216,17 @@ class FakeCudaBackend(CudaBackend):
             "device_traces": [self.ring.entries() if self.ring is not None else []],
             "allocator_settings": dict(self.fixture["allocator_settings"]),
         }
-        self._trace("snapshot", addr=0, size=self.allocated, frames=[])
+        self._trace("snapshot", addr=0, size=self.allocated)
         return snap
 
-    def supports_oom_observer(self) -> bool:
-        return self.available and self.has_oom_observer
+    def oom_observer_unsupported_reason(self) -> str | None:
+        if not self.available:
+            return "no CUDA device"
+        if not self.has_oom_observer:
+            return "this torch build lacks `torch._C._cuda_attach_out_of_memory_observer`"
+        return (
+            None if self.allocator == "native" else f"the `{self.allocator}` CUDA allocator has no observer"
+        )
 
     def _attach_raw_oom_observer(self, dispatcher: OomObserver) -> None:
         self.raw_observers.append(dispatcher)
@@ -209,37 +239,44 @@ class FakeCudaBackend(CudaBackend):
 
     def alloc(self, size: int) -> int:
         addr = next(self._addr)
-        self._live[addr] = size
+        frames = self._frames()
+        self._live[addr] = (size, frames)
         self.allocated += size
-        self._trace("alloc", addr=addr, size=size, frames=self._frames())
+        self._trace("alloc", addr=addr, size=size, frames=frames)
         return addr
 
     def free(self, addr: int) -> None:
-        size = self._live.pop(addr)
+        size, alloc_frames = self._live.pop(addr)
         self.allocated -= size
-        frames = self._frames() if self.options.get("context") == "all" else []
+        # context "all" records the free's own stack; "alloc" repeats the allocation's
+        frames = self._frames() if self.options.get("context") == "all" else alloc_frames
         self._trace("free_requested", addr=addr, size=size, frames=frames)
         self._trace("free_completed", addr=addr, size=size, frames=frames)
 
-    def oom(self, size: int, *, limit: int | None = None) -> None:
+    def oom(self, size: int, *, limit: int | None = None, device: int = 0) -> None:
         """Fail an allocation of ``size`` bytes the way the caching allocator does.
 
         ``limit`` plays ``torch.cuda.set_per_process_memory_fraction``: the observers then get
         the allowed maximum in place of the device total, as the allocator passes it.
         """
-        free, total = self.mem_get_info()
-        self._trace("oom", device_free=free, size=size, frames=self._frames())
+        free, total = self.total - self.allocated, self.total
+        block = -(-size // 512) * 512  # the allocator's round_size: the `oom` entry's size
+        self._trace("oom", device_free=free, size=block, frames=self._frames())
         for observer in list(self.raw_observers):
-            observer(0, size, total if limit is None else limit, free)
+            observer(device, allocation_size(block), total if limit is None else limit, free)
         raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes.")
 
-    def _frames(self) -> list[dict[str, Any]]:
+    def _frames(self) -> list[dict[str, Any]] | None:
+        """The caller's frames, innermost first; ``None`` (no ``frames`` key) unless
+        ``context`` is ``alloc`` or ``all``, as ``record_trace`` keeps no context then."""
         if self.options.get("context") in (None, "state"):
-            return []
+            return None
         stack = traceback.extract_stack()[:-2]
         return [{"filename": f.filename, "line": f.lineno or 0, "name": f.name} for f in reversed(stack)]
 
     def _trace(self, action: str, **fields: Any) -> None:
+        if fields.get("frames", ...) is None:
+            del fields["frames"]  # the binding writes `frames` only for an entry with a context
         if self.ring is not None:
             self.ring.append({"action": action, "stream": 0, "time_us": next(self._clock), **fields})
 

@@ -44,7 +44,14 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _named(trace: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
-    return {e["name"]: e for e in trace["traceEvents"] if str(e.get("name", "")).startswith(prefix)}
+    """Host-side events by name. With CUDA activity every ``record_function`` range (the
+    ``ProfilerStep#N`` ones too) has a ``gpu_user_annotation`` twin of the same name on the
+    device's clock; it is left out so the host range is the one compared."""
+    return {
+        e["name"]: e
+        for e in trace["traceEvents"]
+        if str(e.get("name", "")).startswith(prefix) and e.get("cat") != "gpu_user_annotation"
+    }
 
 
 def _memory_spans(trace: dict[str, Any]) -> dict[str, dict[str, Any]]:

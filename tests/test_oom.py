@@ -83,6 +83,7 @@ def test_oom_record_holds_stats_failed_size_step_and_snapshots(tmp_path):
     rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
     assert rec["reason"] == "cuda_oom"
     assert rec["failed_alloc_bytes"] == 5 * GIB
+    assert rec["requested_bytes"] == 5 * GIB
     assert rec["device_total_bytes"] == 80 * GIB
     assert rec["device_free_bytes"] == 80 * GIB - fake.allocated
     assert (rec["rank"], rec["n"], rec["step"]) == (0, 0, 41)
@@ -113,6 +114,26 @@ def test_a_memory_fraction_limit_is_kept_apart_from_the_device_total(tmp_path):
     assert rec["allocator_limit_bytes"] == 10 * GIB
     assert rec["device_total_bytes"] == 80 * GIB
     assert rec["failed_alloc_bytes"] == 12 * GIB
+    prof.teardown()
+
+
+def test_a_small_failed_request_is_told_apart_from_the_cudamalloc_that_failed(tmp_path):
+    # GIVEN the recorder on
+    fake = FakeCudaBackend()
+    prof = _profiler(tmp_path, fake)
+    fake.devices_asked.clear()
+    # WHEN a 300,001-byte tensor cannot be placed on device 1
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(300_001, device=1)
+    rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
+    # THEN the record has the allocator's 2 MiB small-pool cudaMalloc as the failed allocation
+    # and the tensor's block, rounded up to 512 B, as the request
+    assert rec["failed_alloc_bytes"] == 2 * MIB
+    assert rec["device"] == 1
+    # (the fake keeps one history; device 1 has none in it, so no request size is claimed)
+    assert rec["requested_bytes"] is None
+    # AND the statistics and free/total figures are those of device 1
+    assert set(fake.devices_asked) == {1}
     prof.teardown()
 
 
@@ -248,11 +269,30 @@ def test_without_the_observer_binding_crashes_are_still_recorded(tmp_path):
 
 def test_without_history_binding_records_have_stats_only(tmp_path):
     fake = FakeCudaBackend(has_history=False)
-    with pytest.warns(MemProfilerWarning, match="cannot record CUDA allocator history"):
+    with pytest.warns(MemProfilerWarning, match="allocator history cannot be recorded here"):
         prof = _profiler(tmp_path, fake)
     _oom(fake, GIB)
     rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
     assert rec["trace_entries"] == 0 and rec["failed_alloc_bytes"] == GIB
+    prof.teardown()
+
+
+def test_the_cuda_malloc_async_allocator_is_named_and_left_alone(tmp_path):
+    # GIVEN PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, whose history and observer
+    # bindings exist but raise "does not yet support"
+    fake = FakeCudaBackend()
+    fake.allocator = "cudaMallocAsync"
+    # WHEN the recorder sets up
+    with pytest.warns(MemProfilerWarning) as caught:
+        prof = _profiler(tmp_path, fake)
+    # THEN each missing capability is reported once, naming the allocator, and neither is called
+    messages = [str(w.message) for w in caught]
+    assert sum("`cudaMallocAsync`" in m for m in messages) == 2
+    assert fake.history_calls == [] and fake.raw_observers == []
+    # AND an exception still leaves a record with the allocator statistics
+    prof.record_crash(torch.OutOfMemoryError("CUDA out of memory"))
+    rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
+    assert rec["reason"] == "exception" and "memory_stats" in rec
     prof.teardown()
 
 
@@ -274,6 +314,7 @@ def test_gpu_real_oom_is_recorded(tmp_path):
     rec = _yaml(tmp_path / "oom_rank_0_0.yaml")
     assert set(rec["memory_stats"]) == set(torch.cuda.memory_stats())
     assert rec["failed_alloc_bytes"] >= total and rec["device_total_bytes"] == total
+    assert rec["requested_bytes"] >= total + GIB
 
 
 def test_each_rank_writes_its_own_records(tmp_path):

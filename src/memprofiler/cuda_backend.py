@@ -36,21 +36,46 @@ class CudaBackend:
     def is_available(self) -> bool:
         return torch.cuda.is_available()
 
-    def memory_stats(self) -> dict[str, Any]:
-        return dict(torch.cuda.memory_stats())
+    def memory_stats(self, device: int | None = None) -> dict[str, Any]:
+        """``torch.cuda.memory_stats`` of ``device`` (the current one by default); ``{}``
+        before CUDA is initialised."""
+        return dict(torch.cuda.memory_stats(device))
 
     def reset_peak_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats()
 
-    def mem_get_info(self) -> tuple[int, int]:
-        """``(free, total)`` bytes of the current device, as the driver reports them."""
-        free, total = torch.cuda.mem_get_info()
+    def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
+        """``(free, total)`` bytes of ``device`` (the current one by default), from the driver."""
+        free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
 
+    def allocator_backend(self) -> str | None:
+        """``native`` or ``cudaMallocAsync`` (``PYTORCH_CUDA_ALLOC_CONF=backend:...``); ``None``
+        when torch cannot tell (no CUDA binding)."""
+        try:
+            return str(torch.cuda.memory.get_allocator_backend())
+        except Exception:
+            return None
+
+    def _unsupported(self, binding: str, what: str) -> str | None:
+        if not self.is_available():
+            return "no CUDA device"
+        if not hasattr(torch._C, binding):
+            return f"this torch build lacks `torch._C.{binding}`"
+        backend = self.allocator_backend()
+        if backend not in (None, "native"):
+            # Other allocators' bindings exist but raise "does not yet support ...".
+            return f"the `{backend}` CUDA allocator has no {what}; only the `native` caching allocator has"
+        return None
+
     # ------------------------------------------------------------ allocator history
+    def history_unsupported_reason(self) -> str | None:
+        """Why allocator-history recording cannot run here, or ``None`` when it can."""
+        return self._unsupported("_cuda_record_memory_history", "allocator-history recording")
+
     def supports_history(self) -> bool:
-        """Whether allocator-history recording can run here (CUDA present and the binding built)."""
-        return self.is_available() and hasattr(torch._C, "_cuda_record_memory_history")
+        """Whether allocator-history recording can run here."""
+        return self.history_unsupported_reason() is None
 
     def record_memory_history(
         self,
@@ -83,8 +108,12 @@ class CudaBackend:
         return dict(torch.cuda.memory._snapshot())
 
     # ------------------------------------------------------------ OOM observer
+    def oom_observer_unsupported_reason(self) -> str | None:
+        """Why no out-of-memory observer can be attached here, or ``None`` when one can."""
+        return self._unsupported("_cuda_attach_out_of_memory_observer", "out-of-memory observer")
+
     def supports_oom_observer(self) -> bool:
-        return self.is_available() and hasattr(torch._C, "_cuda_attach_out_of_memory_observer")
+        return self.oom_observer_unsupported_reason() is None
 
     def add_oom_observer(self, observer: OomObserver) -> Callable[[], None]:
         """Call ``observer`` on every CUDA out-of-memory; return a function that removes it.

@@ -6,9 +6,15 @@ before the OOM error is raised) and again when training ends in an exception (Li
 ``on_exception``, or leaving ``with MemProfiler(...)`` by an exception) it writes:
 
 * ``oom_rank_{rank}_{n}.pickle``: the allocator snapshot, for pytorch.org/memory_viz;
-* ``oom_rank_{rank}_{n}.yaml``: why, ``torch.cuda.memory_stats()``, the device's free and
-  total bytes, the size of the allocation that failed, the step and call counts, and the
+* ``oom_rank_{rank}_{n}.yaml``: why, ``torch.cuda.memory_stats()`` of the device that ran
+  out, its free and total bytes, the allocation that failed (``failed_alloc_bytes``: the
+  cudaMalloc the allocator attempted, at least 2 MiB; ``requested_bytes``: the block the
+  tensor asked for, from the history's ``oom`` entry), the step and call counts, and the
   consolidated snapshots collected so far.
+
+Out-of-memory errors that PyTorch catches and recovers from (cuDNN's algorithm search tries
+workspaces until one fits) reach the observer too; ``oom.max_dumps`` bounds how many such
+records one run writes.
 
 ``n`` counts up from the first number not already on disk, so nothing earlier is
 overwritten. Nothing here may raise into the allocator: a fault while writing a record is
@@ -18,7 +24,8 @@ reported as a warning and the OOM stays the OOM it was.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +78,7 @@ class OomRecorder(BaseCollector):
         self._dumps = 0
         self._last_oom: dict[str, int] | None = None
         self._active = False
+        self._lock = threading.RLock()
         if recording is not None:
             recording.plan(options)
 
@@ -84,12 +92,13 @@ class OomRecorder(BaseCollector):
         self._active = True
         if self._recording is not None:
             self._recording.acquire(RING_HOLDER, self._options)
-        if self._backend.supports_oom_observer():
+        no_observer = self._backend.oom_observer_unsupported_reason()
+        if no_observer is None:
             self._remove_observer = self._backend.add_oom_observer(self._on_oom)
         else:
             self._warn(
-                "this torch build has no CUDA out-of-memory observer; OOM records are written "
-                "from the exception handler only"
+                f"no CUDA out-of-memory observer can be attached ({no_observer}); OOM records are "
+                "written from the exception handler only"
             )
 
     def crash(self, exc: BaseException) -> list[Path]:
@@ -143,6 +152,10 @@ class OomRecorder(BaseCollector):
         prof = self._profiler
         if prof is None:
             raise RuntimeError("OOM recorder used before the profiler bound it")
+        with self._lock:  # two device threads can run out of memory at once
+            return self._record_locked(prof, info)
+
+    def _record_locked(self, prof: MemProfiler, info: dict[str, Any]) -> list[Path]:
         if self._dumps >= self._max_dumps:
             self._warn(f"{self._max_dumps} OOM records written (`oom.max_dumps`); later ones are skipped")
             return []
@@ -159,24 +172,27 @@ class OomRecorder(BaseCollector):
         }
         record.setdefault("failed_alloc_bytes", None)
         # Each part is taken on its own so that one failing still leaves the others.
+        device = info.get("device")  # the observer's; the current device after an exception
         try:
             snap = self._backend.snapshot()
             pickle_name = layout.OOM_PICKLE.format(rank=prof.rank, n=n)
             written.append(write_pickle(prof.save_dir / pickle_name, snap, plain=False))
             record["pickle"] = pickle_name
             record["trace_entries"] = sum(len(t) for t in snap.get("device_traces", ()))
+            if info.get("reason") == "cuda_oom":
+                record["requested_bytes"] = _last_oom_size(snap, device)
         except Exception as err:
             record["pickle"] = None
             record["pickle_error"] = repr(err)
         try:
-            free, total = self._backend.mem_get_info()
+            free, total = self._backend.mem_get_info(device)
             record.setdefault("device_free_bytes", free)  # the observer's figure is the OOM's own
             record["device_total_bytes"] = total
         except Exception as err:
             record["mem_get_info_error"] = repr(err)
             record.setdefault("device_total_bytes", record.get("allocator_limit_bytes"))
         try:
-            record["memory_stats"] = self._backend.memory_stats()
+            record["memory_stats"] = self._backend.memory_stats(device)
         except Exception as err:
             record["memory_stats_error"] = repr(err)
         record["snapshots"] = dict(prof.snapshots)
@@ -191,6 +207,18 @@ class OomRecorder(BaseCollector):
             n += 1
         self._next_n = n + 1
         return n
+
+
+def _last_oom_size(snap: Mapping[str, Any], device: int | None) -> int | None:
+    """Size of the newest ``oom`` entry in ``device``'s history: the block the tensor asked for
+    (rounded to 512 B), where the observer's figure is the whole cudaMalloc that failed."""
+    traces = snap.get("device_traces") or []
+    if device is None or not 0 <= device < len(traces):
+        return None
+    for entry in reversed(traces[device]):
+        if entry.get("action") == "oom":
+            return int(entry.get("size", 0))
+    return None
 
 
 def _is_cuda_oom(exc: BaseException) -> bool:

@@ -96,13 +96,12 @@ def _history_collectors(
     out: list[Registered] = []
     if not (cfg.cuda_allocator_history or cfg.oom.enabled):
         return out
-    has_history = cuda.supports_history()
-    recording = HistoryRecording(cuda, warn) if has_history else None
+    no_history = cuda.history_unsupported_reason()
+    recording = HistoryRecording(cuda, warn) if no_history is None else None
     if cfg.cuda_allocator_history:
         if recording is None:
             warn(
-                "CUDA allocator history is not available here (no CUDA device, or a torch build "
-                "without `_cuda_record_memory_history`): `cuda_allocator_history` is off"
+                f"CUDA allocator history is not available here ({no_history}): `cuda_allocator_history` is off"
             )
         else:
             hist = cfg.allocator_history
@@ -120,8 +119,8 @@ def _history_collectors(
         else:
             if recording is None:
                 warn(
-                    "this torch build cannot record CUDA allocator history: OOM records carry "
-                    "allocator stats but no memory_viz history"
+                    f"CUDA allocator history cannot be recorded here ({no_history}): OOM records "
+                    "carry allocator stats but no memory_viz history"
                 )
             oom = cfg.oom
             # No functions: the recorder takes no per-call snapshots, it only binds and dumps.

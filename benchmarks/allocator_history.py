@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="timed steps per setting")
     parser.add_argument("--max-entries", type=int, default=100_000, help="ring size for the dumps")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     backend = CudaBackend()
     if not backend.supports_history():

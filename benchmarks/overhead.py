@@ -17,8 +17,6 @@ Prints one JSON object. Usage: ``python benchmarks/overhead.py [--steps N] [--ou
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import statistics
 import tempfile
@@ -26,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from _emit import emit
 from torch import nn
 
 from memprofiler import MemProfiler, memprofilable
@@ -136,18 +135,11 @@ def main() -> None:
         "ratio_inside_window": round(med["inside_window"] / med["baseline"], 4),
         "targets": {"ratio_outside_window": 1.01, "ratio_inside_window": 1.05},
         "collected_calls_inside": inside.call_count("training_step"),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
         "threads": torch.get_num_threads(),
     }
     inside.teardown()
     outside.teardown()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

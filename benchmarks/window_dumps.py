@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import tempfile
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from _emit import emit
 from torch import nn
 
 from memprofiler import MemProfiler
@@ -83,15 +83,8 @@ def main() -> None:
         "collected_step_ms_last_100_windows": round(statistics.mean(last) * 1e3, 3),
         "serialise_all_ms": {"cached": round(cached * 1e3, 3), "from_scratch": round(scratch * 1e3, 3)},
         "ratio_from_scratch_over_cached": round(scratch / cached, 1),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
     }
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

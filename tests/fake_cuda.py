@@ -153,6 +153,9 @@ class FakeCudaBackend(CudaBackend):
         self.options: dict[str, Any] = {}
         self.ring: AllocatorRing | None = None
         self.allocated = sum(s["allocated_size"] for s in self.fixture["segments"])
+        #: Highest ``allocated`` since the last ``reset_peak_memory_stats``; resets counted.
+        self.peak = self.allocated
+        self.resets = 0
         self.fail_snapshot: Exception | None = None
         self.snapshots_taken = 0
         self.raw_observers: list[OomObserver] = []
@@ -168,10 +171,12 @@ class FakeCudaBackend(CudaBackend):
         self.devices_asked.append(device)
         stats = dict.fromkeys(memory_stats_keys(), 0)
         stats["allocated_bytes.all.current"] = self.allocated
+        stats["allocated_bytes.all.peak"] = max(self.peak, self.allocated)
         return stats
 
     def reset_peak_memory_stats(self) -> None:
-        pass
+        self.resets += 1
+        self.peak = self.allocated
 
     def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
         self.devices_asked.append(device)
@@ -242,6 +247,7 @@ class FakeCudaBackend(CudaBackend):
         frames = self._frames()
         self._live[addr] = (size, frames)
         self.allocated += size
+        self.peak = max(self.peak, self.allocated)
         self._trace("alloc", addr=addr, size=size, frames=frames)
         return addr
 

@@ -144,3 +144,29 @@ def test_markup_in_a_path_is_printed_as_is(tmp_path, capsys):
     assert main(["snapshot", str(p)]) == 0
     out = capsys.readouterr().out
     assert f"Allocator snapshot {p}" in out
+
+
+def test_reading_commands_never_import_torch(snap_file):
+    # GIVEN a fresh interpreter: importing torch costs ~2 s and ~250 MB RSS, more than
+    # analysing a 1M-entry snapshot, and none of the reading commands needs it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _env import subprocess_env
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    code = (
+        "import sys\n"
+        "from memprofiler.__main__ import main, build_parser\n"
+        "build_parser()\n"
+        f"main(['snapshot', {str(snap_file)!r}])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    # WHEN the parser is built (every command module is imported) and `snapshot` runs
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(src), capture_output=True, text=True
+    )
+    # THEN torch was never imported
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

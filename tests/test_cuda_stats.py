@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from fake_cuda_stats import ScriptedCuda
+from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler
 from memprofiler._warn import MemProfilerWarning
 
@@ -14,26 +14,28 @@ MiB = 2**20
 
 
 def test_peaks_belong_to_the_call(tmp_path):
-    # GIVEN an allocator whose earlier peak (100 MiB) predates the collected call
-    cuda = ScriptedCuda()
-    cuda.alloc(100 * MiB)
-    cuda.free(90 * MiB)
+    # GIVEN an allocator holding `base` bytes whose earlier peak (base + 90 MiB) predates the call
+    cuda = FakeCudaBackend()
+    base = cuda.allocated
+    cuda.alloc(10 * MiB)
+    cuda.free(cuda.alloc(90 * MiB))
     prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=0, cuda=cuda).setup()
-    # WHEN a call allocates 30 MiB, frees 20 MiB
+    # WHEN a call allocates 10 and 20 MiB and frees the 10
     with prof.profile("training_step"):
-        cuda.alloc(30 * MiB)
-        cuda.free(20 * MiB)
+        ten = cuda.alloc(10 * MiB)
+        cuda.alloc(20 * MiB)
+        cuda.free(ten)
     start, end = prof.snapshots["0.training_step.1.start"], prof.snapshots["0.training_step.1.end"]
-    # THEN peak stats were reset at start, so the end peak is this call's: 10 + 30 MiB
-    assert start["allocated_bytes.all.peak"] == 10 * MiB
-    assert end["allocated_bytes.all.peak"] == 40 * MiB
-    assert end["allocated_bytes.all.current"] == 20 * MiB
+    # THEN peak stats were reset at start, so the end peak is this call's: base + 10 + 30 MiB
+    assert start["allocated_bytes.all.peak"] == base + 10 * MiB
+    assert end["allocated_bytes.all.peak"] == base + 40 * MiB
+    assert end["allocated_bytes.all.current"] == base + 30 * MiB
     assert end["num_ooms"] == 0
     assert cuda.resets == 1
 
 
 def test_cuda_collection_only_for_its_functions(tmp_path):
-    cuda = ScriptedCuda()
+    cuda = FakeCudaBackend()
     cfg = {
         "schedule": {"warmup": 0, "active": 1},
         "collect_funcs": {"default": [], "cpu": ["a"], "cuda": ["b"]},

@@ -367,10 +367,14 @@ def _worker(scenario: str, out: str) -> None:  # pragma: no cover - runs in the 
 
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2])
-    # Tear the gloo group down before interpreter exit: left to static destructors, its C++
-    # threads can abort the process ("terminate called without an active exception") under load.
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    # Everything the test checks is on disk. Skip the interpreter's teardown: now and then
+    # (about 1 run in 10 here) a c10d/gloo thread left to static destructors aborts the
+    # process with "terminate called without an active exception" after the work is done.
+    # An abort during training still fails the test, since it never reaches this line.
+    print("worker finished", flush=True)
+    os._exit(0)

@@ -19,11 +19,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memprofiler import layout
-from memprofiler.collectors.base import CallContext
 from memprofiler.writers import write_text
+
+if TYPE_CHECKING:  # the CLI's trace merging imports this module and must not pull in torch
+    from memprofiler.collectors.base import CallContext
 
 #: Counter track -> snapshot metric it draws. A track appears only where its metric exists
 #: (``rss_peak`` and saved-tensor bytes exist at ``end`` only, CUDA tracks only with CUDA).

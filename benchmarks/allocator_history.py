@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                 result.setdefault("dump", {})[stacks] = _dump(backend, Path(tmp) / f"{stacks}.pickle")
             finally:
                 backend.record_memory_history(None)
-    print(json.dumps(result, indent=2))
+    from _emit import emit  # here, not at the top: the tests import this file as a module
+
+    emit(result, args.out)
     return 0
 
 

@@ -95,8 +95,9 @@ class AllocatorRing:
 
     ``set_max_entries`` only moves the bound. Entries already stored stay where they are, so
     a ring that has wrapped and then grows appends new entries in the middle of the
-    oldest-first order, and one that shrinks keeps its extra entries. memprofiler must never
-    resize a live ring; this fake makes a violation visible in the pickles.
+    oldest-first order, and one that shrinks keeps its extra entries (and, once its write
+    position is past the new bound, c10 writes out of bounds; this fake raises IndexError).
+    memprofiler must never resize a live ring; this fake makes a violation visible.
     """
 
     def __init__(self, max_entries: int) -> None:

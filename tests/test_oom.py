@@ -134,6 +134,20 @@ def test_a_small_failed_request_is_told_apart_from_the_cudamalloc_that_failed(tm
     assert rec["requested_bytes"] is None
     # AND the statistics and free/total figures are those of device 1
     assert set(fake.devices_asked) == {1}
+    # WHEN the same request fails on device 0, whose history the fake keeps
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.oom(300_001)
+    rec = _yaml(tmp_path / "oom_rank_0_1.yaml")
+    # THEN the request is the block the allocator rounded it to, apart from the 2 MiB cudaMalloc
+    assert (rec["requested_bytes"], rec["failed_alloc_bytes"]) == (300_032, 2 * MIB)
+    # AND the crash record that follows carries the same figures
+    prof.record_crash(torch.OutOfMemoryError("CUDA out of memory"))
+    rec = _yaml(tmp_path / "oom_rank_0_2.yaml")
+    assert (rec["reason"], rec["requested_bytes"], rec["failed_alloc_bytes"]) == (
+        "exception",
+        300_032,
+        2 * MIB,
+    )
     prof.teardown()
 
 

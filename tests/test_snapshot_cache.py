@@ -65,3 +65,14 @@ def test_an_untouched_in_place_change_is_not_seen():
     assert yaml.safe_load(cache.yaml_text(snapshots)) == {"0.f.1.end": {"rss": 1}}
     cache.touch("0.f.1.end")
     assert yaml.safe_load(cache.yaml_text(snapshots)) == {"0.f.1.end": {"rss": 2}}
+
+
+def test_a_replaced_snapshot_object_is_seen_without_touch():
+    # GIVEN a cached snapshot
+    cache = SnapshotCache()
+    snapshots = {"0.f.1.end": {"rss": 1}}
+    cache.yaml_text(snapshots)
+    # WHEN the key is given a new dict (not changed in place)
+    snapshots["0.f.1.end"] = {"rss": 2}
+    # THEN the new value is written
+    assert yaml.safe_load(cache.yaml_text(snapshots)) == {"0.f.1.end": {"rss": 2}}

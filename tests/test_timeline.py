@@ -175,8 +175,32 @@ def test_incremental_json_equals_the_full_trace_as_marks_arrive():
         timeline.on_snapshot(
             f"3.{fn}.{call}.{phase}", {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms}, ctx
         )
-        # THEN each rendering is exactly the trace built from scratch
-        assert json.loads(timeline.to_json()) == timeline.to_trace()
+        # THEN each rendering is exactly the text of the trace built from scratch
+        assert timeline.to_json() == json.dumps(timeline.to_trace())
     # AND the spans pair each end with its own start
     spans = {e["name"]: e["dur"] for e in timeline.to_trace()["traceEvents"] if e["ph"] == "X"}
     assert spans == {"f.1": 2000.0, "g.1": 3000.0}
+
+
+def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
+    # GIVEN a timeline whose rendering is interrupted once by another rendering, as a SIGTERM
+    # handler's dump interrupts a window-close dump
+    class Interrupted(MemoryTimeline):
+        fired = False
+
+        def _mark_events(self, *args: Any) -> list[dict[str, Any]]:
+            if not self.fired:
+                self.fired = True
+                self.to_json()
+            return super()._mark_events(*args)
+
+    timeline = Interrupted(rank=0)
+    for call, phase, t_ms in [(1, "start", 1), (1, "end", 2)]:
+        ctx = CallContext(fn_name="f", call=call, rank=0, scratch={"t_ns": t_ms * 10**6, "phase": phase})
+        timeline.on_snapshot(f"0.f.{call}.{phase}", {"rss": 100}, ctx)
+    # WHEN it renders, then renders again
+    timeline.to_json()
+    # THEN each event appears once
+    events = json.loads(timeline.to_json())["traceEvents"]
+    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"]
+    assert timeline.to_json() == json.dumps(timeline.to_trace())

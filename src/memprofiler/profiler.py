@@ -183,8 +183,8 @@ class MemProfiler:
                 continue
             out = self._guard(reg, "step_end", end_step)
             for key, metrics in (out or {}).items():
+                self._snapshot_cache.touch(key)  # first: a SIGTERM dump may run mid-update
                 self.snapshots.setdefault(key, {}).update(metrics)
-                self._snapshot_cache.touch(key)
                 # Listeners see the late metrics as phase "step_end" of the same call.
                 rank, fn, call, _ = layout.parse_snapshot_key(key)
                 ctx = CallContext(fn_name=fn, call=call, rank=rank, module=self.module)

@@ -22,10 +22,12 @@ from memprofiler.writers import to_plain
 class SnapshotCache:
     """Cached ``to_plain`` and YAML text of each snapshot key.
 
-    Call :meth:`touch` after changing a snapshot in place; new keys are found on their own.
+    New keys, and keys whose snapshot was replaced by another object, are found on their own;
+    call :meth:`touch` after changing a snapshot in place.
     """
 
     def __init__(self) -> None:
+        self._source: dict[str, Any] = {}  # the snapshot object each cached form came from
         self._plain: dict[str, Any] = {}
         self._yaml: dict[str, str] = {}
         self._stale: set[str] = set()
@@ -53,13 +55,14 @@ class SnapshotCache:
 
     def _sync(self, snapshots: Mapping[str, Any]) -> None:
         for key in self._stale:
-            self._plain.pop(key, None)
-            self._yaml.pop(key, None)
+            self._source.pop(key, None)
         self._stale.clear()
         for key, value in snapshots.items():
-            if key not in self._plain:
+            if self._source.get(key) is not value:
+                self._source[key] = value
                 self._plain[key] = to_plain(value)
-        if len(self._plain) > len(snapshots):  # keys that left the snapshots
-            for key in [k for k in self._plain if k not in snapshots]:
-                del self._plain[key]
+                self._yaml.pop(key, None)
+        if len(self._source) > len(snapshots):  # keys that left the snapshots
+            for key in [k for k in self._source if k not in snapshots]:
+                del self._source[key], self._plain[key]
                 self._yaml.pop(key, None)

@@ -202,19 +202,21 @@ class MemoryTimeline:
         that quadratic in the number of windows.
         """
         base = self._base_ns()
-        if self._rendered_base != base:
-            self._rendered, self._rendered_n, self._render_starts = [], 0, {}
-            self._rendered_base = base
-        for mark in self._marks[self._rendered_n :]:
-            self._rendered.extend(
-                json.dumps(e) for e in self._mark_events(mark, self.rank, base, self._render_starts)
-            )
-        self._rendered_n = len(self._marks)
+        # Render into locals and publish them at the end: a SIGTERM dump can re-enter mid-render.
+        if self._rendered_base == base:
+            rendered, starts, done = list(self._rendered), dict(self._render_starts), self._rendered_n
+        else:
+            rendered, starts, done = [], {}, 0
+        marks = self._marks[done:]
+        for mark in marks:
+            rendered.extend(json.dumps(e) for e in self._mark_events(mark, self.rank, base, starts))
+        self._rendered, self._render_starts = rendered, starts
+        self._rendered_n, self._rendered_base = done + len(marks), base
         meta = [json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}")]
         other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
         return (
             f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {base}, '
-            f'"traceEvents": [{", ".join(meta + self._rendered)}], "otherData": {other}}}'
+            f'"traceEvents": [{", ".join(meta + rendered)}], "otherData": {other}}}'
         )
 
     def dump(self, save_dir: str | os.PathLike[str]) -> Path:

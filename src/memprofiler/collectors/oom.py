@@ -124,13 +124,15 @@ class OomRecorder(BaseCollector):
         # argument is the device's total memory, or the allowed maximum when
         # `torch.cuda.set_per_process_memory_fraction` is in effect, so the record keeps it as
         # the allocator's limit and asks the driver for the true total.
-        self._last_oom = {
+        oom = {
             "device": device,
             "failed_alloc_bytes": alloc,
             "allocator_limit_bytes": limit,
             "device_free_bytes": device_free,
         }
-        self._record_safely({"reason": "cuda_oom", **self._last_oom})
+        with self._lock:  # a crash record must not pick up another thread's OOM half-way
+            self._last_oom = oom
+            self._record_safely({"reason": "cuda_oom", **oom})
 
     def _record_safely(self, info: dict[str, Any]) -> list[Path]:
         if not self._active:
@@ -179,7 +181,7 @@ class OomRecorder(BaseCollector):
             written.append(write_pickle(prof.save_dir / pickle_name, snap, plain=False))
             record["pickle"] = pickle_name
             record["trace_entries"] = sum(len(t) for t in snap.get("device_traces", ()))
-            if info.get("reason") == "cuda_oom":
+            if "failed_alloc_bytes" in info:  # an observed OOM, and the crash record after it
                 record["requested_bytes"] = _last_oom_size(snap, device)
         except Exception as err:
             record["pickle"] = None
@@ -190,7 +192,7 @@ class OomRecorder(BaseCollector):
             record["device_total_bytes"] = total
         except Exception as err:
             record["mem_get_info_error"] = repr(err)
-            record.setdefault("device_total_bytes", record.get("allocator_limit_bytes"))
+            record.setdefault("device_total_bytes", None)  # the allocator's limit is not the total
         try:
             record["memory_stats"] = self._backend.memory_stats(device)
         except Exception as err:

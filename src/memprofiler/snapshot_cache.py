@@ -38,14 +38,14 @@ class SnapshotCache:
 
     def plain(self, snapshots: Mapping[str, Any]) -> dict[str, Any]:
         """``to_plain(snapshots)``, in the snapshots' order, from the cache."""
-        self._sync(snapshots)
-        return {key: self._plain[key] for key in snapshots}
+        keys = self._sync(snapshots)
+        return {key: self._plain[key] for key in keys}
 
     def yaml_text(self, snapshots: Mapping[str, Any]) -> str:
         """``yaml.safe_dump(to_plain(snapshots), sort_keys=False)``, from the cache."""
-        self._sync(snapshots)
+        keys = self._sync(snapshots)
         parts = []
-        for key in snapshots:
+        for key in keys:
             text = self._yaml.get(key)
             if text is None:
                 text = yaml.safe_dump({key: self._plain[key]}, sort_keys=False, default_flow_style=False)
@@ -53,16 +53,24 @@ class SnapshotCache:
             parts.append(text)
         return "".join(parts) if parts else yaml.safe_dump({})
 
-    def _sync(self, snapshots: Mapping[str, Any]) -> None:
-        for key in self._stale:
+    def _sync(self, snapshots: Mapping[str, Any]) -> list[str]:
+        """Bring the cache up to date; return the keys, in order, that it now covers.
+
+        Works on copies of the key set and of the snapshots' items: a SIGTERM handler's dump
+        can run in the middle of a window-close dump and add a snapshot.
+        """
+        stale, self._stale = self._stale, set()
+        for key in stale:
             self._source.pop(key, None)
-        self._stale.clear()
-        for key, value in snapshots.items():
+        items = list(snapshots.items())
+        for key, value in items:
             if self._source.get(key) is not value:
                 self._source[key] = value
                 self._plain[key] = to_plain(value)
                 self._yaml.pop(key, None)
-        if len(self._source) > len(snapshots):  # keys that left the snapshots
-            for key in [k for k in self._source if k not in snapshots]:
+        if len(self._source) > len(items):  # keys that left the snapshots
+            present = {key for key, _ in items}
+            for key in [k for k in self._source if k not in present]:
                 del self._source[key], self._plain[key]
                 self._yaml.pop(key, None)
+        return [key for key, _ in items]

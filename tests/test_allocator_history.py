@@ -14,6 +14,7 @@ import torch
 import yaml
 from torch import nn
 
+from conftest import make_trainer
 from fake_cuda import FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, _warn, memprofilable
 from memprofiler._warn import MemProfilerWarning
@@ -464,16 +465,7 @@ def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
 
     # GIVEN a small model training on CUDA with history for step 2
     cb = MemProfilerCallback({"cuda_allocator_history": True, "save_dir": str(tmp_path)})
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=4,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        accelerator="cuda",
-        devices=1,
-    )
+    trainer = make_trainer(tmp_path, [cb], max_steps=4, accelerator="cuda")
     trainer.fit(_CudaMLP())
     start = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.start.pickle")
     end = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.end.pickle")

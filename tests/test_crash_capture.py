@@ -16,6 +16,7 @@ import yaml
 from torch import nn
 
 from _env import subprocess_env
+from conftest import make_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, _warn, memprofilable
 
@@ -215,16 +216,7 @@ class _CudaOomModel(pl.LightningModule):
 def test_gpu_real_oom_in_a_trainer_leaves_every_record(tmp_path):
     # GIVEN every step collected with history and the flight recorder, on a real GPU
     cb = MemProfilerCallback({**CONFIG, "save_dir": str(tmp_path / "mp")})
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=6,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        accelerator="cuda",
-        devices=1,
-    )
+    trainer = make_trainer(tmp_path, [cb], max_steps=6, accelerator="cuda")
     # WHEN step 3 runs out of memory
     with pytest.raises(torch.OutOfMemoryError):
         trainer.fit(_CudaOomModel())

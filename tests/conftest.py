@@ -73,6 +73,21 @@ def make_trainer(root: Path, callbacks: list[pl.Callback], **kwargs: Any) -> pl.
     return pl.Trainer(callbacks=callbacks, **opts)
 
 
+def step_trainer(root: Path, callbacks: list[pl.Callback], max_steps: int) -> pl.Trainer:
+    """A quiet CPU Trainer that stops after ``max_steps`` optimizer steps."""
+    return pl.Trainer(
+        default_root_dir=root,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
+
+
 def load_stats(save_dir: Path, rank: int = 0) -> dict[str, dict[str, Any]]:
     path = save_dir / f"rank_{rank}_memory_stats.yaml"
     data = yaml.safe_load(path.read_text())

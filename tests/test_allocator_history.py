@@ -14,7 +14,7 @@ import torch
 import yaml
 from torch import nn
 
-from conftest import make_trainer
+from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, _warn, memprofilable
 from memprofiler._warn import MemProfilerWarning
@@ -408,20 +408,6 @@ class _Steps(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _trainer(tmp_path: Path, cb: MemProfilerCallback, steps: int) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=steps,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-    )
-
-
 def test_lightning_trainer_writes_pickles_of_the_collected_steps(tmp_path):
     # GIVEN the callback with history on for steps 2-3, over the fake allocator
     fake = FakeCudaBackend()
@@ -429,7 +415,7 @@ def test_lightning_trainer_writes_pickles_of_the_collected_steps(tmp_path):
     cb = MemProfilerCallback(cfg)
     cb.profiler = MemProfiler(cfg, save_dir=tmp_path / "mp", rank=0, cuda=fake)
     # WHEN five steps train
-    _trainer(tmp_path, cb, 5).fit(_Steps(fake))
+    step_trainer(tmp_path, [cb], 5).fit(_Steps(fake))
     # THEN steps 2 and 3 have start/end pickles; recording ran from step 1 to the end of step 3
     assert _alloc_files(tmp_path / "mp") == sorted(
         f"cuda_alloc_rank_0.training_step.{n}.{p}.pickle" for n in (2, 3) for p in ("start", "end")

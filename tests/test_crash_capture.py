@@ -16,7 +16,7 @@ import yaml
 from torch import nn
 
 from _env import subprocess_env
-from conftest import make_trainer
+from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, _warn, memprofilable
 
@@ -62,20 +62,6 @@ class FailingModel(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _trainer(root: Path, cb: MemProfilerCallback) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=root,
-        max_steps=8,
-        callbacks=[cb],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-    )
-
-
 def _load_pickle(path: Path) -> dict:
     data = path.read_bytes()
     assert data[:2] == b"\x80\x04"
@@ -117,7 +103,7 @@ def test_exception_mid_run_leaves_valid_files_of_the_earlier_steps(tmp_path):
     cb.profiler = MemProfiler(CONFIG, save_dir=tmp_path / "mp", rank=0, cuda=fake)
     # WHEN training runs into the failure
     with pytest.raises(RuntimeError, match="injected failure in step 5"):
-        _trainer(tmp_path, cb).fit(FailingModel(fake, fail_at=5))
+        step_trainer(tmp_path, [cb], 8).fit(FailingModel(fake, fail_at=5))
     # THEN steps 1-4 are on disk in full, step 5's start too, and the crash record
     save_dir = tmp_path / "mp"
     assert_complete_record(save_dir, done_steps=4, failed_step=5)
@@ -156,16 +142,17 @@ from pathlib import Path
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from conftest import step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback
-from test_crash_capture import CONFIG, FailingModel, _trainer
+from test_crash_capture import CONFIG, FailingModel
 
 root = Path(sys.argv[1])
 fake = FakeCudaBackend()
 cb = MemProfilerCallback(CONFIG)
 cb.profiler = MemProfiler(CONFIG, save_dir=root / "mp", rank=0, cuda=fake)
 try:
-    _trainer(root, cb).fit(FailingModel(fake, fail_at=3, how="sigterm"))
+    step_trainer(root, [cb], 8).fit(FailingModel(fake, fail_at=3, how="sigterm"))
 except SIGTERMException:
     print("SIGTERMException; recording on:", fake.ring is not None)
     sys.exit(3)

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from memprofiler.collectors.allocator_history import trace_entries
-from memprofiler.cuda_backend import CudaBackend
-from memprofiler.writers import write_pickle
+from memprofiler.collectors.cuda_backend import CudaBackend
+from memprofiler.output.writers import write_pickle
 
 
 def _model() -> nn.Module:

@@ -26,7 +26,7 @@ from _emit import emit
 from torch import nn
 
 from memprofiler import MemProfiler
-from memprofiler.writers import to_plain
+from memprofiler.output.writers import to_plain
 
 
 def _median_s(fn: object, repeats: int = 7) -> float:

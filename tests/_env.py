@@ -23,10 +23,14 @@ _LAUNCHER_VARS = (
 )
 
 
+_TESTS = Path(__file__).resolve().parent
+
+
 def subprocess_env(*paths: Path | str, **extra: str) -> dict[str, str]:
-    """``os.environ`` minus launcher variables, with ``paths`` prepended to ``PYTHONPATH``."""
+    """``os.environ`` minus launcher variables, with ``paths`` and the tests' helper folder
+    prepended to ``PYTHONPATH`` (scripts under ``tests/*/`` import ``conftest``, ``fake_cuda``)."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("PL_")}
-    parts = [str(p) for p in paths]
+    parts = [str(p) for p in paths] + [str(_TESTS)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(parts)

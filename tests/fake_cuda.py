@@ -1,4 +1,4 @@
-"""A fake :class:`memprofiler.cuda_backend.CudaBackend` that behaves like the caching allocator.
+"""A fake :class:`memprofiler.collectors.cuda_backend.CudaBackend` that behaves like the caching allocator.
 
 It replays the segments of ``fixtures/synthetic_cuda_snapshot.json`` and keeps a history
 ring with the allocator's semantics, so every piece of our orchestration runs on CPU:
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from memprofiler.cuda_backend import CudaBackend, OomObserver
+from memprofiler.collectors.cuda_backend import CudaBackend, OomObserver
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_cuda_snapshot.json"
 GIB = 1 << 30

@@ -100,7 +100,7 @@ def full_run(real_runs: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
                 m1[k] = m1[k] + 64 * 1024**2  # rank 1 peaks 64 MiB higher
         rank1["1" + key[1:]] = m1
     (root / "rank_1_memory_stats.yaml").write_text(yaml.safe_dump(rank1, sort_keys=False))
-    from memprofiler.distributed import write_summary
+    from memprofiler.core.summary import write_summary
 
     write_summary(root, {0: rank0, 1: rank1}, world_size=2)  # what rank 0 writes after a gather
     fsdp = {

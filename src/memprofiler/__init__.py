@@ -11,19 +11,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.decorator import memprofilable
+from memprofiler.core.decorator import memprofilable
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
+    from memprofiler.core.profiler import MemProfiler
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
-    from memprofiler.profiler import MemProfiler
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "MemProfiler": "memprofiler.profiler",
+    "MemProfiler": "memprofiler.core.profiler",
     "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",

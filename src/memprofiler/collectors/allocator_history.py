@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from memprofiler import layout
 from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
-from memprofiler.cuda_backend import CudaBackend
-from memprofiler.writers import write_pickle
+from memprofiler.output.writers import write_pickle
 
 if TYPE_CHECKING:
-    from memprofiler.profiler import MemProfiler
+    from memprofiler.core.profiler import MemProfiler
 
 #: Prefix of this collector's holders in :class:`HistoryRecording`, one per open window.
 WINDOW_HOLDER = "window:"

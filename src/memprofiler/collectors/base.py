@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from torch import nn
 
 if TYPE_CHECKING:
-    from memprofiler.profiler import MemProfiler
+    from memprofiler.core.profiler import MemProfiler
 
 Metrics = dict[str, Any]
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memprofiler.collectors.base import CallContext
-from memprofiler.cuda_backend import CudaBackend
+from memprofiler.collectors.cuda_backend import CudaBackend
 
 
 class CudaStatsCollector:

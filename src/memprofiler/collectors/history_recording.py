@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from memprofiler.cuda_backend import CudaBackend
+from memprofiler.collectors.cuda_backend import CudaBackend
 
 _CONTEXT_ORDER = (None, "state", "alloc", "all")
 

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from memprofiler import layout
-from memprofiler._warn import log, warn_once
 from memprofiler.collectors.base import BaseCollector
+from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
-from memprofiler.cuda_backend import CudaBackend
-from memprofiler.writers import write_pickle, write_yaml
+from memprofiler.core.warn import log, warn_once
+from memprofiler.output.writers import write_pickle, write_yaml
 
 if TYPE_CHECKING:
-    from memprofiler.profiler import MemProfiler
+    from memprofiler.core.profiler import MemProfiler
 
 #: Holder name of the flight recorder's ring in :class:`HistoryRecording`.
 RING_HOLDER = "oom"

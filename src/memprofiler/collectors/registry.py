@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
 from memprofiler.collectors.base import Collector
+from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
 from memprofiler.collectors.fsdp import FSDPMemCollector
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
@@ -19,7 +20,6 @@ from memprofiler.collectors.module_mem import ModuleMemCollector
 from memprofiler.collectors.oom import OomRecorder
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 from memprofiler.config import MemProfilerConfig
-from memprofiler.cuda_backend import CudaBackend
 
 
 @dataclass

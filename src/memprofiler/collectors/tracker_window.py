@@ -29,10 +29,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprofiler import layout, mem_report
-from memprofiler._warn import warn_once
+from memprofiler import layout
+from memprofiler.collectors import mem_report
 from memprofiler.collectors.base import CallContext
-from memprofiler.writers import write_text, write_yaml
+from memprofiler.core.warn import warn_once
+from memprofiler.output.writers import write_text, write_yaml
 
 WINDOW_TEXT = (
     "from the start of `{fn}` to the end of its step (backward and optimizer step included, "

@@ -30,8 +30,8 @@ class CheckCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.artifacts import load_run
-        from memprofiler.budget import Limit, check_budget
+        from memprofiler.analysis.artifacts import load_run
+        from memprofiler.analysis.budget import Limit, check_budget
 
         limits = [Limit.parse(t) for t in args.limits]
         violations, checked = check_budget(load_run(args.run_dir), limits, keys=args.key)

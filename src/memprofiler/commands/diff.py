@@ -34,9 +34,9 @@ class DiffCommand:
         parser.add_argument("--no-missing", action="store_true", help="hide values found in only one run")
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.artifacts import load_run
+        from memprofiler.analysis.artifacts import load_run
+        from memprofiler.analysis.diff import diff_runs
         from memprofiler.reporters.terminal import make_console, render_diff
-        from memprofiler.run_diff import diff_runs
         from memprofiler.units import parse_size
 
         min_change = parse_size(args.min_change, key="--min-change")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memprofiler.analysis.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
 from memprofiler.errors import ArtifactError
-from memprofiler.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
-from memprofiler.writers import write_json
+from memprofiler.output.writers import write_json
 
 #: Output name when ``-o`` is not given, written into DIR.
 DEFAULT_OUTPUT = "memory_trace_merged.json"

@@ -23,12 +23,12 @@ class ReportCommand:
         parser.add_argument("--top", type=int, default=10, help="rows in the top-N tables (default: 10)")
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.artifacts import load_run
+        from memprofiler.analysis.artifacts import load_run
         from memprofiler.errors import ArtifactError
+        from memprofiler.output.writers import write_text
         from memprofiler.reporters.html import HtmlReporter
         from memprofiler.reporters.model import build_model
         from memprofiler.reporters.terminal import TerminalReporter, make_console
-        from memprofiler.writers import write_text
 
         model = build_model(load_run(args.run_dir), top=args.top)
         console = make_console()

@@ -19,12 +19,12 @@ class SnapshotCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from memprofiler.analysis.snapshot import analyze, load_snapshot
         from memprofiler.errors import ArtifactError
+        from memprofiler.output.writers import write_text
         from memprofiler.reporters.html import render_snapshot_page
         from memprofiler.reporters.model import SnapshotEntry
         from memprofiler.reporters.terminal import make_console, render_snapshot
-        from memprofiler.snapshot_analysis import analyze, load_snapshot
-        from memprofiler.writers import write_text
 
         analysis = analyze(load_snapshot(args.file), args.file, top=args.top)
         console = make_console()

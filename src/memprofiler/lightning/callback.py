@@ -13,12 +13,13 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from memprofiler import distributed, layout
-from memprofiler._warn import warn_once
+from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
+from memprofiler.core import summary as distributed
+from memprofiler.core.profiler import MemProfiler
+from memprofiler.core.warn import warn_once
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
-from memprofiler.profiler import MemProfiler
 
 
 def default_save_dir(trainer: pl.Trainer) -> Path:

@@ -37,11 +37,11 @@ from torch.profiler import ProfilerAction
 from typing_extensions import override
 
 from memprofiler import layout
-from memprofiler._warn import warn_once
+from memprofiler.core.warn import warn_once
 from memprofiler.errors import ConfigError
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
-from memprofiler.timeline import MemoryTimeline, merge_into_trace
-from memprofiler.writers import atomic_write_bytes, write_text
+from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
+from memprofiler.output.writers import atomic_write_bytes, write_text
 
 _DEPRECATED_KWARGS = ("use_cuda", "use_cpu", "use_device")
 

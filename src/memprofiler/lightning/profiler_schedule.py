@@ -14,8 +14,8 @@ from lightning.pytorch.profilers.pytorch import ScheduleWrapper
 from torch.profiler import ProfilerAction
 from typing_extensions import override
 
-from memprofiler._dataclass_build import build_dataclass
 from memprofiler.config import ScheduleConfig
+from memprofiler.config._build import build_dataclass
 from memprofiler.errors import ConfigError
 
 #: ``schedule_cfg`` keys taken when absent: Lightning's default schedule, one cycle.

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from memprofiler.analysis.snapshot import SnapshotAnalysis
 from memprofiler.reporters import svg
 from memprofiler.reporters.model import CallRow, ReportModel, SnapshotEntry, report_tables
-from memprofiler.snapshot_analysis import SnapshotAnalysis
 from memprofiler.units import format_bytes, format_value
 
 _STYLE = """

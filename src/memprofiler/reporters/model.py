@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.artifacts import AllocPickle, OomRecord, RunArtifacts
-from memprofiler.snapshot_analysis import SnapshotAnalysis, analyze, load_snapshot
+from memprofiler.analysis.artifacts import AllocPickle, OomRecord, RunArtifacts
+from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
 
 #: CUDA ``memory_stats()`` keys shown per call (the ``end`` snapshot's peaks belong to that call).
 CUDA_ALLOCATED_PEAK = "allocated_bytes.all.peak"

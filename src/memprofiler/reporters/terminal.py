@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from memprofiler.analysis.diff import DiffRow
+from memprofiler.analysis.snapshot import SnapshotAnalysis
 from memprofiler.reporters.model import ReportModel
-from memprofiler.run_diff import DiffRow
-from memprofiler.snapshot_analysis import SnapshotAnalysis
 from memprofiler.units import format_bytes, format_value
 
 

@@ -1,0 +1,157 @@
+"""Merge every rank's traces into one Chrome trace, ``pid`` = rank.
+
+Done after the run, from the files, so it never blocks training (Composer's merged-trace
+idea, applied to the memory timeline). The input is each rank's
+``memory_trace_rank_{rank}.json`` and, on request, the extended profiler's
+``{stage}_rank_{rank}.{cycle}.pt.trace.json`` files. Timestamps are moved onto the earliest
+file's ``baseTimeNanoseconds``, so ranks line up on the shared wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from memprofiler.errors import ArtifactError
+from memprofiler.output.timeline import CATEGORY
+
+_MEMORY_FILE = re.compile(r"^memory_trace_rank_(\d+)\.json$")
+_PROFILER_FILE = re.compile(r"^.+_rank_(\d+)\.\d+\.pt\.trace\.json$")
+#: Process metadata the merge writes itself, so every rank is named the same way.
+_PROCESS_META = ("process_name", "process_labels", "process_sort_index")
+#: Flow-event phases: their ids are only unique within one file.
+_FLOW_PHASES = ("s", "t", "f")
+#: A rank's flow ids move above ``rank << _FLOW_ID_BITS``; per-file ids are far below 2**40.
+_FLOW_ID_BITS = 40
+
+
+def find_rank_traces(run_dir: str | Path) -> dict[int, Path]:
+    """Map rank -> ``memory_trace_rank_{rank}.json`` anywhere under ``run_dir``.
+
+    Raises:
+        ArtifactError: ``run_dir`` is missing, holds no trace, or holds one rank twice.
+    """
+    root = _check_dir(run_dir)
+    found: dict[int, Path] = {}
+    for path in sorted(root.rglob("memory_trace_rank_*.json")):
+        match = _MEMORY_FILE.match(path.name)
+        if match is None:
+            continue
+        rank = int(match.group(1))
+        if rank in found:
+            raise ArtifactError(
+                f"rank {rank} has two traces, {str(found[rank])!r} and {str(path)!r}; "
+                "point DIR at a single run's directory"
+            )
+        found[rank] = path
+    if not found:
+        raise ArtifactError(
+            f"no memory_trace_rank_*.json under {str(root)!r}; run with `dump_memory_trace: true`"
+        )
+    return found
+
+
+def find_profiler_traces(run_dir: str | Path) -> dict[int, list[Path]]:
+    """Map rank -> the extended profiler's ``*_rank_{rank}.{cycle}.pt.trace.json`` under ``run_dir``."""
+    found: dict[int, list[Path]] = {}
+    for path in sorted(_check_dir(run_dir).rglob("*.pt.trace.json")):
+        match = _PROFILER_FILE.match(path.name)
+        if match is not None:
+            found.setdefault(int(match.group(1)), []).append(path)
+    return found
+
+
+def _check_dir(run_dir: str | Path) -> Path:
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise ArtifactError(f"{str(root)!r} is not a directory; give the run's output directory")
+    return root
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ArtifactError(f"{str(path)!r} is not a readable JSON trace ({err})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ArtifactError(f"{str(path)!r} is not a Chrome trace: no `traceEvents` list")
+    return data
+
+
+def _base(data: dict[str, Any]) -> int:
+    return int(data.get("baseTimeNanoseconds", 0) or 0)
+
+
+def _moved(events: Iterable[Any], rank: int, shift_us: float, skip_memory: bool) -> Iterable[dict[str, Any]]:
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        if event.get("ph") == "M" and event.get("name") in _PROCESS_META:
+            continue
+        if skip_memory and event.get("cat") == CATEGORY:
+            continue  # the profiler trace's copy of the memory events; the memory trace has them
+        moved = dict(event, pid=rank)
+        if "ts" in moved:
+            moved["ts"] = float(moved["ts"]) + shift_us
+        if moved.get("ph") in _FLOW_PHASES and "id" in moved:
+            moved["id"] = _flow_id(rank, moved["id"])
+        yield moved
+
+
+def _flow_id(rank: int, flow_id: Any) -> Any:
+    """A flow id unique across ranks that stays a number.
+
+    Perfetto's JSON importer reads a string id as hex and drops ``"0:17"``, so ``rank:id``
+    strings would lose every arrow; ``(rank << 40) | id`` keeps it numeric. A string id is
+    read as hex, as Perfetto reads it (or, if not hex, by its CRC-32).
+    """
+    try:
+        value = int(flow_id)
+    except (TypeError, ValueError, OverflowError):
+        try:
+            value = int(str(flow_id), 16)  # how Perfetto itself reads a string id
+        except ValueError:
+            value = zlib.crc32(str(flow_id).encode())
+    return (rank << _FLOW_ID_BITS) | (value & ((1 << _FLOW_ID_BITS) - 1))
+
+
+def merge_rank_traces(
+    traces: dict[int, Path], profiler_traces: dict[int, list[Path]] | None = None
+) -> dict[str, Any]:
+    """Load and merge per-rank traces; every event's ``pid`` becomes its rank.
+
+    Args:
+        traces: rank -> memory trace, from :func:`find_rank_traces`.
+        profiler_traces: rank -> extended-profiler traces to fold in (operators, kernels);
+            their own copies of the memory events are dropped.
+
+    Raises:
+        ArtifactError: a file is not valid JSON or not a Chrome trace.
+    """
+    sources: dict[int, list[tuple[Path, dict[str, Any], bool]]] = {}
+    for rank, path in sorted(traces.items()):
+        sources[rank] = [(path, _load(path), False)]
+    for rank, paths in sorted((profiler_traces or {}).items()):
+        sources.setdefault(rank, []).extend((p, _load(p), True) for p in paths)
+    base = min(_base(data) for files in sources.values() for _, data, _ in files)
+    events: list[dict[str, Any]] = []
+    for rank, files in sources.items():
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
+        for _, data, is_profiler in files:
+            shift_us = (_base(data) - base) / 1000.0
+            events.extend(_moved(data["traceEvents"], rank, shift_us, skip_memory=is_profiler))
+    return {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": base,
+        "traceEvents": events,
+        "otherData": {
+            "memprofiler_ranks": sorted(sources),
+            "memprofiler_sources": [str(path) for files in sources.values() for path, _, _ in files],
+        },
+    }

@@ -1,0 +1,1 @@
+"""Where collected data becomes files: atomic writers, the snapshot cache, the Chrome-trace timeline."""

@@ -1,0 +1,248 @@
+"""Memory snapshots as Chrome-trace events, on the PyTorch profiler's clock.
+
+A :class:`MemoryTimeline` listens to a :class:`~memprofiler.MemProfiler` and turns every
+snapshot into counter events (``"ph": "C"``: one track per figure) and every collected call
+into a duration event (``"ph": "X"``) named ``{fn}.{call}``. The events go to
+``memory_trace_rank_{rank}.json`` and, when the extended PyTorch profiler runs, into its trace
+too, so memory sits above the operator and kernel rows.
+
+The clock: on CPU, Kineto stamps events with the Unix epoch clock (``time.time_ns()``) and
+writes ``ts`` in microseconds relative to the trace's ``baseTimeNanoseconds`` (older
+versions wrote absolute epoch microseconds and no base). Snapshots are stamped with
+``time.time_ns()`` too, so converting is ``(t_ns - base_ns) / 1000``: no calibration, no
+drift. ``tests/test_timeline.py`` checks this against ``record_function`` markers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memprofiler import layout
+from memprofiler.output.writers import write_text
+
+if TYPE_CHECKING:  # the CLI's trace merging imports this module and must not pull in torch
+    from memprofiler.collectors.base import CallContext
+
+#: Counter track -> snapshot metric it draws. A track appears only where its metric exists
+#: (``rss_peak`` and saved-tensor bytes exist at ``end`` only, CUDA tracks only with CUDA).
+COUNTER_TRACKS: dict[str, str] = {
+    "rss": "rss",
+    "rss_peak": "rss_peak",
+    "cuda.allocated": "allocated_bytes.all.current",
+    "cuda.reserved": "reserved_bytes.all.current",
+    "cuda.allocated_peak": "allocated_bytes.all.peak",
+    "cuda.reserved_peak": "reserved_bytes.all.peak",
+    "saved_tensors.unique_bytes": "saved_tensors.unique_bytes",
+}
+#: Category of every event memprofiler adds, so viewers can filter them.
+CATEGORY = "memprofiler"
+#: Row of the ``{fn}.{call}`` spans inside a process; kept apart from real thread ids so the
+#: spans never have to nest with the operator slices of the main thread.
+SPAN_TID = 0
+
+
+@dataclass(frozen=True)
+class _Mark:
+    fn: str
+    call: int
+    phase: str
+    t_ns: int
+    values: dict[str, int | float]
+
+
+def _counter_values(metrics: dict[str, Any]) -> dict[str, int | float]:
+    out: dict[str, int | float] = {}
+    for track, metric in COUNTER_TRACKS.items():
+        value = metrics.get(metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[track] = value
+    return out
+
+
+class MemoryTimeline:
+    """Collects snapshot times and headline values; renders them as Chrome-trace events.
+
+    Args:
+        rank: global rank; the ``pid`` of the events in the standalone per-rank file.
+
+    Example:
+        >>> timeline = MemoryTimeline(rank=0)  # doctest: +SKIP
+        >>> prof.add_listener(timeline.on_snapshot)
+        >>> ...  # train
+        >>> timeline.dump(save_dir)  # memory_trace_rank_0.json
+    """
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self._marks: list[_Mark] = []
+        # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
+        self._rendered: list[str] = []
+        self._rendered_n = 0
+        self._rendered_base: int | None = None
+        self._render_starts: dict[tuple[str, int], _Mark] = {}
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def on_snapshot(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
+        """The :meth:`MemProfiler.add_listener` callback."""
+        if ctx.scratch.get("phase") not in ("start", "end"):
+            return  # late tracker peaks have no instant of their own on the timeline
+        self._marks.append(
+            _Mark(
+                fn=ctx.fn_name,
+                call=ctx.call,
+                phase=str(ctx.scratch.get("phase", "")),
+                t_ns=int(ctx.scratch["t_ns"]),
+                values=_counter_values(metrics),
+            )
+        )
+
+    def span_ns(self) -> tuple[int, int] | None:
+        """First and last snapshot time, or ``None`` before any snapshot."""
+        if not self._marks:
+            return None
+        return self._marks[0].t_ns, self._marks[-1].t_ns
+
+    def events(
+        self,
+        pid: int | str,
+        base_ns: int = 0,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Counter and duration events, ``ts`` in microseconds after ``base_ns``.
+
+        Args:
+            pid: process id the events are drawn under (Kineto's pid when merging).
+            base_ns: the trace's ``baseTimeNanoseconds`` (``0`` for absolute epoch time).
+            start_ns: drop snapshots taken before this time (a trace cycle's start).
+            end_ns: drop snapshots taken after this time.
+        """
+        lo = start_ns if start_ns is not None else -1
+        hi = end_ns if end_ns is not None else 1 << 62
+        out: list[dict[str, Any]] = []
+        starts: dict[tuple[str, int], _Mark] = {}
+        for mark in self._marks:
+            if lo <= mark.t_ns <= hi:
+                out.extend(self._mark_events(mark, pid, base_ns, starts))
+        return out
+
+    def _mark_events(
+        self, mark: _Mark, pid: int | str, base_ns: int, starts: dict[tuple[str, int], _Mark]
+    ) -> list[dict[str, Any]]:
+        """One snapshot's counters, and its call's span when ``mark`` ends a started call."""
+        ts = (mark.t_ns - base_ns) / 1000.0
+        out: list[dict[str, Any]] = [
+            {
+                "ph": "C",
+                "cat": CATEGORY,
+                "name": track,
+                "pid": pid,
+                "tid": SPAN_TID,
+                "ts": ts,
+                "args": {"bytes": value},
+            }
+            for track, value in mark.values.items()
+        ]
+        if mark.phase == "start":
+            starts[(mark.fn, mark.call)] = mark
+        elif mark.phase == "end" and (mark.fn, mark.call) in starts:
+            begin = starts.pop((mark.fn, mark.call))
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": CATEGORY,
+                    "name": f"{mark.fn}.{mark.call}",
+                    "pid": pid,
+                    "tid": SPAN_TID,
+                    "ts": (begin.t_ns - base_ns) / 1000.0,
+                    "dur": (mark.t_ns - begin.t_ns) / 1000.0,
+                    "args": {"rank": self.rank, "fn": mark.fn, "call": mark.call, **mark.values},
+                }
+            )
+        return out
+
+    def metadata(self, pid: int | str, process_name: str | None = None) -> list[dict[str, Any]]:
+        """Name the span row (and optionally the process) for trace viewers."""
+        out: list[dict[str, Any]] = [
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": SPAN_TID, "args": {"name": "memprofiler"}},
+            {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": SPAN_TID, "args": {"sort_index": -1}},
+        ]
+        if process_name is not None:
+            out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process_name}})
+            out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+        return out
+
+    def _base_ns(self) -> int:
+        """The standalone trace's base: the first snapshot's whole second."""
+        span = self.span_ns()
+        return (span[0] // 1_000_000_000) * 1_000_000_000 if span else 0
+
+    def to_trace(self) -> dict[str, Any]:
+        """The standalone per-rank trace: ``pid`` = rank, base = first snapshot's whole second."""
+        base = self._base_ns()
+        events = self.metadata(self.rank, f"rank {self.rank}") + self.events(self.rank, base)
+        return {
+            "schemaVersion": 1,
+            "displayTimeUnit": "ms",
+            "baseTimeNanoseconds": base,
+            "traceEvents": events,
+            "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
+        }
+
+    def to_json(self) -> str:
+        """``json.dumps(self.to_trace())``, rendering only the snapshots new since last time.
+
+        The file is rewritten at every window close; re-rendering every event each time made
+        that quadratic in the number of windows.
+        """
+        base = self._base_ns()
+        # Render into locals and publish them at the end: a SIGTERM dump can re-enter mid-render.
+        if self._rendered_base == base:
+            rendered, starts, done = list(self._rendered), dict(self._render_starts), self._rendered_n
+        else:
+            rendered, starts, done = [], {}, 0
+        marks = self._marks[done:]
+        for mark in marks:
+            rendered.extend(json.dumps(e) for e in self._mark_events(mark, self.rank, base, starts))
+        self._rendered, self._render_starts = rendered, starts
+        self._rendered_n, self._rendered_base = done + len(marks), base
+        meta = [json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}")]
+        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
+        return (
+            f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {base}, '
+            f'"traceEvents": [{", ".join(meta + rendered)}], "otherData": {other}}}'
+        )
+
+    def dump(self, save_dir: str | os.PathLike[str]) -> Path:
+        """Write ``save_dir/memory_trace_rank_{rank}.json`` atomically."""
+        return write_text(Path(save_dir) / layout.MEMORY_TRACE_JSON.format(rank=self.rank), self.to_json())
+
+
+def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:
+    """Add ``timeline``'s events inside ``trace``'s time span to ``trace``; return how many.
+
+    The span runs from the first event's start to the last event's end; snapshots outside it
+    belong to other trace cycles and are left out.
+    """
+    base = int(trace.get("baseTimeNanoseconds", 0) or 0)
+    bounds = [
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0) or 0))
+        for e in trace.get("traceEvents", [])
+        if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
+    ]
+    if not bounds:
+        return 0
+    lo_us = min(b[0] for b in bounds)
+    hi_us = max(b[1] for b in bounds)
+    added = timeline.events(
+        pid, base_ns=base, start_ns=base + int(lo_us * 1000), end_ns=base + int(hi_us * 1000)
+    )
+    if added:
+        trace["traceEvents"].extend(timeline.metadata(pid) + added)
+    return len(added)

@@ -1,0 +1,514 @@
+"""CUDA allocator history on the schedule's window, through the fake CUDA seam (and on a GPU)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from conftest import make_trainer, step_trainer
+from fake_cuda import FakeCudaBackend, load_fixture
+from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
+from memprofiler.collectors.cuda_backend import CudaBackend
+from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
+from memprofiler.config import MemProfilerConfig, ScheduleConfig
+from memprofiler.core import warn as _warn
+from memprofiler.core.schedule import Action, action
+from memprofiler.core.warn import MemProfilerWarning
+from memprofiler.errors import ConfigError
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+KIB = 1024
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings(monkeypatch):
+    # warn_once remembers messages per process; each test must see its own warnings.
+    monkeypatch.setattr(_warn, "_seen", set())
+
+
+def _cfg(schedule: dict, **extra) -> dict:
+    return {
+        "schedule": schedule,
+        "cuda_allocator_history": True,
+        "enable_saved_tensors_hooks": False,
+        "collect_funcs": {"default": ["train_step"]},
+        **extra,
+    }
+
+
+def _run_loop(prof: MemProfiler, fake: FakeCudaBackend, calls: int, fn: str = "train_step") -> list[bool]:
+    """Call ``fn`` ``calls`` times; each call allocates and frees ``call * 4 KiB``.
+
+    Returns whether history was being recorded inside each call.
+    """
+    recording = []
+    for n in range(1, calls + 1):
+        with prof.profile(fn):
+            addr = fake.alloc(n * 4 * KIB)
+            fake.free(addr)
+            recording.append(fake.ring is not None)
+    return recording
+
+
+def _alloc_files(save_dir: Path) -> list[str]:
+    return sorted(p.name for p in save_dir.glob("cuda_alloc_rank_*"))
+
+
+def _load(path: Path) -> dict:
+    data = path.read_bytes()
+    assert data[:2] == b"\x80\x04", f"{path.name} is not pickle protocol 4"
+    return pickle.loads(data)
+
+
+def _windows(sched: ScheduleConfig, calls: int) -> int:
+    """Maximal runs of consecutive calls the schedule warms up or collects."""
+    active = [action(sched, n) is not Action.NONE for n in range(1, calls + 1)]
+    return sum(1 for on, _ in itertools.groupby(active) if on)
+
+
+# ----------------------------------------------------------------------------- config
+def test_config_defaults_and_errors():
+    # GIVEN the defaults
+    cfg = MemProfilerConfig()
+    # THEN history is off, bounded at 100k, python stacks, all contexts
+    assert cfg.cuda_allocator_history is False
+    assert (cfg.allocator_history.max_entries, cfg.allocator_history.stacks) == (100_000, "python")
+    assert cfg.allocator_history.context == "all"
+    # AND wrong values name the dotted key and the allowed values
+    with pytest.raises(ConfigError, match=r"`allocator_history.stacks`: got 'cpp'; allowed: python, all"):
+        MemProfilerConfig.from_any({"allocator_history": {"stacks": "cpp"}})
+    with pytest.raises(ConfigError, match=r"`allocator_history.max_entries`: got 0"):
+        MemProfilerConfig.from_any({"allocator_history": {"max_entries": 0}})
+    with pytest.raises(ConfigError, match=r"`allocator_history.context`: got 'none'"):
+        MemProfilerConfig.from_any({"allocator_history": {"context": "none"}})
+    # AND `context: null` (no tracebacks) is accepted, as torch accepts None
+    assert (
+        MemProfilerConfig.from_any({"allocator_history": {"context": None}}).allocator_history.context is None
+    )
+
+
+# ----------------------------------------------------------------------------- window
+SCHEDULES = [
+    {"warmup": 1, "active": 1, "repeat": 1},
+    {"warmup": 0, "active": 2, "repeat": 1},
+    {"wait": 1, "warmup": 1, "active": 2, "repeat": 2},
+    {"skip_first": 2, "wait": 2, "warmup": 0, "active": 1, "repeat": 0},
+    {"wait": 0, "warmup": 1, "active": 1, "repeat": 3},
+    {"warmup_iters": 2, "max_iter": 4},
+]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_recording_runs_exactly_on_warmup_and_collected_calls(tmp_path, schedule):
+    # GIVEN a profiler with allocator history on, over the fake allocator
+    fake = FakeCudaBackend()
+    prof = MemProfiler(_cfg(schedule), save_dir=tmp_path, rank=0, cuda=fake)
+    sched = prof.config.schedule
+    calls = 12
+    # WHEN a function is called 12 times
+    with prof:
+        recording = _run_loop(prof, fake, calls)
+    # THEN history is recorded inside exactly the warmup and collected calls
+    expected = [action(sched, n) is not Action.NONE for n in range(1, calls + 1)]
+    assert recording == expected
+    # AND each window is one start and one stop (enabled=None), nothing is left running
+    opts = {"context": "all", "stacks": "python", "max_entries": 100_000}
+    assert fake.history_calls == [("all", opts), (None, {})] * _windows(sched, calls)
+    assert fake.ring is None
+    # AND there is one start and one end pickle per collected call, and nothing else
+    collected = [n for n in range(1, calls + 1) if action(sched, n).collects]
+    assert _alloc_files(tmp_path) == sorted(
+        f"cuda_alloc_rank_0.train_step.{n}.{phase}.pickle" for n in collected for phase in ("start", "end")
+    )
+
+
+def test_pickles_hold_exactly_the_history_of_the_window(tmp_path):
+    # GIVEN the default schedule: call 1 warms up, call 2 is collected
+    fake = FakeCudaBackend()
+    prof = MemProfiler(_cfg({}), save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN three calls run, call n allocating and freeing n * 4 KiB
+    with prof:
+        _run_loop(prof, fake, 3)
+    start = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.start.pickle")
+    end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
+    # THEN the start pickle holds the whole warmup call and nothing of call 2
+    # (the allocator copies the ring before it appends a snapshot's own marker)
+    cycle = ["alloc", "free_requested", "free_completed"]
+    assert fake.actions(start) == cycle
+    assert [e["size"] for e in start["device_traces"][0]] == [4 * KIB] * 3
+    # AND the end pickle adds the start pickle's marker and exactly call 2's 8 KiB
+    # allocation and its free
+    assert fake.actions(end) == [*cycle, "snapshot", *cycle]
+    assert [e["size"] for e in end["device_traces"][0][4:7]] == [8 * KIB] * 3
+    # AND the allocations carry the Python frames of the code that allocated
+    frames = end["device_traces"][0][4]["frames"]
+    assert frames[0]["name"] == "_run_loop" and frames[0]["filename"] == __file__
+    # AND the snapshot keys of the memory_viz format are all there
+    assert set(end) == {"segments", "device_traces", "allocator_settings"}
+    assert end["segments"] == load_fixture()["segments"]
+    # AND the consolidated YAML counts the pickles' entries
+    stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
+    assert stats["0.train_step.2.start"]["allocator_history.entries"] == 3
+    assert stats["0.train_step.2.end"]["allocator_history.entries"] == 7
+
+
+def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):
+    # GIVEN a ring of 5 entries and two collected calls of 10 alloc/free pairs each
+    fake = FakeCudaBackend()
+    cfg = _cfg({"warmup": 0, "active": 2}, allocator_history={"max_entries": 5, "stacks": "all"})
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    with prof:
+        for _ in range(2):
+            with prof.profile("train_step"):
+                for i in range(10):
+                    fake.free(fake.alloc((i + 1) * KIB))
+    # THEN the options reached the allocator and every pickle holds at most the newest 5
+    assert fake.history_calls[0] == ("all", {"context": "all", "stacks": "all", "max_entries": 5})
+    end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
+    trace = end["device_traces"][0]
+    assert len(trace) == 5
+    # (the newest 5: the 9 KiB free, the 10 KiB alloc and its free)
+    assert [e["action"] for e in trace] == [
+        "free_requested",
+        "free_completed",
+        "alloc",
+        "free_requested",
+        "free_completed",
+    ]
+    assert [e["size"] for e in trace] == [9 * KIB, 9 * KIB, 10 * KIB, 10 * KIB, 10 * KIB]
+
+
+def _recording_after_each(prof: MemProfiler, fake: FakeCudaBackend, order: list[str]) -> list[bool]:
+    out = []
+    for fn in order:
+        with prof.profile(fn):
+            fake.free(fake.alloc(KIB))
+        out.append(fake.ring is not None)
+    return out
+
+
+def test_recording_stays_on_until_the_last_open_window_closes(tmp_path):
+    # GIVEN history for train_step (default) and val_step, default schedule for both
+    fake = FakeCudaBackend()
+    cfg = _cfg({}, collect_funcs={"default": ["train_step"], "cuda_allocator_history": ["val_step"]})
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN their windows interleave: t1 (warmup) v1 (warmup) t2 (collect, closes) v2 (collect, closes)
+    with prof:
+        on_after = _recording_after_each(prof, fake, ["train_step", "val_step", "train_step", "val_step"])
+    # THEN train_step's window closing does not stop the recording val_step's window needs
+    assert on_after == [True, True, True, False]
+    # AND the recording was started once and stopped once
+    assert [c[0] for c in fake.history_calls] == ["all", None]
+    assert _alloc_files(tmp_path) == sorted(
+        f"cuda_alloc_rank_0.{fn}.2.{p}.pickle" for fn in ("train_step", "val_step") for p in ("start", "end")
+    )
+
+
+def test_separate_windows_of_two_functions_record_separately(tmp_path):
+    # GIVEN two functions whose windows do not overlap: a1 a2 b1 b2
+    fake = FakeCudaBackend()
+    prof = MemProfiler(_cfg({}, collect_funcs={"default": ["a", "b"]}), save_dir=tmp_path, rank=0, cuda=fake)
+    with prof:
+        on_after = _recording_after_each(prof, fake, ["a", "a", "b", "b"])
+    # THEN recording stops between them: two starts, two stops
+    assert on_after == [True, False, True, False]
+    assert [c[0] for c in fake.history_calls] == ["all", None, "all", None]
+
+
+def test_users_own_recording_is_left_alone_and_reported_once(tmp_path):
+    # GIVEN the user already records history
+    fake = FakeCudaBackend()
+    fake.user_starts_recording(max_entries=1000)
+    prof = MemProfiler(_cfg({"warmup": 1, "active": 1, "repeat": 2}), save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN two windows are collected
+    with pytest.warns(MemProfilerWarning, match="already on") as record, prof:
+        _run_loop(prof, fake, 4)
+    # THEN memprofiler never re-configured or stopped it, and said so once
+    assert fake.history_calls == []
+    assert fake.ring is not None and fake.options["max_entries"] == 1000
+    assert sum("already on" in str(w.message) for w in record) == 1
+    # AND the pickles of both windows are still written from the user's recording
+    assert len(_alloc_files(tmp_path)) == 4
+
+
+def test_rank_is_in_the_file_names(tmp_path):
+    fake = FakeCudaBackend()
+    with MemProfiler(_cfg({}), save_dir=tmp_path, rank=3, cuda=fake) as prof:
+        _run_loop(prof, fake, 2)
+    assert _alloc_files(tmp_path) == [
+        "cuda_alloc_rank_3.train_step.2.end.pickle",
+        "cuda_alloc_rank_3.train_step.2.start.pickle",
+    ]
+
+
+def test_no_cuda_warns_once_and_training_goes_on(tmp_path):
+    # GIVEN no CUDA device
+    fake = FakeCudaBackend()
+    fake.available = False
+    prof = MemProfiler(
+        _cfg({}, collect_funcs={"default": ["train_step"]}), save_dir=tmp_path, rank=0, cuda=fake
+    )
+    # WHEN the profiler runs
+    with pytest.warns(MemProfilerWarning, match="`cuda_allocator_history` is off"), prof:
+        for _ in range(3):
+            with prof.profile("train_step"):
+                pass
+    # THEN nothing is recorded, no pickles are written, host metrics still are
+    assert fake.history_calls == [] and _alloc_files(tmp_path) == []
+    stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
+    assert stats["0.train_step.2.end"]["rss"] > 0
+
+
+def test_cpu_torch_build_is_guarded(tmp_path):
+    # GIVEN the real backend on this machine's torch
+    real = CudaBackend()
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU build")
+    # THEN the missing bindings are reported, not called
+    assert real.supports_history() is False
+    assert real.supports_oom_observer() is False
+    assert real.is_history_enabled() is None
+    # AND a profiler asking for history and the OOM recorder warns and carries on
+    cfg = _cfg({}, oom={"enabled": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with MemProfiler(cfg, save_dir=tmp_path, rank=0) as prof:
+            for _ in range(2):
+                with prof.profile("train_step"):
+                    torch.ones(4)
+    messages = [str(w.message) for w in caught]
+    assert any("`cuda_allocator_history` is off" in m for m in messages)
+    assert any("OOM flight recorder" in m for m in messages)
+    assert (tmp_path / "rank_0_memory_stats.yaml").is_file()
+
+
+def test_snapshot_failure_switches_history_off_and_stops_recording(tmp_path):
+    # GIVEN an allocator whose snapshot fails
+    fake = FakeCudaBackend()
+    fake.fail_snapshot = RuntimeError("driver went away")
+    prof = MemProfiler(_cfg({"warmup": 1, "active": 2}), save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN the window opens
+    with pytest.warns(MemProfilerWarning, match="`cuda_allocator_history` failed in start"), prof:
+        _run_loop(prof, fake, 4)
+    # THEN recording was stopped at once instead of running on, and training went on
+    assert [c[0] for c in fake.history_calls] == ["all", None]
+    assert fake.ring is None
+    stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
+    assert set(stats) == {f"0.train_step.{n}.{p}" for n in (2, 3) for p in ("start", "end")}
+
+
+def test_history_and_oom_ring_share_one_recording(tmp_path):
+    # GIVEN an OOM ring of 50 entries and window history of 1000
+    fake = FakeCudaBackend()
+    cfg = _cfg({}, allocator_history={"max_entries": 1000}, oom={"enabled": True, "max_entries": 50})
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN a window opens and closes
+    with prof:
+        _run_loop(prof, fake, 3)
+    # THEN the ring runs from set-up at the larger planned size, is never resized while it
+    # records (the allocator would scramble a wrapped ring), and stops at teardown
+    assert [(e, o.get("max_entries")) for e, o in fake.history_calls] == [("all", 1000), (None, None)]
+
+
+def test_window_pickles_stay_in_order_after_the_oom_ring_has_wrapped(tmp_path):
+    # GIVEN an OOM ring of 8 and window history of 16 that sets up at the same time
+    fake = FakeCudaBackend()
+    cfg = _cfg(
+        {"warmup": 0, "wait": 3},
+        allocator_history={"max_entries": 16},
+        oom={"enabled": True, "max_entries": 8},
+    )
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN 3 waiting calls wrap the ring many times over, then the collected call 4 frees
+    # one 10 KiB allocation
+    with prof:
+        for n in range(4):
+            with prof.profile("train_step"):
+                for i in range(10 if n < 3 else 1):
+                    fake.free(fake.alloc(10 * KIB if n == 3 else (i + 1) * KIB))
+    # THEN the end pickle of call 4 is full and strictly in time order, its newest entry being
+    # the free of call 4's allocation
+    trace = _load(tmp_path / "cuda_alloc_rank_0.train_step.4.end.pickle")["device_traces"][0]
+    times = [e["time_us"] for e in trace]
+    assert times == sorted(times)
+    assert len(trace) == 16
+    assert (trace[-1]["action"], trace[-1]["size"]) == ("free_completed", 10 * KIB)
+
+
+def test_a_holder_wanting_a_bigger_live_ring_gets_one_warning_not_a_resize():
+    # GIVEN a ring started by one holder without the other having planned
+    fake = FakeCudaBackend()
+    msgs: list[str] = []
+    rec = HistoryRecording(fake, msgs.append)
+    rec.acquire("a", HistoryOptions(10, "python", "all"))
+    # WHEN a second holder wants more, twice
+    rec.acquire("b", HistoryOptions(20, "python", "all"))
+    rec.acquire("c", HistoryOptions(30, "python", "all"))
+    # THEN the ring keeps its size and the user is told once, with the keys to set
+    assert fake.ring is not None and fake.ring.max_entries == 10
+    assert [o["max_entries"] for _, o in fake.history_calls] == [10]
+    assert len(msgs) == 1 and "`oom.max_entries`" in msgs[0] and "max_entries=20" in msgs[0]
+    # AND once everyone leaves, the next start sizes the ring afresh
+    rec.release_all()
+    rec.acquire("c", HistoryOptions(30, "python", "all"))
+    assert fake.ring.max_entries == 30
+
+
+def test_recording_merges_options_of_holders():
+    # GIVEN two holders with different wishes, both planned
+    fake = FakeCudaBackend()
+    rec = HistoryRecording(fake, lambda m: None)
+    a, b = HistoryOptions(10, "python", "alloc"), HistoryOptions(5, "all", "state")
+    rec.plan(a)
+    rec.plan(b)
+    rec.acquire("b", b)
+    # THEN the ring starts at the largest planned size
+    assert fake.options == {"max_entries": 10, "stacks": "all", "context": "state"}
+    rec.acquire("a", a)
+    # AND the allocator gets the least options that satisfy both
+    assert fake.options == {"max_entries": 10, "stacks": "all", "context": "alloc"}
+    # WHEN one leaves, the other's stacks and context return at the same ring size
+    rec.release("a")
+    assert fake.options == {"max_entries": 10, "stacks": "all", "context": "state"}
+    assert rec.ring_entries == 10
+    # AND the last one out stops
+    rec.release("b")
+    assert fake.ring is None and not rec.recording and rec.ring_entries is None
+    # AND releasing an unknown holder is a no-op
+    rec.release("c")
+    assert len(fake.history_calls) == 4
+
+
+# ----------------------------------------------------------------------------- Lightning
+class _Steps(pl.LightningModule):
+    def __init__(self, fake: FakeCudaBackend) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.fake = fake
+
+    @memprofilable
+    def training_step(self, batch, batch_idx):
+        # A known allocation inside the step: (batch_idx + 1) MiB on the fake device.
+        self.fake.free(self.fake.alloc((batch_idx + 1) << 20))
+        return self.layer(batch[0]).sum()
+
+    def train_dataloader(self):
+        ds = torch.utils.data.TensorDataset(torch.randn(6, 4))
+        return torch.utils.data.DataLoader(ds, batch_size=1)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_trainer_writes_pickles_of_the_collected_steps(tmp_path):
+    # GIVEN the callback with history on for steps 2-3, over the fake allocator
+    fake = FakeCudaBackend()
+    cfg = {"schedule": {"warmup": 1, "active": 2}, "cuda_allocator_history": True}
+    cb = MemProfilerCallback(cfg)
+    cb.profiler = MemProfiler(cfg, save_dir=tmp_path / "mp", rank=0, cuda=fake)
+    # WHEN five steps train
+    step_trainer(tmp_path, [cb], 5).fit(_Steps(fake))
+    # THEN steps 2 and 3 have start/end pickles; recording ran from step 1 to the end of step 3
+    assert _alloc_files(tmp_path / "mp") == sorted(
+        f"cuda_alloc_rank_0.training_step.{n}.{p}.pickle" for n in (2, 3) for p in ("start", "end")
+    )
+    assert [c[0] for c in fake.history_calls] == ["all", None]
+    # AND step 3's end pickle holds the 1, 2 and 3 MiB allocations of steps 1-3, not 4 or 5
+    end = _load(tmp_path / "mp" / "cuda_alloc_rank_0.training_step.3.end.pickle")
+    sizes = [e["size"] for e in end["device_traces"][0] if e["action"] == "alloc"]
+    assert sizes == [1 << 20, 2 << 20, 3 << 20]
+
+
+# ----------------------------------------------------------------------------- GPU
+class _CudaMLP(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
+
+    @memprofilable
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).pow(2).mean()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 64)), batch_size=8)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
+    from torch.cuda import _memory_viz
+
+    # GIVEN a small model training on CUDA with history for step 2
+    cb = MemProfilerCallback({"cuda_allocator_history": True, "save_dir": str(tmp_path)})
+    trainer = make_trainer(tmp_path, [cb], max_steps=4, accelerator="cuda")
+    trainer.fit(_CudaMLP())
+    start = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.start.pickle")
+    end = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.end.pickle")
+    # THEN the traces hold allocs and completed frees with Python frames
+    trace = end["device_traces"][torch.cuda.current_device()]
+    actions = {e["action"] for e in trace}
+    assert {"alloc", "free_completed"} <= actions
+    assert any(f["filename"].endswith(".py") for e in trace if e["action"] == "alloc" for f in e["frames"])
+    # AND the start pickle has fewer entries than the end pickle
+    assert sum(map(len, start["device_traces"])) < sum(map(len, end["device_traces"]))
+    # AND torch's own memory_viz tooling reads them
+    assert "entries" in _memory_viz.trace(end)
+    assert _memory_viz.segsum(end)
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(end)
+    # AND recording is off after the window
+    assert torch._C._cuda_isHistoryEnabled() is False
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_record_real_fixture(tmp_path):
+    # GIVEN a tiny real step recorded on the GPU
+    torch.cuda.memory._record_memory_history("all", context="all", stacks="python", max_entries=200)
+    try:
+        lin = nn.Linear(256, 256).cuda()
+        x = torch.randn(64, 256, device="cuda")
+        lin(x).sum().backward()
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+    # THEN every key our synthetic fixture uses occurs in the real snapshot
+    synthetic = load_fixture()
+    assert set(synthetic) <= set(snap)
+    real_entry_keys = {k for trace in snap["device_traces"] for e in trace for k in e}
+    fake_entry_keys = {k for trace in synthetic["device_traces"] for e in trace for k in e}
+    assert fake_entry_keys - {"device_free"} <= real_entry_keys
+    real_block_keys = {k for seg in snap["segments"] for b in seg["blocks"] for k in b}
+    assert {k for seg in synthetic["segments"] for b in seg["blocks"] for k in b} <= real_block_keys
+    # AND when asked, the recording is kept as a fixture for CPU tests of every reader
+    if os.environ.get("MEMPROFILER_RECORD_FIXTURE") == "1":
+        out = Path(__file__).parents[1] / "fixtures" / "cuda_snapshot_tiny.pickle"
+        out.write_bytes(pickle.dumps(snap, protocol=4))
+
+
+def test_benchmark_skips_cleanly_without_cuda(capsys):
+    # GIVEN the GPU benchmark on a machine without CUDA
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU path")
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "allocator_history.py"
+    spec = importlib.util.spec_from_file_location("bench_allocator_history", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # WHEN it runs THEN it exits 0 with one JSON line saying why it skipped
+    assert bench.main([]) == 0
+    assert json.loads(capsys.readouterr().out) == {"skipped": "no CUDA"}

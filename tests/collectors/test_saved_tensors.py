@@ -1,0 +1,172 @@
+"""Saved-tensor bytes against analytic truth: each storage once, parameters excluded."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.checkpoint import checkpoint
+
+from memprofiler import MemProfiler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from demo import Block
+
+F32 = 4
+
+
+def collect(module: nn.Module, step: Callable[[], torch.Tensor], tmp_path: Path) -> dict:
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(module)
+    with prof.profile("training_step", module=module):
+        step()
+    return prof.snapshots["0.training_step.1.end"]
+
+
+def test_two_layer_mlp(tmp_path):
+    # GIVEN x (no grad) -> Linear(D,H) -> ReLU -> Linear(H,O) -> pow(2).mean()
+    b, d, h, o = 16, 64, 128, 8
+    mlp = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, o))
+    x = torch.randn(b, d)
+    # WHEN collected
+    m = collect(mlp, lambda: mlp(x).pow(2).mean(), tmp_path)
+    # THEN: linear1 saves x; relu saves its output, which linear2 saves again (same storage,
+    # counted once); linear2's weight.t() is a parameter view (excluded); pow saves the output.
+    assert m["saved_tensors.unique_bytes"] == F32 * (b * d + b * h + b * o)
+    assert m["saved_tensors.by_module"] == {
+        "0": F32 * b * d,
+        "1": F32 * b * h,
+        "(outside forward)": F32 * b * o,
+    }
+    # packed (the ancestor's npp) counts the relu output twice and the weight view once
+    assert m["saved_tensors.packed_bytes"] == F32 * (b * d + 2 * b * h + h * o + b * o)
+    assert m["saved_tensors.count"] == 5
+
+
+def test_one_input_shared_by_two_linears(tmp_path):
+    b, d, o = 8, 32, 16
+    l1, l2 = nn.Linear(d, o), nn.Linear(d, o)
+    mod = nn.ModuleDict({"l1": l1, "l2": l2})
+    x = torch.randn(b, d)
+    m = collect(mod, lambda: (l1(x) + l2(x)).pow(2).mean(), tmp_path)
+    # x is saved by both Linears but is one storage; the sum is saved by pow
+    assert m["saved_tensors.unique_bytes"] == F32 * (b * d + b * o)
+    assert m["saved_tensors.by_module"] == {"l1": F32 * b * d, "(outside forward)": F32 * b * o}
+    assert m["saved_tensors.packed_bytes"] == F32 * (2 * b * d + b * o)
+
+
+def test_small_conv_net(tmp_path):
+    n, c, hw, k = 2, 3, 8, 8
+    net = nn.Sequential(
+        nn.Conv2d(c, k, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(k * 4 * 4, 5)
+    )
+    x = torch.randn(n, c, hw, hw)
+    m = collect(net, lambda: net(x).pow(2).mean(), tmp_path)
+    conv_in = F32 * n * c * hw * hw  # conv saves its input (its weight is excluded)
+    relu_out = F32 * n * k * hw * hw  # relu saves its output; maxpool saves it again
+    pool_idx = 8 * n * k * (hw // 2) ** 2  # maxpool's int64 indices
+    pool_out = F32 * n * k * (hw // 2) ** 2  # the Linear saves the flattened pool output
+    out = F32 * n * 5  # pow
+    assert m["saved_tensors.unique_bytes"] == conv_in + relu_out + pool_idx + pool_out + out
+    assert m["saved_tensors.by_module"] == {
+        "0": conv_in,
+        "1": relu_out,
+        "2": pool_idx,
+        "4": pool_out,
+        "(outside forward)": out,
+    }
+
+
+def _block_truth(b: int, t: int, d: int, heads: int) -> int:
+    act = F32 * b * t * d
+    stats = F32 * b * t  # layer-norm mean and rstd, each
+    return (
+        (act + 2 * stats)  # ln1: input, mean, rstd
+        + act  # qkv: ln1 output
+        + 3 * act  # sdpa: q, k, v are views of one qkv output storage, counted once
+        + F32 * b * heads * t  # sdpa: logsumexp
+        + act  # sdpa output, also saved by proj (same storage)
+        + (act + 2 * stats)  # ln2: input, mean, rstd
+        + act  # mlp.0: ln2 output
+        + 4 * act  # gelu: mlp.0 output
+        + 4 * act  # mlp.2: gelu output
+        + act  # pow: block output
+    )
+
+
+def test_transformer_block(tmp_path):
+    torch.manual_seed(0)
+    b, t, d, heads = 2, 6, 16, 2
+    blk = Block(d, heads)
+    x = torch.randn(b, t, d)
+    m = collect(blk, lambda: blk(x).pow(2).mean(), tmp_path)
+    assert m["saved_tensors.unique_bytes"] == _block_truth(b, t, d, heads)
+    assert sum(m["saved_tensors.by_module"].values()) == m["saved_tensors.unique_bytes"]
+    assert m["saved_tensors.by_module"]["mlp.1"] == 4 * F32 * b * t * d
+
+
+def test_transformer_block_non_reentrant_checkpoint_saves_only_its_input(tmp_path):
+    torch.manual_seed(0)
+    b, t, d, heads = 2, 6, 16, 2
+    blk = Block(d, heads)
+    x = torch.randn(b, t, d)
+    m = collect(blk, lambda: checkpoint(blk, x, use_reentrant=False).pow(2).mean(), tmp_path)
+    # checkpoint keeps its input for recomputation; pow saves the block output
+    assert m["saved_tensors.unique_bytes"] == 2 * F32 * b * t * d
+
+
+def test_hooks_do_not_change_gradients_or_checkpoint_recompute(tmp_path):
+    torch.manual_seed(0)
+    blk = Block(16, 2)
+    x = torch.randn(2, 6, 16)
+
+    def grads(profiled: bool) -> list[torch.Tensor]:
+        blk.zero_grad()
+        if profiled:
+            prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(blk)
+            with prof.profile("training_step", module=blk):
+                loss = checkpoint(blk, x, use_reentrant=False).pow(2).mean()
+        else:
+            loss = checkpoint(blk, x, use_reentrant=False).pow(2).mean()
+        loss.backward()
+        return [p.grad.clone() for p in blk.parameters()]
+
+    for a, b in zip(grads(False), grads(True), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_saved_activations_are_freed_when_the_graph_dies(tmp_path):
+    # A pack hook that returned the output tensor itself would keep it alive through a
+    # reference cycle with its own grad_fn.
+    x = torch.randn(256, 256, requires_grad=True)
+    lin = nn.Linear(256, 256)
+    holder: dict[str, StorageWeakRef] = {}
+
+    def step() -> torch.Tensor:
+        y = torch.relu(lin(x))
+        holder["ref"] = StorageWeakRef(y.untyped_storage())
+        return y
+
+    out = {}
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(lin)
+    with prof.profile("training_step", module=lin):
+        out["y"] = step()
+    del out["y"]
+    assert holder["ref"].expired()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_switch_turns_saved_tensor_keys_on_and_off(tmp_path, enabled):
+    lin = nn.Linear(4, 4)
+    prof = MemProfiler(
+        {"schedule": {"warmup": 0, "active": 1}, "enable_saved_tensors_hooks": enabled},
+        save_dir=tmp_path,
+        rank=0,
+    ).setup(lin)
+    with prof.profile("training_step", module=lin):
+        lin(torch.randn(2, 4)).sum()
+    assert ("saved_tensors.unique_bytes" in prof.snapshots["0.training_step.1.end"]) is enabled

@@ -1,0 +1,100 @@
+"""``memprofiler diff`` between two real CPU runs that differ only in hidden width (256 vs 512)."""
+
+from __future__ import annotations
+
+from memprofiler.__main__ import main
+from memprofiler.analysis.artifacts import load_run
+from memprofiler.analysis.diff import diff_runs
+from run_fixtures import expected_saved_bytes
+
+
+def test_rows_hold_a_b_change_and_percent_sorted_by_absolute_change(real_runs):
+    rows = diff_runs(load_run(real_runs["a"]), load_run(real_runs["b"]), metrics=["saved_tensors.*"])
+    unique = [r for r in rows if r.metric == "saved_tensors.unique_bytes"]
+    a, b = expected_saved_bytes(256), expected_saved_bytes(512)
+    assert [(r.key, r.a, r.b, r.change) for r in unique] == [
+        (f"0.training_step.{c}.end", a, b, b - a) for c in (2, 3)
+    ]
+    assert unique[0].percent == 100.0 * (b - a) / a
+    changes = [abs(r.change) for r in rows if r.change is not None]
+    assert changes == sorted(changes, reverse=True)
+    # the ReLU output doubles: 8 x 256 -> 8 x 512 float32
+    relu = [r for r in rows if r.metric == "saved_tensors.by_module.enc.1"]
+    assert {(r.a, r.b) for r in relu} == {(8192, 16384)}
+
+
+def test_cli_table_and_filters(real_runs, capsys):
+    rc = main(
+        [
+            "diff",
+            str(real_runs["a"]),
+            str(real_runs["b"]),
+            "--metric",
+            "saved_tensors.unique_bytes",
+            "--key",
+            "*.2.end",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    [line] = [ln for ln in out.splitlines() if "saved_tensors.unique_bytes" in ln]
+    cells = [c.strip() for c in line.strip("│ ").split("│")]
+    assert cells == [
+        "0.training_step.2.end",
+        "saved_tensors.unique_bytes",
+        "12.25 KiB",
+        "20.25 KiB",
+        "+8.00 KiB",
+        "+65.3%",
+    ]
+
+
+def test_min_change_and_top(real_runs, capsys):
+    assert (
+        main(
+            [
+                "diff",
+                str(real_runs["a"]),
+                str(real_runs["b"]),
+                "--metric",
+                "saved_tensors.*",
+                "--min-change",
+                "1MiB",
+            ]
+        )
+        == 0
+    )
+    assert "no differences" in capsys.readouterr().out
+    assert (
+        main(["diff", str(real_runs["a"]), str(real_runs["b"]), "--metric", "saved_tensors.*", "--top", "1"])
+        == 0
+    )
+    assert "(1 of " in capsys.readouterr().out
+
+
+def test_same_run_has_no_differences_unless_all(real_runs, capsys):
+    assert main(["diff", str(real_runs["a"]), str(real_runs["a"])]) == 0
+    assert "no differences" in capsys.readouterr().out
+    assert main(["diff", str(real_runs["a"]), str(real_runs["a"]), "--all", "--metric", "rss_peak"]) == 0
+    assert "+0.0%" in capsys.readouterr().out
+
+
+def test_missing_side_shown_as_missing(real_runs, tmp_path, capsys):
+    import shutil
+
+    import yaml
+
+    b = tmp_path / "b"
+    shutil.copytree(real_runs["a"], b)
+    stats = yaml.safe_load((b / "rank_0_memory_stats.yaml").read_text())
+    del stats["0.training_step.3.end"]
+    (b / "rank_0_memory_stats.yaml").write_text(yaml.safe_dump(stats))
+    assert main(["diff", str(real_runs["a"]), str(b), "--metric", "rss_peak"]) == 0
+    out = capsys.readouterr().out
+    assert "0.training_step.3.end" in out and "(missing)" in out
+
+
+def test_bad_run_dir_exit_2(real_runs, tmp_path, capsys):
+    assert main(["diff", str(real_runs["a"]), str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such directory" in err

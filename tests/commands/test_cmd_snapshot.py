@@ -1,0 +1,172 @@
+"""``memprofiler snapshot`` on hand-built allocator snapshots with known answers."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from memprofiler.__main__ import main
+from snapshot_fixtures import known_snapshot, rounded_snapshot
+
+
+@pytest.fixture
+def snap_file(tmp_path):
+    p = tmp_path / "cuda_alloc_rank_0.training_step.2.end.pickle"
+    p.write_bytes(pickle.dumps(known_snapshot(), protocol=4))
+    return p
+
+
+def test_prints_peaks_stacks_fragmentation_and_oom(snap_file, capsys):
+    assert main(["snapshot", str(snap_file)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "now: 3 segments, reserved 4.00 MiB, allocated 1.75 MiB in rounded blocks, 1.75 MiB requested" in out
+    )
+    assert (
+        "device 0: 12 trace entries; peak active 2.25 MiB requested (entry 5, t=0.000140s); "
+        "peak reserved 6.00 MiB (entry 10, t=0.000180s)"
+    ) in out
+    assert "live at the active peak by stack (5 blocks)" in out
+    stack_lines = [ln for ln in out.splitlines() if "linear_forward (linear_forward.py:10)" in ln]
+    assert len(stack_lines) == 1 and "1.25 MiB" in stack_lines[0]
+    assert "OOM device 0 entry 9 t=0.000170s: 8.00 GiB requested, 1000 B free" in out
+    assert "33.3%" in out
+
+
+def test_html_page(snap_file, tmp_path, capsys):
+    out = tmp_path / "snap.html"
+    assert main(["snapshot", str(snap_file), "--html", str(out), "--top", "2"]) == 0
+    html = out.read_text()
+    assert "Peak active <span title='2,359,296 bytes'>2.25 MiB</span> requested" in html
+    assert html.count("<svg") == 1
+    assert "(top 2)" in html
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        (b"", "file is empty"),
+        (pickle.dumps(known_snapshot(), protocol=4)[:500], "truncated"),
+        (b"PK\x03\x04 a zip file", "is a zip archive"),
+        (b"hello: yaml\n", "not a pickle file"),
+        (pickle.dumps({"a": 1}), "not a CUDA allocator snapshot"),
+        (b"cposix\nsystem\n(S'true'\ntR.", "refused to load"),
+    ],
+)
+def test_bad_files_are_one_line_exit_2(tmp_path, capsys, content, message):
+    p = tmp_path / "x.pickle"
+    if content is not None:
+        p.write_bytes(content)
+    assert main(["snapshot", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(p) in err
+
+
+def test_rounded_blocks_are_labelled_and_counted_as_requested_bytes(tmp_path, capsys):
+    # GIVEN a snapshot whose blocks are rounded above their requested sizes
+    p = tmp_path / "round.pickle"
+    p.write_bytes(pickle.dumps(rounded_snapshot(), protocol=4))
+    # WHEN analysed
+    assert main(["snapshot", str(p)]) == 0
+    out = capsys.readouterr().out
+    # THEN the figures are the requested ones (6004 / 3004), labelled so, and the end state
+    # shows both the rounded and the requested bytes
+    assert (
+        "now: 1 segments, reserved 2.00 MiB, allocated 3.50 KiB in rounded blocks, 2.93 KiB requested" in out
+    )
+    assert "device 0: 8 trace entries; peak active 5.86 KiB requested (entry 4, t=0.000040s)" in out
+
+
+def _trace(*entries):
+    return {"segments": [], "device_traces": [list(entries)]}
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (
+            {"segments": [{"device": "cuda:0", "total_size": 10, "blocks": []}], "device_traces": []},
+            "malformed allocator snapshot (segments[0]: device must be an integer, got 'cuda:0')",
+        ),
+        (
+            {"segments": [{"total_size": "1e9", "blocks": []}], "device_traces": []},
+            "malformed allocator snapshot (segments[0]: total_size must be an integer, got '1e9')",
+        ),
+        (
+            _trace({"action": "oom", "size": "big"}),
+            "malformed allocator snapshot (device_traces[0][0] (oom): size must be an integer, got 'big')",
+        ),
+        (
+            _trace({"action": "oom", "size": 5, "device_free": "x"}),
+            "malformed allocator snapshot (device_traces[0][0] (oom): device_free must be an integer, got 'x')",
+        ),
+        (
+            _trace({"action": "alloc", "addr": 1, "size": float("nan")}),
+            "malformed allocator snapshot (device_traces[0][0] (alloc): size must be an integer, got nan)",
+        ),
+        (
+            _trace({"action": "alloc", "addr": 1, "size": 10, "time_us": "abc"}),
+            "malformed allocator snapshot (device_traces[0][0]: time_us must be an integer, got 'abc')",
+        ),
+    ],
+)
+def test_wrong_field_types_are_one_line_exit_2(tmp_path, capsys, payload, message):
+    # GIVEN a snapshot with a field of the wrong type
+    p = tmp_path / "bad.pickle"
+    p.write_bytes(pickle.dumps(payload, protocol=4))
+    # THEN one line naming the file and the field, exit 2 (no traceback)
+    assert main(["snapshot", str(p)]) == 2
+    assert capsys.readouterr().err == f"memprofiler snapshot: error: {p}: {message}\n"
+
+
+def test_a_trace_listed_many_times_is_refused_not_expanded(tmp_path, capsys):
+    # GIVEN a small pickle naming one 1000-entry trace 2000 times (memo references)
+    trace = [{"action": "alloc", "addr": i, "size": 8, "time_us": i, "frames": []} for i in range(1000)]
+    p = tmp_path / "fanout.pickle"
+    p.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace] * 2000}, protocol=4))
+    assert p.stat().st_size < 40_000
+    # THEN it is refused in one line (two million entries are never replayed)
+    assert main(["snapshot", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{p}: refused: the snapshot repeats one trace, segment or block list" in err
+
+
+def test_markup_in_a_path_is_printed_as_is(tmp_path, capsys):
+    # GIVEN a file under a directory whose name looks like rich markup
+    d = tmp_path / "sweep[/lr]" / "exp[red]"
+    d.mkdir(parents=True)
+    p = d / "snap.pickle"
+    p.write_bytes(pickle.dumps(known_snapshot(), protocol=4))
+    # THEN the command prints the path verbatim instead of failing or swallowing it
+    assert main(["snapshot", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert f"Allocator snapshot {p}" in out
+
+
+def test_reading_commands_never_import_torch(snap_file):
+    # GIVEN a fresh interpreter: importing torch costs ~2 s and ~250 MB RSS, more than
+    # analysing a 1M-entry snapshot, and none of the reading commands needs it
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _env import subprocess_env
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        "import sys\n"
+        "from memprofiler.__main__ import main, build_parser\n"
+        "build_parser()\n"
+        f"main(['snapshot', {str(snap_file)!r}])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    # WHEN the parser is built (every command module is imported) and `snapshot` runs
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=subprocess_env(src), capture_output=True, text=True
+    )
+    # THEN torch was never imported
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"

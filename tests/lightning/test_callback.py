@@ -1,0 +1,139 @@
+"""MemProfilerCallback in real Trainer runs on CPU."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import pytest
+import yaml
+
+from conftest import B, D, H, O, TinyMLP, load_stats, make_trainer
+from memprofiler import ArtifactError, MemProfilerCallback, ProfilerHooksMixin, memprofilable
+from memprofiler.core.decorator import ATTACH_ATTR
+from memprofiler.core.warn import MemProfilerWarning
+
+F32 = 4
+
+
+def test_default_schedule_collects_call_two_with_exact_saved_bytes(tmp_path):
+    # GIVEN the default config
+    cb = MemProfilerCallback()
+    trainer = make_trainer(tmp_path, [cb], limit_train_batches=4)
+    # WHEN fitting
+    trainer.fit(TinyMLP())
+    # THEN the default save_dir holds exactly call 2's start and end
+    stats = load_stats(tmp_path / "memprofiler")
+    assert list(stats) == ["0.training_step.2.start", "0.training_step.2.end"]
+    end = stats["0.training_step.2.end"]
+    assert end["saved_tensors.unique_bytes"] == F32 * (B * D + B * H + B * O)
+    assert end["rss_peak"] >= end["rss"] > 0
+
+
+def test_yaml_is_plain_and_pickle_matches(tmp_path):
+    cb = MemProfilerCallback(
+        {"schedule": {"warmup": 0, "active": 2}, "dump_memorystats_pickle": True, "save_dir": str(tmp_path)}
+    )
+    make_trainer(tmp_path, [cb]).fit(TinyMLP())
+    text = (tmp_path / "rank_0_memory_stats.yaml").read_text()
+    assert "!!python" not in text
+    from_yaml = yaml.safe_load(text)
+    with open(tmp_path / "rank_0_memory_stats.pickle", "rb") as f:
+        assert f.read(2) == b"\x80\x04"  # protocol 4
+        f.seek(0)
+        assert pickle.load(f) == from_yaml
+    assert list(from_yaml) == [f"0.training_step.{c}.{p}" for c in (1, 2) for p in ("start", "end")]
+
+
+def test_exception_in_step_five_keeps_steps_one_to_four(tmp_path):
+    # GIVEN every call collected and a failure in step 5
+    cb = MemProfilerCallback({"schedule": {"warmup": 0, "active": 10}, "save_dir": str(tmp_path)})
+    trainer = make_trainer(tmp_path, [cb], limit_train_batches=8)
+    with pytest.raises(RuntimeError, match="injected failure in step 5"):
+        trainer.fit(TinyMLP(fail_at=5))
+    # THEN steps 1-4 are on disk, valid; step 5's end is there too, marked failed
+    stats = load_stats(tmp_path)
+    for call in range(1, 5):
+        end = stats[f"0.training_step.{call}.end"]
+        assert end["saved_tensors.unique_bytes"] == F32 * (B * D + B * H + B * O)
+        assert "failed" not in end
+    assert "0.training_step.5.start" in stats
+    assert stats["0.training_step.5.end"]["failed"] is True
+    assert stats["0.training_step.5.end"]["rss_peak"] >= stats["0.training_step.5.start"]["rss"]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_validation_step_and_short_schedule(tmp_path):
+    cb = MemProfilerCallback(
+        {
+            "schedule": {"warmup_iters": 1, "max_iter": 2},
+            "collect_funcs": {"default": ["training_step", "validation_step"]},
+            "save_dir": str(tmp_path),
+        }
+    )
+    make_trainer(tmp_path, [cb], limit_val_batches=2).fit(TinyMLP())
+    stats = load_stats(tmp_path)
+    assert {k.rsplit(".", 2)[0] for k in stats} == {"0.training_step", "0.validation_step"}
+    assert "0.validation_step.2.end" in stats
+    # no graph is built under no_grad: nothing is saved for backward
+    assert stats["0.validation_step.2.end"]["saved_tensors.unique_bytes"] == 0
+
+
+def test_unwritable_save_dir_fails_at_setup(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cb = MemProfilerCallback({"save_dir": str(blocker / "sub")})
+    model = TinyMLP()
+    with pytest.raises(ArtifactError, match=r"`save_dir`.*not writable"):
+        make_trainer(tmp_path, [cb]).fit(model)
+    assert model.steps_run == 0
+
+
+def test_disabled_attaches_nothing(tmp_path):
+    model = TinyMLP()
+    make_trainer(tmp_path, [MemProfilerCallback({"enabled": False})]).fit(model)
+    assert ATTACH_ATTR not in model.__dict__
+    assert not (tmp_path / "memprofiler").exists()
+    assert model.steps_run == 6
+
+
+def test_profiler_fault_warns_and_training_continues(tmp_path, monkeypatch):
+    from memprofiler.collectors import host
+
+    def boom(self, ctx):
+        raise OSError("procfs went away")
+
+    monkeypatch.setattr(host.HostCollector, "start", boom)
+    cb = MemProfilerCallback({"schedule": {"warmup": 0, "active": 3}, "save_dir": str(tmp_path)})
+    model = TinyMLP()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path, [cb]).fit(model)
+    assert model.steps_run == 6
+    assert any("collector `cpu` failed" in str(w.message) for w in caught if w.category is MemProfilerWarning)
+    stats = load_stats(tmp_path)
+    assert "rss" not in stats["0.training_step.3.end"]
+    assert stats["0.training_step.3.end"]["saved_tensors.count"] == 5
+
+
+def test_profiler_detached_after_fit(tmp_path):
+    model = TinyMLP()
+    make_trainer(tmp_path, [MemProfilerCallback()]).fit(model)
+    assert ATTACH_ATTR not in model.__dict__
+
+
+class MixinModel(ProfilerHooksMixin, TinyMLP):
+    pass
+
+
+def test_mixin_takes_memprofiler_cfg(tmp_path):
+    model = MixinModel(memprofiler_cfg={"schedule": {"warmup": 0, "active": 1}, "save_dir": str(tmp_path)})
+    make_trainer(tmp_path, []).fit(model)
+    assert list(load_stats(tmp_path)) == ["0.training_step.1.start", "0.training_step.1.end"]
+
+
+def test_memprofilable_is_reachable_from_the_profiler_class():
+    from memprofiler import MemProfiler
+
+    assert MemProfiler.memprofilable is memprofilable

@@ -1,0 +1,206 @@
+"""MemoryTimeline: Chrome-trace counters and spans from snapshots, on Kineto's clock."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from memprofiler import MemProfiler
+from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.cuda_backend import CudaBackend
+from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
+
+
+class FakeCuda(CudaBackend):
+    """Replays fixed allocator statistics: 3 MiB allocated, 8 MiB reserved, peaks 5 and 10."""
+
+    STATS = {
+        "allocated_bytes.all.current": 3 * 2**20,
+        "reserved_bytes.all.current": 8 * 2**20,
+        "allocated_bytes.all.peak": 5 * 2**20,
+        "reserved_bytes.all.peak": 10 * 2**20,
+    }
+
+    def is_available(self) -> bool:
+        return True
+
+    def memory_stats(self) -> dict[str, Any]:
+        return dict(self.STATS)
+
+    def reset_peak_memory_stats(self) -> None:
+        pass
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _run_steps(prof: MemProfiler, model: nn.Module, n: int) -> None:
+    x = torch.randn(8, 16)
+    for _ in range(n):
+        with prof.profile("training_step", module=model):
+            loss = model(x).sum()
+        loss.backward()
+
+
+def test_kineto_cpu_timestamps_are_epoch_nanoseconds_after_base(tmp_path):
+    # GIVEN a record_function whose inside is stamped with time.time_ns()
+    with profile(activities=[ProfilerActivity.CPU]) as p, record_function("marker"):
+        inside_start = time.time_ns()
+        time.sleep(0.02)
+        inside_end = time.time_ns()
+    p.export_chrome_trace(str(tmp_path / "t.json"))
+    # WHEN its Kineto timestamps are converted with the trace's base
+    trace = json.loads((tmp_path / "t.json").read_text())
+    base = int(trace.get("baseTimeNanoseconds", 0))
+    (marker,) = [e for e in trace["traceEvents"] if e.get("name") == "marker"]
+    start_ns = base + marker["ts"] * 1000
+    end_ns = start_ns + marker["dur"] * 1000
+    # THEN the event encloses the wall-clock stamps, to within the clock conversion's slack
+    slack = 200_000  # 0.2 ms
+    assert start_ns <= inside_start + slack
+    assert inside_end <= end_ns + slack
+    assert end_ns - start_ns < (inside_end - inside_start) + 50_000_000
+
+
+def test_memory_spans_land_inside_the_kineto_event_that_encloses_them(tmp_path):
+    # GIVEN a plain PyTorch loop with memprofiler inside a torch.profiler region
+    model = _mlp()
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(model)
+    assert prof.timeline is not None
+    with profile(activities=[ProfilerActivity.CPU]) as p, record_function("outer"):
+        _run_steps(prof, model, 1)
+    p.export_chrome_trace(str(tmp_path / "k.json"))
+    trace = json.loads((tmp_path / "k.json").read_text())
+    # WHEN the timeline is merged into the Kineto trace
+    added = merge_into_trace(trace, prof.timeline, pid=4242)
+    # THEN the call's span and counters are inside "outer", under the given pid
+    (outer,) = [e for e in trace["traceEvents"] if e.get("name") == "outer"]
+    ours = [e for e in trace["traceEvents"] if e.get("cat") == "memprofiler"]
+    assert added == len(ours) > 0
+    (span,) = [e for e in ours if e["ph"] == "X"]
+    assert span["name"] == "training_step.1" and span["pid"] == 4242
+    assert outer["ts"] <= span["ts"] and span["ts"] + span["dur"] <= outer["ts"] + outer["dur"]
+    assert all(outer["ts"] <= e["ts"] <= outer["ts"] + outer["dur"] for e in ours)
+
+
+def test_memory_trace_file_holds_the_snapshot_values(tmp_path):
+    # GIVEN calls 1 and 2 collected, with a fake CUDA device
+    model = _mlp()
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=3, cuda=FakeCuda())
+    # WHEN three calls run and the profiler exits
+    with prof:
+        prof.setup(model)
+        _run_steps(prof, model, 3)
+    # THEN the per-rank trace is valid JSON, pid = rank
+    trace = json.loads((tmp_path / "memory_trace_rank_3.json").read_text())
+    stats = yaml.safe_load((tmp_path / "rank_3_memory_stats.yaml").read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] != "M"]
+    assert {e["pid"] for e in trace["traceEvents"]} == {3}
+    # AND one span per collected call, as long as start-to-end
+    spans = {e["name"]: e for e in events if e["ph"] == "X"}
+    assert sorted(spans) == ["training_step.1", "training_step.2"]
+    assert all(s["dur"] > 0 for s in spans.values())
+    # AND counters: rss at start and end, peaks and saved bytes at end, CUDA from the device
+    counters = [e for e in events if e["ph"] == "C"]
+    by_name: dict[str, list[Any]] = {}
+    for c in sorted(counters, key=lambda c: c["ts"]):
+        by_name.setdefault(c["name"], []).append(c["args"]["bytes"])
+    assert by_name["rss"] == [
+        stats[f"3.training_step.{n}.{p}"]["rss"] for n in (1, 2) for p in ("start", "end")
+    ]
+    assert by_name["rss_peak"] == [stats[f"3.training_step.{n}.end"]["rss_peak"] for n in (1, 2)]
+    # saved for backward: x (8x16 fp32) and the ReLU output (8x32 fp32), weights excluded
+    assert by_name["saved_tensors.unique_bytes"] == [8 * 16 * 4 + 8 * 32 * 4] * 2
+    assert by_name["cuda.allocated"] == [3 * 2**20] * 4
+    assert by_name["cuda.reserved"] == [8 * 2**20] * 4
+    assert by_name["cuda.allocated_peak"] == [5 * 2**20] * 4
+    assert by_name["cuda.reserved_peak"] == [10 * 2**20] * 4
+    # AND timestamps are microseconds after the recorded base
+    base = trace["baseTimeNanoseconds"]
+    assert base % 1_000_000_000 == 0 and all(0 <= e["ts"] < 3_600e6 for e in events)
+
+
+def test_merge_keeps_only_snapshots_inside_the_trace_span():
+    # GIVEN snapshots at t = 1 ms, 2 ms (call 1) and 10 ms, 11 ms (call 2)
+    timeline = MemoryTimeline(rank=0)
+    for call, phase, t_ms in [(1, "start", 1), (1, "end", 2), (2, "start", 10), (2, "end", 11)]:
+        ctx = CallContext(fn_name="f", call=call, rank=0, scratch={"t_ns": t_ms * 1_000_000, "phase": phase})
+        timeline.on_snapshot(f"0.f.{call}.{phase}", {"rss": call * 100}, ctx)
+    # AND a trace based at 0 whose only event spans 0.5 ms - 5 ms
+    trace = {"baseTimeNanoseconds": 0, "traceEvents": [{"ph": "X", "name": "op", "ts": 500.0, "dur": 4500.0}]}
+    # WHEN merged
+    merge_into_trace(trace, timeline, pid=7)
+    # THEN only call 1 is added, at its microsecond times
+    ours = [e for e in trace["traceEvents"] if e.get("cat") == "memprofiler"]
+    assert [(e["ph"], e["ts"]) for e in ours] == [("C", 1000.0), ("C", 2000.0), ("X", 1000.0)]
+    assert ours[2]["name"] == "f.1" and ours[2]["dur"] == 1000.0
+
+
+def test_dump_memory_trace_false_writes_no_trace(tmp_path):
+    model = _mlp()
+    with MemProfiler({"dump_memory_trace": False, "schedule": {"warmup": 0}}, save_dir=tmp_path) as prof:
+        _run_steps(prof, model, 1)
+    assert prof.timeline is None
+    assert not list(Path(tmp_path).glob("memory_trace_rank_*.json"))
+    assert (tmp_path / "rank_0_memory_stats.yaml").is_file()
+
+
+def test_incremental_json_equals_the_full_trace_as_marks_arrive():
+    # GIVEN a timeline rendered to JSON after every snapshot of two interleaved functions,
+    # one of which has a start with no end yet when rendered
+    timeline = MemoryTimeline(rank=3)
+    marks = [
+        ("f", 1, "start", 1),
+        ("g", 1, "start", 2),
+        ("f", 1, "end", 3),
+        ("g", 1, "end", 5),
+        ("f", 2, "start", 8),
+    ]
+    for fn, call, phase, t_ms in marks:
+        ctx = CallContext(
+            fn_name=fn,
+            call=call,
+            rank=3,
+            scratch={"t_ns": 1_700_000_000_000_000_000 + t_ms * 10**6, "phase": phase},
+        )
+        timeline.on_snapshot(
+            f"3.{fn}.{call}.{phase}", {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms}, ctx
+        )
+        # THEN each rendering is exactly the text of the trace built from scratch
+        assert timeline.to_json() == json.dumps(timeline.to_trace())
+    # AND the spans pair each end with its own start
+    spans = {e["name"]: e["dur"] for e in timeline.to_trace()["traceEvents"] if e["ph"] == "X"}
+    assert spans == {"f.1": 2000.0, "g.1": 3000.0}
+
+
+def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
+    # GIVEN a timeline whose rendering is interrupted once by another rendering, as a SIGTERM
+    # handler's dump interrupts a window-close dump
+    class Interrupted(MemoryTimeline):
+        fired = False
+
+        def _mark_events(self, *args: Any) -> list[dict[str, Any]]:
+            if not self.fired:
+                self.fired = True
+                self.to_json()
+            return super()._mark_events(*args)
+
+    timeline = Interrupted(rank=0)
+    for call, phase, t_ms in [(1, "start", 1), (1, "end", 2)]:
+        ctx = CallContext(fn_name="f", call=call, rank=0, scratch={"t_ns": t_ms * 10**6, "phase": phase})
+        timeline.on_snapshot(f"0.f.{call}.{phase}", {"rss": 100}, ctx)
+    # WHEN it renders, then renders again
+    timeline.to_json()
+    # THEN each event appears once
+    events = json.loads(timeline.to_json())["traceEvents"]
+    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"]
+    assert timeline.to_json() == json.dumps(timeline.to_trace())

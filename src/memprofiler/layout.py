@@ -50,3 +50,22 @@ MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
 PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
 #: ExtendedPyTorchProfiler per-rank summary table.
 PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
+
+# ---------------------------------------------------------------------------- runs
+#: Run manifest, written by rank 0 at set-up and rewritten at the end: ``run_id``, ``started``,
+#: ``finished`` (null while running), ``status`` (``running`` / ``finished`` / ``crashed``),
+#: ``world_size``, ``host``, ``pid``, ``memprofiler`` (version). Marks a directory as one run.
+RUN_MANIFEST = "memprofiler_run.yaml"
+#: A second run into a ``save_dir`` that already holds a run (live or finished) writes into the
+#: first free ``version_{n}`` under it, n >= 1, as Lightning's loggers do; nothing is overwritten.
+RUN_VERSION_DIR = "version_{n}"
+
+# ---------------------------------------------------------------------------- YAML integrity
+#: First line of every YAML file memprofiler writes. A file that starts with it must end with a
+#: block-end line; one that does not is cut (copied partially, or killed mid-append).
+YAML_HEADER = "#memprofiler-yaml v1"
+#: Written after every block of top-level entries: ``#memprofiler-end entries=<n>``, ``n`` the
+#: number of top-level keys in the file up to this line. Files appended in blocks (the stats
+#: YAML) hold one per block; the last line of an intact file is one. A reader keeps what lies
+#: before the last block-end whose count matches, and reports anything after it as cut.
+YAML_BLOCK_END = "#memprofiler-end entries={n}"

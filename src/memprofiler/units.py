@@ -7,26 +7,20 @@ import re
 
 from memprofiler.errors import ConfigError
 
-#: Binary (``KiB``) and decimal (``KB``) suffixes, case-insensitive; ``K``/``M``/``G`` alone are binary,
-#: as in ``ulimit`` and most memory tools.
+#: The one unit table: binary units by name, smallest first. Formatting walks it, parsing and
+#: the config's ``fsdp_mem_tracker_units`` are derived from it.
+BINARY_UNITS: dict[str, int] = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
+#: Units of the module-wise tracker's ``.log`` reports (``fsdp_mem_tracker_units``).
+MEM_UNITS: dict[str, int] = {u: BINARY_UNITS[u] for u in ("B", "KiB", "MiB", "GiB")}
+#: Parsing, case-insensitive: the binary units, ``K``/``M``/``G``/``T`` alone as binary (as in
+#: ``ulimit`` and most memory tools), and the decimal ``KB``/``MB``/``GB``/``TB``.
 _FACTORS: dict[str, int] = {
     "": 1,
-    "b": 1,
-    "k": 1024,
-    "kib": 1024,
-    "kb": 1000,
-    "m": 1024**2,
-    "mib": 1024**2,
-    "mb": 1000**2,
-    "g": 1024**3,
-    "gib": 1024**3,
-    "gb": 1000**3,
-    "t": 1024**4,
-    "tib": 1024**4,
-    "tb": 1000**4,
+    **{u.lower(): f for u, f in BINARY_UNITS.items() if u != "PiB"},
+    **{u[0].lower(): f for u, f in BINARY_UNITS.items() if u not in ("B", "PiB")},
+    **{f"{u[0].lower()}b": 1000 ** (i + 1) for i, u in enumerate(("KiB", "MiB", "GiB", "TiB"))},
 }
 _NUMBER = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*([A-Za-z]*)\s*$")
-_BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 #: Metric-name parts that mark a value as a byte count (everything else is shown as a plain number).
 _BYTE_HINTS = (
@@ -92,8 +86,9 @@ def format_bytes(n: float | int | None) -> str:
         return str(value)  # "nan", "inf", "-inf": an edited file, shown rather than crashing
     sign = "-" if value < 0 else ""
     value = abs(value)
-    for unit in _BINARY:
-        if value < 1024 or unit == _BINARY[-1]:
+    last = next(reversed(BINARY_UNITS))
+    for unit in BINARY_UNITS:
+        if value < 1024 or unit == last:
             if unit == "B":
                 return f"{sign}{int(value)} B"
             return f"{sign}{value:.2f} {unit}"

@@ -6,6 +6,11 @@ exception: a profiler fault must not kill a training run.
 
 from __future__ import annotations
 
+import logging
+
+#: memprofiler's logger: details of warned faults go to it at debug level.
+log = logging.getLogger("memprofiler")
+
 
 class MemProfilerError(Exception):
     """Base class for errors caused by the user's input (config, files, paths)."""
@@ -32,3 +37,7 @@ class ConfigError(MemProfilerError, ValueError):
 
 class ArtifactError(MemProfilerError):
     """A file we were asked to read is missing, truncated, foreign or unsafe."""
+
+
+class MemProfilerWarning(UserWarning):
+    """A capability is missing or the profiler hit a fault; training continues."""

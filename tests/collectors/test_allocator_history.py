@@ -20,19 +20,12 @@ from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.config import MemProfilerConfig, ScheduleConfig
-from memprofiler.core import warn as _warn
 from memprofiler.core.schedule import Action, action
 from memprofiler.core.warn import MemProfilerWarning
 from memprofiler.errors import ConfigError
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 KIB = 1024
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    # warn_once remembers messages per process; each test must see its own warnings.
-    monkeypatch.setattr(_warn, "_seen", set())
 
 
 def _cfg(schedule: dict, **extra) -> dict:

@@ -55,9 +55,7 @@ def test_without_cuda_one_warning_then_off(tmp_path):
     assert not torch.cuda.is_available()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from memprofiler.core import warn as _warn
 
-        _warn._seen.clear()
         prof = MemProfiler({"schedule": {"warmup": 0, "active": 3}}, save_dir=tmp_path, rank=0).setup()
         for _ in range(3):
             with prof.profile("training_step"):
@@ -68,9 +66,7 @@ def test_without_cuda_one_warning_then_off(tmp_path):
 
 
 def test_no_warning_on_other_ranks(tmp_path):
-    from memprofiler.core import warn as _warn
 
-    _warn._seen.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         MemProfiler({}, save_dir=tmp_path, rank=1).setup()

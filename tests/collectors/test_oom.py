@@ -13,17 +13,11 @@ from fake_cuda import GIB, FakeCudaBackend, memory_stats_keys
 from memprofiler import MemProfiler
 from memprofiler.collectors import oom as oom_module
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core import warn as _warn
 from memprofiler.core.warn import MemProfilerWarning
 from memprofiler.errors import ConfigError
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(_warn, "_seen", set())
 
 
 def _profiler(tmp_path: Path, fake: FakeCudaBackend, **oom) -> MemProfiler:
@@ -232,7 +226,6 @@ def test_write_failure_in_the_observer_is_reported_and_the_oom_unchanged(tmp_pat
     assert type(err) is torch.OutOfMemoryError and "Tried to allocate" in str(err)
     # AND the recorder keeps working once the disk is back
     monkeypatch.undo()
-    monkeypatch.setattr(_warn, "_seen", set())
     _oom(fake, 2 * GIB)
     assert _yaml(tmp_path / "oom_rank_0_1.yaml")["failed_alloc_bytes"] == 2 * GIB
     prof.teardown()

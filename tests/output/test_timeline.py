@@ -13,8 +13,8 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from memprofiler import MemProfiler
-from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend
+from memprofiler.output.events import SnapshotEvent
 from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
 
 
@@ -129,12 +129,15 @@ def test_memory_trace_file_holds_the_snapshot_values(tmp_path):
     assert base % 1_000_000_000 == 0 and all(0 <= e["ts"] < 3_600e6 for e in events)
 
 
+def _event(rank: int, fn: str, call: int, phase: Any, t_ns: int, metrics: dict[str, Any]) -> SnapshotEvent:
+    return SnapshotEvent(f"{rank}.{fn}.{call}.{phase}", rank, fn, call, phase, t_ns, metrics)
+
+
 def test_merge_keeps_only_snapshots_inside_the_trace_span():
     # GIVEN snapshots at t = 1 ms, 2 ms (call 1) and 10 ms, 11 ms (call 2)
     timeline = MemoryTimeline(rank=0)
     for call, phase, t_ms in [(1, "start", 1), (1, "end", 2), (2, "start", 10), (2, "end", 11)]:
-        ctx = CallContext(fn_name="f", call=call, rank=0, scratch={"t_ns": t_ms * 1_000_000, "phase": phase})
-        timeline.on_snapshot(f"0.f.{call}.{phase}", {"rss": call * 100}, ctx)
+        timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 1_000_000, {"rss": call * 100}))
     # AND a trace based at 0 whose only event spans 0.5 ms - 5 ms
     trace = {"baseTimeNanoseconds": 0, "traceEvents": [{"ph": "X", "name": "op", "ts": 500.0, "dur": 4500.0}]}
     # WHEN merged
@@ -166,14 +169,9 @@ def test_incremental_json_equals_the_full_trace_as_marks_arrive():
         ("f", 2, "start", 8),
     ]
     for fn, call, phase, t_ms in marks:
-        ctx = CallContext(
-            fn_name=fn,
-            call=call,
-            rank=3,
-            scratch={"t_ns": 1_700_000_000_000_000_000 + t_ms * 10**6, "phase": phase},
-        )
+        t_ns = 1_700_000_000_000_000_000 + t_ms * 10**6
         timeline.on_snapshot(
-            f"3.{fn}.{call}.{phase}", {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms}, ctx
+            _event(3, fn, call, phase, t_ns, {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms})
         )
         # THEN each rendering is exactly the text of the trace built from scratch
         assert timeline.to_json() == json.dumps(timeline.to_trace())
@@ -196,8 +194,7 @@ def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
 
     timeline = Interrupted(rank=0)
     for call, phase, t_ms in [(1, "start", 1), (1, "end", 2)]:
-        ctx = CallContext(fn_name="f", call=call, rank=0, scratch={"t_ns": t_ms * 10**6, "phase": phase})
-        timeline.on_snapshot(f"0.f.{call}.{phase}", {"rss": 100}, ctx)
+        timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 10**6, {"rss": 100}))
     # WHEN it renders, then renders again
     timeline.to_json()
     # THEN each event appears once

@@ -19,7 +19,6 @@ from _env import subprocess_env
 from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
-from memprofiler.core import warn as _warn
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +28,6 @@ CONFIG = {
     "cuda_allocator_history": True,
     "oom": {"enabled": True},
 }
-
-
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(_warn, "_seen", set())
 
 
 class FailingModel(pl.LightningModule):

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memprofiler import layout
-from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext, ProfilerView
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.output.writers import write_pickle
-
-if TYPE_CHECKING:
-    from memprofiler.core.profiler import MemProfiler
 
 #: Prefix of this collector's holders in :class:`HistoryRecording`, one per open window.
 WINDOW_HOLDER = "window:"
@@ -55,9 +52,9 @@ class AllocatorHistoryCollector(BaseCollector):
         self._save_dir: Path | None = None
         recording.plan(options)
 
-    def bind(self, profiler: MemProfiler) -> None:
+    def bind(self, view: ProfilerView) -> None:
         """Learn where to write; called once by the profiler at set-up."""
-        self._save_dir = profiler.save_dir
+        self._save_dir = view.save_dir
 
     def warmup(self, ctx: CallContext) -> None:
         self._recording.acquire(WINDOW_HOLDER + ctx.fn_name, self._options)

@@ -1,18 +1,18 @@
-"""The one small interface every collector implements."""
+"""The one small interface every collector implements, and what a collector sees of the profiler."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
+import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from memprofiler.core.profiler import MemProfiler
-
 Metrics = dict[str, Any]
+#: ``(function name, call number)`` of a collected call.
+CallId = tuple[str, int]
 
 
 @dataclass
@@ -30,23 +30,81 @@ class CallContext:
     closes_window: bool = False
     """True when the next call of this function is neither warmed up nor collected."""
     scratch: dict[str, Any] = field(default_factory=dict)
-    """Per-call state shared between a collector's ``start`` and ``end``."""
+    """A collector's private state between its ``start`` and ``end`` (keys prefixed by its name)."""
+
+    @property
+    def call_id(self) -> CallId:
+        return (self.fn_name, self.call)
 
 
-@runtime_checkable
+class ProfilerView(Protocol):
+    """What a collector may see of the profiler: given to :meth:`Collector.bind` at set-up."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def save_dir(self) -> Path:
+        """The run directory, resolved and checked once by the profiler."""
+        ...
+
+    @property
+    def snapshots(self) -> Mapping[str, Mapping[str, Any]]:
+        """The snapshots collected so far (read only)."""
+        ...
+
+    def current_step(self) -> int | None: ...
+
+    def call_counts(self) -> Mapping[str, int]:
+        """Calls counted so far, per ``@memprofilable`` function."""
+        ...
+
+    def warn(self, message: str, all_ranks: bool = False) -> None:
+        """Warn once per profiler, on rank zero unless ``all_ranks``."""
+        ...
+
+
 class Collector(Protocol):
     """A source of flat metrics for the start and end of a collected call.
 
     ``start`` runs just before the profiled function, ``end`` just after it (also when it
     raised, with ``ok=False``, so a collector can always undo what ``start`` set up). Both
-    return flat metric dicts merged into the ``.start`` / ``.end`` snapshot.
+    return flat metric dicts merged into the ``.start`` / ``.end`` snapshot. Every event is
+    part of the interface; :class:`BaseCollector` gives no-op defaults. What a collector can
+    do beyond a call is declared by :attr:`spans_step`, never probed.
     """
 
     name: str
+    spans_step: bool
+    """Its window runs on to the end of the training step: :meth:`step_end` closes it."""
+
+    def bind(self, view: ProfilerView) -> None:
+        """Once at set-up: the profiler's read-only view (run directory, rank, warnings)."""
+        ...
+
+    def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """Once the model is prepared for training (sharded) and its optimizers exist."""
+        ...
+
+    def warmup(self, ctx: CallContext) -> None:
+        """On calls the schedule marks as warmup (before collection starts)."""
+        ...
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]: ...
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]: ...
+
+    def step_end(self) -> Mapping[CallId, Metrics]:
+        """At the end of a training step: metrics for the ``end`` snapshots of the calls given."""
+        ...
+
+    def dump(self) -> list[Path]:
+        """Whenever the profiler writes its files: write this collector's own files."""
+        ...
+
+    def crash(self, exc: BaseException) -> list[Path]:
+        """Training ends with ``exc``: write crash records, stop what would outlive the run."""
+        ...
 
     def close(self) -> None:
         """Release anything held across calls (hooks, threads). Called at teardown."""
@@ -54,24 +112,19 @@ class Collector(Protocol):
 
 
 class BaseCollector:
-    """No-op defaults for the optional collector events; subclass and override what you need.
-
-    Besides ``start`` / ``end`` the profiler calls, when a collector defines them:
-
-    * ``bind(profiler)`` once at set-up, for collectors that write their own files or read
-      the profiler's snapshots;
-    * ``bind_model(module, optimizers)`` once the model is prepared for training (sharded)
-      and its optimizers exist (``MemProfiler.bind``, called by the callback at fit start);
-    * ``step_end()`` at the end of a training step, for collectors whose window spans
-      backward and the optimizer step;
-    * ``warmup(ctx)`` on calls the schedule marks as warmup (before collection starts);
-    * ``dump(save_dir, rank)`` whenever the profiler writes its files, to write extra files;
-    * ``crash(exc)`` when training ends in an exception (before the files are written), to
-      write crash records and stop anything that would outlive the run;
-    * ``close()`` at teardown.
-    """
+    """No-op defaults for every collector event; subclass and override what you need."""
 
     name = "base"
+    spans_step = False
+
+    def bind(self, view: ProfilerView) -> None:
+        return None
+
+    def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        return None
+
+    def warmup(self, ctx: CallContext) -> None:
+        return None
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         return {}
@@ -79,16 +132,13 @@ class BaseCollector:
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
         return {}
 
-    def bind(self, profiler: MemProfiler) -> None:
-        return None
+    def step_end(self) -> Mapping[CallId, Metrics]:
+        return {}
 
-    def warmup(self, ctx: CallContext) -> None:
-        return None
-
-    def crash(self, exc: BaseException) -> list[Path]:
+    def dump(self) -> list[Path]:
         return []
 
-    def dump(self, save_dir: Path, rank: int) -> list[Path]:
+    def crash(self, exc: BaseException) -> list[Path]:
         return []
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from memprofiler.core.warn import log
+from memprofiler.errors import log
 
 #: ``observer(device, alloc_bytes, limit_bytes, device_free_bytes)``, the argument order of
 #: the CUDA caching allocator's out-of-memory observers. ``limit_bytes`` is the device total,

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend
 
 
-class CudaStatsCollector:
+class CudaStatsCollector(BaseCollector):
     """Collects every flat ``torch.cuda.memory_stats()`` key."""
 
     name = "cuda"

@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
@@ -62,7 +62,7 @@ class _Sampler(threading.Thread):
         return self.peak
 
 
-class HostCollector:
+class HostCollector(BaseCollector):
     """Collects ``rss``, ``vms`` (start and end) and ``rss_peak`` (end)."""
 
     name = "cpu"

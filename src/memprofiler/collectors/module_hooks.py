@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 from torch import nn
 
-from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext
 from memprofiler.collectors.module_tracker import ModuleStack
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 
@@ -66,7 +66,7 @@ def npp_post_forward(state: HookState, module: nn.Module, args: tuple[Any, ...],
     state.npp_diff = state.npp_post_forward - getattr(state, "npp_pre_forward", 0)
 
 
-class ModuleHooksCollector:
+class ModuleHooksCollector(BaseCollector):
     """Runs the configured memory hooks and saves ``save_hook_attrs`` into the end snapshot."""
 
     name = "memory_hooks"

@@ -27,19 +27,16 @@ import datetime
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from memprofiler import layout
-from memprofiler.collectors.base import BaseCollector
+from memprofiler.collectors.base import BaseCollector, ProfilerView
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
-from memprofiler.core.warn import log, warn_once
+from memprofiler.errors import log
 from memprofiler.output.writers import write_pickle, write_yaml
-
-if TYPE_CHECKING:
-    from memprofiler.core.profiler import MemProfiler
 
 #: Holder name of the flight recorder's ring in :class:`HistoryRecording`.
 RING_HOLDER = "oom"
@@ -72,7 +69,7 @@ class OomRecorder(BaseCollector):
         self._options = options
         self._max_dumps = max_dumps
         self._warn = warn
-        self._profiler: MemProfiler | None = None
+        self._profiler: ProfilerView | None = None
         self._remove_observer: Callable[[], None] | None = None
         self._next_n = 0
         self._dumps = 0
@@ -86,9 +83,9 @@ class OomRecorder(BaseCollector):
     def dumps_written(self) -> int:
         return self._dumps
 
-    def bind(self, profiler: MemProfiler) -> None:
+    def bind(self, view: ProfilerView) -> None:
         """Start the ring and attach the OOM observer; called once at set-up."""
-        self._profiler = profiler
+        self._profiler = view
         self._active = True
         if self._recording is not None:
             self._recording.acquire(RING_HOLDER, self._options)
@@ -141,13 +138,12 @@ class OomRecorder(BaseCollector):
             return self._record(info)
         except Exception as err:
             log.debug("OOM record failed", exc_info=True)
-            rank = self._profiler.rank if self._profiler is not None else 0
-            # Every rank: a rank that failed to write its record must say so itself.
-            warn_once(
-                f"could not write the OOM record ({err!r}); training's own error is unchanged",
-                rank=rank,
-                all_ranks=True,
-            )
+            if self._profiler is not None:
+                # Every rank: a rank that failed to write its record must say so itself.
+                self._profiler.warn(
+                    f"could not write the OOM record ({err!r}); training's own error is unchanged",
+                    all_ranks=True,
+                )
             return []
 
     def _record(self, info: dict[str, Any]) -> list[Path]:
@@ -157,7 +153,7 @@ class OomRecorder(BaseCollector):
         with self._lock:  # two device threads can run out of memory at once
             return self._record_locked(prof, info)
 
-    def _record_locked(self, prof: MemProfiler, info: dict[str, Any]) -> list[Path]:
+    def _record_locked(self, prof: ProfilerView, info: dict[str, Any]) -> list[Path]:
         if self._dumps >= self._max_dumps:
             self._warn(f"{self._max_dumps} OOM records written (`oom.max_dumps`); later ones are skipped")
             return []
@@ -170,7 +166,7 @@ class OomRecorder(BaseCollector):
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **info,
             "step": prof.current_step(),
-            "calls": {fn: prof.call_count(fn) for fn in sorted(prof.counted_functions())},
+            "calls": dict(sorted(prof.call_counts().items())),
         }
         record.setdefault("failed_alloc_bytes", None)
         # Each part is taken on its own so that one failing still leaves the others.

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
 
 
@@ -46,7 +46,7 @@ def _is_param(t: torch.Tensor | None) -> bool:
     return t is not None and type(t) is not torch.Tensor and isinstance(t, nn.Parameter)
 
 
-class SavedTensorsCollector:
+class SavedTensorsCollector(BaseCollector):
     """Collects ``saved_tensors.{unique_bytes,packed_bytes,count,by_module}`` at end.
 
     Storages are keyed by address and held by weak reference, so an address freed and

@@ -29,10 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprofiler import layout
 from memprofiler.collectors import mem_report
-from memprofiler.collectors.base import CallContext
-from memprofiler.core.warn import warn_once
+from memprofiler.collectors.base import BaseCollector, CallContext, CallId, Metrics, ProfilerView
 from memprofiler.output.writers import write_text, write_yaml
 
 WINDOW_TEXT = (
@@ -46,7 +44,7 @@ REPEATED_FORWARD_NOTE = (
 )
 
 
-class TrackerCollector:
+class TrackerCollector(BaseCollector):
     """Runs a module-wise memory tracker over a step-long window and writes its reports.
 
     Subclasses set ``name``, ``tracker_name``, ``prefix`` (snapshot key prefix), ``report_name`` (a
@@ -59,6 +57,7 @@ class TrackerCollector:
     """
 
     name = "tracker"
+    spans_step = True
     tracker_name = "MemTracker"
     prefix = "tracker"
     report_name = ""
@@ -74,6 +73,10 @@ class TrackerCollector:
         self._tracker: Any = None
         self._open: CallContext | None = None
         self._pending: dict[str, dict[str, Any]] = {}
+        self._view: ProfilerView | None = None
+
+    def bind(self, view: ProfilerView) -> None:
+        self._view = view
 
     # ----------------------------------------------------------------- binding
     def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
@@ -127,14 +130,13 @@ class TrackerCollector:
             self._close(failed=True)
         return {}
 
-    def step_end(self) -> dict[str, dict[str, Any]]:
+    def step_end(self) -> dict[CallId, Metrics]:
         """Leave the tracker; return the ``.end`` snapshot metrics of the call it covered."""
         ctx = self._open
         if ctx is None:
             return {}
         report = self._close(failed=False)
-        key = layout.snapshot_key(ctx.rank, ctx.fn_name, ctx.call, "end")
-        return {key: mem_report.peak_metrics(report["peak"], self.prefix)}
+        return {ctx.call_id: mem_report.peak_metrics(report["peak"], self.prefix)}
 
     def _close(self, failed: bool) -> dict[str, Any]:
         ctx, tracker = self._open, self._tracker
@@ -148,7 +150,8 @@ class TrackerCollector:
         notes = []
         if getattr(tracker, "repeated_forward", False):
             notes.append(REPEATED_FORWARD_NOTE)
-            warn_once(f"{self.name}: {REPEATED_FORWARD_NOTE}", rank=ctx.rank)
+            if self._view is not None:
+                self._view.warn(f"{self.name}: {REPEATED_FORWARD_NOTE}")
         if failed:
             notes.append(f"`{ctx.fn_name}` raised; the report covers the call up to the error")
         report = {
@@ -168,9 +171,12 @@ class TrackerCollector:
         return report
 
     # ----------------------------------------------------------------- output
-    def dump(self, save_dir: Path, rank: int) -> list[Path]:
+    def dump(self) -> list[Path]:
         """Write the reports of the calls closed since the last dump (``.yaml`` and ``.log``)."""
         written: list[Path] = []
+        if self._view is None:
+            return written
+        save_dir = self._view.save_dir
         for stem, report in list(self._pending.items()):
             written.append(write_yaml(save_dir / f"{stem}.yaml", report))
             log = mem_report.render_log(report, self.units, self.tabulate)

@@ -110,6 +110,12 @@ class MemProfilerConfig:
     """Log each collected call's headline figures (``rss_peak``, saved-tensor bytes, CUDA and
     FSDP peaks) to every logger the Trainer has, as ``memprofiler/{fn}/{metric}`` at the
     global step. No effect without a logger or outside Lightning."""
+    flush_every_calls: int = 50
+    """Write what was collected at least every this many collected calls, whatever the
+    schedule (besides every window close), so a process killed by SIGKILL or the host's OOM
+    killer leaves it on disk. Each write appends only what is new."""
+    flush_interval_s: float = 60.0
+    """...and at least every this many seconds (checked when a collected call ends)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -124,6 +130,10 @@ class MemProfilerConfig:
             raise ConfigError(
                 "rss_peak_method", f"got {self.rss_peak_method!r}; allowed: auto, clear_refs, sampler"
             )
+        if self.flush_every_calls < 1:
+            raise ConfigError("flush_every_calls", f"got {self.flush_every_calls}; must be >= 1")
+        if not self.flush_interval_s > 0:
+            raise ConfigError("flush_interval_s", f"got {self.flush_interval_s}; must be > 0 seconds")
         if self.rss_sample_interval_ms <= 0:
             raise ConfigError("rss_sample_interval_ms", f"got {self.rss_sample_interval_ms}; must be > 0")
         if self.fsdp_mem_tracker_units not in MEM_UNITS:

@@ -1,7 +1,9 @@
-"""The framework-agnostic core: schedule, collectors, snapshots, files.
+"""The framework-agnostic coordinator: schedule, calls, snapshots, files.
 
 Nothing here imports Lightning. The Lightning callback, the mixin and the CLI are thin
 adapters over :class:`MemProfiler`, which also serves Fabric and plain PyTorch loops.
+Collector events go through :class:`~memprofiler.core.dispatch.CollectorSet`; collectors see
+the profiler only as a :class:`~memprofiler.collectors.base.ProfilerView`.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -20,16 +22,19 @@ from torch import nn
 from memprofiler import layout
 from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
-from memprofiler.collectors.registry import Registered, build_collectors
+from memprofiler.collectors.registry import build_collectors
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core import schedule
+from memprofiler.core import run_setup, schedule
 from memprofiler.core.decorator import ATTACH_ATTR, Attachment, memprofilable
+from memprofiler.core.dispatch import CollectorSet
 from memprofiler.core.sigterm import SigtermDump
-from memprofiler.core.warn import log, warn_once
-from memprofiler.errors import ArtifactError, MemProfilerError
+from memprofiler.core.warn import Warner
+from memprofiler.output.events import Listener, Phase, SnapshotEvent
+from memprofiler.output.run_dir import RunManifest, write_manifest
 from memprofiler.output.snapshot_cache import SnapshotCache
+from memprofiler.output.stats_file import StatsFile
 from memprofiler.output.timeline import MemoryTimeline
-from memprofiler.output.writers import write_pickle, write_text
+from memprofiler.output.writers import write_pickle
 
 
 def detect_rank() -> int:
@@ -42,12 +47,12 @@ def detect_rank() -> int:
 class _Run:
     """One collected call in flight."""
 
-    __slots__ = ("collectors", "ctx", "started")
+    __slots__ = ("ctx", "regs", "started")
 
-    def __init__(self, ctx: CallContext, collectors: list[Registered]) -> None:
+    def __init__(self, ctx: CallContext, regs: list[Any], started: list[Any]) -> None:
         self.ctx = ctx
-        self.collectors = collectors
-        self.started: list[Registered] = []
+        self.regs = regs
+        self.started = started
 
 
 class MemProfiler:
@@ -58,6 +63,9 @@ class MemProfiler:
         save_dir: output directory; overrides ``config.save_dir``.
         rank: global rank used in keys and file names; detected when omitted.
         cuda: the CUDA seam; tests pass a fake.
+        default_save_dir: where to write when neither ``save_dir`` nor ``config.save_dir`` is
+            given (the Lightning callback passes ``<trainer.log_dir>/memprofiler``); else
+            ``./memprofiler``.
 
     Raises:
         ConfigError: the config is invalid (names the dotted key).
@@ -66,9 +74,10 @@ class MemProfiler:
         >>> prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp)  # doctest: +SKIP
         >>> with prof:  # set up, and dump at exit even when the loop raises
         ...     for batch in loader:
-        ...         with prof.profile("train_step", module=model):
+        ...         with prof.profile("training_step", module=model):
         ...             loss = model(batch).sum()
         ...         loss.backward()
+        ...         prof.step_end()
     """
 
     memprofilable = staticmethod(memprofilable)
@@ -80,33 +89,76 @@ class MemProfiler:
         save_dir: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         cuda: CudaBackend | None = None,
+        default_save_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = MemProfilerConfig.from_any(config)
-        self.rank = detect_rank() if rank is None else rank
-        chosen = save_dir or self.config.save_dir or layout.DEFAULT_SUBDIR
-        self.save_dir = Path(chosen).expanduser()
+        self._rank = detect_rank() if rank is None else rank
+        chosen = save_dir or self.config.save_dir or default_save_dir or layout.DEFAULT_SUBDIR
+        #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``
+        #: under it when it already holds a run), known after :meth:`setup`.
+        self.requested_save_dir = Path(chosen).expanduser()
+        self._save_dir = self.requested_save_dir
         self.snapshots: dict[str, dict[str, Any]] = {}
-        # Serialised snapshots, per key: a window-close rewrite converts only what changed.
-        self._snapshot_cache = SnapshotCache()
         self.module: nn.Module | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
+        self.warn = Warner(self._rank)
         self._cuda = cuda or default_backend()
         self._calls: dict[str, int] = {}
         self._finished: set[str] = set()
-        self._collectors: list[Registered] = []
+        self._collectors = CollectorSet([], self.warn)
         self._collected_funcs: frozenset[str] = frozenset()
         self._active: _Run | None = None
         self._is_setup = False
+        self._collected_calls: dict[str, int] = {}
         # True from the end of a collected call until `step_end()`: step-long collectors
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
         self._dump_after_step = False
-        self._listeners: list[Callable[[str, dict[str, Any], CallContext], None]] = []
+        self._listeners: list[Listener] = []
+        # Output: snapshots recorded since the last flush, and the incremental stats file.
+        self._unflushed: list[str] = []
+        self._changed: list[str] = []
+        self._stats: StatsFile | None = None
+        self._pickle_cache = SnapshotCache()
+        self._calls_since_flush = 0
+        self._last_flush = time.monotonic()
+        self._manifest: RunManifest | None = None
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
         #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
         self.timeline: MemoryTimeline | None = None
         self._sigterm = SigtermDump(lambda: self.record_crash(SystemExit("SIGTERM")))
+
+    # ----------------------------------------------------------------- the view collectors get
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def save_dir(self) -> Path:
+        """Where this run writes: resolved once, at :meth:`setup`."""
+        return self._save_dir
+
+    def current_step(self) -> int | None:
+        """The training step from ``step_fn``, or ``None`` when unknown."""
+        if self.step_fn is None:
+            return None
+        try:
+            return int(self.step_fn())
+        except Exception:
+            return None
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls counted so far, per ``@memprofilable`` function."""
+        return dict(self._calls)
+
+    def call_count(self, fn_name: str) -> int:
+        """How many calls of ``fn_name`` have been counted."""
+        return self._calls.get(fn_name, 0)
+
+    def counted_functions(self) -> frozenset[str]:
+        """Every ``@memprofilable`` function counted so far."""
+        return frozenset(self._calls)
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -114,7 +166,7 @@ class MemProfiler:
         return self.config.enabled
 
     def setup(self, module: nn.Module | None = None) -> MemProfiler:
-        """Check the output directory and build the collectors. Idempotent.
+        """Claim the run directory and build the collectors. Idempotent.
 
         Raises:
             ArtifactError: ``save_dir`` cannot be created or written.
@@ -123,18 +175,17 @@ class MemProfiler:
             self.module = module
         if self._is_setup or not self.enabled:
             return self
-        check_writable(self.save_dir)
-        self._collectors = build_collectors(self.config, self._cuda, self._warn)
+        self._save_dir, self._manifest = run_setup.claim_run_dir(
+            self.requested_save_dir, self._rank, self.warn
+        )
+        self._stats = StatsFile(self._save_dir / layout.MEMORY_STATS_YAML.format(rank=self._rank))
+        self._collectors = CollectorSet(build_collectors(self.config, self._cuda, self.warn), self.warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
         if self.config.dump_memory_trace:
-            self.timeline = MemoryTimeline(self.rank)
+            self.timeline = MemoryTimeline(self._rank)
             self.add_listener(self.timeline.on_snapshot)
         self._is_setup = True
-        for reg in list(self._collectors):
-            # Collectors that write their own files or read the snapshots get the profiler.
-            bind = getattr(reg.collector, "bind", None)
-            if bind is not None:
-                self._guard(reg, "bind", lambda b=bind: b(self))
+        self._collectors.bind(self)
         return self
 
     def bind(self, module: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
@@ -154,17 +205,8 @@ class MemProfiler:
         if module is not None:
             self.module = module
         self.optimizers = list(optimizers)
-        if not self._is_setup:
-            return
-        for reg in list(self._collectors):
-            bind_model = getattr(reg.collector, "bind_model", None)
-            if bind_model is not None:
-                self._guard(
-                    reg,
-                    "bind_model",
-                    lambda b=bind_model: b(self.module, self.optimizers),
-                    reraise=(MemProfilerError,),
-                )
+        if self._is_setup:
+            self._collectors.bind_model(self.module, self.optimizers)
 
     def step_end(self) -> None:
         """Mark the end of a training step: after backward and the optimizer step.
@@ -178,57 +220,38 @@ class MemProfiler:
         if not self._step_open:
             return
         self._step_open = False
-        for reg in list(self._collectors):
-            end_step = getattr(reg.collector, "step_end", None)
-            if end_step is None:
-                continue
-            out = self._guard(reg, "step_end", end_step)
-            for key, metrics in (out or {}).items():
-                self._snapshot_cache.touch(key)  # first: a SIGTERM dump may run mid-update
-                self.snapshots.setdefault(key, {}).update(metrics)
-                # Listeners see the late metrics as phase "step_end" of the same call.
-                rank, fn, call, _ = layout.parse_snapshot_key(key)
-                ctx = CallContext(fn_name=fn, call=call, rank=rank, module=self.module)
-                ctx.scratch.update(phase="step_end", t_ns=time.time_ns())
-                self._notify(key, metrics, ctx)
+        now = time.time_ns()
+        for (fn, call), metrics in self._collectors.step_end().items():
+            key = layout.snapshot_key(self._rank, fn, call, "end")
+            self._merge_late(key, metrics)
+            # Listeners see the late metrics as phase "step_end" of the same call.
+            self._notify(SnapshotEvent(key, self._rank, fn, call, "step_end", now, metrics))
         if self._dump_after_step:
             self._dump_after_step = False
             self.dump()
 
     def attach(self, obj: Any) -> None:
-        """Let ``@memprofilable`` methods of ``obj`` report to this profiler."""
+        """Let ``@memprofilable`` methods of ``obj`` report to this profiler.
+
+        ``attach`` is all a method needs; call :meth:`bind` as well once the model is wrapped
+        or sharded and its optimizers exist, for the collectors that track the model itself
+        (``track_fsdp_mem``, ``track_module_mem``; they fall back to the attached module).
+        """
         if self.enabled:
             object.__setattr__(obj, ATTACH_ATTR, Attachment(self))
             if isinstance(obj, nn.Module) and self.module is None:
                 self.module = obj
 
-    def add_listener(self, fn: Callable[[str, dict[str, Any], CallContext], None]) -> None:
-        """Call ``fn(key, metrics, ctx)`` after every snapshot is recorded.
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(event)`` with a :class:`~memprofiler.output.events.SnapshotEvent` after
+        every snapshot is recorded.
 
-        ``ctx.scratch["phase"]`` is ``start`` or ``end``, or ``step_end`` for metrics that
-        step-long collectors (module-wise trackers) add to the ``end`` snapshot after backward
-        and the optimizer step; ``metrics`` then holds only those.
-
-        ``ctx.scratch["t_ns"]`` holds the ``time.time_ns()`` at which the snapshot was taken.
-        A listener that raises is warned about and removed; training continues.
+        ``event.phase`` is ``start`` or ``end``, or ``step_end`` for metrics that step-long
+        collectors (module-wise trackers) add to the ``end`` snapshot after backward and the
+        optimizer step; ``event.metrics`` then holds only those. A listener that raises is
+        warned about and removed; training continues.
         """
         self._listeners.append(fn)
-
-    def _record(self, phase: str, metrics: dict[str, Any], ctx: CallContext, t_ns: int | None = None) -> None:
-        key = layout.snapshot_key(self.rank, ctx.fn_name, ctx.call, phase)
-        self.snapshots[key] = metrics
-        self._snapshot_cache.touch(key)
-        ctx.scratch["t_ns"] = time.time_ns() if t_ns is None else t_ns
-        ctx.scratch["phase"] = phase
-        self._notify(key, metrics, ctx)
-
-    def _notify(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(key, metrics, ctx)
-            except Exception as err:
-                self._warn(f"snapshot listener {listener!r} failed ({err!r}); it is removed")
-                self._listeners.remove(listener)
 
     @staticmethod
     def detach(obj: Any) -> None:
@@ -236,9 +259,8 @@ class MemProfiler:
 
     def teardown(self) -> list[Path]:
         """Write the files and release every hook and thread the collectors hold."""
-        written = self.dump()
-        for reg in self._collectors:
-            self._guard(reg, "close", lambda r=reg: r.collector.close())
+        written = self.dump(final=True)
+        self._collectors.close()
         return written
 
     def __enter__(self) -> MemProfiler:
@@ -268,27 +290,12 @@ class MemProfiler:
             ...     prof.record_crash(err)
             ...     raise
         """
-        written: list[Path] = []
         if not self._is_setup:
-            return written
-        for reg in list(self._collectors):
-            crash = getattr(reg.collector, "crash", None)
-            if crash is not None:
-                written.extend(self._guard(reg, "crash", lambda c=crash: c(exc)) or [])
-        return written + self.dump()
-
-    def current_step(self) -> int | None:
-        """The training step from ``step_fn``, or ``None`` when unknown."""
-        if self.step_fn is None:
-            return None
-        try:
-            return int(self.step_fn())
-        except Exception:
-            return None
-
-    def counted_functions(self) -> frozenset[str]:
-        """Every ``@memprofilable`` function counted so far."""
-        return frozenset(self._calls)
+            return []
+        if self._manifest is not None:
+            self._manifest.status = "crashed"
+        written = self._collectors.crash(exc)
+        return written + self.dump(final=True)
 
     # ----------------------------------------------------------------- collection
     @contextmanager
@@ -323,7 +330,7 @@ class MemProfiler:
         try:
             return self._begin(fn_name, call, module)
         except Exception as err:  # a profiler fault never kills training
-            self._warn(f"internal error while starting `{fn_name}` call {call}: {err!r}; skipping it")
+            self.warn(f"internal error while starting `{fn_name}` call {call}: {err!r}; skipping it")
             return None
 
     def _begin(self, fn_name: str, call: int, module: nn.Module | None) -> _Run | None:
@@ -333,34 +340,26 @@ class MemProfiler:
             self._finished.add(fn_name)
         if act is schedule.Action.NONE:
             return None
-        regs = [r for r in self._collectors if fn_name in r.funcs]
+        regs = self._collectors.for_function(fn_name)
         ctx = CallContext(
             fn_name=fn_name,
             call=call,
-            rank=self.rank,
+            rank=self._rank,
             module=module if module is not None else self.module,
             closes_window=schedule.closes_window(sched, call),
         )
         if act is schedule.Action.WARMUP:
-            for reg in regs:
-                warmup = getattr(reg.collector, "warmup", None)
-                if warmup is not None:
-                    self._guard(reg, "warmup", lambda w=warmup: w(ctx))
+            self._collectors.warmup(regs, ctx)
             return None
         if self._active is not None:
-            self._warn(
+            self.warn(
                 f"`{fn_name}` was called inside collected `{self._active.ctx.fn_name}`; "
                 "nested calls are counted but not collected"
             )
             return None
-        run = _Run(ctx, regs)
-        metrics: dict[str, Any] = {}
-        for reg in regs:
-            out = self._guard(reg, "start", lambda r=reg: r.collector.start(ctx))
-            if out is not None:
-                run.started.append(reg)
-                metrics.update(out)
-        self._record("start", metrics, ctx)
+        started, metrics = self._collectors.start(regs, ctx)
+        self._record(ctx, "start", metrics, time.time_ns())
+        run = _Run(ctx, regs, started)
         self._active = run
         return run
 
@@ -373,112 +372,114 @@ class MemProfiler:
         t_end = time.time_ns()  # before any collector's end work, which is not the call's time
         self._active = None
         ctx = run.ctx
-        metrics: dict[str, Any] = {}
-        for reg in reversed(run.started):
-            out = self._guard(reg, "end", lambda r=reg: r.collector.end(ctx, ok))
-            if out is not None:
-                metrics.update(out)
+        metrics = self._collectors.end(run.started, ctx, ok)
         if not ok:
             metrics["failed"] = True
-        self._record("end", metrics, ctx, t_ns=t_end)
-        if ok and any(hasattr(reg.collector, "step_end") for reg in run.started):
+        self._record(ctx, "end", metrics, t_end)
+        self._collected_calls[ctx.fn_name] = self._collected_calls.get(ctx.fn_name, 0) + 1
+        if ok and any(reg.collector.spans_step for reg in run.started):
             self._step_open = True
         if schedule.is_finished(self.config.schedule, ctx.call):
             self._finished.add(ctx.fn_name)
-        if ctx.closes_window:
-            # Write what the window collected now, so a process killed later (the host OOM
-            # killer sends SIGKILL) still leaves it on disk. One small write per window.
+        self._calls_since_flush += 1
+        if ctx.closes_window or self._flush_due():
+            # Write what was collected now, so a process killed later (the host OOM killer
+            # sends SIGKILL) still leaves it on disk: at every window close, and every
+            # `flush_every_calls` collected calls or `flush_interval_s` seconds whatever the
+            # schedule. Each flush appends only what is new.
             if self._step_open:
                 self._dump_after_step = True
             else:
                 self.dump()
 
-    def call_count(self, fn_name: str) -> int:
-        """How many calls of ``fn_name`` have been counted."""
-        return self._calls.get(fn_name, 0)
+    def _flush_due(self) -> bool:
+        cfg = self.config
+        return self._calls_since_flush >= cfg.flush_every_calls or (
+            time.monotonic() - self._last_flush >= cfg.flush_interval_s
+        )
+
+    def _record(self, ctx: CallContext, phase: Phase, metrics: dict[str, Any], t_ns: int) -> None:
+        key = layout.snapshot_key(self._rank, ctx.fn_name, ctx.call, phase)
+        self.snapshots[key] = metrics
+        self._pickle_cache.touch(key)
+        self._unflushed.append(key)
+        self._notify(SnapshotEvent(key, self._rank, ctx.fn_name, ctx.call, phase, t_ns, metrics))
+
+    def _merge_late(self, key: str, metrics: Mapping[str, Any]) -> None:
+        self._pickle_cache.touch(key)  # first: a SIGTERM dump may run mid-update
+        if self._stats is not None and key in self._stats.written:
+            self._changed.append(key)
+        self.snapshots.setdefault(key, {}).update(metrics)
+        if key not in self._unflushed:
+            self._unflushed.append(key)
+
+    def _notify(self, event: SnapshotEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception as err:
+                self.warn(f"snapshot listener {listener!r} failed ({err!r}); it is removed")
+                self._listeners.remove(listener)
 
     # ----------------------------------------------------------------- output
-    def dump(self) -> list[Path]:
-        """Write every enabled output file atomically; safe to call repeatedly.
+    def dump(self, final: bool = False) -> list[Path]:
+        """Write every enabled output file; safe to call repeatedly.
 
-        Never raises: a write failure is a warning, and whatever else can be written is.
+        The stats YAML and the memory trace grow by what is new since the last dump. Never
+        raises: a write failure is a warning, and whatever else can be written is.
+
+        Args:
+            final: the run is over (teardown, crash): also fsync, and close the manifest.
         """
         if not self._is_setup:
             return []
         self.step_end()
         written: list[Path] = []
         cfg = self.config
+        unflushed, changed = self._unflushed, self._changed
+        self._unflushed, self._changed = [], []
+        self._calls_since_flush = 0
+        self._last_flush = time.monotonic()
         writers: list[tuple[str, Callable[[], Path]]] = []
-        yaml_path = self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank)
-        pickle_path = self.save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self.rank)
-        if cfg.dump_memorystats_yaml:
-            cache = self._snapshot_cache
-            writers.append((yaml_path.name, lambda: write_text(yaml_path, cache.yaml_text(self.snapshots))))
+        stats = self._stats
+        if stats is not None:
+            pending = len(set(unflushed) - stats.written)
+            if len(self.snapshots) > len(stats.written) + pending:  # entries set by hand, not recorded
+                unflushed = unflushed + [k for k in self.snapshots if k not in stats.written]
+        if cfg.dump_memorystats_yaml and stats is not None:
+            writers.append(
+                (stats.path.name, lambda: stats.flush(self.snapshots, unflushed, changed, fsync=final))
+            )
         if cfg.dump_memorystats_pickle:
+            pickle_path = self._save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self._rank)
             writers.append(
                 (
                     pickle_path.name,
-                    lambda: write_pickle(
-                        pickle_path, self._snapshot_cache.plain(self.snapshots), plain=False
-                    ),
+                    lambda: write_pickle(pickle_path, self._pickle_cache.plain(self.snapshots), plain=False),
                 )
             )
         timeline = self.timeline
         if timeline is not None:
-            writers.append(("the memory trace", lambda: timeline.dump(self.save_dir)))
+            writers.append(("the memory trace", lambda: timeline.dump(self._save_dir)))
+        if final and self._manifest is not None:
+            manifest = self._manifest
+            writers.append((layout.RUN_MANIFEST, lambda: self._close_manifest(manifest)))
         for what, write in writers:
             try:
                 written.append(write())
             except Exception as err:  # each file on its own: one failure must not cost the others
-                self._warn(f"could not write {what} in {self.save_dir}: {err!r}", all_ranks=True)
-        for reg in self._collectors:
-            dump = getattr(reg.collector, "dump", None)
-            if dump is not None:
-                files = self._guard(reg, "dump", lambda d=dump: d(self.save_dir, self.rank))
-                written.extend(files or [])
+                if what == stats.path.name if stats is not None else False:
+                    self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
+                self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
+        written.extend(self._collectors.dump())
         return written
 
-    # ----------------------------------------------------------------- faults
-    def _warn(self, message: str, all_ranks: bool = False) -> None:
-        warn_once(message, rank=self.rank, all_ranks=all_ranks)
-
-    def _guard(
-        self, reg: Registered, what: str, fn: Any, reraise: tuple[type[BaseException], ...] = ()
-    ) -> Any:
-        """Run a collector step; on failure warn, switch that collector off, return None.
-
-        Exceptions of the types in ``reraise`` (the user's mistakes) propagate unchanged.
-        """
-        try:
-            return fn()
-        except reraise:
-            raise
-        except Exception as err:
-            name = getattr(reg.collector, "name", type(reg.collector).__name__)
-            log.debug("collector %s failed in %s", name, what, exc_info=True)
-            self._warn(
-                f"collector `{name}` failed in {what} ({err!r}); it is switched off, training continues"
-            )
-            if reg in self._collectors:
-                self._collectors.remove(reg)
-                with suppress(Exception):
-                    reg.collector.close()
-            return None
-
-
-def check_writable(path: Path) -> None:
-    """Create ``path`` if needed and prove a file can be written in it.
-
-    Raises:
-        ArtifactError: naming the directory and the fix.
-    """
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".memprofiler-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as err:
-        raise ArtifactError(
-            f"`save_dir` {str(path)!r} is not writable ({err.strerror or err}); "
-            "choose a writable directory with `save_dir: ...`"
-        ) from None
+    def _close_manifest(self, manifest: RunManifest) -> Path:
+        notes = run_setup.collection_notes(
+            self.config, self._calls, self._collected_calls, self._collected_funcs
+        )
+        for note in notes:
+            self.warn(note)
+        status = manifest.status if manifest.status == "crashed" else "finished"
+        manifest.finish(status, notes)
+        return write_manifest(self._save_dir, manifest)

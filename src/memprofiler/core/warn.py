@@ -1,23 +1,32 @@
-"""Warnings that are issued once per process, on rank zero unless asked otherwise."""
+"""Warnings issued once per profiler, on rank zero unless asked otherwise."""
 
 from __future__ import annotations
 
-import logging
 import warnings
 
-log = logging.getLogger("memprofiler")
+from memprofiler.errors import MemProfilerWarning, log
+
+__all__ = ["MemProfilerWarning", "Warner", "log"]
 
 
-class MemProfilerWarning(UserWarning):
-    """A capability is missing or the profiler hit a fault; training continues."""
+class Warner:
+    """Warns each message once; the profiler owns one, so a new profiler warns afresh.
 
+    Args:
+        rank: global rank; only rank 0 warns unless a message is for ``all_ranks``.
+    """
 
-_seen: set[str] = set()
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self._seen: set[str] = set()
 
+    def __call__(self, message: str, all_ranks: bool = False) -> None:
+        if (self.rank != 0 and not all_ranks) or message in self._seen:
+            return
+        self._seen.add(message)
+        log.debug("warning: %s", message)
+        warnings.warn(f"memprofiler: {message}", MemProfilerWarning, stacklevel=3)
 
-def warn_once(message: str, rank: int = 0, all_ranks: bool = False) -> None:
-    """Warn ``message`` once per process; only on rank 0 unless ``all_ranks``."""
-    if (rank != 0 and not all_ranks) or message in _seen:
-        return
-    _seen.add(message)
-    warnings.warn(f"memprofiler: {message}", MemProfilerWarning, stacklevel=3)
+    @property
+    def seen(self) -> frozenset[str]:
+        return frozenset(self._seen)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,13 +10,14 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core import summary as distributed
 from memprofiler.core.profiler import MemProfiler
-from memprofiler.core.warn import warn_once
+from memprofiler.errors import MemProfilerWarning
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 
@@ -70,9 +70,10 @@ class MemProfilerCallback(Callback):
             self.profiler = None
         self._trainer_ref = weakref.ref(trainer)
         if self.profiler is None:
-            save_dir = self.config.save_dir or os.fspath(default_save_dir(trainer))
             config = _follow_profiler_schedule(self.config, trainer)
-            self.profiler = MemProfiler(config, save_dir=save_dir, rank=trainer.global_rank)
+            self.profiler = MemProfiler(
+                config, default_save_dir=default_save_dir(trainer), rank=trainer.global_rank
+            )
             self.profiler.setup(pl_module)
             if config.log_metrics:
                 self.profiler.add_listener(LoggerListener(trainer))
@@ -199,10 +200,9 @@ class MemProfilerCallback(Callback):
                 timeout_s=self.EXCEPTION_GATHER_TIMEOUT_S,
             )
         except Exception as err:
-            warn_once(
+            prof.warn(
                 f"could not gather snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
                 "each rank's own files are complete",
-                rank=prof.rank,
                 all_ranks=True,
             )
 
@@ -213,9 +213,10 @@ def _follow_profiler_schedule(config: MemProfilerConfig, trainer: pl.Trainer) ->
         return config
     profiler = _extended_profiler(trainer)
     if profiler is None:
-        warn_once(
-            "`schedule.follow_profiler` is on but `trainer.profiler` is not "
-            "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given"
+        rank_zero_warn(
+            "memprofiler: `schedule.follow_profiler` is on but `trainer.profiler` is not "
+            "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given",
+            category=MemProfilerWarning,
         )
         return config
     schedule = dataclasses.replace(profiler.schedule_cfg, follow_profiler=True)

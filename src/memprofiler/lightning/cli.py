@@ -20,9 +20,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core.profiler import check_writable
 from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.output.run_dir import check_writable
 
 GROUP = "memprofiler"
 
@@ -53,9 +53,9 @@ class MemProfilerCLI(LightningCLI):
             return
         if cfg.enabled and cfg.save_dir:
             try:
-                check_writable(Path(cfg.save_dir).expanduser())
+                check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
             except ArtifactError as err:
-                self._parser(self.subcommand).error(str(err).replace("`save_dir`", f"`{GROUP}.save_dir`", 1))
+                self._parser(self.subcommand).error(str(err))
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -37,7 +37,7 @@ from torch.profiler import ProfilerAction
 from typing_extensions import override
 
 from memprofiler import layout
-from memprofiler.core.warn import warn_once
+from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
 from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
@@ -126,6 +126,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         table_kwargs: dict[str, Any] | None = None,
         **profiler_kwargs: Any,
     ) -> None:
+        # Warn-once state of this profiler (every process warns: the old warnings were not rank-gated).
+        self._warn = Warner(rank=0)
         if profiler_kwargs.get("emit_nvtx"):
             raise ConfigError(
                 "emit_nvtx", "is not supported by ExtendedPyTorchProfiler; use Lightning's PyTorchProfiler"
@@ -153,7 +155,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         for name in _DEPRECATED_KWARGS:
             value = profiler_kwargs.pop(name, None)
             if value is not None:
-                warn_once(
+                self._warn(
                     f"ExtendedPyTorchProfiler: `{name}` is deprecated and ignored; activities are automatic"
                 )
         self.schedule_cfg = build_schedule_config(schedule_cfg)
@@ -243,7 +245,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self._tables.append((self._cycle, self._table(prof)))
         except Exception as err:
-            warn_once(
+            self._warn(
                 f"ExtendedPyTorchProfiler could not tabulate cycle {self._cycle}: {err!r}", all_ranks=True
             )
         if not self._export_to_chrome or self.dirpath is None:
@@ -251,7 +253,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self._written.append(self._export_trace(prof, Path(self.dirpath)))
         except Exception as err:
-            warn_once(
+            self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
             )
 
@@ -282,7 +284,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             atomic_write_bytes(path, json.dumps(trace).encode())
             return True
         except (ValueError, TypeError, KeyError) as err:
-            warn_once(
+            self._warn(
                 f"ExtendedPyTorchProfiler wrote trace cycle {self._cycle} without memory events: {err!r}"
             )
             return False
@@ -310,7 +312,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self._write_summary(text)
         except OSError as err:
-            warn_once(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
+            self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
         self._tables = []
         return text
 
@@ -321,7 +323,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             # The run ended before the schedule's first warmup step: nothing was recorded,
             # and asking torch for the events would raise after a successful fit.
             self.function_events = None
-            warn_once("ExtendedPyTorchProfiler: the run ended before the schedule recorded any step")
+            self._warn("ExtendedPyTorchProfiler: the run ended before the schedule recorded any step")
             return
         super()._cache_functions_events()
 
@@ -331,7 +333,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self.summary()
         except Exception as err:
-            warn_once(f"ExtendedPyTorchProfiler could not flush after an exception: {err!r}", all_ranks=True)
+            self._warn(f"ExtendedPyTorchProfiler could not flush after an exception: {err!r}", all_ranks=True)
 
     @override
     def start(self, action_name: str) -> None:

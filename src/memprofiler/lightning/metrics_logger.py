@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 
-from memprofiler.collectors.base import CallContext
+from memprofiler.output.events import SnapshotEvent
 
 #: Prefix of every logged name: ``memprofiler/{fn}/{metric}``.
 PREFIX = "memprofiler"
@@ -20,7 +21,7 @@ HEADLINE_METRICS = (
 )
 
 
-def headline_figures(metrics: dict[str, Any]) -> dict[str, float]:
+def headline_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The headline figures of one ``end`` snapshot, tracker peaks (``fsdp.peak.*``,
     ``module_mem.peak.*``) included."""
     out: dict[str, float] = {}
@@ -49,8 +50,8 @@ class LoggerListener:
         # step end (after the optimizer stepped) are logged at the same step as the rest of it.
         self._last_end: tuple[str, int] | None = None
 
-    def __call__(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
-        phase = ctx.scratch.get("phase")
+    def __call__(self, event: SnapshotEvent) -> None:
+        phase, key, metrics = event.phase, event.key, event.metrics
         if phase not in ("end", "step_end"):
             return
         trainer = self._trainer()
@@ -65,7 +66,7 @@ class LoggerListener:
         figures = headline_figures(metrics)
         if not figures:
             return
-        named = {f"{PREFIX}/{ctx.fn_name}/{name}": value for name, value in figures.items()}
+        named = {f"{PREFIX}/{event.fn_name}/{name}": value for name, value in figures.items()}
         for logger in trainer.loggers:
             logger.log_metrics(named, step=step)
 

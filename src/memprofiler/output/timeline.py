@@ -19,13 +19,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memprofiler import layout
-from memprofiler.output.writers import write_text
-
-if TYPE_CHECKING:  # the CLI's trace merging imports this module and must not pull in torch
-    from memprofiler.collectors.base import CallContext
+from memprofiler.output.events import SnapshotEvent
+from memprofiler.output.writers import rewrite_tail, write_text
 
 #: Counter track -> snapshot metric it draws. A track appears only where its metric exists
 #: (``rss_peak`` and saved-tensor bytes exist at ``end`` only, CUDA tracks only with CUDA).
@@ -84,21 +82,26 @@ class MemoryTimeline:
         self._rendered_n = 0
         self._rendered_base: int | None = None
         self._render_starts: dict[tuple[str, int], _Mark] = {}
+        # The file as last written: path, base, marks in it, byte offset of its closing part.
+        self._file: tuple[Path, int] | None = None
+        self._file_n = 0
+        self._file_tail_at = 0
+        self._file_starts: dict[tuple[str, int], _Mark] = {}
 
     def __len__(self) -> int:
         return len(self._marks)
 
-    def on_snapshot(self, key: str, metrics: dict[str, Any], ctx: CallContext) -> None:
+    def on_snapshot(self, event: SnapshotEvent) -> None:
         """The :meth:`MemProfiler.add_listener` callback."""
-        if ctx.scratch.get("phase") not in ("start", "end"):
+        if event.phase not in ("start", "end"):
             return  # late tracker peaks have no instant of their own on the timeline
         self._marks.append(
             _Mark(
-                fn=ctx.fn_name,
-                call=ctx.call,
-                phase=str(ctx.scratch.get("phase", "")),
-                t_ns=int(ctx.scratch["t_ns"]),
-                values=_counter_values(metrics),
+                fn=event.fn_name,
+                call=event.call,
+                phase=event.phase,
+                t_ns=event.t_ns,
+                values=_counter_values(dict(event.metrics)),
             )
         )
 
@@ -213,15 +216,42 @@ class MemoryTimeline:
         self._rendered, self._render_starts = rendered, starts
         self._rendered_n, self._rendered_base = done + len(marks), base
         meta = [json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}")]
-        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
         return (
             f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {base}, '
-            f'"traceEvents": [{", ".join(meta + rendered)}], "otherData": {other}}}'
+            f'"traceEvents": [{", ".join(meta + rendered)}{self._tail()}'
         )
 
     def dump(self, save_dir: str | os.PathLike[str]) -> Path:
-        """Write ``save_dir/memory_trace_rank_{rank}.json`` atomically."""
-        return write_text(Path(save_dir) / layout.MEMORY_TRACE_JSON.format(rank=self.rank), self.to_json())
+        """Write ``save_dir/memory_trace_rank_{rank}.json``: whole the first time, then by
+        rewriting only its closing part with the events new since (constant cost per dump).
+
+        Each write leaves a complete JSON document: the new events and the closing part go
+        out in one ``pwrite``.
+        """
+        path = Path(save_dir) / layout.MEMORY_TRACE_JSON.format(rank=self.rank)
+        base = self._base_ns()
+        marks = self._marks[self._file_n :]
+        if self._file != (path, base) or not path.exists():
+            text = self.to_json()
+            write_text(path, text)
+            self._file, self._file_n = (path, base), len(self._marks)
+            self._file_starts = dict(self._render_starts)
+            self._file_tail_at = len(text.encode()) - len(self._tail().encode())
+            return path
+        if not marks:
+            return path
+        starts = dict(self._file_starts)
+        events = [json.dumps(e) for m in marks for e in self._mark_events(m, self.rank, base, starts)]
+        added = "".join(", " + e for e in events).encode()
+        rewrite_tail(path, self._file_tail_at, added + self._tail().encode())
+        self._file_n += len(marks)
+        self._file_starts = starts
+        self._file_tail_at += len(added)
+        return path
+
+    def _tail(self) -> str:
+        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
+        return f'], "otherData": {other}}}'
 
 
 def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:

@@ -1,4 +1,9 @@
-"""Atomic writers for the plain files memprofiler produces (YAML, pickle, text, JSON)."""
+"""Atomic writers for the plain files memprofiler produces (YAML, pickle, text, JSON).
+
+Files get the permissions ``open()`` would give them (``0666`` less the umask, so ``0644``
+under the usual ``022``), like Lightning's own files: ``mkstemp``'s ``0600`` would lock CI
+artifact collectors and colleagues on a shared disk out of them.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,28 @@ from typing import Any
 
 import yaml
 
+from memprofiler import layout
+
 #: memory_viz rejects pickle protocol 5 ("Unhandled version 5"), the newer Pythons' default.
 PICKLE_PROTOCOL = 4
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (``/proc/self/status``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read it by setting it, once, at import
+    os.umask(mask)
+    return mask
+
+
+#: Mode of every file written: what ``open()`` would create.
+FILE_MODE = 0o666 & ~_umask()
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -26,6 +51,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -62,9 +88,54 @@ def to_plain(obj: Any) -> Any:
     return str(obj)
 
 
+def block_end(entries: int) -> str:
+    """The line closing a block of top-level YAML entries (see ``layout.YAML_BLOCK_END``)."""
+    return layout.YAML_BLOCK_END.format(n=entries) + "\n"
+
+
+def yaml_document(data: Any) -> str:
+    """``data`` as YAML between the integrity lines: a reader can tell a cut copy from a whole one."""
+    plain = to_plain(data)
+    body = yaml.safe_dump(plain, sort_keys=False, default_flow_style=False)
+    entries = len(plain) if isinstance(plain, dict) else 1
+    return f"{layout.YAML_HEADER}\n{body}{block_end(entries)}"
+
+
 def write_yaml(path: str | os.PathLike[str], data: Any) -> Path:
-    text = yaml.safe_dump(to_plain(data), sort_keys=False, default_flow_style=False)
-    return atomic_write_bytes(path, text.encode())
+    return atomic_write_bytes(path, yaml_document(data).encode())
+
+
+def append_bytes(path: str | os.PathLike[str], data: bytes, fsync: bool = False) -> Path:
+    """Append ``data`` in one ``write``; the file must exist (start it with :func:`atomic_write_bytes`).
+
+    No fsync by default: what a killed process wrote is in the page cache and reaches the disk
+    anyway; fsync only guards against the machine itself going down.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def rewrite_tail(path: str | os.PathLike[str], offset: int, data: bytes, fsync: bool = False) -> Path:
+    """Replace everything from byte ``offset`` on with ``data`` (a JSON file's closing part)."""
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+        os.ftruncate(fd, offset + len(data))
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
 
 
 def write_pickle(path: str | os.PathLike[str], data: Any, plain: bool = True) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memprofiler._version import __version__
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core.decorator import memprofilable
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "MemProfiler": "memprofiler.core.profiler",
@@ -47,5 +47,6 @@ __all__ = [
     "MemProfilerConfig",
     "MemProfilerError",
     "ProfilerHooksMixin",
+    "__version__",
     "memprofilable",
 ]

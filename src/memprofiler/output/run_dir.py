@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
+from memprofiler._version import __version__
 from memprofiler.errors import ArtifactError
 from memprofiler.output.writers import FILE_MODE, write_yaml, yaml_document
 
@@ -114,8 +115,6 @@ class RunManifest:
 
     @classmethod
     def new(cls, requested: Path, world_size: int) -> RunManifest:
-        from memprofiler import __version__
-
         return cls(
             run_id=uuid.uuid4().hex[:12],
             started=_now(),

@@ -134,3 +134,27 @@ def test_a_schedule_that_never_opens_a_window_says_so(tmp_path):
         match=r"`training_step` was called 50 time\(s\) but the schedule collects no call before call 102",
     ):
         prof.teardown()
+
+
+def test_memory_stays_bounded_while_the_file_keeps_everything(tmp_path):
+    # GIVEN at most 10 snapshots in memory and a flush every 5 collected calls
+    cfg = {
+        "schedule": {"warmup": 0, "active": 1, "repeat": 0},
+        "flush_every_calls": 5,
+        "max_snapshots_in_memory": 10,
+    }
+    with MemProfiler(cfg, save_dir=tmp_path, rank=0) as prof:
+        # WHEN 40 calls are collected
+        for _ in range(40):
+            with prof.profile("training_step"):
+                pass
+            # THEN memory never holds more than the limit plus one flush's worth
+            assert len(prof.snapshots) <= 10 + 2 * 5
+        assert prof.timeline is not None and len(prof.timeline) <= 10 + 2 * 5
+    # AND the files hold every call, the trace every span
+    assert len(_keys(tmp_path / "rank_0_memory_stats.yaml")) == 80
+    trace = json.loads((tmp_path / "memory_trace_rank_0.json").read_text())
+    assert [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"] == [
+        f"training_step.{c}" for c in range(1, 41)
+    ]
+    assert prof.evicted == 80 - len(prof.snapshots)

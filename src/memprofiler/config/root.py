@@ -116,6 +116,10 @@ class MemProfilerConfig:
     killer leaves it on disk. Each write appends only what is new."""
     flush_interval_s: float = 60.0
     """...and at least every this many seconds (checked when a collected call ends)."""
+    max_snapshots_in_memory: int = 20_000
+    """Snapshots kept in memory (``MemProfiler.snapshots``); older ones already on disk are
+    dropped from memory, so a 100k-call run stays bounded (about 3 KB each). The files, the
+    cross-rank summary and ``memprofiler report`` still see every snapshot."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -130,6 +134,8 @@ class MemProfilerConfig:
             raise ConfigError(
                 "rss_peak_method", f"got {self.rss_peak_method!r}; allowed: auto, clear_refs, sampler"
             )
+        if self.max_snapshots_in_memory < 1:
+            raise ConfigError("max_snapshots_in_memory", f"got {self.max_snapshots_in_memory}; must be >= 1")
         if self.flush_every_calls < 1:
             raise ConfigError("flush_every_calls", f"got {self.flush_every_calls}; must be >= 1")
         if not self.flush_interval_s > 0:

@@ -123,6 +123,8 @@ class MemProfiler:
         self._calls_since_flush = 0
         self._last_flush = time.monotonic()
         self._manifest: RunManifest | None = None
+        #: Snapshots dropped from memory after they reached the stats file.
+        self.evicted = 0
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
         #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
@@ -401,12 +403,14 @@ class MemProfiler:
     def _record(self, ctx: CallContext, phase: Phase, metrics: dict[str, Any], t_ns: int) -> None:
         key = layout.snapshot_key(self._rank, ctx.fn_name, ctx.call, phase)
         self.snapshots[key] = metrics
-        self._pickle_cache.touch(key)
+        if self.config.dump_memorystats_pickle:
+            self._pickle_cache.touch(key)
         self._unflushed.append(key)
         self._notify(SnapshotEvent(key, self._rank, ctx.fn_name, ctx.call, phase, t_ns, metrics))
 
     def _merge_late(self, key: str, metrics: Mapping[str, Any]) -> None:
-        self._pickle_cache.touch(key)  # first: a SIGTERM dump may run mid-update
+        if self.config.dump_memorystats_pickle:
+            self._pickle_cache.touch(key)  # first: a SIGTERM dump may run mid-update
         if self._stats is not None and key in self._stats.written:
             self._changed.append(key)
         self.snapshots.setdefault(key, {}).update(metrics)
@@ -472,7 +476,22 @@ class MemProfiler:
                     self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
                 self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
         written.extend(self._collectors.dump())
+        self._evict_written()
         return written
+
+    def _evict_written(self) -> None:
+        """Drop the oldest snapshots from memory once they are on disk (bounded memory)."""
+        limit = self.config.max_snapshots_in_memory
+        stats = self._stats
+        if len(self.snapshots) <= limit or stats is None or self.config.dump_memorystats_pickle:
+            return  # the pickle is rewritten whole from memory: keep everything for it
+        written = stats.written
+        excess = len(self.snapshots) - limit
+        for key in [k for k in self.snapshots if k in written][:excess]:
+            del self.snapshots[key]
+        self.evicted += excess
+        if self.timeline is not None:
+            self.timeline.forget_written(keep=limit)
 
     def _close_manifest(self, manifest: RunManifest) -> Path:
         notes = run_setup.collection_notes(

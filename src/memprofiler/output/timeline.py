@@ -85,6 +85,7 @@ class MemoryTimeline:
         # The file as last written: path, base, marks in it, byte offset of its closing part.
         self._file: tuple[Path, int] | None = None
         self._file_n = 0
+        self._base: int | None = None
         self._file_tail_at = 0
         self._file_starts: dict[tuple[str, int], _Mark] = {}
 
@@ -182,9 +183,13 @@ class MemoryTimeline:
         return out
 
     def _base_ns(self) -> int:
-        """The standalone trace's base: the first snapshot's whole second."""
-        span = self.span_ns()
-        return (span[0] // 1_000_000_000) * 1_000_000_000 if span else 0
+        """The standalone trace's base: the first snapshot's whole second (kept once known)."""
+        if self._base is None:
+            span = self.span_ns()
+            if span is None:
+                return 0
+            self._base = (span[0] // 1_000_000_000) * 1_000_000_000
+        return self._base
 
     def to_trace(self) -> dict[str, Any]:
         """The standalone per-rank trace: ``pid`` = rank, base = first snapshot's whole second."""
@@ -248,6 +253,16 @@ class MemoryTimeline:
         self._file_starts = starts
         self._file_tail_at += len(added)
         return path
+
+    def forget_written(self, keep: int) -> None:
+        """Drop all but the newest ``keep`` marks that the file already holds (bounded memory)."""
+        drop = min(self._file_n, max(0, len(self._marks) - keep))
+        if drop <= 0:
+            return
+        del self._marks[:drop]
+        self._file_n -= drop
+        self._rendered, self._rendered_n, self._rendered_base = [], 0, None
+        self._render_starts = {}
 
     def _tail(self) -> str:
         other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})

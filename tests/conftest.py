@@ -95,6 +95,18 @@ def load_stats(save_dir: Path, rank: int = 0) -> dict[str, dict[str, Any]]:
     return data
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The one CUDA gate: tests marked ``cuda`` run where a GPU is, and skip with a reason elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(
+        reason="needs a CUDA device (`cuda` marker: run `pytest -m cuda` on a GPU machine)"
+    )
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def save_dir(tmp_path: Path) -> Path:
     return tmp_path / "memprofiler"

@@ -24,7 +24,6 @@ from memprofiler.core.schedule import Action, action
 from memprofiler.core.warn import MemProfilerWarning
 from memprofiler.errors import ConfigError
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 KIB = 1024
 
 
@@ -439,7 +438,6 @@ class _CudaMLP(pl.LightningModule):
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
     from torch.cuda import _memory_viz
 
@@ -465,7 +463,6 @@ def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
 
 
 @pytest.mark.cuda
-@requires_cuda
 def test_record_real_fixture(tmp_path):
     # GIVEN a tiny real step recorded on the GPU
     torch.cuda.memory._record_memory_history("all", context="all", stacks="python", max_entries=200)

@@ -16,7 +16,6 @@ from memprofiler.config import MemProfilerConfig
 from memprofiler.core.warn import MemProfilerWarning
 from memprofiler.errors import ConfigError
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MIB = 1 << 20
 
 
@@ -306,7 +305,6 @@ def test_the_cuda_malloc_async_allocator_is_named_and_left_alone(tmp_path):
 
 # ----------------------------------------------------------------------------- GPU
 @pytest.mark.cuda
-@requires_cuda
 def test_gpu_real_oom_is_recorded(tmp_path):
     # GIVEN the recorder on a real device
     prof = MemProfiler({"oom": {"enabled": True}}, save_dir=tmp_path, rank=0).setup()

@@ -327,7 +327,6 @@ def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkey
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_kernels_and_cuda_memory_counters_share_one_trace(tmp_path):
     # GIVEN a GPU run: activities must include CUDA without being asked
     prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})

@@ -194,7 +194,6 @@ class _CudaOomModel(pl.LightningModule):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_real_oom_in_a_trainer_leaves_every_record(tmp_path):
     # GIVEN every step collected with history and the flight recorder, on a real GPU
     cb = MemProfilerCallback({**CONFIG, "save_dir": str(tmp_path / "mp")})

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.callback import MemProfilerCallback, refuse_second_profiler
 
 
 class ProfilerHooksMixin:
@@ -40,5 +40,11 @@ class ProfilerHooksMixin:
         base = parent() if parent is not None else []
         callbacks = list(base) if isinstance(base, (list, tuple)) else [base]
         if self.memprofiler_cfg is not None and self.memprofiler_cfg.enabled:
-            callbacks.append(MemProfilerCallback(self.memprofiler_cfg))
+            own = MemProfilerCallback(self.memprofiler_cfg)
+            own.origin = f"`memprofiler_cfg` of `{type(self).__name__}` (`ProfilerHooksMixin`)"
+            # Lightning would silently drop a Trainer's callback of the same class in favour of
+            # this one: refuse the pair now, while both are visible.
+            trainer = getattr(self, "_trainer", None)
+            refuse_second_profiler([*callbacks, *getattr(trainer, "callbacks", [])], own)
+            callbacks.append(own)
         return callbacks

@@ -164,6 +164,16 @@ def test_a_disabled_second_callback_is_allowed(tmp_path):
     assert list(load_stats(tmp_path)) == ["0.training_step.2.start", "0.training_step.2.end"]
 
 
+def test_mixin_fit_then_validate_on_one_trainer_is_one_profiler(tmp_path):
+    # GIVEN a mixin module: each stage asks it for its callbacks again
+    model = MixinModel(memprofiler_cfg={"schedule": {"warmup": 0, "active": 1}, "save_dir": str(tmp_path)})
+    trainer = make_trainer(tmp_path, [], limit_val_batches=2)
+    # WHEN fit and then validate run on one Trainer THEN neither is refused
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    assert "0.training_step.1.end" in load_stats(tmp_path)
+
+
 def test_mixin_config_plus_a_trainer_callback_is_refused(tmp_path):
     # GIVEN a module profiling itself through `memprofiler_cfg` and a Trainer callback as well
     # (Lightning would otherwise drop the Trainer's callback for the module's without a word)

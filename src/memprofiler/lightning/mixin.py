@@ -40,11 +40,24 @@ class ProfilerHooksMixin:
         base = parent() if parent is not None else []
         callbacks = list(base) if isinstance(base, (list, tuple)) else [base]
         if self.memprofiler_cfg is not None and self.memprofiler_cfg.enabled:
-            own = MemProfilerCallback(self.memprofiler_cfg)
-            own.origin = f"`memprofiler_cfg` of `{type(self).__name__}` (`ProfilerHooksMixin`)"
+            trainer = getattr(self, "_trainer", None)
+            held = list(getattr(trainer, "callbacks", []))
+            # One callback per Trainer for every stage: a fresh one for `validate` after `fit`
+            # would start a new profiler and overwrite the fit's files. Ours is the one built
+            # on this very config object.
+            own = next(
+                (
+                    cb
+                    for cb in held
+                    if isinstance(cb, MemProfilerCallback) and cb.config is self.memprofiler_cfg
+                ),
+                None,
+            )
+            if own is None:
+                own = MemProfilerCallback(self.memprofiler_cfg)
+                own.origin = f"`memprofiler_cfg` of `{type(self).__name__}` (`ProfilerHooksMixin`)"
             # Lightning would silently drop a Trainer's callback of the same class in favour of
             # this one: refuse the pair now, while both are visible.
-            trainer = getattr(self, "_trainer", None)
-            refuse_second_profiler([*callbacks, *getattr(trainer, "callbacks", [])], own)
+            refuse_second_profiler([*callbacks, *held], own)
             callbacks.append(own)
         return callbacks

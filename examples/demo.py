@@ -10,6 +10,8 @@ of the collected snapshots.
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -178,9 +180,23 @@ def print_summary(save_dir: Path) -> None:
             )
         console.print(table)
     console.print(
-        f"\nNext: [bold]memprofiler report {save_dir} -o report.html[/bold] "
+        f"\nNext: [bold]{memprofiler_command()} report {save_dir} -o report.html[/bold] "
         "(terminal summary and an offline HTML report)"
     )
+
+
+def memprofiler_command() -> str:
+    """How to run the ``memprofiler`` command from here: ``make demo`` does not put .venv/bin on PATH."""
+    script = Path(sys.executable).parent / "memprofiler"
+    if not script.exists():
+        return f"{sys.executable} -m memprofiler"
+    on_path = shutil.which("memprofiler")
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "memprofiler"
+    try:
+        return str(script.relative_to(Path.cwd()))
+    except ValueError:
+        return str(script)
 
 
 def main() -> None:

@@ -44,11 +44,15 @@ def test_direct_construction_accepts_nested_mappings():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"enabeld": True}, "`enabeld`: unknown key; allowed keys here: allocator_history, collect_funcs"),
+        (
+            {"enabeld": True},
+            "`enabeld`: unknown key; did you mean `enabled`? allowed keys here: allocator_history, collect_funcs",
+        ),
         (
             {"schedule": {"activ": 1}},
-            "`schedule.activ`: unknown key; allowed keys here: active, follow_profiler, max_iter",
+            "`schedule.activ`: unknown key; did you mean `active`? allowed keys here: active, follow_profiler, max_iter",
         ),
+        ({"zzz": 1}, "`zzz`: unknown key; allowed keys here: allocator_history,"),
         ({"schedule": {"active": 0}}, "`schedule.active`: got 0; must be >= 1"),
         ({"schedule": {"wait": "1"}}, "`schedule.wait`: got '1'; expected an integer"),
         ({"enabled": "yes"}, "`enabled`: got 'yes'; expected true or false"),
@@ -92,3 +96,101 @@ def test_to_dict_round_trips_through_yaml():
     cfg = MemProfilerConfig.from_any({"schedule": {"warmup": 2}})
     again = MemProfilerConfig.from_any(yaml.safe_load(yaml.safe_dump(cfg.to_dict())))
     assert again == cfg
+
+
+def test_unknown_key_of_the_callback_dict_names_the_key_and_a_close_match():
+    # GIVEN a typo one level down, as a callback's dict config would carry it
+    from memprofiler.lightning.callback import MemProfilerCallback
+
+    # WHEN the callback is built THEN one line names the dotted key, the guess and the choices
+    with pytest.raises(ConfigError) as info:
+        MemProfilerCallback({"collect_funcs": {"defualt": ["training_step"]}})
+    assert str(info.value) == (
+        "`collect_funcs.defualt`: unknown key; did you mean `default`? "
+        "allowed keys here: cpu, cuda, cuda_allocator_history, default, fsdp"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"saved_tensors_funcs": ["fts_examples.profiling.npp_hooks._npp_hook", "identity_lambda"]},
+            "`saved_tensors_funcs`: a key of the ancestor's `MemProfilerCfg` that is gone: memprofiler "
+            "counts saved tensors itself (`saved_tensors.*` keys) and takes no pack/unpack functions; "
+            "drop the key and keep `enable_saved_tensors_hooks: true`",
+        ),
+        (
+            {"enabled_funcs": {"cpu": ["training_step"]}},
+            "`enabled_funcs`: a key of the ancestor's `MemProfilerCfg`, renamed: use `collect_funcs`",
+        ),
+        (
+            {"schedule": {"max_step": 3}},
+            "`schedule.max_step`: a key of the ancestor's `MemProfilerCfg`, renamed: use `max_iter`",
+        ),
+    ],
+)
+def test_ancestor_keys_point_at_their_replacement(data, message):
+    with pytest.raises(ConfigError) as info:
+        MemProfilerConfig.from_any(data)
+    assert str(info.value) == message
+
+
+_STATE = "with a `memprofiler.collectors.module_hooks.HookState`"
+
+
+@pytest.mark.parametrize(
+    ("field", "hook", "message"),
+    [
+        (
+            "pre_forward_hooks",
+            "pre_forward",
+            "`memory_hooks.pre_forward_hooks[0]`: `ancestor_hooks.pre_forward(module, *args, **kwargs)` "
+            "looks like a finetuning-scheduler hook (module first): memprofiler calls it as "
+            f"`hook(state, module, args)` {_STATE} as the first argument; see the README's migration table",
+        ),
+        (
+            "post_forward_hooks",
+            "post_forward",
+            "`memory_hooks.post_forward_hooks[0]`: `ancestor_hooks.post_forward(module, *args, **kwargs)` "
+            "looks like a finetuning-scheduler hook (module first): memprofiler calls it as "
+            f"`hook(state, module, args, output)` {_STATE} as the first argument; see the README's migration table",
+        ),
+        (
+            "reset_state_hooks",
+            "reset_state",
+            "`memory_hooks.reset_state_hooks[0]`: `ancestor_hooks.reset_state(model, reset_attrs)` "
+            f"does not fit: memprofiler calls it as `hook(state)` {_STATE}",
+        ),
+        (
+            "pre_forward_hooks",
+            "pre_two_args",
+            "`memory_hooks.pre_forward_hooks[0]`: `ancestor_hooks.pre_two_args(state, module)` "
+            f"does not fit: memprofiler calls it as `hook(state, module, args)` {_STATE}",
+        ),
+    ],
+)
+def test_hook_signatures_are_checked_when_the_config_is_built(field, hook, message):
+    # GIVEN the ancestor's hooks (module first) or one missing an argument
+    data = {"enable_memory_hooks": True, "memory_hooks": {field: [f"ancestor_hooks.{hook}"]}}
+    # WHEN the config is built THEN one line names the key, the signature and the expected call
+    with pytest.raises(ConfigError) as info:
+        MemProfilerConfig.from_any(data)
+    assert str(info.value) == message
+
+
+def test_hooks_of_the_documented_shape_pass_the_signature_check():
+    def pre(state, module, args): ...
+    def post(state, module, args, output=None, *extra): ...
+    def reset(state): ...
+
+    cfg = MemProfilerConfig.from_any(
+        {
+            "memory_hooks": {
+                "pre_forward_hooks": [pre],
+                "post_forward_hooks": [post],
+                "reset_state_hooks": [reset],
+            }
+        }
+    )
+    assert cfg.memory_hooks.resolved("post_forward_hooks") == [post]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import B, D, H, O, TinyMLP, load_stats, make_trainer
-from memprofiler import ArtifactError, MemProfilerCallback, ProfilerHooksMixin, memprofilable
+from memprofiler import ArtifactError, ConfigError, MemProfilerCallback, ProfilerHooksMixin, memprofilable
 from memprofiler.core.decorator import ATTACH_ATTR
 from memprofiler.core.warn import MemProfilerWarning
 
@@ -137,3 +137,78 @@ def test_memprofilable_is_reachable_from_the_profiler_class():
     from memprofiler import MemProfiler
 
     assert MemProfiler.memprofilable is memprofilable
+
+
+_TWO = (
+    "two memprofiler profilers on one Trainer: {a} and {b}; only one would collect and both write "
+    "the same files. Keep one of them (remove the other, or give it `enabled: false`)"
+)
+_CB = "a `MemProfilerCallback` in `trainer.callbacks`"
+
+
+def test_two_callbacks_on_one_trainer_are_refused_before_training(tmp_path):
+    # GIVEN two enabled profiler callbacks writing to the same directory
+    model = TinyMLP()
+    first, second = (MemProfilerCallback({"save_dir": str(tmp_path / "mp")}) for _ in range(2))
+    # WHEN fit starts THEN set-up refuses the pair in one line, and no step has run
+    with pytest.raises(ConfigError) as info:
+        make_trainer(tmp_path, [first, second]).fit(model)
+    assert str(info.value) == _TWO.format(a=_CB, b=_CB)
+    assert model.steps_run == 0
+    assert not (tmp_path / "mp" / "rank_0_memory_stats.yaml").exists()
+
+
+def test_a_disabled_second_callback_is_allowed(tmp_path):
+    cbs = [MemProfilerCallback({"save_dir": str(tmp_path)}), MemProfilerCallback({"enabled": False})]
+    make_trainer(tmp_path, cbs).fit(TinyMLP())
+    assert list(load_stats(tmp_path)) == ["0.training_step.2.start", "0.training_step.2.end"]
+
+
+def test_mixin_fit_then_validate_on_one_trainer_is_one_profiler(tmp_path):
+    # GIVEN a mixin module: each stage asks it for its callbacks again
+    model = MixinModel(memprofiler_cfg={"schedule": {"warmup": 0, "active": 1}, "save_dir": str(tmp_path)})
+    trainer = make_trainer(tmp_path, [], limit_val_batches=2)
+    # WHEN fit and then validate run on one Trainer THEN neither is refused
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    assert "0.training_step.1.end" in load_stats(tmp_path)
+
+
+def test_mixin_config_plus_a_trainer_callback_is_refused(tmp_path):
+    # GIVEN a module profiling itself through `memprofiler_cfg` and a Trainer callback as well
+    # (Lightning would otherwise drop the Trainer's callback for the module's without a word)
+    model = MixinModel(memprofiler_cfg={"save_dir": str(tmp_path / "a")})
+    trainer = make_trainer(tmp_path, [MemProfilerCallback({"save_dir": str(tmp_path / "b")})])
+    # WHEN fit starts THEN one line names both and no step has run
+    with pytest.raises(ConfigError) as info:
+        trainer.fit(model)
+    mixin = "`memprofiler_cfg` of `MixinModel` (`ProfilerHooksMixin`)"
+    assert str(info.value) == _TWO.format(a=mixin, b=_CB)
+    assert model.steps_run == 0
+
+
+def test_attachment_does_not_share_the_ancestors_attribute(tmp_path):
+    # GIVEN a module that also carries the ancestor mixin's own profiler in `_memprofiler`
+    model = TinyMLP()
+    ancestor = object()
+    model._memprofiler = ancestor
+    # WHEN memprofiler profiles it THEN each keeps its own object and memprofiler collects
+    make_trainer(tmp_path, [MemProfilerCallback({"save_dir": str(tmp_path)})]).fit(model)
+    assert ATTACH_ATTR == "_memprofiler_attachment"
+    assert model._memprofiler is ancestor
+    assert list(load_stats(tmp_path)) == ["0.training_step.2.start", "0.training_step.2.end"]
+
+
+def test_memprofilable_on_a_plain_function_is_refused_when_decorated():
+    with pytest.raises(ConfigError) as info:
+
+        @memprofilable
+        def train_step(batch):
+            return batch
+
+    assert str(info.value) == (
+        "`@memprofilable` on the plain function `train_step` would collect nothing: it finds the "
+        "profiler through the object a method is called on. Make it a method of the object given to "
+        '`MemProfiler.attach` (a LightningModule), or wrap its calls in `with prof.profile("train_step", '
+        "module=model):`"
+    )

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from conftest import load_stats
+from memprofiler import MemProfilerCallback, ProfilerHooksMixin
 from memprofiler.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -83,3 +84,143 @@ def test_unwritable_save_dir_exits_2_before_training(tmp_path, capsys):
     assert info.value.code == 2
     assert "`memprofiler.save_dir`" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def _with_callbacks(path: Path, *configs: dict | None) -> None:
+    raw = yaml.safe_load(path.read_text())
+    raw["trainer"]["callbacks"] = [
+        {"class_path": "memprofiler.MemProfilerCallback", **({"init_args": {"config": c}} if c else {})}
+        for c in configs
+    ]
+    path.write_text(yaml.safe_dump(raw))
+
+
+def _exit_2_line(tmp_path: Path, capsys, args: list[str]) -> str:
+    """Run the CLI; assert exit code 2 before training and return stderr's one error line."""
+    with pytest.raises(SystemExit) as info:
+        MemProfilerCLI(DemoGPT, args=args)
+    assert info.value.code == 2
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1
+    return lines[0].removeprefix("error: ")
+
+
+_TWO = (
+    "two memprofiler profilers on one Trainer: {a} and {b}; only one would collect and both write "
+    "the same files. Keep one of them (remove the other, or give it `enabled: false`)"
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (
+            {"schedule": {"active": 0}},
+            "`trainer.callbacks[0].init_args.config.schedule.active`: got 0; must be >= 1",
+        ),
+        (
+            {"colect_funcs": {"default": ["training_step"]}},
+            "`trainer.callbacks[0].init_args.config.colect_funcs`: unknown key; did you mean `collect_funcs`? "
+            "allowed keys here: allocator_history, collect_funcs,",
+        ),
+    ],
+)
+def test_bad_callback_config_is_one_line_with_the_full_key(tmp_path, capsys, config, expected):
+    # GIVEN a bad value inside a callback entry's init_args.config
+    path = _config(tmp_path, {})
+    _with_callbacks(path, {**config, "save_dir": str(tmp_path / "out")})
+    # WHEN the CLI starts THEN one line names the full dotted key, exit 2, nothing trained
+    assert _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)]).startswith(expected)
+
+
+def test_unknown_group_key_lists_the_allowed_keys_and_a_close_match(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"collect_func": {"default": ["training_step"]}}})
+    line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
+    assert line.startswith(
+        "`memprofiler.collect_func`: unknown key; did you mean `collect_funcs`? "
+        "allowed keys here: allocator_history, collect_funcs, cuda_allocator_history,"
+    )
+    assert line.endswith("schedule, track_fsdp_mem, track_module_mem")
+
+
+def test_ancestor_key_in_the_group_points_at_the_replacement(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"saved_tensors_funcs": ["identity_lambda"]}})
+    line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
+    assert line.startswith(
+        "`memprofiler.saved_tensors_funcs`: a key of the ancestor's `MemProfilerCfg` that is gone"
+    )
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "profiling.yaml"
+    bad.write_text("memprofiler:\n  schedule: {active: 2\n  save_dir: x\n")
+    line = _exit_2_line(
+        tmp_path, capsys, ["fit", "--config", str(_config(tmp_path, {})), "--config", str(bad)]
+    )
+    assert line == (
+        f"cannot parse config file {str(bad)!r}, line 3, column 11: while parsing a flow mapping "
+        "did not find expected ',' or '}'; fix the YAML syntax there"
+    )
+
+
+def test_two_callback_entries_are_refused_before_training(tmp_path, capsys):
+    # GIVEN a YAML callback, plus the same class added on the command line
+    path = _config(tmp_path, {})
+    _with_callbacks(path, {"save_dir": str(tmp_path / "out")})
+    args = ["fit", "--config", str(path), "--trainer.callbacks+=memprofiler.MemProfilerCallback"]
+    a, b = (
+        "`trainer.callbacks[0]` (memprofiler.MemProfilerCallback)",
+        "`trainer.callbacks[1]` (memprofiler.MemProfilerCallback)",
+    )
+    assert _exit_2_line(tmp_path, capsys, args) == _TWO.format(a=a, b=b)
+
+
+def test_group_plus_callback_entry_is_refused_before_training(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"schedule": {"active": 2}}})
+    _with_callbacks(path, None)
+    a, b = (
+        "the `memprofiler:` group of `MemProfilerCLI`",
+        "`trainer.callbacks[0]` (memprofiler.MemProfilerCallback)",
+    )
+    assert _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)]) == _TWO.format(a=a, b=b)
+
+
+def test_callback_entry_alone_with_the_group_left_at_its_defaults(tmp_path):
+    # GIVEN only a callback entry: the `memprofiler:` group is not written, so it adds nothing
+    out = tmp_path / "out"
+    path = _config(tmp_path, {})
+    _with_callbacks(path, {"schedule": {"warmup": 0, "active": 1}, "save_dir": str(out)})
+    cli = MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    assert sum(isinstance(cb, MemProfilerCallback) for cb in cli.trainer.callbacks) == 1
+    assert list(load_stats(out)) == ["0.training_step.1.start", "0.training_step.1.end"]
+
+
+class MixinGPT(ProfilerHooksMixin, DemoGPT):
+    def __init__(
+        self, n_layers: int = 1, d_model: int = 32, num_samples: int = 48, memprofiler_cfg: dict | None = None
+    ):
+        super().__init__(
+            n_layers=n_layers, d_model=d_model, num_samples=num_samples, memprofiler_cfg=memprofiler_cfg
+        )
+
+
+def test_bad_mixin_config_is_one_line_with_the_full_key(tmp_path, capsys):
+    path = _config(tmp_path, {})
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["memprofiler_cfg"] = {"schedule": {"repeat": -1}}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit) as info:
+        MemProfilerCLI(MixinGPT, args=["fit", "--config", str(path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: `model.memprofiler_cfg.schedule.repeat`: got -1; must be >= 0\n" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
+    from demo import memprofiler_command
+
+    command = memprofiler_command()
+    head = command.split()[0]
+    assert command == "memprofiler" or Path(head).exists()

@@ -8,6 +8,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
+from memprofiler.config.keys import unknown_key
 from memprofiler.errors import ConfigError
 
 T = TypeVar("T")
@@ -92,8 +93,7 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> 
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else str(name)
         if name not in fields:
-            allowed = ", ".join(sorted(fields))
-            raise ConfigError(key, f"unknown key; allowed keys here: {allowed}")
+            raise unknown_key(cls, str(name), key)
         kwargs[name] = _coerce(value, hints[name], key)
     try:
         return cls(**kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,15 @@ from memprofiler.errors import ConfigError
 HookSpec = str | Callable[..., Any]
 
 _DEFAULT_HOOKS = "memprofiler.collectors.module_hooks"
+
+#: How each kind of hook is called, by field name.
+HOOK_CALLS: dict[str, str] = {
+    "pre_forward_hooks": "hook(state, module, args)",
+    "post_forward_hooks": "hook(state, module, args, output)",
+    "reset_state_hooks": "hook(state)",
+}
+#: First-parameter names of the ancestor's hooks, which take the module (not a state) first.
+_ANCESTOR_FIRST = ("module", "model", "mod", "m")
 
 
 def resolve_hook(spec: HookSpec, key: str) -> Callable[..., Any]:
@@ -36,6 +46,43 @@ def resolve_hook(spec: HookSpec, key: str) -> Callable[..., Any]:
     return obj
 
 
+def check_hook_signature(fn: Callable[..., Any], field_name: str, key: str) -> None:
+    """Refuse a hook that cannot take the arguments memprofiler calls it with.
+
+    A hook whose first parameter is ``module`` or ``model`` is one written for the ancestor
+    (finetuning-scheduler), which passes the module first: it would bind, then fail at the first
+    collected call, so it is refused here too.
+
+    Raises:
+        ConfigError: naming ``key``, the hook's signature and the expected call.
+    """
+    call = HOOK_CALLS[field_name]
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+        return
+    n_args = call.count(",") + 1
+    bare = sig.replace(
+        parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+        return_annotation=sig.empty,
+    )
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{bare}"
+    fix = f"memprofiler calls it as `{call}` with a `memprofiler.collectors.module_hooks.HookState`"
+    try:
+        sig.bind(*range(n_args))
+    except TypeError:
+        raise ConfigError(key, f"`{name}` does not fit: {fix}") from None
+    positional = [
+        p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if positional and positional[0].name in _ANCESTOR_FIRST:
+        raise ConfigError(
+            key,
+            f"`{name}` looks like a finetuning-scheduler hook (module first): {fix} as the first "
+            "argument; see the README's migration table",
+        )
+
+
 @dataclass
 class MemoryHooksConfig:
     """Forward hooks run on the profiled module during collected calls (``enable_memory_hooks``).
@@ -58,9 +105,10 @@ class MemoryHooksConfig:
     """Called at the start of every collected call."""
 
     def __post_init__(self) -> None:
-        for name in ("pre_forward_hooks", "post_forward_hooks", "reset_state_hooks"):
+        for name in HOOK_CALLS:
             for i, spec in enumerate(getattr(self, name)):
-                resolve_hook(spec, f"{name}[{i}]")
+                key = f"{name}[{i}]"
+                check_hook_signature(resolve_hook(spec, key), name, key)
 
     def resolved(self, name: str) -> list[Callable[..., Any]]:
         return [resolve_hook(s, f"memory_hooks.{name}[{i}]") for i, s in enumerate(getattr(self, name))]

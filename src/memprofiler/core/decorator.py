@@ -1,4 +1,10 @@
-"""``@memprofilable``: mark a method whose calls the profiler may collect."""
+"""``@memprofilable``: mark a method whose calls the profiler may collect.
+
+Only methods: the profiler is found through the object the method is called on (the one
+:meth:`MemProfiler.attach` was given). A plain function has no such object, so decorating one
+is refused at once rather than collecting nothing; profile its calls with
+``with prof.profile("name", module=model):`` instead.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,15 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from memprofiler.errors import ConfigError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Attribute through which ``@memprofilable`` finds the profiler on the decorated object.
 #: It is the only thing memprofiler writes onto a user's object; all state is on the profiler.
-ATTACH_ATTR = "_memprofiler"
+#: Not ``_memprofiler``: finetuning-scheduler's ``ProfilerHooksMixin`` keeps its own profiler
+#: there, and a module using both would read the other's object.
+ATTACH_ATTR = "_memprofiler_attachment"
 
 
 def _detached() -> None:
@@ -43,12 +53,16 @@ def memprofilable(fn: F) -> F:
     With no profiler attached the cost is one instance-dict lookup per call. The call is
     counted under ``fn.__name__``.
 
+    Raises:
+        ConfigError: ``fn`` is a plain function, not a method defined in a class body.
+
     Example:
         >>> class Model(LightningModule):  # doctest: +SKIP
         ...     @memprofilable
         ...     def training_step(self, batch, batch_idx): ...
     """
     name = fn.__name__
+    _refuse_plain_function(fn)
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -72,3 +86,17 @@ def memprofilable(fn: F) -> F:
 
     wrapper.__memprofilable__ = True  # type: ignore[attr-defined]
     return cast(F, wrapper)
+
+
+def _refuse_plain_function(fn: Callable[..., Any]) -> None:
+    """A function defined in a class body has its class in ``__qualname__``: ``Model.step``."""
+    parts = getattr(fn, "__qualname__", "").split(".")
+    if len(parts) >= 2 and parts[-2] != "<locals>":
+        return
+    raise ConfigError(
+        "",
+        f"`@memprofilable` on the plain function `{fn.__name__}` would collect nothing: it finds the "
+        "profiler through the object a method is called on. Make it a method of the object given "
+        f'to `MemProfiler.attach` (a LightningModule), or wrap its calls in `with prof.profile("{fn.__name__}", '
+        "module=model):`",
+    )

@@ -17,7 +17,7 @@ from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core import summary as distributed
 from memprofiler.core.profiler import MemProfiler
-from memprofiler.errors import MemProfilerWarning
+from memprofiler.errors import ConfigError, MemProfilerWarning
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 
@@ -51,6 +51,9 @@ class MemProfilerCallback(Callback):
 
     def __init__(self, config: MemProfilerConfig | Mapping[str, Any] | None = None) -> None:
         self.config = MemProfilerConfig.from_any(config)
+        #: Where this callback came from, for the message that refuses a second profiler.
+        #: ``MemProfilerCLI`` and ``ProfilerHooksMixin`` set their own.
+        self.origin = "a `MemProfilerCallback` in `trainer.callbacks`"
         self.profiler: MemProfiler | None = None
         self._bound = False
         self._gathers = 0
@@ -64,6 +67,7 @@ class MemProfilerCallback(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if not self.config.enabled:
             return
+        refuse_second_profiler(trainer.callbacks, self)  # type: ignore[attr-defined]
         if self.profiler is not None and self._trainer_ref is not None and self._trainer_ref() is not trainer:
             # The same callback in a new Trainer: a fresh profiler (counts, save_dir, loggers).
             self.profiler.teardown()
@@ -205,6 +209,35 @@ class MemProfilerCallback(Callback):
                 "each rank's own files are complete",
                 all_ranks=True,
             )
+
+
+def refuse_second_profiler(callbacks: list[Callback], own: MemProfilerCallback | None) -> None:
+    """Refuse a Trainer on which two enabled memprofiler callbacks would profile one module.
+
+    Both would count the same ``@memprofilable`` calls, only the last attached one would collect
+    them, and both write the same file names: one run's data would be lost without a word.
+
+    Args:
+        callbacks: the Trainer's callbacks.
+        own: the callback asking (it may be one of the two), or ``None``.
+
+    Raises:
+        ConfigError: naming where both profilers come from and the fix.
+    """
+    enabled = [cb for cb in callbacks if isinstance(cb, MemProfilerCallback) and cb.config.enabled]
+    if own is not None and own not in enabled:
+        enabled.insert(0, own)
+    if len(enabled) > 1:
+        first, second = enabled[0], enabled[1]
+        raise ConfigError("", two_profilers_message(first.origin, second.origin))
+
+
+def two_profilers_message(first: str, second: str) -> str:
+    """One line saying that two profilers were configured and how to keep one."""
+    return (
+        f"two memprofiler profilers on one Trainer: {first} and {second}; only one would collect "
+        "and both write the same files. Keep one of them (remove the other, or give it `enabled: false`)"
+    )
 
 
 def _follow_profiler_schedule(config: MemProfilerConfig, trainer: pl.Trainer) -> MemProfilerConfig:

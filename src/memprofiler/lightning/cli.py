@@ -6,7 +6,9 @@
       schedule: {warmup: 1, active: 2}
       collect_funcs: {default: [training_step, validation_step]}
 
-A wrong key or value in the group is reported by jsonargparse, naming the key, with exit
+A wrong key or value in the group, in a ``MemProfilerCallback`` entry of ``trainer.callbacks``
+or in the model's ``memprofiler_cfg``, a second profiler, and a YAML syntax error in a
+``--config`` file are each reported as one line naming the dotted key or the file, with exit
 code 2, before any model or trainer is built.
 """
 
@@ -20,19 +22,31 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.errors import ArtifactError, ConfigError
+from memprofiler.errors import ArtifactError
 from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.cli_parser import (
+    GROUP,
+    MemProfilerArgumentParser,
+    check_profiler_entries,
+    group_is_used,
+)
 from memprofiler.output.run_dir import check_writable
-
-GROUP = "memprofiler"
 
 
 class MemProfilerCLI(LightningCLI):
     """LightningCLI that adds ``memprofiler:`` and installs a :class:`MemProfilerCallback`.
 
-    The group holds the fields of :class:`~memprofiler.MemProfilerConfig`. When absent or
-    ``enabled: false`` no callback is added.
+    The group holds the fields of :class:`~memprofiler.MemProfilerConfig`. With ``enabled:
+    false``, or left at its defaults while a ``MemProfilerCallback`` entry of
+    ``trainer.callbacks`` or the model's ``memprofiler_cfg`` configures profiling, it adds no
+    callback.
     """
+
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        if self.parser_class is LightningArgumentParser:
+            self.parser_class = MemProfilerArgumentParser
+        return super().init_parser(**kwargs)
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -43,29 +57,34 @@ class MemProfilerCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         super().before_instantiate_classes()
         cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        parser = self._parser(self.subcommand)
+        fail = getattr(parser, "fail", parser.error)
+        self._use_group = group_is_used(cfg, parser.get_defaults().get(GROUP))
+        problem = check_profiler_entries(cfg, self._use_group)
+        if problem is not None:
+            fail(str(problem))
+            return
         value = cfg.get(GROUP)
-        if value is None:
+        if value is None or not self._use_group:
             return
-        try:
-            cfg = MemProfilerConfig.from_any(_to_dict(value))
-        except ConfigError as err:
-            self._parser(self.subcommand).error(str(err.prefixed(GROUP)))
-            return
+        cfg = MemProfilerConfig.from_any(_to_dict(value))
         if cfg.enabled and cfg.save_dir:
             try:
                 check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
             except ArtifactError as err:
-                self._parser(self.subcommand).error(str(err))
+                fail(str(err))
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         value = self._get(self.config_init, GROUP)
-        if value is not None:
+        if value is not None and getattr(self, "_use_group", True):
             cfg = MemProfilerConfig.from_any(
                 _to_dict(value) if not isinstance(value, MemProfilerConfig) else value
             )
             if cfg.enabled:
-                callbacks = [*callbacks, MemProfilerCallback(cfg)]
+                own = MemProfilerCallback(cfg)
+                own.origin = "the `memprofiler:` group of `MemProfilerCLI`"
+                callbacks = [*callbacks, own]
         return super()._instantiate_trainer(config, callbacks)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.callback import MemProfilerCallback, refuse_second_profiler
 
 
 class ProfilerHooksMixin:
@@ -40,5 +40,24 @@ class ProfilerHooksMixin:
         base = parent() if parent is not None else []
         callbacks = list(base) if isinstance(base, (list, tuple)) else [base]
         if self.memprofiler_cfg is not None and self.memprofiler_cfg.enabled:
-            callbacks.append(MemProfilerCallback(self.memprofiler_cfg))
+            trainer = getattr(self, "_trainer", None)
+            held = list(getattr(trainer, "callbacks", []))
+            # One callback per Trainer for every stage: a fresh one for `validate` after `fit`
+            # would start a new profiler and overwrite the fit's files. Ours is the one built
+            # on this very config object.
+            own = next(
+                (
+                    cb
+                    for cb in held
+                    if isinstance(cb, MemProfilerCallback) and cb.config is self.memprofiler_cfg
+                ),
+                None,
+            )
+            if own is None:
+                own = MemProfilerCallback(self.memprofiler_cfg)
+                own.origin = f"`memprofiler_cfg` of `{type(self).__name__}` (`ProfilerHooksMixin`)"
+            # Lightning would silently drop a Trainer's callback of the same class in favour of
+            # this one: refuse the pair now, while both are visible.
+            refuse_second_profiler([*callbacks, *held], own)
+            callbacks.append(own)
         return callbacks

@@ -1,0 +1,65 @@
+"""Run inner pytest sessions with the plugin loaded from this checkout's ``src``."""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TESTS = Path(__file__).resolve().parents[1]
+
+#: An inner test module's head: a model whose saved-for-backward bytes are known exactly.
+#: Batch B x 256 float32 is B KiB per activation; Linear saves its input, ReLU its output,
+#: and the second Linear's input is the first ReLU's output (one storage, counted once).
+MODEL = """
+import pytest
+import torch
+
+class MLP(torch.nn.Module):
+    def __init__(self, width=256):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, 256), torch.nn.ReLU()
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+def step(batch=64, width=256):
+    MLP(width)(torch.randn(batch, 256)).sum().backward()
+"""
+
+
+def plugin_args() -> list[str]:
+    """``-p memprofiler.pytest_plugin`` unless the installed package already declares the entry
+    point (the shared venv's editable install predates it; loading it twice is an error)."""
+    declared = any(ep.value == "memprofiler.pytest_plugin" for ep in entry_points(group="pytest11"))
+    return [] if declared else ["-p", "memprofiler.pytest_plugin"]
+
+
+class Inner:
+    """An inner pytest session over test files written with :meth:`write`."""
+
+    def __init__(self, pytester: pytest.Pytester) -> None:
+        self.pytester = pytester
+        self.path = pytester.path
+
+    def write(self, name: str, body: str, model: bool = True) -> None:
+        self.pytester.makepyfile(**{name: (MODEL if model else "import pytest\n") + body})
+
+    def run(self, *args: str, subprocess: bool = False) -> pytest.RunResult:
+        """In-process by default (fast); ``subprocess`` for what needs a fresh interpreter."""
+        full = [*plugin_args(), "-p", "no:cacheprovider", *args]
+        if subprocess:
+            return self.pytester.runpytest_subprocess(*full)
+        return self.pytester.runpytest_inprocess(*full)
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Inner:
+    """Inner sessions that import this checkout's ``src`` and ``tests/fake_cuda``."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), str(TESTS)]))
+    return Inner(pytester)

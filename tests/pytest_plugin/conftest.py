@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -33,13 +32,6 @@ def step(batch=64, width=256):
 """
 
 
-def plugin_args() -> list[str]:
-    """``-p memprofiler.pytest_plugin`` unless the installed package already declares the entry
-    point (the shared venv's editable install predates it; loading it twice is an error)."""
-    declared = any(ep.value == "memprofiler.pytest_plugin" for ep in entry_points(group="pytest11"))
-    return [] if declared else ["-p", "memprofiler.pytest_plugin"]
-
-
 class Inner:
     """An inner pytest session over test files written with :meth:`write`."""
 
@@ -50,9 +42,14 @@ class Inner:
     def write(self, name: str, body: str, model: bool = True) -> None:
         self.pytester.makepyfile(**{name: (MODEL if model else "import pytest\n") + body})
 
-    def run(self, *args: str, subprocess: bool = False) -> pytest.RunResult:
-        """In-process by default (fast); ``subprocess`` for what needs a fresh interpreter."""
-        full = [*plugin_args(), "-p", "no:cacheprovider", *args]
+    def run(self, *args: str, subprocess: bool = False, load: bool = True) -> pytest.RunResult:
+        """In-process by default (fast); ``subprocess`` for what needs a fresh interpreter.
+
+        ``load`` passes ``-p memprofiler.pytest_plugin``: an install made before the entry point
+        existed does not load the plugin, and the entry point is named after the module, so
+        with it this is no second registration.
+        """
+        full = [*(["-p", "memprofiler.pytest_plugin"] if load else []), "-p", "no:cacheprovider", *args]
         if subprocess:
             return self.pytester.runpytest_subprocess(*full)
         return self.pytester.runpytest_inprocess(*full)

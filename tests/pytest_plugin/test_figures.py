@@ -85,7 +85,7 @@ def test_a_second_run_into_the_same_dir_writes_version_1(inner):
 
 
 def test_under_xdist_each_worker_measures_and_the_controller_writes_one_run(inner):
-    # GIVEN the suite, one test over budget, run on two xdist workers
+    # GIVEN the suite, one test over budget and one with a typo, run on two xdist workers
     inner.write(
         "test_suite",
         SUITE.format(width=256)
@@ -93,18 +93,26 @@ def test_under_xdist_each_worker_measures_and_the_controller_writes_one_run(inne
 @pytest.mark.memory_budget(saved_tensors="64KiB")
 def test_over():
     step(batch=64)
+
+@pytest.mark.memory_budget(rss_peak="1 GiBs")
+def test_typo():
+    pass
 """,
     )
     # WHEN it runs
     result = inner.run("-n", "2", "--memprofiler-dir", "figures", subprocess=True)
-    # THEN the worker's failure line reaches the controller, and one run holds every test's figures
-    result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines(
+    # THEN the worker's failure line reaches the controller; a worker cannot end the session on a
+    # usage error, so the typo errors its test with the same line
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    result.stdout.fnmatch_lines_random(
         [
-            "*memory_budget: saved_tensors.unique_bytes = 192.00 KiB (196,608), over budget 64.00 KiB "
+            "memory_budget: saved_tensors.unique_bytes = 192.00 KiB (196,608), over budget 64.00 KiB "
             "(65,536); top modules by saved bytes: net.0 64.00 KiB, net.1 64.00 KiB, net.3 64.00 KiB",
+            "usage error: test_suite.py::test_typo: `memory_budget(rss_peak='1 GiBs')`: got '1 GiBs'; "
+            "expected a number with an optional unit *",
         ]
     )
+    # AND one run holds every measured test's figures, keyed as without xdist
     stats = _stats(inner.path / "figures")
     assert {k: v["saved_tensors.unique_bytes"] for k, v in stats.items() if k.endswith(".end")} == {
         "0.test_suite.py::test_wide.1.end": 192 * KIB,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,31 @@ def test_the_pytest11_entry_point_is_declared():
     # GIVEN the project's metadata
     toml = pytest.importorskip("tomllib")  # Python 3.11+
     meta = toml.loads((ROOT / "pyproject.toml").read_text())
-    # THEN pytest loads the plugin module from the `pytest11` group, and xdist is a dev extra
-    assert meta["project"]["entry-points"]["pytest11"] == {"memprofiler": "memprofiler.pytest_plugin"}
+    # THEN pytest loads the plugin module from the `pytest11` group, under the module's own name
+    # (so an explicit `-p memprofiler.pytest_plugin` is no second registration); xdist is a dev extra
+    assert meta["project"]["entry-points"]["pytest11"] == {
+        "memprofiler.pytest_plugin": "memprofiler.pytest_plugin"
+    }
     assert any(dep.startswith("pytest-xdist") for dep in meta["project"]["optional-dependencies"]["dev"])
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_the_installed_entry_point_loads_the_plugin_with_or_without_dash_p(inner, monkeypatch, explicit):
+    # GIVEN an installed distribution declaring the pyproject's pytest11 entry point
+    toml = pytest.importorskip("tomllib")
+    (name, value), *_ = toml.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        "pytest11"
+    ].items()
+    dist = inner.path / "site" / "memprofiler-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: memprofiler\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text(f"[pytest11]\n{name} = {value}\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(dist.parent), os.environ["PYTHONPATH"]]))
+    inner.write(
+        "test_ep", "@pytest.mark.memory_budget(rss_peak='1GiB')\ndef test_a():\n    pass\n", model=False
+    )
+    # WHEN pytest runs with no -p, or with -p on top of the entry point
+    result = inner.run("--memprofiler-dir", "figures", subprocess=True, load=explicit)
+    # THEN the plugin is loaded once and measures the test
+    result.assert_outcomes(passed=1)
+    assert (inner.path / "figures" / "rank_0_memory_stats.yaml").is_file()

@@ -21,6 +21,14 @@ WORKER_KEY = "memprofiler_snapshots"
 _UNSET: Any = object()
 
 
+def _skip(reason: str) -> BaseException:
+    """A skip that ``-rs`` reports at the test's location rather than this module's."""
+    try:
+        return pytest.skip.Exception(reason, _use_item_location=True)  # private, pytest >= 7
+    except TypeError:
+        return pytest.skip.Exception(reason)
+
+
 class MemoryBudgetPlugin:
     """Per-session state: the parsed budgets, the measured figures, the collectors.
 
@@ -34,6 +42,7 @@ class MemoryBudgetPlugin:
         self.config = config
         self.out_dir: str | None = config.getoption("memprofiler_dir")
         self.budgets: dict[str, TestBudgets] = {}
+        self._usage_errors: dict[str, str] = {}
         #: Snapshot key -> metrics of every measured test body (and, on the xdist controller,
         #: of every worker's).
         self.snapshots: dict[str, dict[str, Any]] = {}
@@ -56,13 +65,25 @@ class MemoryBudgetPlugin:
         from memprofiler.errors import ConfigError
         from memprofiler.pytest_plugin.markers import budgets_of
 
+        in_worker = hasattr(self.config, "workerinput")
         for item in marked:
             try:
                 found = budgets_of(item)
             except ConfigError as err:
-                raise pytest.UsageError(f"{item.nodeid}: {err}") from None
+                message = f"{item.nodeid}: {err}"
+                if not in_worker:
+                    raise pytest.UsageError(message) from None
+                # An xdist worker cannot end the session cleanly (the controller reports an
+                # internal error): the test errors at setup with the same line instead.
+                self._usage_errors[item.nodeid] = message
+                continue
             if found is not None:
                 self.budgets[item.nodeid] = found
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        message = self._usage_errors.get(item.nodeid)
+        if message is not None:
+            pytest.fail(f"usage error: {message}", pytrace=False)
 
     # ----------------------------------------------------------------- measuring
     def cuda(self) -> CudaBackend | None:
@@ -114,7 +135,7 @@ class MemoryBudgetPlugin:
         if lines:
             pytest.fail("\n".join(lines), pytrace=False)
         if unchecked:
-            pytest.skip("; ".join(unchecked) + " (the test's other budgets passed)")
+            raise _skip("; ".join(unchecked) + " (the test's other budgets passed)")
         return result
 
     def _record(self, nodeid: str, n: int, start: dict[str, Any], end: dict[str, Any]) -> None:

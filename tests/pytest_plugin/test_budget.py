@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "_pytester"]
 
 KIB = 1024
 MIB = 1024 * KIB

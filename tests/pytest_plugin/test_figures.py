@@ -6,7 +6,7 @@ import yaml
 
 from memprofiler.__main__ import main
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "_pytester"]
 
 KIB = 1024
 

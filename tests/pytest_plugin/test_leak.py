@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "_pytester"]
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -10,7 +10,7 @@ import pytest
 from memprofiler.errors import ConfigError
 from memprofiler.pytest_plugin.markers import parse_budget, parse_leak
 
-pytest_plugins = ["pytester"]
+pytest_plugins = ["pytester", "_pytester"]
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = "expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 2GiB or 300MiB"

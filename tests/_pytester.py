@@ -1,4 +1,8 @@
-"""Run inner pytest sessions with the plugin loaded from this checkout's ``src``."""
+"""pytester helpers for the pytest-plugin tests: inner sessions that load this checkout's plugin.
+
+A plugin module (``pytest_plugins = ["pytester", "_pytester"]``), not a conftest: a second
+``conftest`` module would shadow ``tests/conftest.py`` for ``from conftest import ...``.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
-TESTS = Path(__file__).resolve().parents[1]
+SRC = Path(__file__).resolve().parents[1] / "src"
+TESTS = Path(__file__).resolve().parent
 
 #: An inner test module's head: a model whose saved-for-backward bytes are known exactly.
 #: Batch B x 256 float32 is B KiB per activation; Linear saves its input, ReLU its output,

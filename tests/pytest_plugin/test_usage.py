@@ -89,9 +89,12 @@ def test_plain():
     )
     # WHEN it runs
     result = inner.run("--memprofiler-dir", "figures", subprocess=True)
-    # THEN torch and the collectors were never imported, and no figures were written
+    # THEN torch and the collectors were never imported, and no figures were written, saying why
     result.assert_outcomes(passed=1)
     assert not (inner.path / "figures").exists()
+    result.stdout.fnmatch_lines(
+        ["memprofiler: nothing written to figures: no test that ran is marked memory_budget or memory_leak"]
+    )
 
 
 def test_the_pytest11_entry_point_is_declared():

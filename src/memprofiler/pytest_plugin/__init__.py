@@ -53,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(name="memprofiler")
-def memprofiler_fixture(tmp_path: Path) -> Iterator[MemProfiler]:
+def memprofiler_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MemProfiler]:
     """A set-up :class:`~memprofiler.MemProfiler` that collects every ``training_step`` call.
 
     Its files go to ``tmp_path / "memprofiler"``; its snapshots are in ``.snapshots``.
@@ -66,6 +66,8 @@ def memprofiler_fixture(tmp_path: Path) -> Iterator[MemProfiler]:
     """
     from memprofiler.core.profiler import MemProfiler
 
+    plugin = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    cuda = plugin.cuda() if plugin is not None else None  # the same CUDA seam as the markers
     config = {"schedule": {"warmup": 0, "active": 1, "repeat": 0}}
-    with MemProfiler(config, save_dir=tmp_path / "memprofiler") as prof:
+    with MemProfiler(config, save_dir=tmp_path / "memprofiler", cuda=cuda) as prof:
         yield prof

@@ -165,9 +165,16 @@ class MemoryBudgetPlugin:
         self._written = write_run(self.out_dir, self.snapshots, self._started, status)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.out_dir is None or hasattr(self.config, "workerinput"):
+            return
         written = getattr(self, "_written", None)
         if written is not None:
             terminalreporter.write_line(
                 f"memprofiler: figures of {len(self.snapshots) // 2} measured tests in {written} "
                 "(read with `memprofiler report` / `memprofiler diff`)"
+            )
+        else:  # never silent: say why the directory stays empty
+            terminalreporter.write_line(
+                f"memprofiler: nothing written to {self.out_dir}: no test that ran is marked "
+                "memory_budget or memory_leak"
             )

@@ -120,7 +120,7 @@ def test_over_on_host():
     result.stdout.fnmatch_lines(
         [
             "SKIPPED [[]1[]] *: memory_budget: allocated_bytes.all.peak not checked: no CUDA device in "
-            "this run (the test's other budgets passed)",
+            "this run (all else its markers ask was checked and passed)",
         ]
     )
 
@@ -134,14 +134,20 @@ def test_a_failing_body_keeps_its_own_failure_and_its_figures(inner):
 def test_boom():
     step()
     raise ValueError("boom")
+
+@pytest.mark.memory_budget(saved_tensors="1KiB")
+def test_skips():
+    pytest.skip("not on this machine")
 """,
     )
     # WHEN the suite runs
     result = inner.run("--memprofiler-dir", "figures")
-    # THEN the test's own error is reported, not a budget line, and its end snapshot says failed
-    result.assert_outcomes(failed=1)
+    # THEN the test's own error is reported, not a budget line, and its end snapshot says failed;
+    # a body that skips is a skip, with no figures
+    result.assert_outcomes(failed=1, skipped=1)
     result.stdout.fnmatch_lines(["E       ValueError: boom"])
     assert "memory_budget:" not in result.stdout.str()
     stats = yaml.safe_load((inner.path / "figures" / "rank_0_memory_stats.yaml").read_text())
     assert stats["0.test_raises.py::test_boom.1.end"]["failed"] is True
     assert stats["0.test_raises.py::test_boom.1.end"]["saved_tensors.unique_bytes"] == 192 * KIB
+    assert not [key for key in stats if "test_skips" in key]

@@ -84,7 +84,7 @@ class LeakBudget:
 
 
 @dataclass(frozen=True)
-class TestBudgets:
+class MarkerBudgets:
     """Everything the markers of one test ask for."""
 
     budgets: tuple[Budget, ...] = ()
@@ -164,7 +164,7 @@ def parse_leak(args: tuple[Any, ...], kwargs: dict[str, Any]) -> LeakBudget:
     )
 
 
-def budgets_of(item: Any) -> TestBudgets | None:
+def budgets_of(item: Any) -> MarkerBudgets | None:
     """The budgets a test item's markers ask for, or ``None`` for an unmarked test.
 
     Raises:
@@ -179,4 +179,4 @@ def budgets_of(item: Any) -> TestBudgets | None:
     for mark in item.iter_markers(LEAK_MARKER):
         marked = True
         leak = leak or parse_leak(tuple(mark.args), dict(mark.kwargs))
-    return TestBudgets(tuple(budgets), leak) if marked else None
+    return MarkerBudgets(tuple(budgets), leak) if marked else None

@@ -17,7 +17,7 @@ from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
 from memprofiler.collectors.host import HostCollector
 from memprofiler.pytest_plugin.holders import holders
-from memprofiler.pytest_plugin.tracking import TestSavedTensors
+from memprofiler.pytest_plugin.tracking import BodySavedTensors
 
 _CUDA_CURRENT = "allocated_bytes.all.current"
 
@@ -41,7 +41,7 @@ def _live_tensors() -> list[torch.Tensor]:
     return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)]
 
 
-class TestMeter:
+class BodyMeter:
     """Start and end snapshots of one test body; the project's collectors do the measuring.
 
     Args:
@@ -53,8 +53,9 @@ class TestMeter:
 
     def __init__(self, host: HostCollector, cuda: CudaBackend | None, leak: bool) -> None:
         self._host = host
+        self._cuda_backend = cuda
         self._cuda = CudaStatsCollector(cuda) if cuda is not None else None
-        self._saved = TestSavedTensors(track_alive=leak)
+        self._saved = BodySavedTensors(track_alive=leak)
         self._leak = leak
         # id -> weak reference: tensors compare elementwise, so no WeakSet.
         self._before: dict[int, weakref.ref[torch.Tensor]] = {}
@@ -68,7 +69,10 @@ class TestMeter:
             gc.collect()
             self._before = {id(t): weakref.ref(t) for t in _live_tensors()}
         metrics: dict[str, Any] = dict(self._host.start(self._ctx))
-        if self._cuda is not None:
+        # Resetting the peak would initialise CUDA (a context costs hundreds of MiB of host RSS,
+        # which a CPU-only test's rss_peak would then carry). Before initialisation the stats
+        # are empty and nothing is allocated, so the peak at the end is the body's anyway.
+        if self._cuda is not None and self._cuda_backend is not None and self._cuda_backend.memory_stats():
             metrics.update(self._cuda.start(self._ctx))
         metrics.update(self._saved.start(self._ctx))
         self.start_metrics = metrics

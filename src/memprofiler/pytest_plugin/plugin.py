@@ -14,7 +14,7 @@ import pytest
 if TYPE_CHECKING:
     from memprofiler.collectors.cuda_backend import CudaBackend
     from memprofiler.collectors.host import HostCollector
-    from memprofiler.pytest_plugin.markers import TestBudgets
+    from memprofiler.pytest_plugin.markers import MarkerBudgets
 
 #: ``workeroutput`` key under which a ``pytest-xdist`` worker hands its figures to the controller.
 WORKER_KEY = "memprofiler_snapshots"
@@ -41,7 +41,7 @@ class MemoryBudgetPlugin:
 
         self.config = config
         self.out_dir: str | None = config.getoption("memprofiler_dir")
-        self.budgets: dict[str, TestBudgets] = {}
+        self.budgets: dict[str, MarkerBudgets] = {}
         self._usage_errors: dict[str, str] = {}
         #: Snapshot key -> metrics of every measured test body (and, on the xdist controller,
         #: of every worker's).
@@ -108,11 +108,11 @@ class MemoryBudgetPlugin:
         budgets = self.budgets.get(item.nodeid)
         if budgets is None:
             return (yield)
-        from memprofiler.pytest_plugin.measure import TestMeter
+        from memprofiler.pytest_plugin.measure import BodyMeter
         from memprofiler.pytest_plugin.verdict import check
 
         cuda = self.cuda()
-        meter = TestMeter(self.host(), cuda, leak=budgets.leak is not None)
+        meter = BodyMeter(self.host(), cuda, leak=budgets.leak is not None)
         n = self._calls[item.nodeid] = self._calls.get(item.nodeid, 0) + 1
         try:
             meter.start(item.nodeid, n)

@@ -2,7 +2,7 @@
 
 A test builds its model inside its body, so the module tree cannot be labelled up front as
 ``MemProfiler.profile(module=...)`` does. :class:`AnyRootStack` labels a module tree the
-first time its outermost module runs; :class:`TestSavedTensors` uses it for the per-module
+first time its outermost module runs; :class:`BodySavedTensors` uses it for the per-module
 breakdown and, for the leak check, keeps a weak reference to every alias autograd stores.
 """
 
@@ -41,7 +41,7 @@ class AnyRootStack(ModuleStack):
         super()._pre(module, args)
 
 
-class TestSavedTensors(SavedTensorsCollector):
+class BodySavedTensors(SavedTensorsCollector):
     """:class:`SavedTensorsCollector` with a per-module breakdown for modules built in the test.
 
     Args:

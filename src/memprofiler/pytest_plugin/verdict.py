@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from memprofiler.analysis.artifacts import flatten_metrics
-from memprofiler.pytest_plugin.markers import BUDGET_MARKER, BY_MODULE, LEAK_MARKER, TestBudgets
+from memprofiler.pytest_plugin.markers import BUDGET_MARKER, BY_MODULE, LEAK_MARKER, MarkerBudgets
 from memprofiler.units import format_bytes, format_value
 
 #: How many modules a violation line names.
@@ -47,7 +47,7 @@ def budget_values(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[str,
 
 
 def check(
-    budgets: TestBudgets,
+    budgets: MarkerBudgets,
     start: Mapping[str, Any],
     end: Mapping[str, Any],
     leaks: LeakFigures | None,

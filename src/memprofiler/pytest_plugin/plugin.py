@@ -6,6 +6,7 @@ loads in :meth:`MemoryBudgetPlugin.pytest_runtest_call` of the first marked test
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,8 @@ class MemoryBudgetPlugin:
 
         self.config = config
         self.out_dir: str | None = config.getoption("memprofiler_dir")
+        # Resolved now: a test may change the working directory before the files are written.
+        self._out_root = os.path.abspath(os.path.expanduser(self.out_dir)) if self.out_dir else None
         self.budgets: dict[str, MarkerBudgets] = {}
         self._usage_errors: dict[str, str] = {}
         #: Snapshot key -> metrics of every measured test body (and, on the xdist controller,
@@ -159,12 +162,12 @@ class MemoryBudgetPlugin:
 
             worker_output[WORKER_KEY] = to_plain(self.snapshots)
             return
-        if self.out_dir is None or not self.snapshots:
+        if self._out_root is None or not self.snapshots:
             return
         from memprofiler.pytest_plugin.results import write_run
 
         status = "crashed" if exitstatus == pytest.ExitCode.INTERRUPTED else "finished"
-        self._written = write_run(self.out_dir, self.snapshots, self._started, status)
+        self._written = write_run(self._out_root, self.snapshots, self._started, status)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.out_dir is None or hasattr(self.config, "workerinput"):

@@ -57,10 +57,14 @@ def summarize(per_rank: Mapping[int, Snapshots]) -> dict[str, Any]:
         >>> s["snapshots"]["f.1.end"]["rss"]["imbalance"]
         1.5
     """
+    return _document(_reduce_in_memory(per_rank), sorted(per_rank), len(per_rank))
+
+
+def _reduce_in_memory(per_rank: Mapping[int, Snapshots]) -> Partial:
     acc = Accumulator()
     for rank in sorted(per_rank):
         acc.add(rank, RankMetrics.from_snapshots(per_rank[rank]))
-    return _document(acc.partial, sorted(per_rank), len(per_rank))
+    return acc.partial
 
 
 def _document(partial: Partial, ranks: list[int], world_size: int) -> dict[str, Any]:
@@ -77,10 +81,7 @@ def write_summary(save_dir: str | Path, per_rank: Mapping[int, Snapshots], world
 
     Ranks that did not report are listed under ``missing_ranks``.
     """
-    acc = Accumulator()
-    for rank in sorted(per_rank):
-        acc.add(rank, RankMetrics.from_snapshots(per_rank[rank]))
-    return _write(save_dir, acc.partial, sorted(per_rank), world_size)
+    return _write(save_dir, _reduce_in_memory(per_rank), sorted(per_rank), world_size)
 
 
 def _write(save_dir: str | Path, partial: Partial, ranks: list[int], world_size: int) -> Path:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +15,18 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
+from _env import subprocess_env
+from _summary_ranks import WORLD4
 from memprofiler import MemProfilerCallback, layout, memprofilable
 from memprofiler.core import summary as distributed
-from memprofiler.core.summary import gather_collective, gather_via_store, summarize, write_summary
+from memprofiler.core.summary import (
+    reduce_collective,
+    summarize,
+    write_cross_rank_summary,
+    write_summary,
+)
+from memprofiler.core.summary_exchange import decode_values, encode_values, reduce_from_store
+from memprofiler.core.summary_stats import RankMetrics, summary_from_partial
 
 PER_RANK = {
     0: {
@@ -87,29 +99,56 @@ def world1(tmp_path: Path) -> Any:
     dist.destroy_process_group()
 
 
-def test_transports_round_trip_the_snapshots(world1):
-    snaps = PER_RANK[0]
-    assert gather_collective(snaps) == {0: snaps}
-    got = gather_via_store(snaps, generation=1, timeout_s=1.0)
-    assert got == {0: snaps}
+def test_collective_and_store_paths_agree_with_summarize_on_one_rank(world1, tmp_path):
+    # GIVEN one rank's snapshots WHEN summarized through each transport
+    via_collective = write_cross_rank_summary(PER_RANK[0], tmp_path / "c", rank=0, world_size=1)
+    via_store = write_cross_rank_summary(
+        PER_RANK[0], tmp_path / "s", rank=0, world_size=1, after_exception=True, timeout_s=1.0
+    )
+    # THEN both files hold exactly what the pure reduction gives
+    expected = summarize({0: PER_RANK[0]})
+    assert via_collective is not None and via_store is not None
+    assert yaml.safe_load(via_collective.read_text()) == expected
+    assert yaml.safe_load(via_store.read_text()) == expected
 
 
-def test_store_exchange_waits_a_bounded_time_for_absent_ranks(world1, monkeypatch, tmp_path):
+def test_rank_and_world_size_must_match_the_process_group(world1, tmp_path):
+    with pytest.raises(RuntimeError, match="rank 1 of 2 given, but the process group says rank 0 of 1"):
+        write_cross_rank_summary(PER_RANK[1], tmp_path, rank=1, world_size=2)
+
+
+def test_store_exchange_waits_a_bounded_time_for_absent_ranks(world1, tmp_path):
     # GIVEN a world of 2 where rank 1 never posts (it is stuck elsewhere)
-    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+    store = dist.distributed_c10d._get_default_store()
+    own = RankMetrics.from_snapshots(PER_RANK[0])
     # WHEN rank 0 collects after an exception THEN it returns what it has, after the timeout
-    got = gather_via_store(PER_RANK[0], generation=7, timeout_s=0.2)
-    assert got == {0: PER_RANK[0]}
-    data = yaml.safe_load(write_summary(tmp_path, got, world_size=2).read_text())
-    assert data["missing_ranks"] == [1]
+    partial, ranks = reduce_from_store(store, own, world_size=2, generation=7, timeout_s=0.2)
+    assert ranks == [0]
+    assert summary_from_partial(partial) == summarize({0: PER_RANK[0]})["snapshots"]
+
+
+def test_store_post_round_trips_values_and_integer_flags():
+    metrics = RankMetrics.from_snapshots({"3.f.1.end": {"rss": 2**52 + 1, "frac": 0.25}})
+    digest, values, not_int = decode_values(encode_values(metrics))
+    assert digest == metrics.digest()
+    assert values.tolist() == [2**52 + 1, 0.25]
+    assert not_int.tolist() == [0.0, 1.0]
+
+
+def test_integers_stay_integers_and_floats_stay_floats():
+    s = summarize({0: {"0.f.1.end": {"n": 3, "x": 0.0}}, 1: {"1.f.1.end": {"n": 5, "x": 1.5}}})
+    n, x = s["snapshots"]["f.1.end"]["n"], s["snapshots"]["f.1.end"]["x"]
+    assert (type(n["min"]), type(n["max"]), n["mean"]) == (int, int, 4.0)
+    assert (x["min"], x["max"], type(x["min"])) == (0.0, 1.5, float)
 
 
 def test_no_process_group_means_no_summary(tmp_path):
     assert not distributed.dist_ready()
     assert distributed.gather_and_write_summary(PER_RANK[0], tmp_path) is None
+    assert write_cross_rank_summary(PER_RANK[0], tmp_path, rank=0, world_size=1) is None
     assert not (tmp_path / layout.MEMORY_SUMMARY_YAML).exists()
     with pytest.raises(RuntimeError, match="not initialized"):
-        gather_collective(PER_RANK[0])
+        reduce_collective(RankMetrics.from_snapshots(PER_RANK[0]))
 
 
 class Tiny(pl.LightningModule):
@@ -143,10 +182,10 @@ def _fit(save_dir: Path) -> None:
 
 def test_gather_failure_warns_and_keeps_the_rank_files(world1, tmp_path, monkeypatch):
     # GIVEN a process group whose gather fails
-    def broken(snapshots: Any) -> Any:
+    def broken(metrics: Any) -> Any:
         raise RuntimeError("connection reset by peer")
 
-    monkeypatch.setattr(distributed, "gather_collective", broken)
+    monkeypatch.setattr(distributed, "reduce_collective", broken)
     # WHEN fit ends THEN a warning says why, and this rank's own file is complete
     with pytest.warns(
         UserWarning, match="could not gather snapshots across ranks .*connection reset by peer"
@@ -170,3 +209,95 @@ def test_one_rank_group_writes_a_summary_equal_to_its_file(world1, tmp_path):
         "imbalance": 1.0,
         "n_ranks": 1,
     }
+
+
+# ------------------------------------------------------------- 4 real gloo ranks on CPU
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _stats(lo: Any, hi: Any, mean: float, arg: int, n: int = WORLD4) -> dict[str, Any]:
+    return {
+        "min": lo,
+        "max": hi,
+        "mean": mean,
+        "argmax_rank": arg,
+        "imbalance": hi / mean if mean > 0 else None,
+        "n_ranks": n,
+    }
+
+
+EXPECTED4 = {
+    "training_step.1.start": {"rss": _stats(1000, 4000, 2500.0, 3), "vms": _stats(5000, 5000, 5000.0, 0)},
+    "training_step.1.end": {
+        "rss": _stats(1007, 4007, 2507.0, 3),
+        "fsdp.peak.total": _stats(3, 9, 7.0, 1),
+        "frac": _stats(0.0, 1.5, 0.75, 3),
+        "saved_tensors.by_module.net.0": _stats(0, 3, 1.5, 3),
+    },
+}
+
+
+def _launch4(out: Path, timeout: float = 240) -> list[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(WORLD4):
+        env = subprocess_env(SRC, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "_summary_ranks", str(rank), str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, text in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, text[-4000:]
+        assert "worker finished" in text, text[-4000:]
+    return outputs
+
+
+@pytest.mark.slow
+def test_four_gloo_ranks_reduce_exact_values(tmp_path):
+    # GIVEN 4 gloo processes on CPU, each with known numbers
+    _launch4(tmp_path)
+    # WHEN they reduce through collectives with equal key sets
+    same = yaml.safe_load((tmp_path / "same" / layout.MEMORY_SUMMARY_YAML).read_text())
+    # THEN rank 0's file holds the exact statistics (strings are not metrics)
+    assert same == {
+        "world_size": 4,
+        "ranks": [0, 1, 2, 3],
+        "snapshots": EXPECTED4,
+        "missing_ranks": [],
+    }
+    assert not (tmp_path / "same_rank1").exists()
+    # WHEN key sets differ THEN the summary covers the union, counting only the reporting ranks
+    odd = yaml.safe_load((tmp_path / "odd" / layout.MEMORY_SUMMARY_YAML).read_text())
+    expected_odd = {
+        **EXPECTED4,
+        "training_step.1.end": {**EXPECTED4["training_step.1.end"], "only3": _stats(7, 7, 7.0, 3, n=1)},
+        "training_step.2.end": {"rss": _stats(42, 42, 42.0, 2, n=1)},
+    }
+    assert odd["snapshots"] == expected_odd
+    # WHEN rank 3 is stuck elsewhere after an exception and the others post to the store
+    crashed = yaml.safe_load((tmp_path / "crashed" / layout.MEMORY_SUMMARY_YAML).read_text())
+    # THEN rank 0 stopped waiting and summarized ranks 0-2, naming rank 3 as missing
+    assert crashed["ranks"] == [0, 1, 2]
+    assert crashed["missing_ranks"] == [3]
+    assert crashed["world_size"] == 4
+    assert crashed["snapshots"]["training_step.1.start"]["rss"] == _stats(1000, 3000, 2000.0, 2, n=3)
+    assert crashed["snapshots"]["training_step.2.end"]["rss"] == _stats(42, 42, 42.0, 2, n=1)
+    # AND the same exchange with every rank posting equals the collective one
+    late = yaml.safe_load((tmp_path / "all_posted" / layout.MEMORY_SUMMARY_YAML).read_text())
+    assert late["snapshots"] == expected_odd
+    assert late["missing_ranks"] == []

@@ -1,71 +1,50 @@
-"""Gather every rank's snapshots and summarize them across ranks (``memory_summary.yaml``).
+"""Summarize every rank's snapshots across ranks into ``memory_summary.yaml`` (rank 0 writes it).
 
-Ranks exchange their consolidated snapshots through ``torch.distributed``, never through
-files (other ranks' files may sit on other nodes). Two transports:
+For each ``{fn}.{call}.{phase}`` and each numeric metric the file gives ``min``, ``max``,
+``mean``, ``argmax_rank`` (lowest rank on ties), ``imbalance`` (``max / mean``; null when the
+mean is not positive) and ``n_ranks`` (how many ranks reported it), plus ``world_size``,
+``ranks`` (those that reported) and ``missing_ranks``. Nested mappings (e.g.
+``saved_tensors.by_module``) are flattened with dots.
 
-* :func:`gather_collective` (normal end of a run): ``gather_object`` to rank 0 over the
-  default process group (gloo or NCCL). Every rank must call it.
-* :func:`gather_via_store` (after an exception): each rank posts its snapshots to the
-  process group's key-value store without blocking, and rank 0 waits a bounded time for the
-  others. A collective here could hang forever when the other ranks are blocked in a
-  different collective (one rank failed, the others still train); the store cannot.
-
-:func:`summarize` is a pure function: for each ``{fn}.{call}.{start|end}`` and each numeric
-metric it gives ``min``, ``max``, ``mean``, ``argmax_rank`` (lowest rank on ties),
-``imbalance`` (``max / mean``; null when the mean is not positive) and ``n_ranks`` (how many
-ranks reported it). Nested mappings (e.g. ``saved_tensors.by_module``) are flattened with
-dots. Nothing here imports Lightning.
+Ranks never send their snapshots: each flattens its own to a vector and the vectors are
+reduced (:mod:`memprofiler.core.summary_stats`), through collectives normally and through the
+process group's store after an exception (:mod:`memprofiler.core.summary_exchange`). Rank 0's
+time and memory grow with the number of metrics, not with the world size
+(``benchmarks/summary_scale.py``). Nothing here imports Lightning.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterator, Mapping
-from datetime import timedelta
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from memprofiler import layout
-from memprofiler.output.writers import to_plain, write_yaml
+from memprofiler.core.summary_exchange import (
+    dist_ready,
+    post_to_store,
+    reduce_collective,
+    reduce_from_store,
+)
+from memprofiler.core.summary_stats import Accumulator, Partial, RankMetrics, Snapshots, summary_from_partial
+from memprofiler.output.writers import write_yaml
 
-Snapshots = Mapping[str, Mapping[str, Any]]
-
-_STORE_PREFIX = "memprofiler/snapshots"
-
-
-def dist_ready() -> bool:
-    """Whether a default process group exists to gather through."""
-    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
-
-
-def _numeric_leaves(metrics: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
-    for name, value in metrics.items():
-        key = f"{prefix}{name}"
-        if isinstance(value, Mapping):
-            yield from _numeric_leaves(value, f"{key}.")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield key, value
-
-
-def _stats(by_rank: Mapping[int, float]) -> dict[str, Any]:
-    values = list(by_rank.values())
-    hi, lo = max(values), min(values)
-    mean = sum(values) / len(values)
-    return {
-        "min": lo,
-        "max": hi,
-        "mean": mean,
-        "argmax_rank": min(r for r, v in by_rank.items() if v == hi),
-        "imbalance": (hi / mean) if mean > 0 else None,
-        "n_ranks": len(values),
-    }
+__all__ = [
+    "dist_ready",
+    "gather_and_write_summary",
+    "reduce_collective",
+    "summarize",
+    "write_cross_rank_summary",
+    "write_summary",
+]
 
 
 def summarize(per_rank: Mapping[int, Snapshots]) -> dict[str, Any]:
-    """Cross-rank statistics of every numeric metric of every snapshot.
+    """Cross-rank statistics of every numeric metric of every snapshot, from in-memory snapshots.
+
+    The same reduction the transports apply, fed directly (tests, benchmarks, offline use).
 
     Args:
         per_rank: global rank -> that rank's snapshots (keys ``{rank}.{fn}.{call}.{phase}``).
@@ -78,97 +57,96 @@ def summarize(per_rank: Mapping[int, Snapshots]) -> dict[str, Any]:
         >>> s["snapshots"]["f.1.end"]["rss"]["imbalance"]
         1.5
     """
-    table: dict[str, dict[str, dict[int, float]]] = {}
+    return _document(_reduce_in_memory(per_rank), sorted(per_rank), len(per_rank))
+
+
+def _reduce_in_memory(per_rank: Mapping[int, Snapshots]) -> Partial:
+    acc = Accumulator()
     for rank in sorted(per_rank):
-        for key, metrics in per_rank[rank].items():
-            _, fn, call, phase = layout.parse_snapshot_key(key)
-            per_metric = table.setdefault(f"{fn}.{call}.{phase}", {})
-            for name, value in _numeric_leaves(metrics):
-                per_metric.setdefault(name, {})[rank] = value
+        acc.add(rank, RankMetrics.from_snapshots(per_rank[rank]))
+    return acc.partial
+
+
+def _document(partial: Partial, ranks: list[int], world_size: int) -> dict[str, Any]:
     return {
-        "world_size": len(per_rank),
-        "ranks": sorted(per_rank),
-        "snapshots": {
-            skey: {name: _stats(by_rank) for name, by_rank in metrics.items()}
-            for skey, metrics in table.items()
-        },
+        "world_size": world_size,
+        "ranks": ranks,
+        "snapshots": summary_from_partial(partial),
+        "missing_ranks": sorted(set(range(world_size)) - set(ranks)),
     }
 
 
-def gather_collective(snapshots: Snapshots) -> dict[int, Snapshots] | None:
-    """``gather_object`` every rank's snapshots to rank 0; all ranks must call it.
-
-    Returns:
-        On rank 0, global rank -> snapshots; elsewhere ``None``.
-
-    Raises:
-        RuntimeError: no process group, or the collective failed.
-    """
-    if not dist_ready():
-        raise RuntimeError("torch.distributed is not initialized")
-    dist = torch.distributed
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(to_plain(snapshots), out, dst=0)
-    if out is None:
-        return None
-    return dict(enumerate(out))
-
-
-def gather_via_store(
-    snapshots: Snapshots, generation: int, timeout_s: float, channel: str = ""
-) -> dict[int, Snapshots] | None:
-    """Post this rank's snapshots to the default store; rank 0 collects what arrives in time.
-
-    Never blocks a rank other than 0; rank 0 waits at most ``timeout_s``.
-
-    Args:
-        snapshots: this rank's snapshots.
-        generation: distinguishes successive exchanges in one process group.
-        channel: further distinguishes exchanges (the callback passes its ``save_dir``).
-        timeout_s: how long rank 0 waits for the other ranks.
-
-    Returns:
-        On rank 0, global rank -> snapshots for the ranks that posted; elsewhere ``None``.
-
-    Raises:
-        RuntimeError: no process group or no store.
-    """
-    if not dist_ready():
-        raise RuntimeError("torch.distributed is not initialized")
-    dist = torch.distributed
-    store = dist.distributed_c10d._get_default_store()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    prefix = f"{_STORE_PREFIX}/{generation}/{channel}"
-    store.set(f"{prefix}/{rank}", json.dumps(to_plain(snapshots)))
-    if rank != 0:
-        return None
-    got: dict[int, Snapshots] = {0: snapshots}
-    deadline = time.monotonic() + timeout_s
-    missing = set(range(1, world))
-    while missing:
-        for r in sorted(missing):
-            key = f"{prefix}/{r}"
-            if store.check([key]):
-                store.wait([key], timedelta(seconds=max(timeout_s, 1.0)))
-                got[r] = json.loads(store.get(key))
-                store.delete_key(key)  # consumed: a later exchange never reads it again
-                missing.discard(r)
-        if not missing or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    return got
-
-
 def write_summary(save_dir: str | Path, per_rank: Mapping[int, Snapshots], world_size: int) -> Path:
-    """Write ``save_dir/memory_summary.yaml`` from gathered snapshots, atomically.
+    """Write ``save_dir/memory_summary.yaml`` from in-memory snapshots, atomically.
 
     Ranks that did not report are listed under ``missing_ranks``.
     """
-    summary = summarize(per_rank)
-    summary["world_size"] = world_size
-    summary["missing_ranks"] = sorted(set(range(world_size)) - set(per_rank))
-    return write_yaml(Path(save_dir) / layout.MEMORY_SUMMARY_YAML, summary)
+    return _write(save_dir, _reduce_in_memory(per_rank), sorted(per_rank), world_size)
+
+
+def _write(save_dir: str | Path, partial: Partial, ranks: list[int], world_size: int) -> Path:
+    doc = _document(partial, ranks, world_size)
+    return write_yaml(Path(save_dir) / layout.MEMORY_SUMMARY_YAML, doc)
+
+
+def write_cross_rank_summary(
+    snapshots: Snapshots,
+    save_dir: str | Path,
+    rank: int,
+    world_size: int,
+    *,
+    after_exception: bool = False,
+    generation: int = 0,
+    timeout_s: float = 15.0,
+) -> Path | None:
+    """Reduce every rank's snapshots; rank 0 writes ``save_dir/memory_summary.yaml``.
+
+    Every rank of the default process group calls it with its own snapshots. Normally the
+    ranks meet in collectives (all must call it). With ``after_exception`` the other ranks may
+    be stuck in another collective, so each rank posts to the store without blocking and
+    rank 0 waits at most ``timeout_s``; ranks that did not post are ``missing_ranks``.
+
+    Args:
+        snapshots: this rank's snapshots (``MemProfiler.snapshots``).
+        save_dir: the run's resolved directory (``MemProfiler.save_dir``), the same on every rank.
+        rank: this process's global rank (``MemProfiler.rank``).
+        world_size: ranks in the run (``torch.distributed.get_world_size()``).
+        after_exception: use the bounded store exchange instead of collectives.
+        generation: distinguishes successive exchanges in one process group (count them).
+        timeout_s: how long rank 0 waits for the other ranks after an exception.
+
+    Returns:
+        The summary path on rank 0; ``None`` on other ranks and without a process group.
+
+    Raises:
+        RuntimeError: ``rank``/``world_size`` disagree with the process group, or a collective
+            or the store failed; the caller warns and keeps the per-rank files.
+
+    Example:
+        >>> write_cross_rank_summary(prof.snapshots, prof.save_dir, prof.rank,
+        ...                          torch.distributed.get_world_size())  # doctest: +SKIP
+    """
+    if not dist_ready():
+        return None
+    dist = torch.distributed
+    if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        raise RuntimeError(
+            f"rank {rank} of {world_size} given, but the process group says rank "
+            f"{dist.get_rank()} of {dist.get_world_size()}"
+        )
+    metrics = RankMetrics.from_snapshots(snapshots)
+    if after_exception:
+        store = dist.distributed_c10d._get_default_store()
+        channel = str(save_dir)
+        if rank != 0:
+            post_to_store(store, metrics, rank, generation, channel)
+            return None
+        partial, ranks = reduce_from_store(store, metrics, world_size, generation, timeout_s, channel)
+        return _write(save_dir, partial, ranks, world_size)
+    reduced = reduce_collective(metrics)
+    if reduced is None:
+        return None
+    return _write(save_dir, reduced, list(range(world_size)), world_size)
 
 
 def gather_and_write_summary(
@@ -179,25 +157,19 @@ def gather_and_write_summary(
     generation: int = 0,
     timeout_s: float = 15.0,
 ) -> Path | None:
-    """Gather every rank's snapshots and have rank 0 write ``memory_summary.yaml``.
-
-    Uses :func:`gather_collective` normally and :func:`gather_via_store` when
-    ``after_exception`` (the other ranks may be stuck elsewhere). Does nothing without a
-    process group.
+    """:func:`write_cross_rank_summary` with rank and world size read from the process group.
 
     Returns:
-        The summary path on rank 0, else ``None``.
-
-    Raises:
-        Exception: whatever the transport raised; the caller warns and keeps the per-rank files.
+        The summary path on rank 0, else ``None`` (also without a process group).
     """
     if not dist_ready():
         return None
-    world = torch.distributed.get_world_size()
-    if after_exception:
-        per_rank = gather_via_store(snapshots, generation, timeout_s, channel=str(save_dir))
-    else:
-        per_rank = gather_collective(snapshots)
-    if per_rank is None:
-        return None
-    return write_summary(save_dir, per_rank, world)
+    return write_cross_rank_summary(
+        snapshots,
+        save_dir,
+        torch.distributed.get_rank(),
+        torch.distributed.get_world_size(),
+        after_exception=after_exception,
+        generation=generation,
+        timeout_s=timeout_s,
+    )

@@ -176,6 +176,17 @@ def test_ddp_module_mem_summary_and_exception_path(tmp_path):
         assert snaps[f"{r}.training_step.2.end"]["module_mem.peak.parameter"] == expected["param_bytes"]
 
 
+def test_plain_loop_gets_the_cross_rank_summary_from_the_core(tmp_path):
+    # GIVEN a plain loop (no Lightning) on 2 gloo ranks, rank 1 with twice rank 0's batch
+    results = _launch("plain", tmp_path)
+    _check_ok(results)
+    # THEN rank 0 wrote memory_summary.yaml, and it agrees with the per-rank files
+    summary = _assert_summary_matches_rank_files(tmp_path / "plain")
+    saved = summary["snapshots"]["training_step.1.end"]["saved_tensors.unique_bytes"]
+    assert saved["argmax_rank"] == 1
+    assert saved["max"] > saved["min"] > 0
+
+
 def test_model_parallel_fsdp_tracker_numbers(tmp_path):
     # GIVEN FSDP2 over 2 ranks (odd dims, so shards are padded) with two Adam optimizers,
     # and three collected training steps in a row
@@ -362,6 +373,25 @@ def _worker(scenario: str, out: str) -> None:  # pragma: no cover - runs in the 
             "dispatch_modes_outside_window": model.modes_outside,
         }
         (save_dir / f"expected_rank{rank}.json").write_text(json.dumps(expected))
+    elif scenario == "plain":
+        # A plain loop, no Lightning: the core drives the cross-rank summary itself.
+        import torch.distributed as dist
+
+        from memprofiler import MemProfiler
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        x = torch.randn(8 * (rank + 1), 16)  # rank 1 saves twice rank 0's activations
+        save_dir = Path(out) / "plain"
+        with MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=save_dir) as prof:
+            for _ in range(3):
+                with prof.profile("training_step", module=net):
+                    loss = net(x).pow(2).mean()
+                loss.backward()
+                prof.step_end()
+        assert prof.rank == rank
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 

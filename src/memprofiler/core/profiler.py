@@ -24,7 +24,7 @@ from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
 from memprofiler.collectors.registry import build_collectors
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core import run_setup, schedule
+from memprofiler.core import run_setup, schedule, summary
 from memprofiler.core.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.core.dispatch import CollectorSet
 from memprofiler.core.sigterm import SigtermDump
@@ -35,6 +35,11 @@ from memprofiler.output.snapshot_cache import SnapshotCache
 from memprofiler.output.stats_file import StatsFile
 from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.output.writers import write_pickle
+
+#: How long rank 0 waits for the other ranks' figures at the end of a run without collectives,
+#: and after an exception (when the others may be stuck in another collective).
+SUMMARY_WAIT_S = 60.0
+SUMMARY_WAIT_AFTER_EXCEPTION_S = 15.0
 
 
 def detect_rank() -> int:
@@ -125,6 +130,13 @@ class MemProfiler:
         self._manifest: RunManifest | None = None
         #: Snapshots dropped from memory after they reached the stats file.
         self.evicted = 0
+        #: Whether every rank is known to reach :meth:`teardown` together (the Lightning
+        #: callback sets it): the cross-rank summary then meets in collectives. Otherwise
+        #: (plain loops, Fabric, a profiler on some ranks only) ranks post to the process
+        #: group's store and rank 0 waits at most ``SUMMARY_WAIT_S``: nothing can hang.
+        self.summary_collective = False
+        self._summaries = 0
+        self._crashed = False
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
         #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
@@ -262,6 +274,8 @@ class MemProfiler:
     def teardown(self) -> list[Path]:
         """Write the files and release every hook and thread the collectors hold."""
         written = self.dump(final=True)
+        if not self._crashed:
+            written.extend(self._write_summary(after_exception=False))
         self._collectors.close()
         return written
 
@@ -296,8 +310,48 @@ class MemProfiler:
             return []
         if self._manifest is not None:
             self._manifest.status = "crashed"
+        self._crashed = True
         written = self._collectors.crash(exc)
-        return written + self.dump(final=True)
+        written += self.dump(final=True)
+        return written + self._write_summary(after_exception=True)
+
+    def _write_summary(self, after_exception: bool) -> list[Path]:
+        """Every rank's figures reduced across ranks; rank 0 writes ``memory_summary.yaml``.
+
+        Driven by the core, so plain loops and Fabric get it as the callback does. Never raises.
+        """
+        if not (self._is_setup and summary.dist_ready()):
+            return []
+        self._summaries += 1
+        collective = self.summary_collective and not after_exception
+        try:
+            path = summary.write_cross_rank_summary(
+                self._all_snapshots(),
+                self._save_dir,
+                self._rank,
+                run_setup.world_size(),
+                after_exception=not collective,
+                generation=self._summaries,
+                timeout_s=SUMMARY_WAIT_AFTER_EXCEPTION_S if after_exception else SUMMARY_WAIT_S,
+            )
+        except Exception as err:
+            self.warn(
+                f"could not reduce the snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
+                "each rank's own files are complete",
+                all_ranks=True,
+            )
+            return []
+        return [path] if path is not None else []
+
+    def _all_snapshots(self) -> Mapping[str, Mapping[str, Any]]:
+        """Every snapshot of the run: those that left memory are read back from the stats file."""
+        if not self.evicted or self._stats is None:
+            return self.snapshots
+        import yaml
+
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        on_disk = yaml.load(self._stats.path.read_text(encoding="utf-8"), Loader=loader) or {}
+        return {**on_disk, **self.snapshots}
 
     # ----------------------------------------------------------------- collection
     @contextmanager

@@ -15,7 +15,6 @@ from typing_extensions import override
 
 from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core import summary as distributed
 from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ConfigError, MemProfilerWarning
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
@@ -46,9 +45,6 @@ class MemProfilerCallback(Callback):
         >>> trainer = Trainer(callbacks=[MemProfilerCallback({"schedule": {"active": 2}})])  # doctest: +SKIP
     """
 
-    #: How long rank 0 waits for the other ranks' snapshots after an exception.
-    EXCEPTION_GATHER_TIMEOUT_S = 15.0
-
     def __init__(self, config: MemProfilerConfig | Mapping[str, Any] | None = None) -> None:
         self.config = MemProfilerConfig.from_any(config)
         #: Where this callback came from, for the message that refuses a second profiler.
@@ -56,7 +52,6 @@ class MemProfilerCallback(Callback):
         self.origin = "a `MemProfilerCallback` in `trainer.callbacks`"
         self.profiler: MemProfiler | None = None
         self._bound = False
-        self._gathers = 0
         self._trainer_ref: weakref.ref[pl.Trainer] | None = None
 
     @property
@@ -78,6 +73,8 @@ class MemProfilerCallback(Callback):
             self.profiler = MemProfiler(
                 config, default_save_dir=default_save_dir(trainer), rank=trainer.global_rank
             )
+            # Every rank runs the Trainer's teardown together: the summary may use collectives.
+            self.profiler.summary_collective = True
             self.profiler.setup(pl_module)
             if config.log_metrics:
                 self.profiler.add_listener(LoggerListener(trainer))
@@ -152,15 +149,13 @@ class MemProfilerCallback(Callback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._dump()
-        self._summarize(after_exception=False)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         if self.profiler is not None:
-            self.profiler.record_crash(exception)
-            self._summarize(after_exception=True)
+            self.profiler.record_crash(exception)  # also the cross-rank summary, bounded wait
             # Lightning skips `teardown` after an exception: release hooks and threads here.
             self.profiler.teardown()
             MemProfiler.detach(pl_module)
@@ -188,27 +183,6 @@ class MemProfilerCallback(Callback):
     def _step_end(self) -> None:
         if self.profiler is not None:
             self.profiler.step_end()
-
-    def _summarize(self, after_exception: bool) -> None:
-        """Gather every rank's snapshots; rank 0 writes ``memory_summary.yaml``. Never raises."""
-        prof = self.profiler
-        if prof is None or not distributed.dist_ready():
-            return
-        self._gathers += 1
-        try:
-            distributed.gather_and_write_summary(
-                prof.snapshots,
-                prof.save_dir,
-                after_exception=after_exception,
-                generation=self._gathers,
-                timeout_s=self.EXCEPTION_GATHER_TIMEOUT_S,
-            )
-        except Exception as err:
-            prof.warn(
-                f"could not gather snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
-                "each rank's own files are complete",
-                all_ranks=True,
-            )
 
 
 def refuse_second_profiler(callbacks: list[Callback], own: MemProfilerCallback | None) -> None:

@@ -114,7 +114,7 @@ def write_run(root: Path, calls: int, cuda: bool, fmt: str, seed: int, scale: fl
     return root
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -123,7 +123,7 @@ def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -140,7 +140,13 @@ def main() -> None:
 
     env = {**os.environ, "MALLOC_ARENA_MAX": "1"}
     py = sys.executable
-    result: dict[str, Any] = {"cuda": args.cuda, "format": args.format, "repeats": args.repeats, "sizes": {}}
+    result: dict[str, Any] = {
+        "load_avg_at_start": os.getloadavg()[0],
+        "cuda": args.cuda,
+        "format": args.format,
+        "repeats": args.repeats,
+        "sizes": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for calls in args.calls:
             t0 = time.perf_counter()
@@ -154,16 +160,20 @@ def main() -> None:
                 "check": [py, "-m", "memprofiler", "check", str(a), "--max", "rss_peak=64GiB"],
             }
             runs: dict[str, list[tuple[float, float]]] = {c: [] for c in args.commands}
+            cpu: dict[str, list[float]] = {c: [] for c in args.commands}
             order = [c for _ in range(args.repeats) for c in args.commands]
             random.Random(0).shuffle(order)
             for c in order:
-                wall, rss_mb, _ = _run(cmds[c], env)
+                wall, rss_mb, cpu_s = _run(cmds[c], env)
                 runs[c].append((wall, rss_mb))
+                cpu[c].append(cpu_s)
             size = {
                 "file_mb": round((a / "rank_0_memory_stats.yaml").stat().st_size / MiB, 1),
                 "generate_s": round(gen_s, 2),
                 "median_s": {c: round(statistics.median(w for w, _ in r), 3) for c, r in runs.items()},
                 "runs_s": {c: [round(w, 3) for w, _ in r] for c, r in runs.items()},
+                # CPU seconds (user + system) vary less than wall time on a shared machine.
+                "median_cpu_s": {c: round(statistics.median(t), 3) for c, t in cpu.items()},
                 "peak_rss_mb": {c: round(max(m for _, m in r), 1) for c, r in runs.items()},
             }
             if html.exists():

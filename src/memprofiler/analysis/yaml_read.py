@@ -37,8 +37,9 @@ _HEADER = layout.YAML_HEADER
 _BLOCK_END = re.compile(
     "^" + re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
 )
-#: A top-level key: a line at column 0 that is not a comment.
-_TOP_KEY = re.compile(r"^[^\s#]", re.M)
+#: A top-level key: a line at column 0 that is not a comment, nor an item of a sequence
+#: (``safe_dump`` writes a key's list items at column 0 too), nor a document marker.
+_TOP_KEY = re.compile(r"^(?!- |-$|---|\.\.\.)[^\s#]", re.M)
 
 
 @dataclass(frozen=True)

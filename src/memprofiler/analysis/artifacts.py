@@ -316,11 +316,13 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
     """Numeric leaves of a metric dict; nested dicts (``saved_tensors.by_module``) join with dots."""
     out: dict[str, float] = {}
     for k, v in metrics.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_metrics(v, name + "."))
+        t = type(v)
+        if t is int or t is float:  # the common case first: a long run holds millions
+            out[f"{prefix}{k}"] = v
+        elif isinstance(v, Mapping):
+            out.update(flatten_metrics(v, f"{prefix}{k}."))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[name] = v
+            out[f"{prefix}{k}"] = v
     return out
 
 

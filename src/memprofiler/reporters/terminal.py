@@ -77,7 +77,7 @@ class TerminalReporter:
                 )
             t.add_row(str(f.rank), escape(f.fn), f"{f.calls:,}", *cells)
         console.print(t)
-        n = max(self.top, 10)
+        n = self.top
         self._calls(console, self.model.top_calls(n), f"Top {n} calls by rss peak")
 
     def _calls(self, console: Console, calls: list[CallRow] | None = None, title: str = "") -> None:

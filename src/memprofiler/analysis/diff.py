@@ -9,7 +9,7 @@ per-call detail.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memprofiler import layout
@@ -157,21 +157,29 @@ def _group(key: str) -> tuple[str, int]:
     return f"{rank}.{fn}.{phase}", call
 
 
-def _values(
-    run: RunArtifacts, keys: Iterable[str], metrics: Sequence[str]
-) -> dict[tuple[str, str], dict[int, float]]:
-    """(group, metric) -> call -> value, for the snapshot ``keys`` of ``run``."""
-    snaps = run.snapshots()
+def _pairs(
+    a: RunArtifacts, b: RunArtifacts, keys: Sequence[str], metrics: Sequence[str]
+) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """(group, metric) -> the values of A and B, call by call, over the ``keys`` both hold."""
+    sa, sb = a.snapshots(), b.snapshots()
     wanted: dict[str, bool] = {}
-    out: dict[tuple[str, str], dict[int, float]] = {}
+    out: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for key in keys:
-        group, call = _group(key)
-        for metric, value in flatten_metrics(snaps[key]).items():
+        group = _group(key)[0]
+        ma, mb = flatten_metrics(sa[key]), flatten_metrics(sb[key])
+        for metric, va in ma.items():
+            vb = mb.get(metric)
+            if vb is None:
+                continue
             ok = wanted.get(metric)
             if ok is None:
                 ok = wanted[metric] = match_any(metric, metrics)
             if ok:
-                out.setdefault((group, metric), {})[call] = value
+                pair = out.get((group, metric))
+                if pair is None:
+                    pair = out[(group, metric)] = ([], [])
+                pair[0].append(va)
+                pair[1].append(vb)
     return out
 
 
@@ -200,20 +208,14 @@ def diff_functions(
     """
     ka = {k for k in a.snapshots() if match_any(k, keys)}
     kb = {k for k in b.snapshots() if match_any(k, keys)}
-    both = sorted(ka & kb)
-    va, vb = _values(a, both, metrics), _values(b, both, metrics)
     rows = []
-    for gm in sorted(va.keys() & vb.keys()):
-        calls = sorted(va[gm].keys() & vb[gm].keys())
-        if not calls:
-            continue
-        xa, xb = [va[gm][c] for c in calls], [vb[gm][c] for c in calls]
+    for (group, metric), (xa, xb) in sorted(_pairs(a, b, sorted(ka & kb), metrics).items()):
         noise = None
-        if gm[1].startswith(NOISY_PREFIXES):
+        if metric.startswith(NOISY_PREFIXES):
             spreads = [s for s in (_spread(xa), _spread(xb)) if s is not None]
             noise = max(spreads) if spreads else None
         row = FunctionDiffRow(
-            gm[0], gm[1], len(calls), float(statistics.median(xa)), float(statistics.median(xb)), noise
+            group, metric, len(xa), float(statistics.median(xa)), float(statistics.median(xb)), noise
         )
         if (row.change != 0 or include_unchanged) and abs(row.change) >= min_change:
             rows.append(row)

@@ -10,12 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from memprofiler import __version__
 from memprofiler.commands import all_commands
 from memprofiler.errors import MemProfilerError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memprofiler", description="Read and check memprofiler runs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for cmd in all_commands():
         p = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)

@@ -33,6 +33,7 @@ def test_cli_table_and_filters(real_runs, capsys):
             "saved_tensors.unique_bytes",
             "--key",
             "*.2.end",
+            "--per-call",
         ]
     )
     out = capsys.readouterr().out
@@ -89,7 +90,7 @@ def test_missing_side_shown_as_missing(real_runs, tmp_path, capsys):
     stats = yaml.safe_load((b / "rank_0_memory_stats.yaml").read_text())
     del stats["0.training_step.3.end"]
     (b / "rank_0_memory_stats.yaml").write_text(yaml.safe_dump(stats))
-    assert main(["diff", str(real_runs["a"]), str(b), "--metric", "rss_peak"]) == 0
+    assert main(["diff", str(real_runs["a"]), str(b), "--metric", "rss_peak", "--per-call"]) == 0
     out = capsys.readouterr().out
     assert "0.training_step.3.end" in out and "(missing)" in out
 

@@ -91,12 +91,11 @@ def _copy(real_runs: dict[str, Path], tmp_path: Path) -> Path:
         ("missing", "no such directory"),
         ("empty_dir", "no memprofiler files found"),
         ("empty_yaml", "file is empty"),
-        ("truncated_yaml", "not valid YAML"),
+        ("truncated_yaml", "the file was cut before its first block was complete"),
         ("foreign_yaml", "expected a mapping"),
         ("bad_key", "is not a snapshot key"),
         ("truncated_pickle", "truncated"),
         ("malicious_pickle", "refused to load"),
-        ("two_runs", "holds 2 runs"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(real_runs, tmp_path, capsys, breakage, message):
@@ -123,8 +122,6 @@ def test_bad_input_is_one_line_exit_2(real_runs, tmp_path, capsys, breakage, mes
         (run / "oom_rank_0_0.pickle").write_bytes(
             b"cos\nsystem\n(S'touch " + str(tmp_path / "pwn").encode() + b"'\ntR."
         )
-    elif breakage == "two_runs":
-        shutil.copytree(run, tmp_path / "run" / "lightning_logs" / "version_1" / "memprofiler")
     rc = main(["report", str(run), "-o", str(tmp_path / "r.html")])
     err = capsys.readouterr().err
     assert rc == 2

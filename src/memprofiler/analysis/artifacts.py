@@ -1,12 +1,17 @@
 """Find and load every file a memprofiler run wrote, wherever under the run directory it sits.
 
 ``save_dir`` usually lies under ``lightning_logs/version_N/memprofiler``, so the search is
-recursive. A directory holding several runs is an error that lists them, rather than a
-silent mix of their numbers.
+recursive. A directory can hold several runs (a second run into the same ``save_dir``
+writes into ``version_N`` under it): the newest is read, and :attr:`RunArtifacts.selection`
+says which and how to read another, rather than a silent mix of their numbers.
+
+File names are matched with patterns built from the templates in :mod:`memprofiler.layout`,
+so a name changed there is read here without a second copy.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import fnmatch
 import os
 import re
@@ -15,17 +20,67 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from memprofiler import layout
 from memprofiler.analysis import safe_pickle
+from memprofiler.analysis.yaml_read import Cut, read_yaml
 from memprofiler.errors import ArtifactError
 
-_STATS = re.compile(r"^rank_(\d+)_memory_stats\.(yaml|pickle)$")
-_SUMMARY = "memory_summary.yaml"
-_REPORT = re.compile(r"^(fsdp|module)_mem_rank_(\d+)_(.+)_(\d+)\.(yaml|log)$")
-_ALLOC = re.compile(r"^cuda_alloc_rank_(\d+)\.(.+)\.(\d+)\.(start|end)\.pickle$")
-_OOM = re.compile(r"^oom_rank_(\d+)_(\d+)\.(pickle|yaml)$")
+#: What each template field may match in a file name.
+_FIELDS = {
+    "rank": r"(?P<rank>\d+)",
+    "fn": r"(?P<fn>.+)",
+    "call": r"(?P<call>\d+)",
+    "phase": r"(?P<phase>start|end)",
+    "n": r"(?P<n>\d+)",
+    "stage": r"(?P<stage>.+?)",
+    "cycle": r"(?P<cycle>\d+)",
+}
+
+
+def name_pattern(template: str) -> re.Pattern[str]:
+    """A regex for file names made from a :mod:`memprofiler.layout` template.
+
+    Example:
+        >>> name_pattern(layout.OOM_PICKLE).match("oom_rank_1_0.pickle")["rank"]
+        '1'
+    """
+    parts = re.split(r"\{(\w+)\}", template)
+    regex = "".join(_FIELDS[p] if i % 2 else re.escape(p) for i, p in enumerate(parts))
+    return re.compile(f"^{regex}$")
+
+
+#: Every file name a run holds, by kind. The reports are a ``.yaml`` and a ``.log`` per call.
+NAME_PATTERNS: dict[str, re.Pattern[str]] = {
+    "stats_yaml": name_pattern(layout.MEMORY_STATS_YAML),
+    "stats_pickle": name_pattern(layout.MEMORY_STATS_PICKLE),
+    "summary": name_pattern(layout.MEMORY_SUMMARY_YAML),
+    "fsdp_yaml": name_pattern(layout.FSDP_MEM_REPORT + ".yaml"),
+    "fsdp_log": name_pattern(layout.FSDP_MEM_REPORT + ".log"),
+    "module_yaml": name_pattern(layout.MODULE_MEM_REPORT + ".yaml"),
+    "module_log": name_pattern(layout.MODULE_MEM_REPORT + ".log"),
+    "alloc": name_pattern(layout.CUDA_ALLOC_PICKLE),
+    "oom_pickle": name_pattern(layout.OOM_PICKLE),
+    "oom_yaml": name_pattern(layout.OOM_YAML),
+    "manifest": name_pattern(layout.RUN_MANIFEST),
+    "trace": name_pattern(layout.MEMORY_TRACE_JSON),
+    "profiler_trace": name_pattern(layout.PROFILER_TRACE_JSON),
+    "profiler_summary": name_pattern(layout.PROFILER_SUMMARY_TXT),
+}
+#: Kinds the report reads (traces are for ``merge-traces``), and that mark a directory as a run.
+_READ = frozenset(NAME_PATTERNS) - {"trace", "profiler_trace", "profiler_summary"}
+
+
+def parse_name(name: str) -> tuple[str, dict[str, str]] | None:
+    """``(kind, fields)`` for a file name memprofiler writes, else ``None``.
+
+    Example:
+        >>> parse_name("cuda_alloc_rank_0.training_step.2.end.pickle")
+        ('alloc', {'rank': '0', 'fn': 'training_step', 'call': '2', 'phase': 'end'})
+    """
+    for kind, pattern in NAME_PATTERNS.items():
+        if m := pattern.match(name):
+            return kind, m.groupdict()
+    return None
 
 
 @dataclass
@@ -76,10 +131,22 @@ class RunArtifacts:
     alloc_pickles: list[AllocPickle] = field(default_factory=list)
     ooms: list[OomRecord] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    """``memprofiler_run.yaml`` (run id, start and end, status, notes); ``None`` for older runs."""
+    cuts: list[Cut] = field(default_factory=list)
+    """Files cut after their last block-end: only their verified entries were read."""
+    selection: str | None = None
+    """When the directory given held several runs: which one was read and how to pick another."""
 
     @property
     def ranks(self) -> list[int]:
         return sorted(self.stats)
+
+    @property
+    def notes(self) -> list[str]:
+        """The manifest's ``notes`` (e.g. a hooked function that was never called)."""
+        notes = (self.manifest or {}).get("notes") or []
+        return [str(n) for n in notes] if isinstance(notes, list) else [str(notes)]
 
     def snapshots(self) -> dict[str, dict[str, Any]]:
         """Every rank's snapshots in one dict; keys already carry the rank."""
@@ -89,54 +156,98 @@ class RunArtifacts:
         return out
 
 
-def load_run(root: str | os.PathLike[str]) -> RunArtifacts:
-    """Discover and load the artifacts under ``root`` (recursively).
+@dataclass
+class RunDir:
+    """A directory holding one run's files (not loaded)."""
 
-    Args:
-        root: a ``save_dir``, or any directory above exactly one.
+    path: Path
+    files: list[Path]
+    manifest: dict[str, Any] | None
+    started: float
+    """The manifest's ``started`` as a POSIX time; else the newest file's mtime."""
+
+
+def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
+    """Every run under ``root`` (recursively), oldest first.
+
+    A run is a directory holding :data:`memprofiler.layout.RUN_MANIFEST` or any file the
+    report reads; runs written before the manifest existed are found by their files.
 
     Raises:
-        ArtifactError: ``root`` is missing or not a directory, holds no memprofiler files,
-            holds several runs, or a file in it is empty, truncated or malformed.
-
-    Example:
-        >>> run = load_run("lightning_logs/version_0")  # doctest: +SKIP
-        >>> run.stats[0]["0.training_step.2.end"]["rss_peak"]
+        ArtifactError: ``root`` is missing or not a directory, or holds no run.
     """
     base = Path(root)
     if not base.exists():
         raise ArtifactError(f"{base}: no such directory; pass the run's save_dir or a directory above it")
     if not base.is_dir():
         raise ArtifactError(f"{base}: not a directory; pass the run's save_dir or a directory above it")
-    found = [p for p in sorted(base.rglob("*")) if p.is_file() and _is_artifact(p.name)]
-    if not found:
+    by_dir: dict[Path, list[Path]] = {}
+    for p in sorted(base.rglob("*")):
+        parsed = parse_name(p.name)
+        if parsed is not None and parsed[0] in _READ and p.is_file():
+            by_dir.setdefault(p.parent, []).append(p)
+    if not by_dir:
         raise ArtifactError(
-            f"{base}: no memprofiler files found (looked for {layout.MEMORY_STATS_YAML.format(rank='*')}, "
-            f"{_SUMMARY}, cuda_alloc_rank_*.pickle, oom_rank_*); did the run collect any call?"
+            f"{base}: no memprofiler files found (looked for {layout.RUN_MANIFEST}, "
+            f"{layout.MEMORY_STATS_YAML.format(rank='*')}, {layout.MEMORY_SUMMARY_YAML}, "
+            "cuda_alloc_rank_*.pickle, oom_rank_*); did the run collect any call?"
         )
-    dirs = sorted({p.parent for p in found})
-    if len(dirs) > 1:
-        listed = ", ".join(str(d) for d in dirs[:5]) + (" ..." if len(dirs) > 5 else "")
-        raise ArtifactError(f"{base}: holds {len(dirs)} runs ({listed}); pass one of them")
-    run = RunArtifacts(root=dirs[0], files=found)
+    runs = []
+    for path, files in by_dir.items():
+        manifest_path = path / layout.RUN_MANIFEST
+        manifest = _mapping(read_yaml(manifest_path), manifest_path) if manifest_path in files else None
+        started = _posix_time((manifest or {}).get("started"))
+        if started is None:
+            started = max(f.stat().st_mtime for f in files)
+        runs.append(RunDir(path, [f for f in files if f != manifest_path], manifest, started))
+    return sorted(runs, key=lambda r: (r.started, str(r.path)))
+
+
+def _posix_time(v: Any) -> float | None:
+    if isinstance(v, dt.datetime):  # YAML reads an unquoted ISO timestamp as a datetime
+        return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).timestamp()
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return _posix_time(dt.datetime.fromisoformat(v.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
+def load_run(root: str | os.PathLike[str]) -> RunArtifacts:
+    """Discover and load the artifacts of the newest run under ``root`` (recursively).
+
+    Args:
+        root: a ``save_dir``, or any directory above one or more runs.
+
+    Raises:
+        ArtifactError: ``root`` is missing or not a directory, holds no memprofiler files,
+            or a file in it is empty, cut before its first block-end, or malformed.
+
+    Example:
+        >>> run = load_run("lightning_logs/version_0")  # doctest: +SKIP
+        >>> run.stats[0]["0.training_step.2.end"]["rss_peak"]
+    """
+    runs = find_runs(root)
+    chosen = runs[-1]
+    run = RunArtifacts(root=chosen.path, files=chosen.files, manifest=chosen.manifest)
+    if len(runs) > 1:
+        when = dt.datetime.fromtimestamp(chosen.started, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        others = ", ".join(str(r.path) for r in reversed(runs[:-1][-3:])) + (" ..." if len(runs) > 4 else "")
+        run.selection = (
+            f"{root} holds {len(runs)} runs; reading the newest, {chosen.path} (started {when}); "
+            f"pass another's directory to read it: {others}"
+        )
     reports: dict[tuple[str, int, str, int], ModuleReport] = {}
     ooms: dict[tuple[int, int], OomRecord] = {}
-    for path in found:
+    for path in chosen.files:
         _add(run, path, reports, ooms)
     run.reports = sorted(reports.values(), key=lambda r: (r.kind, r.rank, r.fn, r.call))
     run.ooms = sorted(ooms.values(), key=lambda o: (o.rank, o.n))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
     return run
-
-
-def _is_artifact(name: str) -> bool:
-    return bool(
-        _STATS.match(name)
-        or name == _SUMMARY
-        or _REPORT.match(name)
-        or _ALLOC.match(name)
-        or _OOM.match(name)
-    )
 
 
 def _add(
@@ -145,73 +256,38 @@ def _add(
     reports: dict[tuple[str, int, str, int], ModuleReport],
     ooms: dict[tuple[int, int], OomRecord],
 ) -> None:
-    name = path.name
-    if m := _STATS.match(name):
-        rank, ext = int(m.group(1)), m.group(2)
-        if ext == "pickle" and (rank in run.stats or path.with_suffix(".yaml").is_file()):
-            return  # the YAML beside it holds the same data and is the one we read
-        data = read_yaml(path) if ext == "yaml" else safe_pickle.load(path)
+    parsed = parse_name(path.name)
+    assert parsed is not None
+    kind, f = parsed
+    if kind in ("stats_yaml", "stats_pickle"):
+        rank = int(f["rank"])
+        if kind == "stats_pickle":
+            yaml_twin = path.with_name(layout.MEMORY_STATS_YAML.format(rank=rank))
+            if rank in run.stats or yaml_twin.is_file():
+                return  # the YAML beside it holds the same data and is the one we read
+            data = safe_pickle.load(path)
+        else:
+            data = read_yaml(path, run.cuts)
         run.stats[rank] = _check_stats(data, path)
-    elif name == _SUMMARY:
-        run.summary = _mapping(read_yaml(path), path)
-    elif m := _REPORT.match(name):
-        kind, rank, fn, call, ext = m.group(1), int(m.group(2)), m.group(3), int(m.group(4)), m.group(5)
-        rep = reports.setdefault((kind, rank, fn, call), ModuleReport(kind, rank, fn, call))
+    elif kind == "summary":
+        run.summary = _mapping(read_yaml(path, run.cuts), path)
+    elif kind in ("fsdp_yaml", "fsdp_log", "module_yaml", "module_log"):
+        rep_kind, ext = kind.split("_")
+        key = (rep_kind, int(f["rank"]), f["fn"], int(f["call"]))
+        rep = reports.setdefault(key, ModuleReport(*key))
         if ext == "yaml":
-            rep.data, rep.yaml_path = read_yaml(path), path
+            rep.data, rep.yaml_path = read_yaml(path, run.cuts), path
         else:
             rep.log_path = path
-    elif m := _ALLOC.match(name):
-        run.alloc_pickles.append(AllocPickle(path, int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)))
-    elif m := _OOM.match(name):
-        rec = ooms.setdefault((int(m.group(1)), int(m.group(2))), OomRecord(int(m.group(1)), int(m.group(2))))
-        if m.group(3) == "pickle":
+    elif kind == "alloc":
+        run.alloc_pickles.append(AllocPickle(path, int(f["rank"]), f["fn"], int(f["call"]), f["phase"]))
+    elif kind in ("oom_pickle", "oom_yaml"):
+        rank, n = int(f["rank"]), int(f["n"])
+        rec = ooms.setdefault((rank, n), OomRecord(rank, n))
+        if kind == "oom_pickle":
             rec.pickle_path = path
         else:
-            rec.info = _mapping(read_yaml(path), path)
-
-
-class _AliasFound(yaml.YAMLError):
-    def __init__(self, mark: Any) -> None:
-        super().__init__("alias")
-        self.problem_mark = mark
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """``SafeLoader`` that refuses aliases (``*name``).
-
-    Each alias re-uses a whole subtree, so a 760-byte file of nested aliases expands to
-    gigabytes (the "billion laughs"). ``memprofiler.output.writers`` never emits aliases, so a file
-    with one was written by something else.
-    """
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise _AliasFound(self.peek_event().start_mark)
-        return super().compose_node(parent, index)
-
-
-def read_yaml(path: Path) -> Any:
-    """Load a file as safe YAML without aliases, turning every failure into a one-line :class:`ArtifactError`."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ArtifactError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ArtifactError(f"{path}: cannot read as text ({err})") from None
-    if not text.strip():
-        raise ArtifactError(f"{path}: file is empty; re-run to write it again")
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader subclass: no tags
-    except _AliasFound as err:
-        raise ArtifactError(
-            f"{path}: refused: YAML alias (*name) at line {err.problem_mark.line + 1}; memprofiler "
-            "never writes aliases and they can expand a small file to gigabytes"
-        ) from None
-    except yaml.YAMLError as err:
-        where = getattr(err, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        raise ArtifactError(f"{path}: not valid YAML{at} (truncated or foreign file?)") from None
+            rec.info = _mapping(read_yaml(path, run.cuts), path)
 
 
 def _mapping(data: Any, path: Path) -> dict[str, Any]:
@@ -240,11 +316,13 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
     """Numeric leaves of a metric dict; nested dicts (``saved_tensors.by_module``) join with dots."""
     out: dict[str, float] = {}
     for k, v in metrics.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten_metrics(v, name + "."))
+        t = type(v)
+        if t is int or t is float:  # the common case first: a long run holds millions
+            out[f"{prefix}{k}"] = v
+        elif isinstance(v, Mapping):
+            out.update(flatten_metrics(v, f"{prefix}{k}."))
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            out[name] = v
+            out[f"{prefix}{k}"] = v
     return out
 
 

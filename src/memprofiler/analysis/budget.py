@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, match_any
+from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, match_any
 from memprofiler.errors import ConfigError
 from memprofiler.units import format_value, parse_size
 
@@ -68,32 +68,38 @@ def check_budget(
         ConfigError: a ``--key`` pattern or a limit matches nothing: a typo would otherwise
             pass CI silently.
     """
-    every = flat_snapshots(run)
-    snaps = {k: m for k, m in every.items() if match_any(k, keys)}
-    if keys and not snaps:
+    every = run.snapshots()
+    snap_keys = sorted(k for k in every if match_any(k, keys))
+    if keys and not snap_keys:
         shown = sorted(every)[:4]
         raise ConfigError(
             "--key",
             f"{', '.join(repr(k) for k in keys)} matches no snapshot key in {run.root}; keys look like "
             + (", ".join(shown) + (" ..." if len(every) > 4 else "") if shown else "(none collected)"),
         )
-    violations: list[Violation] = []
-    checked = 0
-    for limit in limits:
-        matched = 0
-        for key in sorted(snaps):
-            for metric, value in snaps[key].items():
-                if not match_any(metric, [limit.metric]):
-                    continue
-                matched += 1
-                if not value <= limit.value:  # NaN compares false both ways: over budget
-                    violations.append(Violation(key, metric, value, limit))
-        if not matched:
-            known = sorted({m for ms in snaps.values() for m in ms if "." not in m or m.count(".") < 3})
+    # One pass over the snapshots for every limit: a long run holds millions of values, and
+    # the same few dozen metric names, so each name is matched against the limits once.
+    limits_of: dict[str, list[int]] = {}
+    matched = [0] * len(limits)
+    found: list[tuple[int, Violation]] = []
+    for key in snap_keys:
+        for metric, value in flatten_metrics(every[key]).items():
+            which = limits_of.get(metric)
+            if which is None:
+                which = limits_of[metric] = [
+                    i for i, lim in enumerate(limits) if match_any(metric, [lim.metric])
+                ]
+            for i in which:
+                matched[i] += 1
+                if not value <= limits[i].value:  # NaN compares false both ways: over budget
+                    found.append((i, Violation(key, metric, value, limits[i])))
+    for i, limit in enumerate(limits):
+        if not matched[i]:
+            known = sorted({m for m in limits_of if "." not in m or m.count(".") < 3})
             raise ConfigError(
                 f"--max {limit.metric}",
                 f"matches no collected value in {run.root}; metrics there: {', '.join(known[:12])}"
                 + (" ..." if len(known) > 12 else ""),
             )
-        checked += matched
-    return violations, checked
+    found.sort(key=lambda iv: iv[0])  # grouped by limit, in the order given, as before
+    return [v for _, v in found], sum(matched)

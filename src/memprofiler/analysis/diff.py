@@ -1,11 +1,19 @@
-"""Compare two runs metric by metric: A, B, the change and the percentage."""
+"""Compare two runs: per function and metric (medians over the calls both collected), or per call.
+
+A long run's snapshot keys number in the hundreds of thousands; comparing them one by one
+mostly lists calls one run collected and the other did not. :func:`diff_functions` compares
+each function's calls that both runs hold and counts the rest; :func:`diff_runs` is the
+per-call detail.
+"""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, match_any
+from memprofiler import layout
+from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, flatten_metrics, match_any
 
 
 @dataclass(frozen=True)
@@ -70,3 +78,154 @@ def diff_runs(
                 rows.append(row)
     rows.sort(key=lambda r: (r.change is None, -abs(r.change or 0), r.key, r.metric))
     return rows
+
+
+#: Host metrics whose change is compared with the run-to-run noise.
+NOISY_PREFIXES = ("rss", "vms")
+NOISE_RULE = (
+    "noise = the larger spread of the metric across the function's calls in either run "
+    "(interquartile range; full range with 2-3 calls)"
+)
+
+
+@dataclass(frozen=True)
+class FunctionDiffRow:
+    """One metric of one function's ``start`` or ``end`` snapshots: medians over matched calls."""
+
+    group: str
+    """``{rank}.{fn}.{phase}``, the snapshot key without its call number."""
+    metric: str
+    calls: int
+    """Calls present in both runs, over which the medians are taken."""
+    a: float
+    b: float
+    noise: float | None
+    """See :data:`NOISE_RULE`; ``None`` with one call, or for metrics not in :data:`NOISY_PREFIXES`."""
+
+    @property
+    def change(self) -> float:
+        return self.b - self.a
+
+    @property
+    def percent(self) -> float | None:
+        return 100.0 * self.change / abs(self.a) if self.a else None
+
+    @property
+    def within_noise(self) -> bool:
+        return self.noise is not None and abs(self.change) <= self.noise
+
+
+@dataclass(frozen=True)
+class Unmatched:
+    """Snapshot keys found in only one run, per side: ``{rank}.{fn}.{phase}`` -> call numbers."""
+
+    only_a: dict[str, list[int]]
+    only_b: dict[str, list[int]]
+
+    def line(self) -> str | None:
+        """One line summarising them, or ``None`` when every key matched."""
+        if not self.only_a and not self.only_b:
+            return None
+
+        def side(groups: dict[str, list[int]], name: str) -> str:
+            n = sum(len(c) for c in groups.values())
+            if not n:
+                return f"0 only in {name}"
+            where = "; ".join(
+                f"{g} calls {min(c)}-{max(c)}" if len(c) > 1 else f"{g} call {c[0]}"
+                for g, c in sorted(groups.items())[:3]
+            ) + ("; ..." if len(groups) > 3 else "")
+            return f"{n:,} only in {name} ({where})"
+
+        return (
+            f"not compared: snapshot keys {side(self.only_a, 'A')}, {side(self.only_b, 'B')}; "
+            "--per-call lists them"
+        )
+
+
+def _spread(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    if len(values) < 4:
+        return max(values) - min(values)
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
+def _group(key: str) -> tuple[str, int]:
+    rank, fn, call, phase = layout.parse_snapshot_key(key)
+    return f"{rank}.{fn}.{phase}", call
+
+
+def _pairs(
+    a: RunArtifacts, b: RunArtifacts, keys: Sequence[str], metrics: Sequence[str]
+) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
+    """(group, metric) -> the values of A and B, call by call, over the ``keys`` both hold."""
+    sa, sb = a.snapshots(), b.snapshots()
+    wanted: dict[str, bool] = {}
+    out: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for key in keys:
+        group = _group(key)[0]
+        ma, mb = flatten_metrics(sa[key]), flatten_metrics(sb[key])
+        for metric, va in ma.items():
+            vb = mb.get(metric)
+            if vb is None:
+                continue
+            ok = wanted.get(metric)
+            if ok is None:
+                ok = wanted[metric] = match_any(metric, metrics)
+            if ok:
+                pair = out.get((group, metric))
+                if pair is None:
+                    pair = out[(group, metric)] = ([], [])
+                pair[0].append(va)
+                pair[1].append(vb)
+    return out
+
+
+def diff_functions(
+    a: RunArtifacts,
+    b: RunArtifacts,
+    metrics: Sequence[str] = (),
+    keys: Sequence[str] = (),
+    min_change: float = 0.0,
+    include_unchanged: bool = False,
+) -> tuple[list[FunctionDiffRow], Unmatched]:
+    """Per function, phase and metric: the medians over the calls both runs collected.
+
+    Keys found in one run only are not compared; they come back as :class:`Unmatched`.
+
+    Args:
+        a: the baseline run.
+        b: the run compared with it.
+        metrics: shell-style patterns on metric names; empty is all.
+        keys: patterns on snapshot keys (``0.training_step.*.end``); empty is all.
+        min_change: drop rows whose absolute change of medians is smaller.
+        include_unchanged: keep rows with no change.
+
+    Example:
+        >>> rows, unmatched = diff_functions(load_run("run_a"), load_run("run_b"), metrics=["rss*"])  # doctest: +SKIP
+    """
+    ka = {k for k in a.snapshots() if match_any(k, keys)}
+    kb = {k for k in b.snapshots() if match_any(k, keys)}
+    rows = []
+    for (group, metric), (xa, xb) in sorted(_pairs(a, b, sorted(ka & kb), metrics).items()):
+        noise = None
+        if metric.startswith(NOISY_PREFIXES):
+            spreads = [s for s in (_spread(xa), _spread(xb)) if s is not None]
+            noise = max(spreads) if spreads else None
+        row = FunctionDiffRow(
+            group, metric, len(xa), float(statistics.median(xa)), float(statistics.median(xb)), noise
+        )
+        if (row.change != 0 or include_unchanged) and abs(row.change) >= min_change:
+            rows.append(row)
+    rows.sort(key=lambda r: (-abs(r.change), r.group, r.metric))
+
+    def unmatched(keys_: set[str]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for k in keys_:
+            group, call = _group(k)
+            out.setdefault(group, []).append(call)
+        return {g: sorted(c) for g, c in out.items()}
+
+    return rows, Unmatched(unmatched(ka - kb), unmatched(kb - ka))

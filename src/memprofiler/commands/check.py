@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from memprofiler.commands._shared import add_run_dir, load
+
 
 class CheckCommand:
     name = "check"
     help = "Exit 1 (one line per violation) when a collected value exceeds its --max limit, else 0."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's save_dir, or a directory above it")
+        add_run_dir(parser)
         parser.add_argument(
             "--max",
             dest="limits",
@@ -30,11 +32,12 @@ class CheckCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.analysis.artifacts import load_run
         from memprofiler.analysis.budget import Limit, check_budget
 
         limits = [Limit.parse(t) for t in args.limits]
-        violations, checked = check_budget(load_run(args.run_dir), limits, keys=args.key)
+        violations, checked = check_budget(
+            load(self.name, args.run_dir, partial_ok=False), limits, keys=args.key
+        )
         for v in violations:
             print(v.line(), file=sys.stdout)
         if violations:

@@ -1,17 +1,22 @@
-"""``memprofiler diff RUN_A RUN_B``: per key and metric, A, B, the change and the percentage."""
+"""``memprofiler diff RUN_A RUN_B``: per function and metric (``--per-call``: per key), A, B, the change."""
 
 from __future__ import annotations
 
 import argparse
 
+from memprofiler.commands._shared import add_run_dir, add_top, load
+
 
 class DiffCommand:
     name = "diff"
-    help = "Compare two runs per snapshot key and metric, largest absolute change first."
+    help = (
+        "Compare two runs per function and metric (medians over the calls both hold; --per-call: "
+        "per snapshot key), largest absolute change first."
+    )
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_a", metavar="RUN_A", help="baseline run directory")
-        parser.add_argument("run_b", metavar="RUN_B", help="run directory compared with it")
+        add_run_dir(parser, "run_a", "RUN_A", "baseline run directory (its newest run when it holds several)")
+        add_run_dir(parser, "run_b", "RUN_B", "run directory compared with it")
         parser.add_argument(
             "--metric",
             action="append",
@@ -29,25 +34,40 @@ class DiffCommand:
         parser.add_argument(
             "--min-change", default="0", metavar="SIZE", help="hide smaller absolute changes, e.g. 1MiB"
         )
-        parser.add_argument("--top", type=int, default=0, help="show only the first N rows (default: all)")
+        add_top(parser, 0, "show only the first N rows")
         parser.add_argument("--all", action="store_true", help="also show unchanged values")
-        parser.add_argument("--no-missing", action="store_true", help="hide values found in only one run")
+        parser.add_argument(
+            "--per-call",
+            action="store_true",
+            help="one row per snapshot key and metric, keys found in one run only included as (missing)",
+        )
+        parser.add_argument(
+            "--no-missing", action="store_true", help="with --per-call: hide values found in only one run"
+        )
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.analysis.artifacts import load_run
-        from memprofiler.analysis.diff import diff_runs
-        from memprofiler.reporters.terminal import make_console, render_diff
+        from memprofiler.analysis.diff import diff_functions, diff_runs
+        from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
         min_change = parse_size(args.min_change, key="--min-change")
-        rows = diff_runs(
-            load_run(args.run_a),
-            load_run(args.run_b),
-            metrics=args.metric,
-            keys=args.key,
-            min_change=min_change,
-            include_unchanged=args.all,
-            include_missing=not args.no_missing,
+        a, b = load(self.name, args.run_a), load(self.name, args.run_b)
+        console = make_console()
+        if args.per_call:
+            rows = diff_runs(
+                a,
+                b,
+                metrics=args.metric,
+                keys=args.key,
+                min_change=min_change,
+                include_unchanged=args.all,
+                include_missing=not args.no_missing,
+            )
+            render_diff(rows[: args.top] if args.top > 0 else rows, console, total=len(rows))
+            return 0
+        frows, unmatched = diff_functions(
+            a, b, metrics=args.metric, keys=args.key, min_change=min_change, include_unchanged=args.all
         )
-        render_diff(rows[: args.top] if args.top > 0 else rows, make_console(), total=len(rows))
+        shown = frows[: args.top] if args.top > 0 else frows
+        render_function_diff(shown, unmatched, console, total=len(frows))
         return 0

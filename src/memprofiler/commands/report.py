@@ -5,32 +5,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memprofiler.commands._shared import add_html_output, add_run_dir, add_top, load
+
 
 class ReportCommand:
     name = "report"
     help = "Summarise a run directory in the terminal and write a self-contained HTML report."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's save_dir, or a directory above it")
-        parser.add_argument(
-            "-o",
-            "--output",
-            metavar="HTML",
-            default=None,
-            help="HTML report path (default: RUN_DIR's save_dir/report.html)",
-        )
-        parser.add_argument("--no-html", action="store_true", help="only print the terminal summary")
-        parser.add_argument("--top", type=int, default=10, help="rows in the top-N tables (default: 10)")
+        add_run_dir(parser)
+        add_html_output(parser, default="report.html in the run's save_dir")
+        add_top(parser, 10, "rows in the top-N tables")
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.analysis.artifacts import load_run
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
         from memprofiler.reporters.html import HtmlReporter
         from memprofiler.reporters.model import build_model
         from memprofiler.reporters.terminal import TerminalReporter, make_console
 
-        model = build_model(load_run(args.run_dir), top=args.top)
+        model = build_model(load(self.name, args.run_dir), top=args.top)
         console = make_console()
         TerminalReporter(model, top=args.top).render(console)
         if not args.no_html:

@@ -22,7 +22,7 @@ class SnapshotCommand:
         from memprofiler.analysis.snapshot import analyze, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
-        from memprofiler.reporters.html import render_snapshot_page
+        from memprofiler.reporters.html_snapshot import render_snapshot_page
         from memprofiler.reporters.model import SnapshotEntry
         from memprofiler.reporters.terminal import make_console, render_snapshot
 

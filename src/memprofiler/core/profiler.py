@@ -336,7 +336,7 @@ class MemProfiler:
             )
         except Exception as err:
             self.warn(
-                f"could not reduce the snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
+                f"could not gather snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
                 "each rank's own files are complete",
                 all_ranks=True,
             )

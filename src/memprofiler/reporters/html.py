@@ -1,49 +1,45 @@
-"""One self-contained HTML file: every style, script, chart and datum inline, no network request.
+"""The HTML page of a run (``memprofiler report``): one self-contained file, no network request.
 
-Charts are inline SVG drawn here in Python; the only script is a few lines that filter
-tables. The file opens the same on an air-gapped machine as anywhere else.
+Every style, script, chart and datum is inline. Charts are inline SVG drawn here in Python;
+the only script is a few lines that filter tables. The file opens the same on an air-gapped
+machine as anywhere else. Up to :data:`~memprofiler.reporters.model.PER_CALL_LIMIT` calls
+each get a bar and a table row; longer runs are shown per function (min / median / max
+bands over the calls) with the top calls, so the page stays small and its charts readable.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
-from memprofiler.analysis.snapshot import SnapshotAnalysis
 from memprofiler.reporters import svg
-from memprofiler.reporters.model import CallRow, ReportModel, SnapshotEntry, report_tables
-from memprofiler.units import format_bytes, format_value
+from memprofiler.reporters.html_cells import (
+    auto_cell,
+    bytes_cell,
+    is_num,
+    page,
+    plural,
+    table,
+    value_cell,
+)
+from memprofiler.reporters.html_snapshot import snapshot_html
+from memprofiler.reporters.model import FIGURES, CallRow, ReportModel, binned, report_tables
+from memprofiler.units import format_bytes
 
-_STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
-h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}th,td{border:1px solid #ddd;padding:3px 8px}
-th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
-td.stack{font-family:ui-monospace,Menlo,monospace;font-size:12px;white-space:pre}
-.plot{display:block;margin:8px 0;background:#fff}.plot .ttl{font-weight:600;font-size:13px}
-.plot .lbl,.plot .val,.plot .tick{font-size:11px;fill:#333}.plot .frame{fill:none;stroke:#999}
-.plot .grid{stroke:#eee}.plot .peak{fill:#D55E00}.plot .peaklbl{font-size:11px;fill:#D55E00;font-weight:600}
-.muted{color:#666}.oom{color:#b00;font-weight:600}input.filter{margin:4px 0;padding:3px 6px;width:260px}
-pre{background:#f8f8f8;padding:8px;overflow:auto;font-size:12px}
-"""
-
-# Adds a filter box above every table marked `filterable`; no other behaviour depends on JS.
-_SCRIPT = """
-document.querySelectorAll("table.filterable").forEach(function (table) {
-  var box = document.createElement("input");
-  box.className = "filter";
-  box.placeholder = "filter rows";
-  box.addEventListener("input", function () {
-    var q = box.value.toLowerCase();
-    table.querySelectorAll("tbody tr").forEach(function (tr) {
-      tr.style.display = tr.textContent.toLowerCase().indexOf(q) >= 0 ? "" : "none";
-    });
-  });
-  table.parentNode.insertBefore(box, table);
-});
-"""
+#: The per-call charts: title, and the figure (see ``model.FIGURES``) each shows.
+_CALL_CHARTS = [
+    ("host RSS peak", "rss peak"),
+    ("host RSS peak above call start", "peak - start"),
+    ("CUDA allocated peak", "cuda alloc peak"),
+    ("CUDA reserved peak", "cuda reserved peak"),
+    ("saved-tensor bytes (unique)", "saved unique"),
+]
+_SAVED_NOTE = (
+    "Bytes per module are each module's own share: every saved tensor is counted once, under "
+    "the innermost module running when autograd saved it, so a parent's figure leaves out its "
+    "children's and the figures add up to the call's unique saved bytes."
+)
 
 
 class HtmlReporter:
@@ -59,14 +55,8 @@ class HtmlReporter:
 
     def render(self) -> str:
         run = self.model.run
-        parts = [
-            "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-            # No external request of any kind may leave this page.
-            "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-            "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
-            f"<title>memprofiler report: {escape(str(run.root))}</title><style>{_STYLE}</style></head><body>",
-            f"<h1>memprofiler report</h1><p class='muted'>{escape(str(run.root))} &middot; "
-            f"ranks: {escape(', '.join(map(str, run.ranks)) or '-')} &middot; {len(run.files)} files</p>",
+        sections = [
+            self._header(),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),
@@ -74,57 +64,116 @@ class HtmlReporter:
             self._reports_section(),
             self._snapshots_section(),
             self._oom_section(),
-            f"<script>{_SCRIPT}</script></body></html>",
         ]
-        return "\n".join(p for p in parts if p)
+        return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s))
 
     # ----------------------------------------------------------------- sections
-    def _calls_section(self) -> str:
-        calls = self.model.calls
-        if not calls:
-            return (
-                "<h2 id='calls'>Per-call memory by rank</h2><p>No collected calls in the per-rank stats.</p>"
-            )
-        out = ["<h2 id='calls'>Per-call memory by rank</h2>"]
-        metrics: list[tuple[str, Any]] = [
-            ("host RSS peak", lambda c: c.rss_peak),
-            ("host RSS peak above call start", lambda c: c.rss_peak_delta),
-            ("CUDA allocated peak", lambda c: c.cuda_allocated_peak),
-            ("CUDA reserved peak", lambda c: c.cuda_reserved_peak),
-            ("saved-tensor bytes (unique)", lambda c: c.saved_unique),
-        ]
-        for title, get in metrics:
-            rows = [
-                (f"{c.label} · rank {c.rank}", float(get(c)), c.rank) for c in calls if get(c) is not None
-            ]
-            if rows:
-                out.append(svg.hbar_chart(rows, format_bytes, title))
-        out.append(_calls_table(calls))
+    def _header(self) -> str:
+        run = self.model.run
+        bits = [escape(str(run.root)), f"ranks: {escape(', '.join(map(str, run.ranks)) or '-')}"]
+        bits.append(plural(len(run.files), "file"))
+        manifest = run.manifest or {}
+        if manifest.get("run_id") is not None:
+            bits.append(f"run {escape(str(manifest['run_id']))}")
+        if manifest.get("status") is not None:
+            bits.append(f"status {escape(str(manifest['status']))}")
+        out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
+        out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]
         return "\n".join(out)
 
-    def _across_calls_section(self) -> str:
-        out = ["<h2 id='across'>Host and CUDA figures across calls</h2>"]
-        for rank in self.model.ranks:
-            calls = [c for c in self.model.calls if c.rank == rank]
-            series = []
-            for name, get in (
-                ("rss start", lambda c: c.rss_start),
-                ("rss end", lambda c: c.rss_end),
-                ("rss peak", lambda c: c.rss_peak),
-                ("cuda alloc peak", lambda c: c.cuda_allocated_peak),
-                ("cuda reserved peak", lambda c: c.cuda_reserved_peak),
-            ):
-                pts = [(float(i), float(get(c))) for i, c in enumerate(calls) if get(c) is not None]
-                if pts:
-                    series.append((name, pts))
-            if series:
-                out.append(
-                    svg.line_chart(series, format_bytes, f"rank {rank}", x_labels=[c.label for c in calls])
+    def _calls_section(self) -> str:
+        calls = self.model.calls
+        head = "<h2 id='calls'>Per-call memory by rank</h2>"
+        if not calls:
+            return head + "<p>No collected calls in the per-rank stats.</p>"
+        get = dict(FIGURES)
+        out = [head]
+        if not self.model.aggregated:
+            for title, fig in _CALL_CHARTS:
+                rows = [
+                    (f"{c.label} · rank {c.rank}", float(v), c.rank)
+                    for c in calls
+                    if (v := get[fig](c)) is not None
+                ]
+                if rows:
+                    out.append(svg.hbar_chart(rows, format_bytes, title))
+            out.append(_calls_table(calls))
+            return "\n".join(out)
+        funcs = self.model.functions()
+        out.append(
+            f"<p>{len(calls):,} collected calls: shown per function (median, and min to max over its calls), "
+            f"then the {min(self.top_calls, len(calls))} calls with the highest RSS peak.</p>"
+        )
+        for title, fig in _CALL_CHARTS:
+            rows = [
+                (f"{f.fn} · rank {f.rank} ({f.calls:,} calls)", f.bands[fig].mid, f.rank)
+                for f in funcs
+                if fig in f.bands
+            ]
+            if rows:
+                out.append(svg.hbar_chart(rows, format_bytes, f"{title}, median per function"))
+        figs = [fig for fig, _ in FIGURES if any(fig in f.bands for f in funcs)]
+        cols = ["rank", "function", "calls"] + [
+            f"{fig} {s}" for fig in figs for s in ("min", "median", "max")
+        ]
+        body: list[list[Any]] = []
+        for f in funcs:
+            row: list[Any] = [str(f.rank), f.fn, f"{f.calls:,}"]
+            for fig in figs:
+                band = f.bands.get(fig)
+                row += (
+                    [bytes_cell(band.lo), bytes_cell(band.mid), bytes_cell(band.hi)] if band else ["", "", ""]
                 )
-        return "\n".join(out) if len(out) > 1 else ""
+            body.append(row)
+        out.append(table(cols, body, filterable=True))
+        out.append(f"<h3>Top {min(self.top_calls, len(calls))} calls by host RSS peak</h3>")
+        out.append(_calls_table(self.model.top_calls(self.top_calls)))
+        return "\n".join(out)
+
+    @property
+    def top_calls(self) -> int:
+        return max(self.top, 20)
+
+    def _across_calls_section(self) -> str:
+        get = dict(FIGURES)
+        present = [
+            (title, fig)
+            for title, fig in (
+                ("host RSS peak", "rss peak"),
+                ("CUDA allocated peak", "cuda alloc peak"),
+                ("CUDA reserved peak", "cuda reserved peak"),
+            )
+            if any(get[fig](c) is not None for c in self.model.calls)
+        ]
+        if not present:
+            return ""
+        host = any(fig == "rss peak" for _, fig in present)
+        cuda = any(fig.startswith("cuda") for _, fig in present)
+        what = "Host and CUDA figures" if host and cuda else "CUDA figures" if cuda else "Host figures"
+        out = [
+            f"<h2 id='across'>{what} across calls</h2>",
+            "<p class='muted'>One line per function, by its call number"
+            + (
+                "; where calls are binned, the line is each bin's median and the shading its min to max"
+                if self.model.aggregated
+                else ""
+            )
+            + ". RSS at a call's end is in the table; it never exceeds the call's peak.</p>",
+        ]
+        for rank in self.model.ranks:
+            by_fn: dict[str, list[CallRow]] = {}
+            for c in self.model.calls:
+                if c.rank == rank:
+                    by_fn.setdefault(c.fn, []).append(c)
+            for title, fig in present:
+                chart = _function_lines(by_fn, get[fig], f"rank {rank}: {title}")
+                if chart:
+                    out.append(chart)
+        return "\n".join(out)
 
     def _saved_section(self) -> str:
-        out = ["<h2 id='saved'>Saved tensors by module</h2>"]
+        out = ["<h2 id='saved'>Saved tensors by module</h2>", f"<p class='muted'>{_SAVED_NOTE}</p>"]
         for rank in self.model.ranks:
             calls = [c for c in self.model.calls if c.rank == rank and c.by_module]
             if not calls:
@@ -141,12 +190,12 @@ class HtmlReporter:
         top = self.model.top_saved_modules(self.top)
         if top:
             out.append(
-                _table(
+                table(
                     ["module", "saved bytes", "largest in"],
-                    [[m, _bytes_cell(b), w] for m, b, w in top],
+                    [[m, bytes_cell(b), w] for m, b, w in top],
                 )
             )
-        return "\n".join(out) if len(out) > 1 else ""
+        return "\n".join(out) if len(out) > 2 else ""
 
     def _summary_section(self) -> str:
         rows = self.model.summary_rows()
@@ -159,14 +208,14 @@ class HtmlReporter:
                 [
                     key,
                     metric,
-                    _value_cell(metric, s.get("min")),
-                    _value_cell(metric, s.get("mean")),
-                    _value_cell(metric, s.get("max")),
+                    value_cell(metric, s.get("min")),
+                    value_cell(metric, s.get("mean")),
+                    value_cell(metric, s.get("max")),
                     str(s.get("argmax_rank", "-")),
                     f"{imb:.3f}" if isinstance(imb, (int, float)) else "-",
                 ]
             )
-        return "<h2 id='summary'>Across ranks</h2>" + _table(
+        return "<h2 id='summary'>Across ranks</h2>" + table(
             ["key", "metric", "min", "mean", "max", "max on rank", "max / mean"], body, filterable=True
         )
 
@@ -179,10 +228,10 @@ class HtmlReporter:
         if fsdp:
             out.append("<h3>FSDP peaks per category</h3>")
             out.append(
-                _table(
+                table(
                     ["rank", "function", "call", *cats],
                     [
-                        [str(c.rank), c.fn, str(c.call), *[_bytes_cell(p.get(k)) for k in cats]]
+                        [str(c.rank), c.fn, str(c.call), *[bytes_cell(p.get(k)) for k in cats]]
                         for c, p in fsdp
                     ],
                 )
@@ -190,20 +239,20 @@ class HtmlReporter:
         for rep in reps:
             out.append(f"<h3>{escape(rep.kind)} · rank {rep.rank} · {escape(rep.fn)} #{rep.call}</h3>")
             if rep.data is not None:
-                for table in report_tables(rep.data):
-                    if table.title:
-                        out.append(f"<p class='muted'>{escape(table.title)}</p>")
+                for t in report_tables(rep.data):
+                    if t.title:
+                        out.append(f"<p class='muted'>{escape(t.title)}</p>")
                     # Only the tracker categories (Parameter, Activation, ...) are bytes; rank,
                     # call and module_depth are shown as written.
                     out.append(
-                        _table(
-                            table.columns,
+                        table(
+                            t.columns,
                             [
                                 [
-                                    _bytes_cell(v) if j in table.byte_columns and _is_num(v) else v
+                                    bytes_cell(v) if j in t.byte_columns and is_num(v) else v
                                     for j, v in enumerate(r)
                                 ]
-                                for r in table.rows
+                                for r in t.rows
                             ],
                             filterable=True,
                         )
@@ -233,143 +282,27 @@ class HtmlReporter:
         out = ["<h2 id='oom'>OOM dumps</h2>"]
         for o in ooms:
             flat = [
-                [str(k), _auto_cell(str(k), v)]
+                [str(k), auto_cell(str(k), v)]
                 for k, v in (o.info or {}).items()
                 if not isinstance(v, (dict, list))
             ]
-            out.append(f"<h3 class='oom'>rank {o.rank} OOM #{o.n}</h3>" + _table(["field", "value"], flat))
+            out.append(f"<h3 class='oom'>rank {o.rank} OOM #{o.n}</h3>" + table(["field", "value"], flat))
         return "\n".join(out)
 
 
-def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
-    """One allocator snapshot: peaks, the active-memory timeline and the stacks live at the peak."""
-    a: SnapshotAnalysis = entry.analysis
-    out = [
-        f"<h3>{escape(entry.title)}</h3><p class='muted'>{escape(entry.path)}</p>",
-        f"<p>now: {len(a.segments)} segments, reserved {_b(a.total_reserved)}, allocated "
-        f"{_b(a.total_allocated)} in rounded blocks, {_b(a.total_requested)} requested</p>",
-    ]
-    for d in a.devices:
-        when = (
-            "before the first trace entry"
-            if d.peak_allocated_index < 0
-            else f"at entry {d.peak_allocated_index:,}"
-        )
-        if d.peak_allocated_time_us is not None:
-            when += f" (t={d.peak_allocated_time_us / 1e6:.6f} s)"
-        rwhen = (
-            "before the first trace entry"
-            if d.peak_reserved_index < 0
-            else f"at entry {d.peak_reserved_index:,}"
-        )
-        out.append(
-            f"<p>device {d.device}: {d.entries:,} trace entries. "
-            f"<b>Peak active {_b(d.peak_allocated)} requested</b> {when}; "
-            f"<b>peak reserved {_b(d.peak_reserved)}</b> {rwhen}. "
-            f"Active before the trace: {_b(d.baseline_allocated)}; at the end: {_b(d.end_allocated)}. "
-            "<span class='muted'>Active = bytes requested by blocks not yet free_completed, as "
-            "memory_viz's active memory timeline; the allocator's allocated_bytes counts rounded "
-            "blocks.</span></p>"
-        )
-        if d.timeline:
-            marker = None
-            if d.peak_allocated_index >= 0:
-                marker = (
-                    float(d.peak_allocated_index),
-                    float(d.peak_allocated),
-                    f"peak {format_bytes(d.peak_allocated)}",
-                )
-            out.append(
-                svg.line_chart(
-                    [
-                        ("active (requested)", [(float(i), float(v)) for i, v, _ in d.timeline]),
-                        ("reserved", [(float(i), float(r)) for i, _, r in d.timeline]),
-                    ],
-                    format_bytes,
-                    f"device {d.device}: active memory over trace entries",
-                    marker=marker,
-                )
-            )
-        if d.top_stacks:
-            out.append(
-                f"<p>Live at the peak: {d.live_blocks_at_peak:,} blocks, by allocating stack (top {len(d.top_stacks)}):</p>"
-            )
-            rows = [[_bytes_cell(g.bytes), f"{g.count:,}", "\n".join(g.frames)] for g in d.top_stacks[:top]]
-            out.append(_table(["requested bytes", "blocks", "stack (innermost first)"], rows, stack_col=2))
-        for o in d.ooms:
-            free = _b(o.device_free) if o.device_free is not None else "?"
-            out.append(
-                f"<p class='oom'>OOM at entry {o.index:,}: {_b(o.size)} requested, {free} free on the device; "
-                f"at {escape(o.frames[0] if o.frames else 'no stack')}</p>"
-            )
-    if a.segments:
-        worst = sorted(a.segments, key=lambda s: (-s.free, s.address))[:top]
-        rows = [
-            [
-                str(s.device),
-                hex(s.address),
-                _bytes_cell(s.total_size),
-                _bytes_cell(s.allocated),
-                _bytes_cell(s.free),
-                _bytes_cell(s.largest_free),
-                f"{s.fragmentation:.1%}",
-            ]
-            for s in worst
-        ]
-        out.append(f"<p>Segments with the most free bytes ({len(worst)} of {len(a.segments)}):</p>")
-        out.append(
-            _table(["device", "address", "size", "allocated", "free", "largest free", "fragmentation"], rows)
-        )
-    return "\n".join(out)
-
-
-def render_snapshot_page(entry: SnapshotEntry, top: int = 10) -> str:
-    """A standalone page for ``memprofiler snapshot --html``."""
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
-        f"<title>allocator snapshot: {escape(entry.path)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>Allocator snapshot</h1>{snapshot_html(entry, top)}<script>{_SCRIPT}</script></body></html>"
-    )
-
-
-# --------------------------------------------------------------------- cells and tables
-class _Cell:
-    """Pre-escaped HTML for a table cell, with a CSS class."""
-
-    def __init__(self, html: str, cls: str = "") -> None:
-        self.html = html
-        self.cls = cls
-
-
-def _b(n: int | float | None) -> str:
-    """Human bytes with the exact count as a tooltip; NaN/inf (an edited file) as written."""
-    if n is None:
-        return "-"
-    if not math.isfinite(n):
-        return escape(str(n))
-    return f"<span title='{int(n):,} bytes'>{escape(format_bytes(n))}</span>"
-
-
-def _bytes_cell(n: int | float | None) -> _Cell:
-    return _Cell(_b(n), "n")
-
-
-def _value_cell(metric: str, v: Any) -> _Cell:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _Cell(escape(format_value(metric, v)), "n")
-    return _Cell(escape("-" if v is None else str(v)))
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _auto_cell(col: str, v: Any) -> Any:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return _Cell(escape(format_value(col, v) if col else str(v)), "n")
-    return v
+def _function_lines(by_fn: dict[str, list[CallRow]], get: Callable[[CallRow], int | None], title: str) -> str:
+    """One line per function through ``get`` over its calls (binned into bands when long)."""
+    series, bands = [], []
+    for fn, calls in by_fn.items():
+        pts = [(float(c.call), float(v)) for c in calls if (v := get(c)) is not None]
+        if not pts:
+            continue
+        bins = binned(pts)
+        series.append((fn, [(x, band.mid) for x, band in bins]))
+        bands.append([(x, band.lo, band.hi) for x, band in bins])
+    if not series:
+        return ""
+    return svg.line_chart(series, format_bytes, title, bands=bands)
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:
@@ -384,32 +317,13 @@ def _calls_table(calls: Sequence[CallRow]) -> str:
             str(c.rank),
             c.fn,
             str(c.call),
-            _bytes_cell(c.rss_start),
-            _bytes_cell(c.rss_end),
-            _bytes_cell(c.rss_peak),
-            _bytes_cell(c.rss_peak_delta),
+            bytes_cell(c.rss_start),
+            bytes_cell(c.rss_end),
+            bytes_cell(c.rss_peak),
+            bytes_cell(c.rss_peak_delta),
         ]
         if has_cuda:
-            row += [_bytes_cell(c.cuda_allocated_peak), _bytes_cell(c.cuda_reserved_peak)]
-        row += [_bytes_cell(c.saved_unique), _bytes_cell(c.saved_packed)]
+            row += [bytes_cell(c.cuda_allocated_peak), bytes_cell(c.cuda_reserved_peak)]
+        row += [bytes_cell(c.saved_unique), bytes_cell(c.saved_packed)]
         rows.append(row)
-    return _table(cols, rows, filterable=True)
-
-
-def _table(
-    cols: Sequence[str], rows: Sequence[Sequence[Any]], filterable: bool = False, stack_col: int = -1
-) -> str:
-    head = "".join(f"<th>{escape(str(c))}</th>" for c in cols)
-    body = []
-    for r in rows:
-        cells = []
-        for j, v in enumerate(r):
-            if isinstance(v, _Cell):
-                cls = f" class='{v.cls}'" if v.cls else ""
-                cells.append(f"<td{cls}>{v.html}</td>")
-            else:
-                cls = " class='stack'" if j == stack_col else ""
-                cells.append(f"<td{cls}>{escape('' if v is None else str(v))}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    klass = " class='filterable'" if filterable else ""
-    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return table(cols, rows, filterable=True)

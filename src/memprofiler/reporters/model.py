@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,9 +16,16 @@ from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapsh
 #: CUDA ``memory_stats()`` keys shown per call (the ``end`` snapshot's peaks belong to that call).
 CUDA_ALLOCATED_PEAK = "allocated_bytes.all.peak"
 CUDA_RESERVED_PEAK = "reserved_bytes.all.peak"
+#: Up to this many collected calls a report shows every call (a bar and a table row each);
+#: beyond it, per-function bands (min / median / max) and the top calls, so the HTML stays
+#: a few hundred KB at 100,000 calls.
+PER_CALL_LIMIT = 200
+#: Points a chart series holds at most; longer series are binned, each bin drawn min to max
+#: around its median.
+CHART_BINS = 300
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRow:
     """One collected call of one function on one rank, start and end merged."""
 
@@ -68,6 +77,31 @@ class ReportModel:
     def ranks(self) -> list[int]:
         return sorted({c.rank for c in self.calls})
 
+    @property
+    def aggregated(self) -> bool:
+        """Whether there are too many calls to show one by one (see :data:`PER_CALL_LIMIT`)."""
+        return len(self.calls) > PER_CALL_LIMIT
+
+    @property
+    def has_cuda(self) -> bool:
+        return any(c.cuda_allocated_peak is not None or c.cuda_reserved_peak is not None for c in self.calls)
+
+    def functions(self) -> list[FunctionStats]:
+        """Per rank and function: how many calls, and min / median / max of each figure."""
+        groups: dict[tuple[int, str], list[CallRow]] = {}
+        for c in self.calls:
+            groups.setdefault((c.rank, c.fn), []).append(c)
+        out = []
+        for (rank, fn), calls in sorted(groups.items()):
+            figs = {name: Band.of([v for c in calls if (v := get(c)) is not None]) for name, get in FIGURES}
+            out.append(FunctionStats(rank, fn, len(calls), {k: b for k, b in figs.items() if b is not None}))
+        return out
+
+    def top_calls(self, n: int, figure: str = "rss peak") -> list[CallRow]:
+        """The ``n`` calls with the largest ``figure`` (a :data:`FIGURES` name), largest first."""
+        get = dict(FIGURES)[figure]
+        return heapq.nlargest(n, (c for c in self.calls if get(c) is not None), key=lambda c: get(c) or 0)
+
     def top_saved_modules(self, n: int = 10) -> list[tuple[str, int, str]]:
         """``(module, bytes, where)``: each module's largest saved bytes over calls and ranks."""
         best: dict[str, tuple[int, str]] = {}
@@ -99,6 +133,64 @@ class ReportModel:
                 cats.extend(k for k in c.fsdp if k not in cats)
                 rows.append((c, c.fsdp))
         return cats, rows
+
+
+#: The per-call figures a report shows, by name, and how to read each from a call.
+FIGURES: list[tuple[str, Callable[[CallRow], int | None]]] = [
+    ("rss peak", lambda c: c.rss_peak),
+    ("peak - start", lambda c: c.rss_peak_delta),
+    ("rss end", lambda c: c.rss_end),
+    ("cuda alloc peak", lambda c: c.cuda_allocated_peak),
+    ("cuda reserved peak", lambda c: c.cuda_reserved_peak),
+    ("saved unique", lambda c: c.saved_unique),
+]
+
+
+@dataclass(frozen=True)
+class Band:
+    """Min, median and max of one figure over calls."""
+
+    lo: float
+    mid: float
+    hi: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Band | None:
+        if not values:
+            return None
+        return cls(float(min(values)), float(statistics.median(values)), float(max(values)))
+
+
+@dataclass
+class FunctionStats:
+    """One function's calls on one rank, summarised."""
+
+    rank: int
+    fn: str
+    calls: int
+    bands: dict[str, Band]
+    """Figure name (see :data:`FIGURES`) -> its band over the calls that have it."""
+
+
+def binned(points: Sequence[tuple[float, float]], bins: int = CHART_BINS) -> list[tuple[float, Band]]:
+    """``(x, y)`` points in ``bins`` runs of consecutive points: ``(mean x, band of y)`` each.
+
+    Up to ``bins`` points come back one per bin (a band of one value), so a short series is
+    drawn as it is.
+
+    Example:
+        >>> binned([(0, 1), (1, 3), (2, 2), (3, 5)], bins=2)
+        [(0.5, Band(lo=1.0, mid=2.0, hi=3.0)), (2.5, Band(lo=2.0, mid=3.5, hi=5.0))]
+    """
+    n = len(points)
+    size = max(1, math.ceil(n / bins))
+    out = []
+    for i in range(0, n, size):
+        chunk = points[i : i + size]
+        band = Band.of([y for _, y in chunk])
+        assert band is not None
+        out.append((sum(x for x, _ in chunk) / len(chunk), band))
+    return out
 
 
 _TRACKER_PEAK_PREFIXES = ("fsdp.peak.", "module_mem.peak.")
@@ -134,12 +226,16 @@ def call_rows(run: RunArtifacts) -> list[CallRow]:
         row.saved_packed = _int(m.get("saved_tensors.packed_bytes"))
         by_mod = m.get("saved_tensors.by_module")
         if isinstance(by_mod, Mapping):
-            row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
-        row.fsdp = {
-            k.split(".peak.", 1)[1]: int(v)
-            for k, v in m.items()
-            if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
-        }
+            if set(map(type, by_mod.values())) <= {int} and set(map(type, by_mod)) <= {str}:
+                row.by_module = by_mod  # type: ignore[assignment]  # as loaded: shared, not copied (100,000 calls hold 2M entries)
+            else:
+                row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
+        if any(k.startswith(_TRACKER_PEAK_PREFIXES) for k in m):
+            row.fsdp = {
+                k.split(".peak.", 1)[1]: int(v)
+                for k, v in m.items()
+                if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
+            }
     return [rows[k] for k in sorted(rows)]
 
 

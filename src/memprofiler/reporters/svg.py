@@ -39,14 +39,17 @@ def line_chart(
     marker: tuple[float, float, str] | None = None,
     width: int = 760,
     height: int = 260,
+    bands: Sequence[Sequence[tuple[float, float, float]]] | None = None,
 ) -> str:
     """Lines through ``(x, y)`` points, one per named series, with a y axis in ``fmt`` units.
 
     ``x_labels[i]`` names ``x == i`` (calls); without it the x axis shows the x values (trace
-    entries). ``marker`` ``(x, y, text)`` draws a labelled dot, e.g. the peak.
+    entries). ``marker`` ``(x, y, text)`` draws a labelled dot, e.g. the peak. ``bands[n]``
+    holds ``(x, low, high)`` for series ``n``: a shaded band around its line (binned calls).
     """
     left, right, top, bottom = 80, 150, 28, 34
-    pts = [p for _, s in series for p in s]
+    band_pts = [(x, y) for bs in bands or () for x, lo, hi in bs for y in (lo, hi)]
+    pts = [p for _, s in series for p in s] + band_pts
     xs = [p[0] for p in pts] or [0.0]
     ys = [p[1] for p in pts] or [0.0]
     x0, x1 = min(xs), max(xs)
@@ -87,6 +90,13 @@ def line_chart(
             )
     for n, (name, s) in enumerate(series):
         colour = PALETTE[n % len(PALETTE)]
+        band = bands[n] if bands is not None and n < len(bands) else ()
+        if any(lo < hi for _, lo, hi in band):
+            edge = [f"{sx(x):.1f},{sy(hi):.1f}" for x, _, hi in band]
+            edge += [f"{sx(x):.1f},{sy(lo):.1f}" for x, lo, _ in reversed(band)]
+            out.append(
+                f'<polygon points="{" ".join(edge)}" fill="{colour}" fill-opacity="0.22" stroke="none"/>'
+            )
         if len(s) == 1:
             x, y = s[0]
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>')

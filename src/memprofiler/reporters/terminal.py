@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from memprofiler.analysis.diff import DiffRow
+from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unmatched
 from memprofiler.analysis.snapshot import SnapshotAnalysis
-from memprofiler.reporters.model import ReportModel
+from memprofiler.reporters.model import FIGURES, CallRow, ReportModel
 from memprofiler.units import format_bytes, format_value
 
 
@@ -47,7 +47,12 @@ class TerminalReporter:
         console.print(
             f"[bold]memprofiler run[/bold] {escape(str(run.root))}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
         )
-        self._calls(console)
+        for note in run.notes:
+            console.print(f"[yellow]note:[/yellow] {escape(note)}")
+        if self.model.aggregated:
+            self._functions(console)
+        else:
+            self._calls(console)
         self._modules(console)
         self._fsdp(console)
         self._summary(console)
@@ -55,12 +60,32 @@ class TerminalReporter:
         for entry in self.model.snapshots:
             render_snapshot(entry.analysis, console, title=entry.title, top=min(self.top, 5), segments=0)
 
-    def _calls(self, console: Console) -> None:
-        calls = self.model.calls
+    def _functions(self, console: Console) -> None:
+        funcs = self.model.functions()
+        figs = [fig for fig, _ in FIGURES if fig != "rss end" and any(fig in f.bands for f in funcs)]
+        t = Table(title=f"{len(self.model.calls):,} collected calls per function: median (min - max)")
+        for col in ("rank", "function", "calls", *figs):
+            t.add_column(col, justify="left" if col == "function" else "right")
+        for f in funcs:
+            cells = []
+            for fig in figs:
+                band = f.bands.get(fig)
+                cells.append(
+                    "-"
+                    if band is None
+                    else f"{format_bytes(band.mid)} ({format_bytes(band.lo)} - {format_bytes(band.hi)})"
+                )
+            t.add_row(str(f.rank), escape(f.fn), f"{f.calls:,}", *cells)
+        console.print(t)
+        n = self.top
+        self._calls(console, self.model.top_calls(n), f"Top {n} calls by rss peak")
+
+    def _calls(self, console: Console, calls: list[CallRow] | None = None, title: str = "") -> None:
+        calls = self.model.calls if calls is None else calls
         if not calls:
             console.print("no collected calls in the per-rank stats")
             return
-        t = Table(title="Collected calls (peaks that matter)")
+        t = Table(title=title or "Collected calls (peaks that matter)")
         for col in ("rank", "function", "call", "rss start", "rss end", "rss peak", "peak - start"):
             t.add_column(col, justify="left" if col == "function" else "right")
         has_cuda = any(c.cuda_allocated_peak is not None for c in calls)
@@ -225,3 +250,37 @@ def render_diff(rows: Sequence[DiffRow], console: Console, total: int | None = N
             "-" if pct is None else f"{pct:+.1f}%",
         )
     console.print(t)
+
+
+def render_function_diff(
+    rows: Sequence[FunctionDiffRow], unmatched: Unmatched, console: Console, total: int | None = None
+) -> None:
+    """The default ``memprofiler diff`` table: per function and metric, medians over matched calls."""
+    if not rows:
+        console.print("no differences")
+    else:
+        shown = f"{len(rows)} of {total}" if total is not None and total != len(rows) else f"{len(rows)}"
+        t = Table(title=f"Differences per function, medians over the calls both runs hold ({shown} rows)")
+        for col in ("function", "metric", "calls", "A", "B", "change", "%", "noise"):
+            t.add_column(col, justify="left" if col in ("function", "metric") else "right")
+        for r in rows:
+            pct = r.percent
+            sign = "+" if r.change > 0 else ""
+            t.add_row(
+                escape(r.group),
+                escape(r.metric),
+                f"{r.calls:,}",
+                format_value(r.metric, r.a),
+                format_value(r.metric, r.b),
+                sign + format_value(r.metric, r.change),
+                "-" if pct is None else f"{pct:+.1f}%",
+                "-"
+                if r.noise is None
+                else format_value(r.metric, r.noise) + (" (within)" if r.within_noise else ""),
+            )
+        console.print(t)
+        if any(r.noise is not None for r in rows):
+            console.print(f"{NOISE_RULE}; a change marked (within) is no larger than it", markup=False)
+    line = unmatched.line()
+    if line:
+        console.print(line, markup=False, highlight=False)

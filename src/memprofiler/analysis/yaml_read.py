@@ -1,0 +1,286 @@
+"""Read the YAML files a run wrote: integrity lines checked, aliases refused, libyaml when present.
+
+Files that start with :data:`memprofiler.layout.YAML_HEADER` carry a block-end line after
+every block of top-level entries (:data:`memprofiler.layout.YAML_BLOCK_END`). A copy cut
+short, or a writer killed mid-append, leaves text after the last block-end: a number cut
+in the middle (``74880`` read back as ``7488``) would still be valid YAML. So only what
+lies before the last block-end whose count matches is read, and the rest is reported as
+cut (:class:`Cut`). Files without the header are older files and are read whole.
+
+The per-rank stats files are large (about 1 KB per collected call, 100 MB for 100,000
+calls), and even libyaml's loader builds them at about 1-2 MB/s because PyYAML constructs
+every node in Python. Memprofiler writes them as ``yaml.safe_dump`` does: block mappings,
+two-space indents, plain keys and numbers. :func:`_fast_mapping` reads exactly that shape
+about 20x faster; any line outside it (a quoted key, a string value, a flow collection)
+sends the whole file to the YAML loader, so what comes back is always what
+``yaml.safe_load`` would return.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memprofiler import layout
+from memprofiler.errors import ArtifactError
+
+#: libyaml's parser where PyYAML was built with it (about 4x faster than the pure-Python one).
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+_HEADER = layout.YAML_HEADER
+#: ``#memprofiler-end entries=<n>`` as a pattern, from the layout constant.
+_BLOCK_END = re.compile(
+    "^" + re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
+)
+#: A top-level key: a line at column 0 that is not a comment, nor an item of a sequence
+#: (``safe_dump`` writes a key's list items at column 0 too), nor a document marker. Matched
+#: from the newline before it (the header is the first line): a literal to search for, so a
+#: 100 MB file is counted in C at memory speed.
+_TOP_KEY = re.compile(r"\n(?!- |-\n|---|\.\.\.)[^\s#]")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A file that ends after its last matching block-end: only the verified entries were read."""
+
+    path: Path
+    kept: int
+    """Top-level entries read (the last matching block-end's count)."""
+    dropped_lines: int
+    """Lines after that block-end, not read."""
+    dropped_entries: int
+    """Top-level entries that started after it (the last one may be partial)."""
+
+    def line(self) -> str:
+        """One line for the terminal, naming the file and what was dropped."""
+        return (
+            f"{self.path}: cut short (copied partially or its writer was killed); read the "
+            f"{self.kept} verified entries, dropped {self.dropped_entries} entr"
+            f"{'y' if self.dropped_entries == 1 else 'ies'} ({self.dropped_lines} lines) after the last "
+            f"`{layout.YAML_BLOCK_END.format(n=self.kept)}`"
+        )
+
+
+class _AliasFound(yaml.YAMLError):
+    def __init__(self, mark: Any) -> None:
+        super().__init__("alias")
+        self.problem_mark = mark
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``SafeLoader`` that refuses aliases (``*name``).
+
+    Each alias re-uses a whole subtree, so a 760-byte file of nested aliases expands to
+    gigabytes (the "billion laughs"). Memprofiler's writers never emit aliases, so a file
+    with one was written by something else. libyaml's loader composes nodes in C, where
+    this hook cannot run, so only text holding a ``*`` (every alias does) comes here.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise _AliasFound(self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def read_text(path: Path) -> str:
+    """A file's text, every failure as a one-line :class:`ArtifactError`."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ArtifactError(f"{path}: cannot read as text ({err})") from None
+    if not text.strip():
+        raise ArtifactError(f"{path}: file is empty; re-run to write it again")
+    return text
+
+
+def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
+    """The part of ``text`` its integrity lines vouch for, and what was cut after it.
+
+    Raises:
+        ArtifactError: the file has the header but no block-end whose count matches.
+    """
+    if not text.startswith(_HEADER):
+        return text, None  # an older file: no integrity lines to check
+    count_from, counted = 0, 0
+    good: tuple[int, int] | None = None  # (end offset of the block-end line, its count)
+    for m in _BLOCK_END.finditer(text):
+        counted += len(_TOP_KEY.findall(text, max(count_from - 1, 0), m.start()))
+        count_from = m.end()
+        if int(m.group(1)) == counted:
+            good = (m.end(), counted)
+    if good is None:
+        raise ArtifactError(
+            f"{path}: starts with `{_HEADER}` but has no matching `{layout.YAML_BLOCK_END.format(n='<n>')}` "
+            "line: the file was cut before its first block was complete; re-copy it or re-run"
+        )
+    end, kept = good
+    rest = text[end:]
+    if not rest.strip():
+        return text[:end], None
+    dropped_lines = len(rest.strip("\n").splitlines())
+    return text[:end], Cut(path, kept, dropped_lines, len(_TOP_KEY.findall(text, end - 1)))
+
+
+def load_yaml_text(text: str, path: Path) -> Any:
+    """Load YAML text with the alias-refusing safe loader; errors name the file and line.
+
+    Raises:
+        ArtifactError: an alias, or text that is not valid YAML.
+    """
+    try:
+        # Both are safe loaders: no tags, no objects. An alias needs a `*`; without one the
+        # faster libyaml loader cannot meet one.
+        return yaml.load(text, Loader=_NoAliasLoader if "*" in text else _BaseLoader)
+    except _AliasFound as err:
+        raise ArtifactError(
+            f"{path}: refused: YAML alias (*name) at line {err.problem_mark.line + 1}; memprofiler "
+            "never writes aliases and they can expand a small file to gigabytes"
+        ) from None
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ArtifactError(f"{path}: not valid YAML{at} (truncated or foreign file?)") from None
+
+
+def read_yaml(path: Path, cuts: list[Cut] | None = None) -> Any:
+    """Load a file memprofiler wrote, as safe YAML without aliases, checking its integrity lines.
+
+    Args:
+        path: the file.
+        cuts: where to record a file cut after its last block-end; without it, such a file
+            is refused.
+
+    Raises:
+        ArtifactError: unreadable, empty, cut before its first block-end, invalid YAML, or
+            holding an alias; or cut at all when ``cuts`` is not given.
+
+    Example:
+        >>> read_yaml(Path("run/rank_0_memory_stats.yaml"))["0.training_step.2.end"]["rss"]  # doctest: +SKIP
+        412090368
+    """
+    text, cut = verified_text(read_text(path), path)
+    if cut is not None:
+        if cuts is None:
+            raise ArtifactError(cut.line())
+        cuts.append(cut)
+    fast = _fast_mapping(text)
+    return fast if fast is not None else load_yaml_text(text, path)
+
+
+# ----------------------------------------------------------------------- the fast shape
+#: A plain key as safe_dump writes one: no quote, indicator, colon, comment or tab; inner
+#: single spaces only.
+_KEY = re.compile(r"[^\s'\"#&*!|>%@`{}\[\],:?-][^\s:#{}\[\],]*(?: [^\s:#{}\[\],]+)*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]*(?:e[-+][0-9]+)?)?")
+_SPECIAL = {".inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan"), "{}": {}}
+_STR = "tag:yaml.org,2002:str"
+_RESOLVER = yaml.resolver.Resolver()
+#: A letter no YAML 1.1 number or date can hold (hex digits, x, t, z and e can).
+_NOT_NUMERIC = re.compile(r"[g-su-wyG-SU-WY_(]")
+#: Words YAML 1.1 reads as booleans or null: the only plain scalars starting with a letter
+#: that are not strings.
+_WORDS = frozenset(
+    w
+    for base in ("yes", "no", "true", "false", "on", "off", "null")
+    for w in (base, base.capitalize(), base.upper())
+)
+
+
+def _plain_str(key: str) -> bool:
+    """Whether ``key`` is a plain scalar YAML reads as a string (not a bool, null, number, date)."""
+    if not _KEY.fullmatch(key):
+        return False
+    first = key[0]
+    if first.isalpha() or first == "(":
+        return key not in _WORDS
+    if first.isdigit() and _NOT_NUMERIC.search(key):
+        return True  # snapshot keys ("0.training_step.2.end")
+    return _resolved_str(key)
+
+
+@lru_cache(maxsize=1024)
+def _resolved_str(key: str) -> bool:
+    return bool(_RESOLVER.resolve(yaml.ScalarNode, key, (True, False)) == _STR)
+
+
+def _value(text: str) -> Any:
+    """A number as safe_dump writes it (the caller took plain decimal integers already)."""
+    m = _NUMBER.fullmatch(text)
+    if m is not None:
+        return float(text) if m.group(1) else int(text)
+    if text in _SPECIAL:
+        v = _SPECIAL[text]
+        return {} if v == {} else v
+    raise ValueError(text)
+
+
+def _fast_mapping(text: str) -> dict[str, Any] | None:
+    """Read ``text`` if it is a two-level block mapping of plain keys and numbers, else ``None``.
+
+    The shape is ``key:`` at column 0, ``name: number`` or ``name:`` at two spaces, and
+    ``name: number`` at four under a ``name:``; comments only as whole lines. Anything else
+    (quotes, strings, flow collections, anchors, deeper nesting) returns ``None``.
+    """
+    if "\r" in text or "\t" in text:
+        return None
+    out: dict[str, Any] = {}
+    top: dict[str, Any] | None = None
+    sub: dict[str, Any] | None = None
+    top_key = sub_key = ""
+    keys: dict[str, bool] = {}  # nested keys repeat in every entry: check each once
+    try:
+        for line in text.split("\n"):
+            if not line or line[0] == "#":
+                continue
+            key, sep, val = line.partition(":")
+            if not sep:
+                return None
+            if val:
+                if val[0] != " ":
+                    return None
+                val = val[1:]
+                if val.isdigit() and val.isascii() and (val[0] != "0" or len(val) == 1):
+                    num: Any = int(val)
+                else:
+                    num = _value(val)
+            if line[0] != " ":
+                if not _plain_str(key):
+                    return None
+                if val:
+                    if num != {}:
+                        return None  # a top-level scalar: not a stats file
+                    out[key], top, sub = {}, None, None
+                else:
+                    top, top_key, sub = {}, key, None
+                    out[key] = None  # YAML's value for `key:` with nothing under it
+                continue
+            name = key.lstrip(" ")
+            ok = keys.get(name)
+            if ok is None:
+                ok = keys[name] = _plain_str(name)
+            if not ok:
+                return None
+            depth = len(key) - len(name)
+            if depth == 2 and top is not None:
+                if out[top_key] is None:
+                    out[top_key] = top
+                if val:
+                    top[name], sub = num, None
+                else:
+                    top[name], sub, sub_key = None, {}, name
+            elif depth == 4 and sub is not None and top is not None and val:
+                if top[sub_key] is None:
+                    top[sub_key] = sub
+                sub[name] = num
+            else:
+                return None
+    except ValueError:
+        return None
+    return out or None

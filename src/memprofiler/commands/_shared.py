@@ -1,0 +1,60 @@
+"""What several subcommands share: the run directory argument, output options, loading a run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memprofiler.analysis.artifacts import RunArtifacts
+
+RUN_DIR_HELP = (
+    "the run's save_dir, or a directory above it (the newest run there is read when it holds several)"
+)
+
+
+def add_run_dir(
+    parser: argparse.ArgumentParser, dest: str = "run_dir", metavar: str = "RUN_DIR", help: str = ""
+) -> None:
+    """The positional run directory argument."""
+    parser.add_argument(dest, metavar=metavar, help=help or RUN_DIR_HELP)
+
+
+def add_top(parser: argparse.ArgumentParser, default: int, what: str) -> None:
+    """``--top N``: how many rows the ranked tables show."""
+    parser.add_argument("--top", type=int, default=default, help=f"{what} (default: {default or 'all'})")
+
+
+def add_html_output(parser: argparse.ArgumentParser, default: str) -> None:
+    """``-o/--output HTML`` and ``--no-html``."""
+    parser.add_argument(
+        "-o", "--output", metavar="HTML", default=None, help=f"HTML report path (default: {default})"
+    )
+    parser.add_argument("--no-html", action="store_true", help="only print the terminal summary")
+
+
+def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
+    """Load the run under ``run_dir``; say on stderr which run was picked and what was cut.
+
+    Args:
+        command: the subcommand's name, which starts each line.
+        run_dir: the directory given on the command line.
+        partial_ok: whether a file cut after its last block-end may be read in part (a
+            warning line), or is refused (``check``: a budget cannot be judged on partial data).
+
+    Raises:
+        ArtifactError: as :func:`memprofiler.analysis.artifacts.load_run`, or a cut file when
+            ``partial_ok`` is false.
+    """
+    from memprofiler.analysis.artifacts import load_run
+    from memprofiler.errors import ArtifactError
+
+    run = load_run(run_dir)
+    if run.selection:
+        print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
+    for cut in run.cuts:
+        if not partial_ok:
+            raise ArtifactError(f"{cut.line()}; a budget cannot be judged on partial data")
+        print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
+    return run

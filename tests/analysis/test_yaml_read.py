@@ -1,0 +1,106 @@
+"""The YAML reader: integrity lines, cut files, and the fast reader agreeing with ``yaml.safe_load``."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from memprofiler import layout
+from memprofiler.analysis.yaml_read import Cut, _fast_mapping, read_yaml
+from memprofiler.errors import ArtifactError
+from v1_files import stats, v1_text
+
+
+def test_intact_file_reads_every_entry(tmp_path):
+    # GIVEN a v1 file of two blocks
+    entries = stats([1, 2])
+    path = tmp_path / "rank_0_memory_stats.yaml"
+    path.write_text(v1_text(entries, [2, 2]))
+    cuts: list[Cut] = []
+    # THEN it reads back equal, nothing cut
+    assert read_yaml(path, cuts) == entries
+    assert cuts == []
+
+
+def test_number_cut_mid_way_is_never_read_back_shorter(tmp_path):
+    # GIVEN a file killed while appending its second block, in the middle of 74880
+    first = stats([1])
+    text = v1_text(first, [2]) + yaml.safe_dump({"0.training_step.2.start": {"rss": 74880}})
+    path = tmp_path / "rank_0_memory_stats.yaml"
+    path.write_text(text[:-2])  # "...rss: 7488"
+    cuts: list[Cut] = []
+    # WHEN read
+    data = read_yaml(path, cuts)
+    # THEN only the verified block is kept, and the cut names the file and what was dropped
+    assert data == first
+    assert cuts == [Cut(path, kept=2, dropped_lines=2, dropped_entries=1)]
+    assert cuts[0].line() == (
+        f"{path}: cut short (copied partially or its writer was killed); read the 2 verified entries, "
+        "dropped 1 entry (2 lines) after the last `#memprofiler-end entries=2`"
+    )
+    # AND without a place to record it, the file is refused
+    with pytest.raises(ArtifactError, match="cut short"):
+        read_yaml(path)
+
+
+def test_block_end_with_a_wrong_count_is_not_trusted(tmp_path):
+    # GIVEN a last block-end whose count does not match the entries above it
+    text = v1_text(stats([1]), [2]) + yaml.safe_dump(stats([2])) + layout.YAML_BLOCK_END.format(n=3) + "\n"
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    cuts: list[Cut] = []
+    # THEN only what lies before the last matching one is read
+    assert read_yaml(path, cuts) == stats([1])
+    assert (cuts[0].kept, cuts[0].dropped_entries) == (2, 2)
+
+
+def test_header_without_any_matching_block_end_is_refused(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(layout.YAML_HEADER + "\n" + yaml.safe_dump(stats([1])))
+    with pytest.raises(ArtifactError) as err:
+        read_yaml(path, [])
+    assert str(err.value) == (
+        f"{path}: starts with `#memprofiler-yaml v1` but has no matching `#memprofiler-end entries=<n>` line: "
+        "the file was cut before its first block was complete; re-copy it or re-run"
+    )
+
+
+def test_older_file_without_header_reads_as_before(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(stats([1, 2])))
+    cuts: list[Cut] = []
+    assert read_yaml(path, cuts) == stats([1, 2]) and cuts == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0.training_step.2.end:\n  rss: 5\n  saved_tensors.by_module:\n    (outside forward): 7\n    enc.0: 0\n",
+        "0.a.1.end: {}\n0.a.1.start:\n  rss: -3\n  x: 1.5e+20\n  y: .inf\n  z: .nan\n  w: 2.0\n",
+        "0.a.1.end:\n  nested:\n  after: 1\n0.a.2.end:\n",
+        "0.fee.1.end:\n  rss: 1\n",  # a function name of hex digits: resolved by PyYAML's rules
+    ],
+)
+def test_fast_reader_agrees_with_safe_load(text):
+    fast = _fast_mapping(text)
+    assert fast is not None
+    assert repr(fast) == repr(yaml.safe_load(text))  # repr: nan == nan fails, its repr does not
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "yes:\n  rss: 1\n",  # a boolean key
+        "0.a.1.end:\n  rss: 0x1f\n",  # a hex number
+        "0.a.1.end:\n  rss: 017\n",  # YAML 1.1 octal
+        "0.a.1.end:\n  rss: 1_000\n",
+        "0.a.1.end:\n  name: text\n",
+        "'0.a.1.end':\n  rss: 1\n",
+        "0.a.1.end:\n  rss: 1 # comment\n",
+        "0.a.1.end:\n  a:\n    b:\n      c: 1\n",
+        "0.a.1.end:\n  12: 1\n",
+    ],
+)
+def test_fast_reader_leaves_anything_else_to_yaml(text):
+    # THEN the shape is declined, so the YAML loader (same answer as safe_load) reads it
+    assert _fast_mapping(text) is None

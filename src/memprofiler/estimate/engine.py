@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,23 +98,17 @@ def _fake_errors() -> tuple[type[BaseException], ...]:
 
 def _fake_failure(err: BaseException, module: str) -> ConfigError:
     func = getattr(err, "func", None)
-    op = str(func) if func is not None else type(err).__name__
+    custom = re.search(r"CustomOpDef\((.*?)\)", str(err))
+    op = str(func) if func is not None else custom.group(1) if custom else type(err).__name__
     why = {
         "DataDependentOutputException": "needs tensor data (`.item()`, `.tolist()`, a Python `if` on a tensor)",
         "DynamicOutputShapeException": "has a data-dependent output shape",
         "UnsupportedOperatorException": "has no fake (meta) kernel",
-    }.get(type(err).__name__, str(err).splitlines()[0] if str(err) else "cannot run on fake tensors")
+    }.get(type(err).__name__, "has no fake (meta) kernel" if custom else "cannot run on fake tensors")
     return ConfigError(
         "estimate.fake",
         f"op `{op}` in module `{module}` {why}; estimate with real tensors on CPU "
         "(`fake=False`, `--estimate.fake false`)",
-    )
-
-
-def _custom_op_failure(err: BaseException) -> bool:
-    text = str(err)
-    return isinstance(err, RuntimeError) and (
-        "fake impl" in text or "Meta kernel" in text or "fake kernel" in text
     )
 
 
@@ -205,25 +200,53 @@ def _one_step(
     tracker.reset_mod_stats()
     saved.reset()
     tracker.phase = "forward"
-    try:
-        with saved, strategies.autocast(precision, where):
-            loss = loss_fn(model, batch)
-        loss.backward()
-        opt.step()
-        tracker.mark_optimizer_state(opt)
-        resident = _resident(model, opt)
-        opt.zero_grad()
-        return resident
-    except _fake_errors() as err:
-        from memprofiler.estimate.tracker import _deepest
+    with _ModuleStack(model) as stack:
+        try:
+            with saved, strategies.autocast(precision, where):
+                loss = loss_fn(model, batch)
+            loss.backward()
+            opt.step()
+        except _fake_errors() as err:
+            raise _fake_failure(err, stack.innermost()) from None
+        except RuntimeError as err:
+            if "fake impl" not in str(err) and "Meta kernel" not in str(err):
+                raise
+            raise _fake_failure(err, stack.innermost()) from None
+    tracker.mark_optimizer_state(opt)
+    resident = _resident(model, opt)
+    opt.zero_grad()
+    return resident
 
-        raise _fake_failure(err, _deepest(tracker._mod_tracker.parents)) from None
-    except RuntimeError as err:
-        if not _custom_op_failure(err):
-            raise
-        from memprofiler.estimate.tracker import _deepest
 
-        raise _fake_failure(err, _deepest(tracker._mod_tracker.parents)) from None
+class _ModuleStack:
+    """The modules whose forward is running; left as it was when a forward raises."""
+
+    def __init__(self, root: nn.Module) -> None:
+        self._labels = {id(m): name or "(root)" for name, m in root.named_modules()}
+        self.stack: list[str] = []
+        self._handles: list[Any] = []
+
+    def innermost(self) -> str:
+        return self.stack[-1] if self.stack else "(outside forward)"
+
+    def _push(self, module: nn.Module, args: Any) -> None:
+        self.stack.append(self._labels.get(id(module), type(module).__name__))
+
+    def _pop(self, module: nn.Module, args: Any, out: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def __enter__(self) -> _ModuleStack:
+        mod = nn.modules.module
+        self._handles = [
+            mod.register_module_forward_pre_hook(self._push),
+            mod.register_module_forward_hook(self._pop),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

@@ -116,7 +116,7 @@ def estimate(
     model: nn.Module,
     batch: Any,
     *,
-    optimizer: OptimizerFn,
+    optimizer: OptimizerFn | None,
     loss_fn: LossFn,
     strategy: str,
     world_size: int,
@@ -126,6 +126,7 @@ def estimate(
     fake: bool,
     shard_policy: Callable[[nn.Module], bool] | None,
     prepare: Callable[[nn.Module], None] | None = None,
+    optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
 ) -> MemoryEstimate:
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
@@ -146,7 +147,14 @@ def estimate(
         with mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, strategies.param_dtype(precision))
             fake_batch = _to_fake(batch, mode, where)
-            opt = optimizer(model.parameters())
+            if optimizer_of_model is not None:  # LightningModule.configure_optimizers
+                opt = optimizer_of_model(model)
+            elif optimizer is not None:
+                opt = optimizer(model.parameters())
+            else:
+                raise ConfigError(
+                    "optimizer", "pass a callable, e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-4)`"
+                )
             tracker = new_tracker(fsdp, model, opt)
             led: Ledger = tracker.ledger
             if fsdp:

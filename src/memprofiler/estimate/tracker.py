@@ -123,6 +123,11 @@ def _make(base: type[MemTracker]) -> Any:
                 )
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
 
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for
+            # every active module on every op, which dominated the cost of an estimate.
+            return
+
         def mark_optimizer_state(self, optimizer: optim.Optimizer) -> None:
             for states in optimizer.state.values():
                 for val in states.values():
@@ -152,13 +157,23 @@ def _deepest(parents: set[str]) -> str:
     return best.split(".", 1)[1] if "." in best else "(root)"
 
 
+def _fsdp_root(module: torch.nn.Module) -> torch.nn.Module:
+    """The outermost ``fully_shard``-ed module (a LightningModule wraps it and is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            return m
+    return module
+
+
 SingleTracker = _make(MemTracker)
 FSDPTracker = _make(FSDPMemTracker)
 
 
 def new_tracker(fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer) -> Any:
     """A tracker with a fresh :class:`Ledger`, for an FSDP2-sharded module or a plain one."""
-    tracker = FSDPTracker(module, optimizer) if fsdp else SingleTracker()
+    tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
     tracker.ledger = Ledger()
     tracker.phase = "forward"
     if not fsdp:

@@ -23,15 +23,17 @@ from memprofiler.config import MemProfilerConfig
 from memprofiler.core.profiler import check_writable
 from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.estimate import EstimateSubcommand
 
 GROUP = "memprofiler"
 
 
-class MemProfilerCLI(LightningCLI):
+class MemProfilerCLI(EstimateSubcommand, LightningCLI):
     """LightningCLI that adds ``memprofiler:`` and installs a :class:`MemProfilerCallback`.
 
     The group holds the fields of :class:`~memprofiler.MemProfilerConfig`. When absent or
-    ``enabled: false`` no callback is added.
+    ``enabled: false`` no callback is added. The ``estimate`` subcommand estimates one rank's
+    peak memory of the same config (see :mod:`memprofiler.lightning.estimate`).
     """
 
     @override

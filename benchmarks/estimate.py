@@ -5,7 +5,10 @@
    world sizes 8 and 1,024, each in a fresh process so RSS is its own.
 2. Accuracy: for each panel model (tests/estimate/models.py), the estimate's tensor peak and
    saved bytes against the same step measured on CPU: saved bytes by memprofiler's
-   collector, the peak by torch's ``MemTracker`` on real tensors.
+   collector, the peak by torch's ``MemTracker`` on real tensors (the estimate uses the same
+   tracker, so this checks that fake tensors allocate exactly what real ones do).
+3. FSDP2: the ``world_size=2`` estimate against a real 2-process gloo run's
+   ``FSDPMemTracker`` peak.
 
 Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/estimate.py > benchmarks/results/estimate.json``
 """
@@ -140,6 +143,50 @@ def accuracy() -> dict[str, Any]:
     return out
 
 
+def fsdp_two_ranks() -> dict[str, Any]:
+    """The FSDP2 check of tests/estimate/test_fsdp_two_ranks.py, with its figures."""
+    import os
+
+    import test_fsdp_two_ranks as t
+    import torch
+
+    from memprofiler.estimate import estimate_memory
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(t._free_port()),
+            "WORLD_SIZE": "2",
+        }
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "estimate")])
+        code = f"import test_fsdp_two_ranks as t; t._worker({tmp!r})"
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+            for r in range(2)
+        ]
+        for p in procs:
+            p.wait(timeout=300)
+        measured = json.loads(Path(tmp, "rank0.json").read_text())["peak"]
+    with torch.device("meta"):
+        model = t.Stack()
+    est = estimate_memory(
+        model,
+        t.batch(),
+        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+        loss_fn=t.loss_fn,
+        strategy="fsdp",
+        world_size=2,
+        device="cpu",
+        steps=t.STEPS,
+    )
+    return {
+        "estimated_peak_bytes": est.tensor_peak_bytes,
+        "measured_fsdp_mem_tracker_peak_bytes": measured,
+        "ratio": round(est.tensor_peak_bytes / measured, 4),
+    }
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--llama":
         print(json.dumps(one_llama(int(sys.argv[2]))))
@@ -155,6 +202,7 @@ def main() -> None:
         "llama_1b_fsdp": cost,
         "targets": {"wall_s": 60, "peak_rss_bytes": 2 << 30},
         "accuracy_cpu": accuracy(),
+        "fsdp2_world_size_2_vs_gloo": fsdp_two_ranks(),
     }
     print(json.dumps(result, indent=2))
 

@@ -54,6 +54,7 @@ class Ledger:
         self.allocator = AllocatorReplay()
         self._keys = itertools.count(1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
+        self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
 
     def key_of(self, winfo: Any) -> int:
         key = getattr(winfo, "_memprofiler_key", None)
@@ -101,17 +102,22 @@ def _make(base: type[MemTracker]) -> Any:
             key = led.key_of(winfo)
             n = _nbytes(winfo)
             if u_type == _UpdateType.ADD:
+                led.sizes[key] = n
                 led.move(led.category(winfo), n)
                 led.allocator.alloc(key, n)
             elif u_type == _UpdateType.DEL:
+                n = led.sizes.pop(key, n)
                 led.move(led.category(winfo), -n)
                 led.allocator.free(key)
             elif u_type == _UpdateType.REF:
+                n = led.sizes.get(key, n)
                 led.move(led.category(winfo, old_reftype), -n)
                 led.move(led.category(winfo), n)
-            elif u_type == _UpdateType.SIZE and old_mem_consumed is not None:
-                # FSDP2 frees and re-allocates unsharded parameters with ``resize_``.
-                led.move(led.category(winfo), n - old_mem_consumed)
+            elif u_type == _UpdateType.SIZE:
+                # FSDP2 frees and re-allocates unsharded parameters with ``resize_``. torch's
+                # old figure is rounded for CUDA tensors; the ledger keeps the raw one.
+                led.move(led.category(winfo), n - led.sizes.get(key, 0))
+                led.sizes[key] = n
                 led.allocator.free(key)
                 led.allocator.alloc(key, n)
             if led.total > led.peak:

@@ -103,3 +103,15 @@ def test_the_callers_model_is_not_touched():
     estimate_memory(net, torch.randn(4, 10), optimizer=ADAM)
     assert all(torch.equal(a, p) for a, p in zip(before, net.parameters(), strict=True))
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_fsdp_first_estimate_in_a_process_equals_the_next():
+    # GIVEN shapes no other test shards (DTensor caches its sharding inference per process)
+    def once() -> dict[str, int]:
+        with torch.device("meta"):
+            net = nn.Sequential(nn.Linear(13, 29), nn.Linear(29, 3))
+        est = estimate_memory(net, torch.randn(1, 13), optimizer=ADAM, strategy="fsdp", world_size=3, steps=1)
+        return {"peak": est.tensor_peak_bytes, **est.by_category}
+
+    # THEN the first estimate counts no tensors of DTensor's one-off sharding inference
+    assert once() == once()

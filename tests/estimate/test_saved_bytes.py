@@ -47,3 +47,22 @@ def test_mlp_saved_bytes_match_the_analytic_truth():
     est = estimate_memory(build(), make_batch(), optimizer=SGD, loss_fn=loss_fn, device="cpu")
     # THEN x, the relu output (saved by relu and linear2: once) and the output
     assert est.saved_bytes == 4 * (16 * 64 + 16 * 128 + 16 * 8)
+
+
+def test_bf16_mixed_saved_bytes_equal_the_measured_autocast_step(tmp_path):
+    # GIVEN the transformer block measured under CPU autocast to bfloat16
+    build, make_batch, loss_fn = panel()["transformer_block"]
+    model, batch = build(), make_batch()
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(model)
+    with prof.profile("training_step", module=model), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(model, batch)
+    truth = prof.snapshots["0.training_step.1.end"]["saved_tensors.unique_bytes"]
+    # WHEN estimated with precision bf16-mixed
+    est = estimate_memory(
+        build(), make_batch(), optimizer=SGD, loss_fn=loss_fn, device="cpu", precision="bf16-mixed"
+    )
+    fp32 = estimate_memory(build(), make_batch(), optimizer=SGD, loss_fn=loss_fn, device="cpu")
+    # THEN it is the measured figure, and autocast changed it (bf16 copies of inputs and weights)
+    assert est.saved_bytes == truth
+    assert est.saved_bytes != fp32.saved_bytes
+    assert loss.dtype == torch.float32

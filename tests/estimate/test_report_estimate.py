@@ -9,8 +9,8 @@ import yaml
 
 from memprofiler import layout
 from memprofiler.__main__ import main
+from memprofiler.estimate.output import write_estimates
 from memprofiler.estimate.result import MemoryEstimate
-from memprofiler.lightning.estimate import write_estimates
 
 GiB = 2**30
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies
+from memprofiler.estimate.failures import ModuleStack, fake_errors, fake_failure
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
 from memprofiler.estimate.tracker import Ledger, new_tracker
@@ -83,33 +83,6 @@ def _to_fake(batch: Any, mode: Any, device: str) -> Any:
         return t.to(device)
 
     return tree_map_only(torch.Tensor, conv, batch)
-
-
-def _fake_errors() -> tuple[type[BaseException], ...]:
-    from torch._subclasses import fake_tensor as ft
-
-    return (
-        ft.DataDependentOutputException,
-        ft.DynamicOutputShapeException,
-        ft.UnsupportedOperatorException,
-        ft.UnsupportedFakeTensorException,
-    )
-
-
-def _fake_failure(err: BaseException, module: str) -> ConfigError:
-    func = getattr(err, "func", None)
-    custom = re.search(r"CustomOpDef\((.*?)\)", str(err))
-    op = str(func) if func is not None else custom.group(1) if custom else type(err).__name__
-    why = {
-        "DataDependentOutputException": "needs tensor data (`.item()`, `.tolist()`, a Python `if` on a tensor)",
-        "DynamicOutputShapeException": "has a data-dependent output shape",
-        "UnsupportedOperatorException": "has no fake (meta) kernel",
-    }.get(type(err).__name__, "has no fake (meta) kernel" if custom else "cannot run on fake tensors")
-    return ConfigError(
-        "estimate.fake",
-        f"op `{op}` in module `{module}` {why}; estimate with real tensors on CPU "
-        "(`fake=False`, `--estimate.fake false`)",
-    )
 
 
 def estimate(
@@ -210,53 +183,22 @@ def _one_step(
     tracker.reset_mod_stats()
     saved.reset()
     tracker.phase = "forward"
-    with _ModuleStack(model) as stack:
+    with ModuleStack(model) as stack:
         try:
             with saved, strategies.autocast(precision, where):
                 loss = loss_fn(model, batch)
             loss.backward()
             opt.step()
-        except _fake_errors() as err:
-            raise _fake_failure(err, stack.innermost()) from None
+        except fake_errors() as err:
+            raise fake_failure(err, stack.innermost()) from None
         except RuntimeError as err:
             if "fake impl" not in str(err) and "Meta kernel" not in str(err):
                 raise
-            raise _fake_failure(err, stack.innermost()) from None
+            raise fake_failure(err, stack.innermost()) from None
     tracker.mark_optimizer_state(opt)
     resident = _resident(model, opt)
     opt.zero_grad()
     return resident
-
-
-class _ModuleStack:
-    """The modules whose forward is running; left as it was when a forward raises."""
-
-    def __init__(self, root: nn.Module) -> None:
-        self._labels = {id(m): name or "(root)" for name, m in root.named_modules()}
-        self.stack: list[str] = []
-        self._handles: list[Any] = []
-
-    def innermost(self) -> str:
-        return self.stack[-1] if self.stack else "(outside forward)"
-
-    def _push(self, module: nn.Module, args: Any) -> None:
-        self.stack.append(self._labels.get(id(module), type(module).__name__))
-
-    def _pop(self, module: nn.Module, args: Any, out: Any) -> None:
-        if self.stack:
-            self.stack.pop()
-
-    def __enter__(self) -> _ModuleStack:
-        mod = nn.modules.module
-        self._handles = [
-            mod.register_module_forward_pre_hook(self._push),
-            mod.register_module_forward_hook(self._pop),
-        ]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def _warm_sharding_propagation(model: nn.Module, opt: torch.optim.Optimizer) -> None:

@@ -202,6 +202,8 @@ def memprofiler_command() -> str:
 def main() -> None:
     cli = MemProfilerCLI(DemoGPT, run=True, save_config_kwargs={"overwrite": True})
     trainer = cli.trainer
+    if trainer is None:  # `estimate` builds no Trainer; it printed its table
+        return
     save_dirs = {Path(cb.profiler.save_dir) for cb in trainer.callbacks if getattr(cb, "profiler", None)}
     if trainer.is_global_zero:
         for save_dir in sorted(save_dirs):

@@ -17,6 +17,7 @@ from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
     from memprofiler.core.profiler import MemProfiler
+    from memprofiler.estimate import MemoryEstimate, estimate_memory
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
@@ -27,6 +28,8 @@ _LAZY = {
     "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
+    "estimate_memory": "memprofiler.estimate",
+    "MemoryEstimate": "memprofiler.estimate",
 }
 
 
@@ -46,7 +49,9 @@ __all__ = [
     "MemProfilerCallback",
     "MemProfilerConfig",
     "MemProfilerError",
+    "MemoryEstimate",
     "ProfilerHooksMixin",
     "__version__",
+    "estimate_memory",
     "memprofilable",
 ]

@@ -69,3 +69,8 @@ YAML_HEADER = "#memprofiler-yaml v1"
 #: YAML) hold one per block; the last line of an intact file is one. A reader keeps what lies
 #: before the last block-end whose count matches, and reports anything after it as cut.
 YAML_BLOCK_END = "#memprofiler-end entries={n}"
+
+# ---------------------------------------------------------------------------- estimates
+#: Written by ``MemProfilerCLI estimate`` into ``save_dir``: one rank's estimated peak and its
+#: breakdown per batch size (``memprofiler report`` / ``diff`` read it beside a measured run).
+MEMORY_ESTIMATE_YAML = "memory_estimate.yaml"

@@ -47,9 +47,13 @@ class DiffCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.diff import diff_functions, diff_runs
+        from memprofiler.analysis.estimate import diff_line
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
+        if line := diff_line(args.run_a, args.run_b):  # an estimate beside a measured run
+            make_console().print(line, markup=False, highlight=False)
+            return 0
         min_change = parse_size(args.min_change, key="--min-change")
         a, b = load(self.name, args.run_a), load(self.name, args.run_b)
         console = make_console()

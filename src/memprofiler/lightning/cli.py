@@ -30,16 +30,18 @@ from memprofiler.lightning.cli_parser import (
     check_profiler_entries,
     group_is_used,
 )
+from memprofiler.lightning.estimate import EstimateSubcommand
 from memprofiler.output.run_dir import check_writable
 
 
-class MemProfilerCLI(LightningCLI):
+class MemProfilerCLI(EstimateSubcommand, LightningCLI):
     """LightningCLI that adds ``memprofiler:`` and installs a :class:`MemProfilerCallback`.
 
     The group holds the fields of :class:`~memprofiler.MemProfilerConfig`. With ``enabled:
     false``, or left at its defaults while a ``MemProfilerCallback`` entry of
     ``trainer.callbacks`` or the model's ``memprofiler_cfg`` configures profiling, it adds no
-    callback.
+    callback. The ``estimate`` subcommand estimates one rank's
+    peak memory of the same config (see :mod:`memprofiler.lightning.estimate`).
     """
 
     @override

@@ -1,0 +1,75 @@
+"""``estimate_memory``: will a training step fit? Its per-rank peak, before running it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from memprofiler.estimate import engine
+from memprofiler.estimate.result import MemoryEstimate
+
+
+def estimate_memory(
+    model: nn.Module,
+    batch: Any,
+    *,
+    optimizer: engine.OptimizerFn,
+    loss_fn: engine.LossFn | None = None,
+    world_size: int = 1,
+    strategy: str = "single",
+    precision: str = "32-true",
+    device: str = "cuda",
+    steps: int = 2,
+    fake: bool = True,
+    shard_policy: Callable[[nn.Module], bool] | None = None,
+) -> MemoryEstimate:
+    """Estimate one rank's peak memory of ``steps`` training steps, allocating nothing.
+
+    Each step runs forward, the loss, backward, ``optimizer.step()`` and ``zero_grad()`` on
+    fake tensors with a fake process group of ``world_size`` ranks, so no GPU is needed and a
+    model built on the meta device costs no host memory. The model is copied, never changed.
+
+    Args:
+        model: the module, ideally built under ``torch.device("meta")``.
+        batch: one batch; a tuple or list is unpacked into ``model(*batch)``.
+        optimizer: takes the parameters, returns the optimizer,
+            e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-4)``.
+        loss_fn: ``loss_fn(model, batch) -> loss``; by default the output's ``loss`` (dict
+            key or attribute), itself when scalar, else its sum.
+        world_size: ranks; ``ddp`` and ``fsdp`` only.
+        strategy: ``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp``
+            (FSDP2 ``fully_shard`` on every ``nn.ModuleList`` item and the root, or on the
+            modules ``shard_policy`` picks). Tensor / pipeline parallelism is not modelled.
+        precision: Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ...
+        device: ``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes.
+        steps: steps to run; 2 covers optimizer state created lazily in the first.
+        fake: ``False`` runs on real CPU tensors, for models that cannot run fake.
+        shard_policy: which submodules ``fsdp`` shards apart from the root.
+
+    Raises:
+        ConfigError: a bad argument, or the model cannot run on fake tensors (the message
+            names the op and the module and suggests ``fake=False``).
+
+    Example:
+        >>> import torch
+        >>> with torch.device("meta"):
+        ...     net = torch.nn.Linear(1024, 1024)
+        >>> est = estimate_memory(net, torch.randn(8, 1024), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+        >>> est.resident["parameters"]
+        4198400
+    """
+    return engine.estimate(
+        model,
+        batch,
+        optimizer=optimizer,
+        loss_fn=loss_fn or engine.default_loss,
+        strategy=strategy,
+        world_size=world_size,
+        precision=precision,
+        device=device,
+        steps=steps,
+        fake=fake,
+        shard_policy=shard_policy,
+    )

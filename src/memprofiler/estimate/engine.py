@@ -1,0 +1,246 @@
+"""Runs training steps on fake tensors (or real CPU ones) under a tracker, one rank's view.
+
+Fake tensors carry shapes, dtypes and storages but no data, so a multi-billion-parameter
+model costs no memory and ops cost no compute; everything an op allocates still goes
+through the dispatcher, where the tracker sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map_only
+
+from memprofiler.errors import ConfigError
+from memprofiler.estimate import strategies
+from memprofiler.estimate.failures import ModuleStack, fake_errors, fake_failure
+from memprofiler.estimate.result import MemoryEstimate
+from memprofiler.estimate.saved import SavedBytes
+from memprofiler.estimate.tracker import Ledger, new_tracker
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+OptimizerFn = Callable[[Any], torch.optim.Optimizer]
+
+
+def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Forward the batch (a tuple/list is unpacked) and reduce the output to a scalar."""
+    out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+    return as_loss(out)
+
+
+def as_loss(out: Any) -> torch.Tensor:
+    """The loss in a model's output: a scalar, ``out["loss"]``, ``out.loss``, or ``out.sum()``."""
+    if isinstance(out, dict) and "loss" in out:
+        out = out["loss"]
+    elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "loss", None), torch.Tensor):
+        out = out.loss
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(
+            "loss_fn", f"the model returned {type(out).__name__}; pass `loss_fn` that returns the loss"
+        )
+    return out if out.dim() == 0 else out.sum()
+
+
+def run_device(device: str, fake: bool) -> tuple[str, list[str]]:
+    """Where the fake step runs; CUDA is modelled by the allocator when it cannot run there."""
+    if device == "cpu" or not fake:
+        return "cpu", []
+    if torch.backends.cuda.is_built():
+        return device, []
+    # Autograd on fake CUDA tensors aborts the process on a CPU-only build of torch.
+    return "cpu", [
+        "ran on fake CPU tensors (this torch has no CUDA); kernels that save different tensors on CUDA "
+        "(attention backends) are counted as on CPU"
+    ]
+
+
+def meta_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are on the meta device (costs no memory)."""
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
+    model.to_empty(device=device)
+    if dtype != torch.float32:
+        model.to(dtype)
+
+
+def _to_fake(batch: Any, mode: Any, device: str) -> Any:
+    def conv(t: torch.Tensor) -> torch.Tensor:
+        t = mode.from_tensor(t) if mode is not None else t
+        return t.to(device)
+
+    return tree_map_only(torch.Tensor, conv, batch)
+
+
+def estimate(
+    model: nn.Module,
+    batch: Any,
+    *,
+    optimizer: OptimizerFn | None,
+    loss_fn: LossFn,
+    strategy: str,
+    world_size: int,
+    precision: str,
+    device: str,
+    steps: int,
+    fake: bool,
+    shard_policy: Callable[[nn.Module], bool] | None,
+    prepare: Callable[[nn.Module], None] | None = None,
+    optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+) -> MemoryEstimate:
+    """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
+    strategies.check(strategy, world_size, precision, steps)
+    where, notes = run_device(device, fake)
+    fsdp = strategy == "fsdp"
+    pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
+    with pg:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+        model = meta_copy(model)  # never touch the caller's module
+        # Sharding runs on the meta copy, outside fake mode: the device mesh needs real ranks.
+        if prepare is not None:
+            with torch.device("meta"):
+                prepare(model)
+        if fsdp and not strategies.is_fully_sharded(model):
+            strategies.fully_shard_model(model, world_size, shard_policy)
+        with mode if mode is not None else contextlib.nullcontext():
+            _materialize(model, where, strategies.param_dtype(precision))
+            fake_batch = _to_fake(batch, mode, where)
+            if optimizer_of_model is not None:  # LightningModule.configure_optimizers
+                opt = optimizer_of_model(model)
+            elif optimizer is not None:
+                opt = optimizer(model.parameters())
+            else:
+                raise ConfigError(
+                    "optimizer", "pass a callable, e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-4)`"
+                )
+            tracker = new_tracker(fsdp, model, opt)
+            led: Ledger = tracker.ledger
+            if fsdp:
+                tracker.track_inputs((fake_batch,))
+            else:
+                tracker.track_external(*[t for t in _tensors(fake_batch)])
+            if strategy == "ddp":  # allocated when DDP wraps the model, held for the run
+                for i, n in enumerate(strategies.ddp_buckets(model)):
+                    led.move("ddp_buckets", n)
+                    led.allocator.alloc(-1 - i, n)
+            if fsdp:
+                _warm_sharding_propagation(model, opt)
+            saved = SavedBytes(model)
+            peak_step = 1
+            resident: dict[str, int] = {}
+            with tracker:
+                for step in range(1, steps + 1):
+                    before = led.peak
+                    resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
+                    if led.peak > before:
+                        peak_step = step
+    cuda = device.startswith("cuda")
+    return MemoryEstimate(
+        peak_bytes=led.allocator.peak_allocated if cuda else led.peak,
+        tensor_peak_bytes=led.peak,
+        reserved_peak_bytes=led.allocator.peak_reserved if cuda else led.peak,
+        by_category=dict(sorted(led.peak_by_category.items(), key=lambda kv: -kv[1])),
+        resident=resident,
+        saved_bytes=saved.unique_bytes,
+        peak_module=led.peak_module,
+        peak_phase=led.peak_phase,
+        peak_step=peak_step,
+        strategy=strategy,
+        world_size=world_size,
+        precision=precision,
+        device=device,
+        steps=steps,
+        fake=fake,
+        notes=notes,
+    )
+
+
+def _one_step(
+    model: nn.Module,
+    batch: Any,
+    opt: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    tracker: Any,
+    saved: SavedBytes,
+    precision: str,
+    where: str,
+) -> dict[str, int]:
+    tracker.reset_mod_stats()
+    saved.reset()
+    tracker.phase = "forward"
+    with ModuleStack(model) as stack:
+        try:
+            with saved, strategies.autocast(precision, where):
+                loss = loss_fn(model, batch)
+            loss.backward()
+            opt.step()
+        except fake_errors() as err:
+            raise fake_failure(err, stack.innermost()) from None
+        except RuntimeError as err:
+            if "fake impl" not in str(err) and "Meta kernel" not in str(err):
+                raise
+            raise fake_failure(err, stack.innermost()) from None
+    tracker.mark_optimizer_state(opt)
+    resident = _resident(model, opt)
+    opt.zero_grad()
+    return resident
+
+
+def _warm_sharding_propagation(model: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One untracked optimizer step on zero gradients, its state then dropped.
+
+    The first time DTensor meets an op on sharded parameters it infers the output's sharding
+    by running the op on fake tensors, inside our fake mode, where the tracker would count
+    those tensors as optimizer temporaries. That happens once per process (the result is
+    cached), so without this warm-up the first estimate in a process came out higher than
+    the next identical one. Costs one optimizer step.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.state.clear()
+    for p in params:
+        p.grad = None
+
+
+def _tensors(batch: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    tree_map_only(torch.Tensor, out.append, batch)
+    return out
+
+
+def _resident(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes that outlive a step, each storage once: what the analytic formulas give."""
+
+    def total(tensors: Sequence[torch.Tensor]) -> int:
+        seen: dict[int, int] = {}
+        for t in tensors:
+            to_local = getattr(t, "to_local", None)
+            st = (to_local() if callable(to_local) else t).untyped_storage()
+            seen[st._cdata] = st.nbytes()
+        return sum(seen.values())
+
+    params = list(model.parameters())
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {
+        "parameters": total(params),
+        "buffers": total(list(model.buffers())),
+        "gradients": total([p.grad for p in params if p.grad is not None]),
+        "optimizer_state": total(state),
+    }

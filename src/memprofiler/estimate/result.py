@@ -1,0 +1,70 @@
+"""The typed result of an estimate: :class:`MemoryEstimate` (torch-free, YAML-ready)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: What no estimate models; printed with every estimate and written into its YAML.
+NOT_MODELLED = (
+    "CUDA context and cuBLAS / cuDNN / NCCL workspaces (use `reserve`)",
+    "allocator fragmentation across streams, expandable_segments, max_split_size_mb",
+    "tensor and pipeline parallelism",
+    "memory of torch.compile'd graphs and CUDA graphs",
+)
+
+
+@dataclass
+class MemoryEstimate:
+    """Per-rank memory of a training step, estimated by running it on fake tensors.
+
+    All byte figures are per rank. ``by_category`` is the breakdown at the peak; ``resident``
+    holds the bytes that outlive the step (parameters, gradients, optimizer state), which
+    equal their analytic values exactly.
+
+    Example:
+        >>> est = MemoryEstimate(peak_bytes=2048, tensor_peak_bytes=2000)
+        >>> est.fits(4096, reserve=1024)
+        True
+    """
+
+    peak_bytes: int
+    """Modelled ``allocated_bytes.all.peak`` of the caching allocator (the tensor peak on CPU)."""
+    tensor_peak_bytes: int
+    """Peak of the live tensors' own bytes, before allocator rounding."""
+    reserved_peak_bytes: int = 0
+    """Modelled ``reserved_bytes.all.peak``: segments the allocator holds at the peak."""
+    by_category: dict[str, int] = field(default_factory=dict)
+    """Live tensor bytes per category at the peak."""
+    resident: dict[str, int] = field(default_factory=dict)
+    """Bytes of parameters, gradients and optimizer state after the last step (per rank)."""
+    saved_bytes: int = 0
+    """Bytes saved for backward in one step (the definition of ``saved_tensors.unique_bytes``)."""
+    peak_module: str = ""
+    """Innermost module running when the peak was reached."""
+    peak_phase: str = ""
+    """``forward``, ``backward`` or ``optimizer``."""
+    peak_step: int = 0
+    """The step (1-based) in which the peak was reached."""
+    strategy: str = "single"
+    world_size: int = 1
+    precision: str = "32-true"
+    device: str = "cuda"
+    steps: int = 2
+    fake: bool = True
+    batch_size: int | None = None
+    notes: list[str] = field(default_factory=list)
+    """What this estimate assumed or could not model."""
+    not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
+
+    def fits(self, device_memory: int, reserve: int = 0) -> bool:
+        """Whether the modelled reserved peak plus ``reserve`` fits in ``device_memory`` bytes."""
+        return self.headroom(device_memory, reserve) >= 0
+
+    def headroom(self, device_memory: int, reserve: int = 0) -> int:
+        """``device_memory`` minus the modelled reserved peak (or the peak) minus ``reserve``."""
+        return device_memory - max(self.reserved_peak_bytes, self.peak_bytes) - reserve
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, so ``yaml.safe_load`` reads it back."""
+        return asdict(self)

@@ -1,0 +1,114 @@
+"""How each parallel strategy changes one rank's memory: a fake process group, FSDP2
+sharding, DDP's gradient buckets, and the precision a step runs in."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from memprofiler.errors import ConfigError
+
+STRATEGIES = ("single", "ddp", "fsdp")
+NOT_SUPPORTED = "tensor and pipeline parallelism are not modelled: estimate their data-parallel part only"
+#: Lightning's precision names to (autocast dtype, parameter dtype).
+PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype]] = {
+    "32-true": (None, torch.float32),
+    "32": (None, torch.float32),
+    "64-true": (None, torch.float64),
+    "bf16-mixed": (torch.bfloat16, torch.float32),
+    "16-mixed": (torch.float16, torch.float32),
+    "bf16-true": (None, torch.bfloat16),
+    "16-true": (None, torch.float16),
+}
+#: DDP's defaults (``torch.distributed.constants``): the first bucket is small so the first
+#: all-reduce starts early.
+DDP_FIRST_BUCKET = 1 << 20
+DDP_BUCKET_CAP_MB = 25
+
+
+def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
+    """Raise :class:`ConfigError` naming the argument for a value no estimate can use."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(
+            "strategy", f"got {strategy!r}; use one of {', '.join(STRATEGIES)} ({NOT_SUPPORTED})"
+        )
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError("world_size", f"got {world_size!r}; use an integer >= 1")
+    if strategy == "single" and world_size != 1:
+        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp' or 'fsdp'")
+    if precision not in PRECISIONS:
+        raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError("steps", f"got {steps!r}; use an integer >= 1 (2 covers optimizer state)")
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """Initialise torch's fake process group (rank 0 of ``world_size``) for the block."""
+    if dist.is_initialized():
+        raise ConfigError(
+            "strategy",
+            "a process group is already initialised; estimate in a process without one (the CLI does)",
+        )
+    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Module], bool] | None) -> None:
+    """Apply FSDP2's ``fully_shard`` to the modules ``policy`` picks, then to the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    picked: list[nn.Module] = []
+    if policy is None:
+        for m in model.modules():
+            if isinstance(m, nn.ModuleList):
+                picked.extend(m)
+    else:
+        picked = [m for m in model.modules() if m is not model and policy(m)]
+    for m in picked:
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def is_fully_sharded(model: nn.Module) -> bool:
+    return any(callable(getattr(p, "to_local", None)) for p in model.parameters())
+
+
+def ddp_buckets(model: nn.Module, bucket_cap_mb: float = DDP_BUCKET_CAP_MB) -> list[int]:
+    """Bytes of each gradient bucket DDP's reducer allocates (``gradient_as_bucket_view=False``).
+
+    Parameters go in reverse registration order, one bucket list per dtype; a bucket closes
+    once it reaches its limit: 1 MiB for the first, ``bucket_cap_mb`` after.
+    """
+    cap = int(bucket_cap_mb * (1 << 20))
+    open_: dict[torch.dtype, list[int]] = {}  # dtype -> [bytes so far, buckets closed]
+    sizes: list[int] = []
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        cur = open_.setdefault(p.dtype, [0, 0])
+        cur[0] += p.numel() * p.element_size()
+        if cur[0] >= (DDP_FIRST_BUCKET if cur[1] == 0 else cap):
+            sizes.append(cur[0])
+            cur[0], cur[1] = 0, cur[1] + 1
+    sizes.extend(cur[0] for cur in open_.values() if cur[0])
+    return sizes
+
+
+def autocast(precision: str, device: str) -> contextlib.AbstractContextManager[Any]:
+    dtype = PRECISIONS[precision][0]
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    return PRECISIONS[precision][1]

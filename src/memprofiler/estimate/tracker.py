@@ -1,0 +1,187 @@
+"""Per-category live bytes over a fake step, on top of torch's ``MemTracker`` / ``FSDPMemTracker``.
+
+torch's trackers already tag every storage an op creates (parameter, gradient, activation,
+temporary, optimizer state and, under FSDP2, sharded / unsharded / all-gather /
+reduce-scatter). This module listens to their bookkeeping (``_update_snap``) to keep what
+they do not: the raw byte total at every change (for the peak and the module at the peak),
+optimizer state apart from the optimizer step's temporaries, and the ordered
+allocation log the CUDA allocator model replays. One tracker per estimate: no globals.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch import optim
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
+
+from memprofiler.estimate.allocator import AllocatorReplay
+
+#: torch's reference types, by value, to the names an estimate reports.
+CATEGORY = {
+    _MemRefType.PARAM.value: "parameters",
+    _MemRefType.BUFFER.value: "buffers",
+    _MemRefType.GRAD.value: "gradients",
+    _MemRefType.ACT.value: "activations",
+    _MemRefType.TEMP.value: "temporaries",
+    _MemRefType.OPT.value: "optimizer_state",
+    _MemRefType.OTH.value: "inputs",
+    _FSDPRefType.SHARDED_PARAM.value: "parameters",
+    _FSDPRefType.UNSHARDED_PARAM.value: "unsharded_parameters",
+    _FSDPRefType.SHARDED_GRAD.value: "gradients",
+    _FSDPRefType.UNSHARDED_GRAD.value: "unsharded_gradients",
+    _FSDPRefType.ALL_GATHER.value: "all_gather_buffers",
+    _FSDPRefType.REDUCE_SCATTER.value: "reduce_scatter_buffers",
+    _FSDPRefType.OPT.value: "optimizer_state",
+    _FSDPRefType.INP.value: "inputs",
+}
+OPT_TEMP = "optimizer_temporaries"
+
+
+class Ledger:
+    """Live bytes per category, the peak with its breakdown, module and phase, and the allocator."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, int] = {}
+        self.total = 0
+        self.peak = 0
+        self.peak_by_category: dict[str, int] = {}
+        self.peak_module = "(none)"
+        self.peak_phase = "setup"
+        self.allocator = AllocatorReplay()
+        self._keys = itertools.count(1)
+        self._state: set[int] = set()  # keys of storages held in optimizer.state
+        self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
+
+    def key_of(self, winfo: Any) -> int:
+        key = getattr(winfo, "_memprofiler_key", None)
+        if key is None:
+            key = next(self._keys)
+            winfo._memprofiler_key = key
+        return int(key)
+
+    def category(self, winfo: Any, reftype: Any = None) -> str:
+        name = CATEGORY.get(getattr(reftype or winfo.reftype, "value", ""), "other")
+        if name == "optimizer_state" and self.key_of(winfo) not in self._state:
+            return OPT_TEMP
+        return name
+
+    def move(self, cat: str, delta: int) -> None:
+        self.live[cat] = self.live.get(cat, 0) + delta
+        self.total += delta
+
+    def mark_state(self, winfo: Any, nbytes: int) -> None:
+        """An optimizer-step allocation kept in ``optimizer.state``: state, not a temporary."""
+        key = self.key_of(winfo)
+        if key not in self._state and self.category(winfo) == OPT_TEMP:
+            self.move(OPT_TEMP, -nbytes)
+            self._state.add(key)
+            self.move("optimizer_state", nbytes)
+
+
+def _nbytes(winfo: Any) -> int:
+    return int(winfo.size * winfo.element_size)
+
+
+def _make(base: type[MemTracker]) -> Any:
+    class _Tracked(base):  # type: ignore[valid-type, misc]
+        ledger: Ledger
+        phase: str
+
+        def _update_snap(
+            self,
+            u_type: _UpdateType,
+            winfo: Any,
+            old_mem_consumed: int | None = None,
+            old_reftype: Any = None,
+        ) -> None:
+            led = self.ledger
+            key = led.key_of(winfo)
+            n = _nbytes(winfo)
+            if u_type == _UpdateType.ADD:
+                led.sizes[key] = n
+                led.move(led.category(winfo), n)
+                led.allocator.alloc(key, n)
+            elif u_type == _UpdateType.DEL:
+                n = led.sizes.pop(key, n)
+                led.move(led.category(winfo), -n)
+                led.allocator.free(key)
+            elif u_type == _UpdateType.REF:
+                n = led.sizes.get(key, n)
+                led.move(led.category(winfo, old_reftype), -n)
+                led.move(led.category(winfo), n)
+            elif u_type == _UpdateType.SIZE:
+                # FSDP2 frees and re-allocates unsharded parameters with ``resize_``. torch's
+                # old figure is rounded for CUDA tensors; the ledger keeps the raw one.
+                led.move(led.category(winfo), n - led.sizes.get(key, 0))
+                led.sizes[key] = n
+                led.allocator.free(key)
+                led.allocator.alloc(key, n)
+            if led.total > led.peak:
+                led.peak = led.total
+                led.peak_by_category = {k: v for k, v in led.live.items() if v}
+                led.peak_module = _deepest(self._mod_tracker.parents)
+                led.peak_phase = (
+                    "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
+                )
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for
+            # every active module on every op, which dominated the cost of an estimate.
+            return
+
+        def mark_optimizer_state(self, optimizer: optim.Optimizer) -> None:
+            for states in optimizer.state.values():
+                for val in states.values():
+                    if isinstance(val, torch.Tensor):
+                        for st in _storages(val):
+                            found = self._WINFO.get(st)
+                            if found is not None:
+                                self.ledger.mark_state(found[0], _nbytes(found[0]))
+
+    _Tracked.__name__ = f"Ledger{base.__name__}"
+    return _Tracked
+
+
+def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):
+        t = to_local()
+    return [t.untyped_storage()]
+
+
+def _deepest(parents: set[str]) -> str:
+    names = [p for p in parents if p != "Global"]
+    if not names:
+        return "(outside forward)"
+    best = max(names, key=lambda n: (n.count("."), len(n)))
+    # ModTracker names modules ``Root.layer.0``; drop the root's class name as module_labels do.
+    return best.split(".", 1)[1] if "." in best else "(root)"
+
+
+def _fsdp_root(module: torch.nn.Module) -> torch.nn.Module:
+    """The outermost ``fully_shard``-ed module (a LightningModule wraps it and is not sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            return m
+    return module
+
+
+SingleTracker = _make(MemTracker)
+FSDPTracker = _make(FSDPMemTracker)
+
+
+def new_tracker(fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer) -> Any:
+    """A tracker with a fresh :class:`Ledger`, for an FSDP2-sharded module or a plain one."""
+    tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
+    tracker.ledger = Ledger()
+    tracker.phase = "forward"
+    if not fsdp:
+        tracker.track_external(module, optimizer)
+    return tracker

@@ -1,0 +1,85 @@
+"""The panel of models the estimate is checked against (shared by tests and the benchmark).
+
+Each entry builds a module and a batch, and names the loss the measured run uses, so the
+estimate and the real CPU step run exactly the same code.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from demo import Block
+
+
+class Checkpointed(nn.Module):
+    """Two transformer blocks, each under non-reentrant activation checkpointing."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d, heads), Block(d, heads)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        return x
+
+
+def square_mean(model: nn.Module, batch: Any) -> torch.Tensor:
+    return model(batch).pow(2).mean()
+
+
+def hf_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    return model(input_ids=batch, labels=batch).loss
+
+
+def _hf_decoder() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg)
+
+
+def panel() -> dict[
+    str, tuple[Callable[[], nn.Module], Callable[[], Any], Callable[[nn.Module, Any], torch.Tensor]]
+]:
+    """name -> (build the model, build the batch, the loss)."""
+    b, t, d = 4, 16, 32
+    return {
+        "mlp": (
+            lambda: nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8)),
+            lambda: torch.randn(16, 64),
+            square_mean,
+        ),
+        "conv": (
+            lambda: nn.Sequential(
+                nn.Conv2d(3, 8, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Flatten(),
+                nn.Linear(8 * 4 * 4, 5),
+            ),
+            lambda: torch.randn(2, 3, 8, 8),
+            square_mean,
+        ),
+        "transformer_block": (lambda: Block(d, 4), lambda: torch.randn(b, t, d), square_mean),
+        "checkpointed": (lambda: Checkpointed(d, 4), lambda: torch.randn(b, t, d), square_mean),
+        "hf_llama": (_hf_decoder, lambda: torch.randint(0, 256, (2, 32)), hf_loss),
+    }

@@ -30,6 +30,8 @@ from memprofiler.lightning.cli_parser import (
     check_profiler_entries,
     group_is_used,
 )
+from memprofiler.output import remote
+from memprofiler.output.remote import RemoteDir, is_url
 from memprofiler.output.run_dir import check_writable
 
 
@@ -70,7 +72,12 @@ class MemProfilerCLI(LightningCLI):
         cfg = MemProfilerConfig.from_any(_to_dict(value))
         if cfg.enabled and cfg.save_dir:
             try:
-                check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
+                if is_url(cfg.save_dir):
+                    remote.check_writable(
+                        RemoteDir.from_url(cfg.save_dir, key=f"{GROUP}.save_dir"), key=f"{GROUP}.save_dir"
+                    )
+                else:
+                    check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
             except ArtifactError as err:
                 fail(str(err))
 

@@ -11,7 +11,11 @@ class CheckCommand:
     help = "Exit 1 (one line per violation) when a collected value exceeds its --max limit, else 0."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_dir", metavar="RUN_DIR", help="the run's save_dir, or a directory above it")
+        parser.add_argument(
+            "run_dir",
+            metavar="RUN_DIR",
+            help="the run's save_dir, or a directory above it; a local path or a URL (s3://...)",
+        )
         parser.add_argument(
             "--max",
             dest="limits",
@@ -32,9 +36,12 @@ class CheckCommand:
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.artifacts import load_run
         from memprofiler.analysis.budget import Limit, check_budget
+        from memprofiler.analysis.fs import localize, named_as_given
 
         limits = [Limit.parse(t) for t in args.limits]
-        violations, checked = check_budget(load_run(args.run_dir), limits, keys=args.key)
+        with named_as_given():
+            run = load_run(localize(args.run_dir))
+        violations, checked = check_budget(run, limits, keys=args.key)
         for v in violations:
             print(v.line(), file=sys.stdout)
         if violations:

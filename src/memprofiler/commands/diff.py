@@ -10,8 +10,8 @@ class DiffCommand:
     help = "Compare two runs per snapshot key and metric, largest absolute change first."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("run_a", metavar="RUN_A", help="baseline run directory")
-        parser.add_argument("run_b", metavar="RUN_B", help="run directory compared with it")
+        parser.add_argument("run_a", metavar="RUN_A", help="baseline run directory (a path or a URL)")
+        parser.add_argument("run_b", metavar="RUN_B", help="run directory compared with it (a path or a URL)")
         parser.add_argument(
             "--metric",
             action="append",
@@ -36,13 +36,16 @@ class DiffCommand:
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.artifacts import load_run
         from memprofiler.analysis.diff import diff_runs
+        from memprofiler.analysis.fs import localize, named_as_given
         from memprofiler.reporters.terminal import make_console, render_diff
         from memprofiler.units import parse_size
 
         min_change = parse_size(args.min_change, key="--min-change")
+        with named_as_given():
+            run_a, run_b = load_run(localize(args.run_a)), load_run(localize(args.run_b))
         rows = diff_runs(
-            load_run(args.run_a),
-            load_run(args.run_b),
+            run_a,
+            run_b,
             metrics=args.metric,
             keys=args.key,
             min_change=min_change,

@@ -36,19 +36,23 @@ def is_url(path: str | os.PathLike[str]) -> bool:
     return text.split("://", 1)[0].lower() not in _LOCAL
 
 
-def fix_hint(url: str) -> str:
+def fix_hint(url: str, action: str = "writing") -> str:
     """The usual fix for a store that refuses us, per protocol."""
     proto = url.split("://", 1)[0].lower()
     if proto in ("s3", "s3a"):
         return (
             "check the bucket exists and that AWS credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE, "
-            "AWS_ENDPOINT_URL for S3-compatible stores) allow writing there"
+            f"AWS_ENDPOINT_URL for S3-compatible stores) allow {action} there"
         )
     if proto in ("gs", "gcs"):
-        return "check the bucket exists and GOOGLE_APPLICATION_CREDENTIALS allows writing there"
+        return f"check the bucket exists and GOOGLE_APPLICATION_CREDENTIALS allows {action} there"
     if proto in ("abfs", "abfss", "az"):
-        return "check the container exists and AZURE_STORAGE_* credentials allow writing there"
-    return "check the location exists and the credentials allow writing there"
+        return f"check the container exists and AZURE_STORAGE_* credentials allow {action} there"
+    return f"check the location exists and the credentials allow {action} there"
+
+
+def read_hint(url: str) -> str:
+    return fix_hint(url, "reading")
 
 
 @dataclass(frozen=True)

@@ -76,67 +76,57 @@ def _summary(closes: list[float]) -> dict[str, float]:
 
 
 def run(windows: int) -> dict[str, Any]:
-    proc, endpoint = _start_moto()
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_ENDPOINT_URL=endpoint,
-    )
-    try:
-        import s3fs
+    import s3fs
 
-        s3fs.S3FileSystem(skip_instance_cache=True).mkdir("bench")
-        model = nn.Linear(64, 64)
-        x = torch.randn(8, 64)
-        with tempfile.TemporaryDirectory() as tmp:
-            profs = {
-                "local_a": MemProfiler(CONFIG, save_dir=Path(tmp) / "a", rank=0).setup(model),
-                "local_b": MemProfiler(CONFIG, save_dir=Path(tmp) / "b", rank=0).setup(model),
-                "s3": MemProfiler(CONFIG, save_dir="s3://bench/run", rank=0).setup(model),
-            }
-            closes: dict[str, list[float]] = {k: [] for k in profs}
-            rng = random.Random(0)
-            for _ in range(2 * windows):
-                order = list(profs)
-                rng.shuffle(order)
-                for name in order:
-                    spent = _close_ms(profs[name], model, x)
-                    if spent is not None:
-                        closes[name].append(spent)
-            mirror = profs["s3"]._mirror
-            assert mirror is not None
+    bucket = f"bench-{windows}"
+    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(bucket)
+    model = nn.Linear(64, 64)
+    x = torch.randn(8, 64)
+    with tempfile.TemporaryDirectory() as tmp:
+        profs = {
+            "local_a": MemProfiler(CONFIG, save_dir=Path(tmp) / "a", rank=0).setup(model),
+            "local_b": MemProfiler(CONFIG, save_dir=Path(tmp) / "b", rank=0).setup(model),
+            "s3": MemProfiler(CONFIG, save_dir=f"s3://{bucket}/run", rank=0).setup(model),
+        }
+        closes: dict[str, list[float]] = {k: [] for k in profs}
+        rng = random.Random(0)
+        for _ in range(2 * windows):
+            order = list(profs)
+            rng.shuffle(order)
+            for name in order:
+                spent = _close_ms(profs[name], model, x)
+                if spent is not None:
+                    closes[name].append(spent)
+        mirror = profs["s3"]._mirror
+        assert mirror is not None
+        mirror.sync(wait=True)
+        # What the store costs per window when waited for: upload what one more window changed.
+        sync_ms, sizes = [], []
+        for _ in range(50):
+            for _ in range(2):
+                _close_ms(profs["s3"], model, x)
+            changed = mirror._changed()
+            sizes.append(sum(len(d) for d, _ in changed.values()))
+            t0 = time.perf_counter()
             mirror.sync(wait=True)
-            # What the store costs per window when waited for: upload what one more window changed.
-            sync_ms, sizes = [], []
-            for _ in range(50):
-                for _ in range(2):
-                    _close_ms(profs["s3"], model, x)
-                changed = mirror._changed()
-                sizes.append(sum(len(d) for d, _ in changed.values()))
-                t0 = time.perf_counter()
-                mirror.sync(wait=True)
-                sync_ms.append((time.perf_counter() - t0) * 1e3)
-            stats_bytes = (profs["s3"].save_dir / "rank_0_memory_stats.yaml").stat().st_size
-            for prof in profs.values():
-                prof.teardown()
-        result: dict[str, Any] = {"windows": windows, "calls": 2 * windows}
-        for name, values in closes.items():
-            result[name] = _summary(values)
-        result["s3_over_local_median"] = round(
-            result["s3"]["close_ms_median"] / result["local_a"]["close_ms_median"], 2
-        )
-        result["aa_ratio_median"] = round(
-            result["local_b"]["close_ms_median"] / result["local_a"]["close_ms_median"], 2
-        )
-        result["s3_upload_per_window_ms_median"] = round(statistics.median(sync_ms), 2)
-        result["s3_upload_bytes_per_window_at_end"] = int(statistics.median(sizes))
-        result["stats_yaml_bytes_at_end"] = stats_bytes
-        result["s3_failures"] = mirror.failures
-        return result
-    finally:
-        proc.terminate()
-        proc.wait()
+            sync_ms.append((time.perf_counter() - t0) * 1e3)
+        stats_bytes = (profs["s3"].save_dir / "rank_0_memory_stats.yaml").stat().st_size
+        for prof in profs.values():
+            prof.teardown()
+    result: dict[str, Any] = {"windows": windows, "calls": 2 * windows}
+    for name, values in closes.items():
+        result[name] = _summary(values)
+    result["s3_over_local_median"] = round(
+        result["s3"]["close_ms_median"] / result["local_a"]["close_ms_median"], 2
+    )
+    result["aa_ratio_median"] = round(
+        result["local_b"]["close_ms_median"] / result["local_a"]["close_ms_median"], 2
+    )
+    result["s3_upload_per_window_ms_median"] = round(statistics.median(sync_ms), 2)
+    result["s3_upload_bytes_per_window_at_end"] = int(statistics.median(sizes))
+    result["stats_yaml_bytes_at_end"] = stats_bytes
+    result["s3_failures"] = mirror.failures
+    return result
 
 
 def main() -> None:
@@ -145,7 +135,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    emit({"runs": [run(w) for w in args.windows]}, args.out)
+    # One server for every run: s3fs caches its filesystem object, endpoint included.
+    proc, endpoint = _start_moto()
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=endpoint,
+    )
+    try:
+        emit({"runs": [run(w) for w in args.windows]}, args.out)
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 if __name__ == "__main__":

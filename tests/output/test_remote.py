@@ -137,3 +137,22 @@ def test_store_failing_mid_run_warns_and_keeps_what_was_written(s3_bucket, monke
     assert list(_load_yaml(f"{url}/rank_0_memory_stats.yaml")) == ["0.step.1.start", "0.step.1.end"]
     local = yaml.safe_load((prof.save_dir / "rank_0_memory_stats.yaml").read_text())
     assert len(local) == 4
+
+
+def test_an_exception_leaves_the_crashed_run_in_the_bucket(s3_bucket):
+    # GIVEN a plain loop writing to a bucket that fails in its third step
+    url = f"{s3_bucket}/run"
+    model = nn.Linear(16, 8)
+    # WHEN the exception leaves the profiler's context
+    with pytest.raises(RuntimeError, match="boom"), MemProfiler(CONFIG, save_dir=url, rank=0) as prof:
+        for step in range(3):
+            with prof.profile("step", module=model):
+                if step == 2:
+                    raise RuntimeError("boom")
+                model(torch.randn(4, 16)).sum()
+    # THEN the bucket holds every step, the failed one included, and a manifest that says the
+    # run crashed
+    assert list(_load_yaml(f"{url}/rank_0_memory_stats.yaml")) == [
+        f"0.step.{c}.{p}" for c in (1, 2, 3) for p in ("start", "end")
+    ]
+    assert _load_yaml(f"{url}/{layout.RUN_MANIFEST}")["status"] == "crashed"

@@ -7,6 +7,7 @@ rank whose peers never build a profiler (a user profiling rank 0 only).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -87,9 +88,7 @@ def claim_remote_run_dir(
     key = f"memprofiler/run_dir/{requested.url}/{next(_generation)}"
     manifest: RunManifest | None = None
     if rank == 0:
-        manifest = RunManifest(
-            **{**RunManifest.new(Path("."), world_size()).to_dict(), "save_dir": requested.url}
-        )
+        manifest = dataclasses.replace(RunManifest.new(Path(), world_size()), save_dir=requested.url)
         run = remote.claim(requested, yaml_document(manifest.to_dict()).encode())
         if store is not None:
             store.set(key, run.url)  # type: ignore[attr-defined]

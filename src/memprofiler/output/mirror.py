@@ -24,12 +24,14 @@ from memprofiler.output.remote import RemoteDir, fix_hint
 FINAL_TIMEOUT_S = 120.0
 
 
-def _signature(path: Path) -> tuple[int, int] | None:
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """What tells a changed file: the inode (atomic rewrites rename a new file in), the size
+    (appends, tail rewrites) and the mtime (the kernel's clock may be too coarse on its own)."""
     try:
         st = path.stat()
     except OSError:
         return None
-    return st.st_size, st.st_mtime_ns
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class RemoteMirror:
@@ -45,8 +47,8 @@ class RemoteMirror:
         self.local = local
         self.remote = remote
         self._warn = warn
-        self._uploaded: dict[str, tuple[int, int]] = {}
-        self._pending: dict[str, tuple[bytes, tuple[int, int]]] = {}
+        self._uploaded: dict[str, tuple[int, int, int]] = {}
+        self._pending: dict[str, tuple[bytes, tuple[int, int, int]]] = {}
         self._cond = threading.Condition()
         self._busy = False
         self._thread: threading.Thread | None = None
@@ -55,8 +57,8 @@ class RemoteMirror:
         self.failures = 0
         self.puts = 0
 
-    def _changed(self) -> dict[str, tuple[bytes, tuple[int, int]]]:
-        out: dict[str, tuple[bytes, tuple[int, int]]] = {}
+    def _changed(self) -> dict[str, tuple[bytes, tuple[int, int, int]]]:
+        out: dict[str, tuple[bytes, tuple[int, int, int]]] = {}
         for root, _dirs, files in os.walk(self.local):
             for name in files:
                 if name.startswith("."):  # temp files of the atomic writers, write probes
@@ -100,7 +102,7 @@ class RemoteMirror:
                 self._cond.wait_for(lambda: bool(self._pending))
                 batch, self._pending = self._pending, {}
                 self._busy = True
-            failed: dict[str, tuple[bytes, tuple[int, int]]] = {}
+            failed: dict[str, tuple[bytes, tuple[int, int, int]]] = {}
             for rel, (data, sig) in batch.items():
                 try:
                     self.remote.put(rel, data)

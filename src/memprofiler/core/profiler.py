@@ -9,6 +9,7 @@ the profiler only as a :class:`~memprofiler.collectors.base.ProfilerView`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import tempfile
 import time
@@ -497,13 +498,15 @@ class MemProfiler:
         if final and self._manifest is not None:
             manifest = self._manifest
             writers.append((layout.RUN_MANIFEST, lambda: self._close_manifest(manifest)))
-        for what, write in writers:
-            try:
-                written.append(write())
-            except Exception as err:  # each file on its own: one failure must not cost the others
-                if what == stats.path.name if stats is not None else False:
-                    self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
-                self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
+        # A remote run's uploads read the files under this lock: never half an append.
+        with self._mirror.lock if self._mirror is not None else contextlib.nullcontext():
+            for what, write in writers:
+                try:
+                    written.append(write())
+                except Exception as err:  # each file on its own: one failure must not cost the others
+                    if what == stats.path.name if stats is not None else False:
+                        self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
+                    self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
         written.extend(self._collectors.dump())
         self._evict_written()
         mirror = self._mirror

@@ -158,6 +158,47 @@ def test_report_merges_node_local_directories_and_refuses_a_rank_twice(remote_ru
     )
 
 
+def test_check_and_diff_read_the_bucket_as_they_read_a_local_copy(remote_run, tmp_path):
+    # GIVEN the run in the bucket and a local copy of it
+    local = tmp_path / "copy"
+    _fs().get(remote_run.removeprefix("s3://") + "/", str(local), recursive=True)
+    assert (local / layout.MEMORY_STATS_YAML.format(rank=1)).is_file()
+    # WHEN the bucket is diffed against the copy, with unchanged values shown
+    diff = _cli("diff", remote_run, str(local), "--all", "--metric", "saved_tensors.unique_bytes")
+    # THEN every value is the same on both sides: the analytic saved bytes of each rank's end
+    # snapshots (the only ones with saved tensors)
+    assert diff.returncode == 0, diff.stderr
+    rows = [ln for ln in diff.stdout.splitlines() if "saved_tensors.unique_bytes" in ln]
+    assert SAVED_BYTES == 800
+    assert rows == [
+        f"│ {r}.training_step.{c}.end │ saved_tensors.unique_bytes │ 800 B │ 800 B │    0 B │ +0.0% │"
+        for r in (0, 1)
+        for c in (2, 3)
+    ]
+    # AND `check` gates the bucket's values with the analytic saved bytes as the limit
+    ok = _cli("check", remote_run, "--max", f"saved_tensors.unique_bytes={SAVED_BYTES}B", "--key", "*.end")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    over = _cli(
+        "check", remote_run, "--max", f"saved_tensors.unique_bytes={SAVED_BYTES - 1}B", "--key", "*.end"
+    )
+    assert over.returncode == 1
+
+
+def test_snapshot_reads_a_pickle_from_the_bucket(s3_bucket):
+    # GIVEN an allocator snapshot uploaded to a bucket
+    import pickle
+
+    from snapshot_fixtures import known_snapshot
+
+    url = f"{s3_bucket}/cuda_alloc_rank_0.training_step.2.end.pickle"
+    _fs().pipe_file(url.removeprefix("s3://"), pickle.dumps(known_snapshot(), protocol=4))
+    # WHEN `memprofiler snapshot` is given its URL
+    result = _cli("snapshot", url)
+    # THEN it analyses it as it would the local file
+    assert result.returncode == 0, result.stderr
+    assert "peak active 2.25 MiB requested (entry 5, t=0.000140s)" in result.stdout
+
+
 def test_a_missing_run_url_is_one_line(s3_server):
     # WHEN a URL that holds nothing is reported
     url = f"{s3_server.new_bucket()}/nothing"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 import yaml
@@ -49,6 +51,13 @@ def test_is_url_tells_remote_from_local():
         True,
         True,
     ]
+
+
+def test_a_file_url_is_a_local_save_dir(tmp_path):
+    # GIVEN save_dir as a file:// URL WHEN the profiler is set up THEN it writes to that directory
+    prof = MemProfiler(CONFIG, save_dir=f"file://{tmp_path}/run", rank=0).setup()
+    assert (prof.save_url, prof.save_dir) == (None, tmp_path / "run")
+    assert (tmp_path / "run" / layout.RUN_MANIFEST).is_file()
 
 
 def test_plain_loop_writes_every_file_to_the_bucket(s3_bucket):
@@ -137,6 +146,7 @@ def test_store_failing_mid_run_warns_and_keeps_what_was_written(s3_bucket, monke
     assert list(_load_yaml(f"{url}/rank_0_memory_stats.yaml")) == ["0.step.1.start", "0.step.1.end"]
     local = yaml.safe_load((prof.save_dir / "rank_0_memory_stats.yaml").read_text())
     assert len(local) == 4
+    shutil.rmtree(prof.save_dir)  # kept by design (the store lacks its files); not a test's litter
 
 
 def test_an_exception_leaves_the_crashed_run_in_the_bucket(s3_bucket):

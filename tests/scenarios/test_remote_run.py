@@ -249,6 +249,9 @@ def _worker(url: str) -> None:  # pragma: no cover - runs in the subprocesses
         callbacks=[cb],
     )
     trainer.fit(Net())
+    mirror = cb.profiler._mirror if cb.profiler is not None else None
+    if mirror is not None:
+        mirror.cleanup()  # os._exit below skips the atexit hook that removes the staging directory
     print("worker finished", os.environ["RANK"], flush=True)
 
 

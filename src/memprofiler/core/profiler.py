@@ -34,7 +34,7 @@ from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
-from memprofiler.output.remote import is_url
+from memprofiler.output.remote import is_url, local_path
 from memprofiler.output.run_dir import RunManifest, write_manifest
 from memprofiler.output.snapshot_cache import SnapshotCache
 from memprofiler.output.stats_file import StatsFile
@@ -104,9 +104,7 @@ class MemProfiler:
         #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``
         #: under it when it already holds a run), known after :meth:`setup`. With a remote
         #: ``save_dir`` both are the local staging directory mirrored to :attr:`run_url`.
-        self.requested_save_dir = (
-            Path(chosen).expanduser() if self.save_url is None else Path(tempfile.gettempdir())
-        )
+        self.requested_save_dir = local_path(chosen) if self.save_url is None else Path(tempfile.gettempdir())
         self._save_dir = self.requested_save_dir
         self._run_url: str | None = None
         self._mirror: RemoteMirror | None = None

@@ -14,6 +14,7 @@ import contextlib
 import fnmatch
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
@@ -34,6 +35,15 @@ def is_url(path: str | os.PathLike[str]) -> bool:
     if "://" not in text:
         return False
     return text.split("://", 1)[0].lower() not in _LOCAL
+
+
+def local_path(path: str | os.PathLike[str]) -> Path:
+    """A local ``save_dir`` as a path: ``~`` expanded, a ``file://`` prefix dropped."""
+    text = os.fspath(path)
+    for prefix in ("file://", "local://"):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return Path(text).expanduser()
 
 
 def fix_hint(url: str, action: str = "writing") -> str:

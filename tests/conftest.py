@@ -114,5 +114,6 @@ def save_dir(tmp_path: Path) -> Path:
 
 # Session fixtures with real run directories, for the command and report tests.
 from run_fixtures import full_run, real_runs  # noqa: E402
+from s3_server import s3_bucket, s3_server  # noqa: E402
 
-__all__ = ["full_run", "real_runs"]
+__all__ = ["full_run", "real_runs", "s3_bucket", "s3_server"]

@@ -86,6 +86,17 @@ def test_unwritable_save_dir_exits_2_before_training(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_missing_bucket_exits_2_with_one_line_before_training(tmp_path, capsys, s3_server):
+    # GIVEN `memprofiler.save_dir` in a bucket that does not exist (a real S3 server)
+    path = _config(tmp_path, {"memprofiler": {"save_dir": "s3://no-such-bucket/run"}})
+    # WHEN the CLI starts THEN one line names the key, the URL and the fix; nothing trains
+    line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
+    assert line.startswith(
+        "`memprofiler.save_dir` 's3://no-such-bucket/run' is not writable (FileNotFoundError: "
+    )
+    assert line.endswith("AWS_ENDPOINT_URL for S3-compatible stores) allow writing there")
+
+
 def _with_callbacks(path: Path, *configs: dict | None) -> None:
     raw = yaml.safe_load(path.read_text())
     raw["trainer"]["callbacks"] = [

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memprofiler.analysis.artifacts import RunArtifacts
 
 RUN_DIR_HELP = (
-    "the run's save_dir, or a directory above it (the newest run there is read when it holds several)"
+    "the run's save_dir, or a directory above it (the newest run there is read when it holds "
+    "several); a local path or a URL (s3://...)"
 )
 
 
 def add_run_dir(
-    parser: argparse.ArgumentParser, dest: str = "run_dir", metavar: str = "RUN_DIR", help: str = ""
+    parser: argparse.ArgumentParser,
+    dest: str = "run_dir",
+    metavar: str = "RUN_DIR",
+    help: str = "",
+    nargs: str | None = None,
 ) -> None:
-    """The positional run directory argument."""
-    parser.add_argument(dest, metavar=metavar, help=help or RUN_DIR_HELP)
+    """The positional run directory argument (``nargs="+"``: several, one per node)."""
+    parser.add_argument(dest, metavar=metavar, help=help or RUN_DIR_HELP, nargs=nargs)
 
 
 def add_top(parser: argparse.ArgumentParser, default: int, what: str) -> None:
@@ -48,9 +54,11 @@ def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
             ``partial_ok`` is false.
     """
     from memprofiler.analysis.artifacts import load_run
+    from memprofiler.analysis.fs import localize, named_as_given
     from memprofiler.errors import ArtifactError
 
-    run = load_run(run_dir)
+    with named_as_given():  # a URL is read from a local copy; messages name the URL
+        run = load_run(localize(run_dir))
     if run.selection:
         print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
     for cut in run.cuts:
@@ -58,3 +66,15 @@ def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
             raise ArtifactError(f"{cut.line()}; a budget cannot be judged on partial data")
         print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
     return run
+
+
+def load_many(command: str, run_dirs: Sequence[str]) -> RunArtifacts:
+    """:func:`load` each directory (one per node) and merge their ranks.
+
+    Raises:
+        ArtifactError: as :func:`load`, or a rank found in two directories (one line naming both).
+    """
+    from memprofiler.analysis.multi_run import merge_runs
+
+    runs = [(d, load(command, d)) for d in run_dirs]
+    return runs[0][1] if len(runs) == 1 else merge_runs(runs)

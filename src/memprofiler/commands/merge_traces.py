@@ -1,10 +1,14 @@
-"""``memprofiler merge-traces DIR -o merged.json``: one Chrome trace for all ranks."""
+"""``memprofiler merge-traces DIR [DIR ...] -o merged.json``: one Chrome trace for all ranks.
+
+A DIR may be a URL (``s3://...``); several (one per node) are merged by rank."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from memprofiler.analysis.fs import is_url, localize, named_as_given
+from memprofiler.analysis.multi_run import merge_rank_maps
 from memprofiler.analysis.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
 from memprofiler.errors import ArtifactError
 from memprofiler.output.writers import write_json
@@ -20,9 +24,19 @@ class MergeTracesCommand:
     help = "Merge every rank's memory_trace_rank_*.json under DIR into one Chrome trace (pid = rank)."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("dir", type=Path, metavar="DIR", help="run directory (searched recursively)")
         parser.add_argument(
-            "-o", "--output", type=Path, default=None, help=f"output file (default: DIR/{DEFAULT_OUTPUT})"
+            "dir",
+            metavar="DIR",
+            nargs="+",
+            help="run directory (searched recursively), local or a URL (s3://...); several (one per "
+            "node) are merged by rank",
+        )
+        parser.add_argument(
+            "-o",
+            "--output",
+            type=Path,
+            default=None,
+            help=f"output file (default: DIR/{DEFAULT_OUTPUT}; ./{DEFAULT_OUTPUT} for a URL)",
         )
         parser.add_argument(
             "--with-profiler",
@@ -32,10 +46,18 @@ class MergeTracesCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        traces = find_rank_traces(args.dir)
-        profiler = find_profiler_traces(args.dir) if args.with_profiler else None
-        merged = merge_rank_traces(traces, profiler)
-        output = args.output if args.output is not None else args.dir / DEFAULT_OUTPUT
+        with named_as_given():
+            local = [(d, localize(d)) for d in args.dir]
+            traces = merge_rank_maps([(d, find_rank_traces(path)) for d, path in local])
+            profiler = (
+                merge_rank_maps([(d, find_profiler_traces(path)) for d, path in local])
+                if args.with_profiler
+                else None
+            )
+            merged = merge_rank_traces(traces, profiler)
+        first = args.dir[0]
+        default_dir = Path(".") if any(is_url(d) for d in args.dir) else Path(first)
+        output = args.output if args.output is not None else default_dir / DEFAULT_OUTPUT
         try:
             write_json(output, merged)
         except OSError as err:

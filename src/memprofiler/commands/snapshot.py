@@ -10,7 +10,7 @@ class SnapshotCommand:
     help = "Analyse a CUDA allocator snapshot pickle (torch.cuda.memory._snapshot() / memory_viz format)."
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("file", metavar="FILE.pickle", help="allocator snapshot pickle")
+        parser.add_argument("file", metavar="FILE.pickle", help="allocator snapshot pickle (a path or a URL)")
         parser.add_argument(
             "--html", metavar="OUT", default=None, help="also write a self-contained HTML page"
         )
@@ -19,6 +19,7 @@ class SnapshotCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        from memprofiler.analysis.fs import localize, named_as_given
         from memprofiler.analysis.snapshot import analyze, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
@@ -26,7 +27,9 @@ class SnapshotCommand:
         from memprofiler.reporters.model import SnapshotEntry
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
-        analysis = analyze(load_snapshot(args.file), args.file, top=args.top)
+        with named_as_given():
+            snapshot = load_snapshot(localize(args.file))
+        analysis = analyze(snapshot, args.file, top=args.top)
         console = make_console()
         render_snapshot(analysis, console, top=args.top, segments=args.top)
         if args.html:

@@ -8,7 +8,10 @@ the profiler only as a :class:`~memprofiler.collectors.base.ProfilerView`.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +33,8 @@ from memprofiler.core.dispatch import CollectorSet
 from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
+from memprofiler.output.mirror import RemoteMirror
+from memprofiler.output.remote import is_url, local_path
 from memprofiler.output.run_dir import RunManifest, write_manifest
 from memprofiler.output.snapshot_cache import SnapshotCache
 from memprofiler.output.stats_file import StatsFile
@@ -99,10 +104,15 @@ class MemProfiler:
         self.config = MemProfilerConfig.from_any(config)
         self._rank = detect_rank() if rank is None else rank
         chosen = save_dir or self.config.save_dir or default_save_dir or layout.DEFAULT_SUBDIR
+        #: A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local.
+        self.save_url: str | None = os.fspath(chosen) if is_url(chosen) else None
         #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``
-        #: under it when it already holds a run), known after :meth:`setup`.
-        self.requested_save_dir = Path(chosen).expanduser()
+        #: under it when it already holds a run), known after :meth:`setup`. With a remote
+        #: ``save_dir`` both are the local staging directory mirrored to :attr:`run_url`.
+        self.requested_save_dir = local_path(chosen) if self.save_url is None else Path(tempfile.gettempdir())
         self._save_dir = self.requested_save_dir
+        self._run_url: str | None = None
+        self._mirror: RemoteMirror | None = None
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.module: nn.Module | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -150,8 +160,14 @@ class MemProfiler:
 
     @property
     def save_dir(self) -> Path:
-        """Where this run writes: resolved once, at :meth:`setup`."""
+        """Where this run writes: resolved once, at :meth:`setup` (for a remote ``save_dir``, the
+        local staging directory whose files each flush uploads to :attr:`run_url`)."""
         return self._save_dir
+
+    @property
+    def run_url(self) -> str:
+        """Where the run's files end up: the remote run directory's URL, or :attr:`save_dir`."""
+        return self._run_url if self._run_url is not None else str(self._save_dir)
 
     def current_step(self) -> int | None:
         """The training step from ``step_fn``, or ``None`` when unknown."""
@@ -189,9 +205,12 @@ class MemProfiler:
             self.module = module
         if self._is_setup or not self.enabled:
             return self
-        self._save_dir, self._manifest = run_setup.claim_run_dir(
-            self.requested_save_dir, self._rank, self.warn
-        )
+        if self.save_url is not None:
+            self._setup_remote(self.save_url)
+        else:
+            self._save_dir, self._manifest = run_setup.claim_run_dir(
+                self.requested_save_dir, self._rank, self.warn
+            )
         self._stats = StatsFile(self._save_dir / layout.MEMORY_STATS_YAML.format(rank=self._rank))
         self._collectors = CollectorSet(build_collectors(self.config, self._cuda, self.warn), self.warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
@@ -201,6 +220,15 @@ class MemProfiler:
         self._is_setup = True
         self._collectors.bind(self)
         return self
+
+    def _setup_remote(self, url: str) -> None:
+        """Claim the run on the store; write locally into a staging directory mirrored there."""
+        run, self._manifest = run_setup.claim_remote_run_dir(url, self._rank, self.warn)
+        staging = Path(tempfile.mkdtemp(prefix=f"memprofiler-rank{self._rank}-"))
+        self.requested_save_dir = self._save_dir = staging
+        self._run_url = run.url
+        self._mirror = RemoteMirror(staging, run, lambda message: self.warn(message, all_ranks=True))
+        atexit.register(self._mirror.cleanup)
 
     def bind(self, module: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         """Give the collectors the model as prepared for training, and its optimizers.
@@ -275,8 +303,14 @@ class MemProfiler:
         """Write the files and release every hook and thread the collectors hold."""
         written = self.dump(final=True)
         if not self._crashed:
-            written.extend(self._write_summary(after_exception=False))
+            written.extend(self._upload_summary(self._write_summary(after_exception=False)))
         self._collectors.close()
+        return written
+
+    def _upload_summary(self, written: list[Path]) -> list[Path]:
+        """A remote run: the summary, written after the final flush, goes up too."""
+        if written and self._mirror is not None:
+            self._mirror.sync(wait=True)
         return written
 
     def __enter__(self) -> MemProfiler:
@@ -313,7 +347,7 @@ class MemProfiler:
         self._crashed = True
         written = self._collectors.crash(exc)
         written += self.dump(final=True)
-        return written + self._write_summary(after_exception=True)
+        return written + self._upload_summary(self._write_summary(after_exception=True))
 
     def _write_summary(self, after_exception: bool) -> list[Path]:
         """Every rank's figures reduced across ranks; rank 0 writes ``memory_summary.yaml``.
@@ -522,15 +556,23 @@ class MemProfiler:
         if final and self._manifest is not None:
             manifest = self._manifest
             writers.append((layout.RUN_MANIFEST, lambda: self._close_manifest(manifest)))
-        for what, write in writers:
-            try:
-                written.append(write())
-            except Exception as err:  # each file on its own: one failure must not cost the others
-                if what == stats.path.name if stats is not None else False:
-                    self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
-                self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
+        # A remote run's uploads read the files under this lock: never half an append.
+        with self._mirror.lock if self._mirror is not None else contextlib.nullcontext():
+            for what, write in writers:
+                try:
+                    written.append(write())
+                except Exception as err:  # each file on its own: one failure must not cost the others
+                    if what == stats.path.name if stats is not None else False:
+                        self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
+                    self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
         written.extend(self._collectors.dump())
         self._evict_written()
+        mirror = self._mirror
+        if mirror is not None and not mirror.sync(wait=final) and final:
+            self.warn(
+                f"not every file reached {self.run_url}; the complete files are in {self._save_dir}",
+                all_ranks=True,
+            )
         return written
 
     def _evict_written(self) -> None:

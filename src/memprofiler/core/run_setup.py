@@ -7,6 +7,7 @@ rank whose peers never build a profiler (a user profiling rank 0 only).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -17,8 +18,10 @@ import torch
 from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core import schedule
-from memprofiler.output import run_dir
+from memprofiler.output import remote, run_dir
+from memprofiler.output.remote import RemoteDir
 from memprofiler.output.run_dir import RunManifest
+from memprofiler.output.writers import yaml_document
 
 #: How long a rank waits for rank 0 to name the run directory before deciding alone.
 SHARE_TIMEOUT_S = 60.0
@@ -55,7 +58,8 @@ def claim_run_dir(requested: Path, rank: int, warn: Callable[..., None]) -> tupl
         if store is not None:
             store.set(key, str(path))  # type: ignore[attr-defined]
     else:
-        path = _from_rank0(store, key) or run_dir.follow(requested, rank)
+        shared = _from_rank0(store, key)
+        path = Path(shared) if shared is not None else run_dir.follow(requested, rank)
         run_dir.check_writable(path)
     if path != requested:
         warn(
@@ -71,12 +75,44 @@ def claim_run_dir(requested: Path, rank: int, warn: Callable[..., None]) -> tupl
     return path, manifest
 
 
-def _from_rank0(store: object | None, key: str) -> Path | None:
+def claim_remote_run_dir(
+    url: str, rank: int, warn: Callable[..., None]
+) -> tuple[RemoteDir, RunManifest | None]:
+    """:func:`claim_run_dir` for a ``save_dir`` on object storage: rank 0 claims it on the store.
+
+    Raises:
+        ArtifactError: the store cannot be reached or written (one line naming the URL and the fix).
+    """
+    requested = RemoteDir.from_url(url)
+    store = _store()
+    key = f"memprofiler/run_dir/{requested.url}/{next(_generation)}"
+    manifest: RunManifest | None = None
+    if rank == 0:
+        manifest = dataclasses.replace(RunManifest.new(Path(), world_size()), save_dir=requested.url)
+        run = remote.claim(requested, yaml_document(manifest.to_dict()).encode())
+        if store is not None:
+            store.set(key, run.url)  # type: ignore[attr-defined]
+    else:
+        shared = _from_rank0(store, key)
+        if shared is not None:
+            run = RemoteDir.from_url(shared)
+            remote.check_writable(run)
+        else:
+            run = remote.follow(requested, rank)
+    if run.url != requested.url:
+        warn(
+            f"`save_dir` {requested.url!r} already holds a run; this run writes to {run.url!r} "
+            "(nothing is overwritten; give each run its own `save_dir` to choose the name)"
+        )
+    return run, manifest
+
+
+def _from_rank0(store: object | None, key: str) -> str | None:
     if store is None:
         return None
     try:
         store.wait([key], timedelta(seconds=SHARE_TIMEOUT_S))  # type: ignore[attr-defined]
-        return Path(store.get(key).decode())  # type: ignore[attr-defined]
+        return str(store.get(key).decode())  # type: ignore[attr-defined]
     except Exception:
         return None
 

@@ -19,11 +19,15 @@ from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ConfigError, MemProfilerWarning
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
+from memprofiler.output.remote import is_url
 
 
-def default_save_dir(trainer: pl.Trainer) -> Path:
-    """``<trainer.log_dir or default_root_dir>/memprofiler``."""
+def default_save_dir(trainer: pl.Trainer) -> Path | str:
+    """``<trainer.log_dir or default_root_dir>/memprofiler``; a URL when that is remote (``s3://...``),
+    as Lightning's loggers follow a remote ``default_root_dir``."""
     base = trainer.log_dir or trainer.default_root_dir
+    if is_url(base):
+        return f"{str(base).rstrip('/')}/{layout.DEFAULT_SUBDIR}"
     return Path(base) / layout.DEFAULT_SUBDIR
 
 

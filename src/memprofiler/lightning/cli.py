@@ -31,6 +31,8 @@ from memprofiler.lightning.cli_parser import (
     group_is_used,
 )
 from memprofiler.lightning.estimate import EstimateSubcommand
+from memprofiler.output import remote
+from memprofiler.output.remote import RemoteDir, is_url
 from memprofiler.output.run_dir import check_writable
 
 
@@ -72,7 +74,12 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
         cfg = MemProfilerConfig.from_any(_to_dict(value))
         if cfg.enabled and cfg.save_dir:
             try:
-                check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
+                if is_url(cfg.save_dir):
+                    remote.check_writable(
+                        RemoteDir.from_url(cfg.save_dir, key=f"{GROUP}.save_dir"), key=f"{GROUP}.save_dir"
+                    )
+                else:
+                    check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
             except ArtifactError as err:
                 fail(str(err))
 

@@ -170,3 +170,39 @@ def test_switch_turns_saved_tensor_keys_on_and_off(tmp_path, enabled):
     with prof.profile("training_step", module=lin):
         lin(torch.randn(2, 4)).sum()
     assert ("saved_tensors.unique_bytes" in prof.snapshots["0.training_step.1.end"]) is enabled
+
+
+def _mlp_truth(b: int, d: int, h: int, o: int) -> dict[str, int]:
+    return {"0": F32 * b * d, "1": F32 * b * h, "(outside forward)": F32 * b * o}
+
+
+def test_graph_dropped_inside_the_call_adds_nothing(tmp_path):
+    # GIVEN a call that builds a graph on a bigger batch and drops it, then builds the one it keeps
+    b, d, h, o = 16, 64, 128, 8
+    mlp = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, o))
+    big, x = torch.randn(4 * b, d), torch.randn(b, d)
+    kept: dict[str, torch.Tensor] = {}
+
+    def step() -> None:
+        mlp(big).pow(2).mean()  # built and dropped: nothing of it is held for backward
+        kept["loss"] = mlp(x).pow(2).mean()
+
+    # WHEN collected
+    m = collect(mlp, step, tmp_path)
+    # THEN only the kept graph counts (the dropped one's input is still alive, but not saved)
+    assert m["saved_tensors.by_module"] == _mlp_truth(b, d, h, o)
+    assert m["saved_tensors.unique_bytes"] == F32 * (b * d + b * h + b * o)
+    # packed bytes still sum every save of both graphs
+    assert m["saved_tensors.packed_bytes"] == F32 * (5 * (b * d + 2 * b * h + b * o) + 2 * h * o)
+
+
+def test_graph_run_backward_inside_the_call_counts_in_full(tmp_path):
+    # GIVEN manual optimization: the call runs backward on the graph it built
+    b, d, h, o = 16, 64, 128, 8
+    mlp = nn.Sequential(nn.Linear(d, h), nn.ReLU(), nn.Linear(h, o))
+    x = torch.randn(b, d)
+    # WHEN collected
+    m = collect(mlp, lambda: mlp(x).pow(2).mean().backward(), tmp_path)
+    # THEN what the forward saved for that backward counts
+    assert m["saved_tensors.by_module"] == _mlp_truth(b, d, h, o)
+    assert m["saved_tensors.unique_bytes"] == F32 * (b * d + b * h + b * o)

@@ -1,10 +1,14 @@
 """Opt-in forward hooks (``enable_memory_hooks``): memory just before and after forward.
 
-The hooks sit on every submodule of the profiled module for the collection window only,
-and fire the user's hook functions at the *outermost* forward boundary. So the figures are
+The hooks sit on every submodule of the profiled module (never process-wide) for the
+collection window only, and fire the user's hook functions at the *outermost* forward
+boundary. So the figures are
 right whether ``training_step`` calls ``self(x)`` or a submodule directly, and psutil is
 read twice per forward rather than once per module. Their state lives in a
 :class:`HookState` owned by the profiler, never on the user's modules.
+
+A hook function that raises (a built-in one whose psutil call fails, or the user's) is
+switched off with one warning naming it; the other hooks and training go on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import psutil
 from torch import nn
 
 from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import ModuleStack
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 
@@ -36,8 +41,17 @@ class HookState:
         object.__setattr__(self, name, value)
 
     def packed_bytes(self) -> int:
-        """Non-parameter bytes packed so far in this call (0 without saved-tensor hooks)."""
-        return self.saved_tensors.packed_bytes if self.saved_tensors is not None else 0
+        """Non-parameter bytes packed so far in this call (0 without saved-tensor hooks).
+
+        Raises:
+            RuntimeError: the saved-tensor hooks were switched off after a fault, so the
+                figure would be wrong; the hook asking is switched off in turn.
+        """
+        if self.saved_tensors is None:
+            return 0
+        if self.saved_tensors.failed:
+            raise RuntimeError("the saved-tensor hooks are switched off after a fault")
+        return self.saved_tensors.packed_bytes
 
 
 def reset_state(state: HookState) -> None:
@@ -79,30 +93,45 @@ class ModuleHooksCollector(BaseCollector):
         save_attrs: Sequence[str],
         retain_for: frozenset[str],
         saved_tensors: SavedTensorsCollector | None,
+        warn: Callable[[str], None] = no_warn,
     ) -> None:
         self._pre, self._post, self._reset = list(pre), list(post), list(reset)
         self._save_attrs = list(save_attrs)
         self._retain_for = retain_for
         self.state = HookState(saved_tensors)
         self._stack: ModuleStack | None = None
+        self.faults = HookFaults(warn)
+
+    def _run(self, kind: str, hooks: list[Callable[..., Any]], *args: Any) -> None:
+        """Call each hook; one that raises is warned about once and dropped from ``hooks``."""
+        for hook in list(hooks):
+            try:
+                hook(*args)
+            except Exception as err:
+                hooks.remove(hook)
+                name = getattr(hook, "__qualname__", repr(hook))
+                self.faults.fault(f"{kind} memory hook `{name}`", err, "the attributes it sets are not saved")
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         if depth == 0 and not self.state.entered:
             self.state.entered = True
-            for hook in self._pre:
-                hook(self.state, module, args)
+            self._run("pre-forward", self._pre, self.state, module, args)
 
     def _on_exit(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...], out: Any) -> None:
         if depth == 0:
-            for hook in self._post:
-                hook(self.state, module, args, out)
+            self._run("post-forward", self._post, self.state, module, args, out)
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
-        for hook in self._reset:
-            hook(self.state)
+        self._run("reset-state", self._reset, self.state)
         self.state.entered = False  # ours, not the reset hooks': custom ones need not know it
         if ctx.module is not None and self._stack is None:
-            self._stack = ModuleStack(ctx.module, self._on_enter, self._on_exit)
+            self._stack = ModuleStack(
+                ctx.module,
+                self._on_enter,
+                self._on_exit,
+                faults=self.faults,
+                part="collector `memory_hooks` module tracker",
+            )
             self._stack.install()
         return {}
 

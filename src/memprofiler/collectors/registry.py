@@ -69,7 +69,7 @@ def build_collectors(
         )
     saved: SavedTensorsCollector | None = None
     if cfg.enable_saved_tensors_hooks:
-        saved = SavedTensorsCollector()
+        saved = SavedTensorsCollector(warn)
         out.append(Registered(every, saved))
     if cfg.enable_memory_hooks:
         hooks = cfg.memory_hooks
@@ -83,6 +83,7 @@ def build_collectors(
                     save_attrs=cfg.save_hook_attrs,
                     retain_for=frozenset(cfg.retain_hooks_for_funcs),
                     saved_tensors=saved,
+                    warn=warn,
                 ),
             )
         )

@@ -1,32 +1,50 @@
 """Bytes autograd saves for backward inside a collected call, counted correctly.
 
-``saved_tensors.unique_bytes`` counts each storage once, by the storage's full size, and
-excludes storages of parameters and buffers and views of them (``weight.t()``): those are
-resident anyway and are not activation memory. ``saved_tensors.packed_bytes`` sums every
-pack call's storage bytes for non-``Parameter`` tensors: the ancestor's "npp" figure,
-which over-counts (views of weights, one storage saved by several ops).
+``saved_tensors.unique_bytes`` counts each storage once, by the storage's full size, that is
+still held for backward when the call saves its last tensor, and excludes storages of
+parameters and buffers and views of them (``weight.t()``): those are resident anyway and are
+not activation memory. A graph built and dropped earlier in the call adds nothing; the graph
+the call ends with counts in full, also when the call itself then runs backward on it
+(manual optimization) or its caller drops it. ``saved_tensors.packed_bytes`` sums every pack
+call's storage bytes for non-``Parameter`` tensors: the ancestor's "npp" figure, which
+over-counts (views of weights, one storage saved by several ops, dropped graphs).
 
 The hooks wrap the whole call from the outside: inside a non-reentrant checkpoint region
 the checkpoint's own hooks take precedence, so what checkpointing saves is unchanged and
-what it keeps for recomputation (its inputs) is what we see. For a tensor with autograd
-history the pack hook returns a detached alias, never the tensor itself: an output saved by
-its own node would otherwise stay alive through a reference cycle with its ``grad_fn``.
+what it keeps for recomputation (its inputs) is what we see. The pack hook returns a fresh
+detached alias, never the tensor itself: an output saved by its own node would otherwise stay
+alive through a reference cycle with its ``grad_fn``, and only the graph holds the alias, so
+its weak reference dies with the graph and records when (how many saves had happened). While
+an alias is alive its storage is too, so the address is a sound key within the call. The weak
+references are dropped at the end of the call, so nothing of ours runs when backward frees
+the graph.
 
-Cost inside the window (CPU, 122-module residual MLP): about 2.5% of a step for the pack
-hooks and 2% for the two process-wide module hooks that attribute bytes to modules.
+Attribution needs no module hooks: the pack hook walks the Python frames above it to the
+innermost ``nn.Module.__call__`` of a module of the profiled model, once per new storage.
+Every module, of this model or any other, keeps ``nn.Module``'s hook-free fast path.
+
+Cost inside the window (CPU, 1 thread, same FLOPs): see the README's overhead section and
+``benchmarks/results/scaling_cpu.json``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
+from weakref import ref
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
+
+# `Module.__call__`: its frame has three locals, so reading `self` from it is cheap.
+_CALL = nn.Module._wrapped_call_impl.__code__
+PACK_PART = "collector `saved_tensors` pack hook"
+TRACKER_PART = "collector `saved_tensors` module tracker"
 
 
 def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -41,37 +59,76 @@ def _storage(t: torch.Tensor) -> torch.UntypedStorage | None:
         return None
 
 
-def _is_param(t: torch.Tensor | None) -> bool:
-    # nn.Parameter's isinstance goes through a metaclass hook: skip it for plain tensors.
-    return t is not None and type(t) is not torch.Tensor and isinstance(t, nn.Parameter)
+def _running_module(labels: dict[int, str], frame: Any) -> str:
+    """Label of the innermost module of ``labels`` whose ``__call__`` is on the stack at ``frame``.
+
+    ``Module.__call__`` runs for every module call, hooks or not, with the module as ``self``:
+    the same module a forward pre-hook would have pushed, found a few frames up, without any
+    hook on any module.
+    """
+    while frame is not None:
+        if frame.f_code is _CALL:
+            label = labels.get(id(frame.f_locals.get("self")))
+            if label is not None:
+                return label
+        frame = frame.f_back
+    return OUTSIDE_NAME
+
+
+# A storage saved in the call: [owner label, storage bytes, weak refs to the aliases saved].
+# A list, not a class: one is built per saved storage, on the hot path.
+_Held = list
+
+
+def _alive(held: _Held) -> bool:
+    return any(r() is not None for r in held[2:])
+
+
+def _held_after(held: _Held, died: dict[int, int], last: int) -> bool:
+    """Whether an alias was alive at save number ``last`` (``died``: ref id -> saves at death)."""
+    if held[2]() is not None:  # the common case: the graph the call ends with
+        return True
+    return any(r() is not None or died.get(id(r), last) >= last for r in held[2:])
 
 
 class SavedTensorsCollector(BaseCollector):
     """Collects ``saved_tensors.{unique_bytes,packed_bytes,count,by_module}`` at end.
 
-    Storages are keyed by address and held by weak reference, so an address freed and
-    reused within the call counts as a new storage.
+    Args:
+        warn: where a fault in the pack hook is reported (the profiler's warn-once).
     """
 
     name = "saved_tensors"
 
-    def __init__(self) -> None:
+    def __init__(self, warn: Callable[[str], None] = no_warn) -> None:
         self.packed_bytes = 0
-        self.unique_bytes = 0
         self.count = 0
-        self._by_module: dict[str, int] = {}
-        self._seen: dict[int, StorageWeakRef] = {}
+        # Storage address -> what was saved there and is (maybe) still held, for this call.
+        self._held: dict[int, _Held] = {}
+        # id(weak reference) -> number of saves so far when its alias died (inside the call).
+        self._died: dict[int, int] = {}
+        self._on_death = self._record_death
         # Address -> the parameter or buffer seen there. FSDP2 frees unsharded parameters after
         # each block (the storage object lives on, resized to 0), and an activation allocated
         # later at the same address must not be excluded: a hit counts only while the tensor
         # still sits at that address. Holding parameters for one call costs nothing extra.
         self._excluded: dict[int, torch.Tensor] = {}
         self._excluded_valid = False
+        # id(parameter) -> its storage bytes, for the packed bytes of views of it (weight.t()).
+        self._param_bytes: dict[int, int] = {}
+        self._labels: dict[int, str] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._entered: torch.autograd.graph.saved_tensors_hooks | None = None
         self._stack: ModuleStack | None = None
+        self.faults = HookFaults(warn)
         # (root, its modules, their labels, whether any parameter is sharded), once per root:
         # walking the module tree on every collected call would cost more than the hooks.
         self._tree: tuple[nn.Module, list[nn.Module], dict[int, str], bool] | None = None
+
+    @property
+    def failed(self) -> bool:
+        """A hook of this collector failed: its figures are incomplete and left out."""
+        return PACK_PART in self.faults.off or TRACKER_PART in self.faults.off
 
     def _tree_of(self, root: nn.Module) -> tuple[nn.Module, list[nn.Module], dict[int, str], bool]:
         if self._tree is None or self._tree[0] is not root:
@@ -87,94 +144,157 @@ class SavedTensorsCollector(BaseCollector):
                 st = _storage(t)
                 if st is not None and st.nbytes():
                     self._excluded[st.data_ptr()] = t
+                    self._param_bytes[id(t)] = st.nbytes()
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         # FSDP2 swaps in unsharded parameters just before forward: exclude them here.
         self._exclude(module._parameters.values())
 
+    def _owner(self, frame: Any) -> str:
+        """Label of the module that saves a new storage (a subclass may label modules otherwise)."""
+        return _running_module(self._labels, frame)
+
+    def _record_death(self, r: ref[torch.Tensor]) -> None:
+        self._died[id(r)] = self.count
+
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        # Runs once per tensor autograd saves: kept to plain attribute and dict work.
-        self.count += 1
-        if type(t) is torch.Tensor:  # the common case: no subclass, so never a Parameter
+        # Runs once per tensor autograd saves, so every attribute read counts. Only a tensor
+        # saved by the node that produced it can close a reference cycle through its grad_fn;
+        # activations get a detached alias anyway, as the weak reference to it tells whether
+        # the graph still holds it. Parameters and views of them are returned as they are.
+        if self._hooks is None:  # switched off after a fault
+            return t.detach()
+        try:
+            self.count += 1
+            if type(t) is not torch.Tensor:
+                if isinstance(t, nn.Parameter):
+                    return t  # a leaf: resident anyway, and no cycle
+                return self._pack_subclass(t)
+            base = t._base
+            if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
+                n = self._param_bytes.get(id(base))
+                self.packed_bytes += base.untyped_storage().nbytes() if n is None else n
+                return t
             try:
                 st = t.untyped_storage()
-            except (RuntimeError, NotImplementedError, TypeError):
+            except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, nested)
                 return t.detach()
-            is_param = False
-        else:
-            found = _storage(t)
-            if found is None:
+            key = st.data_ptr()
+            if not key:
                 return t.detach()
-            st = found
-            is_param = _is_param(t)
-        key = st.data_ptr()
-        if not key:
+            alias = t.detach()
+            held = self._held.get(key)
+            if held is not None and (held[2]() is not None or _alive(held)):
+                # The same live storage again (a ReLU output the next Linear saves too).
+                self.packed_bytes += held[1]
+                held.append(ref(alias, self._on_death))
+                return alias
+            n = st.nbytes()
+            self.packed_bytes += n
+            ex = self._excluded.get(key)
+            if ex is not None:
+                ex_st = _storage(ex)
+                if ex_st is not None and ex_st.data_ptr() == key and ex_st.nbytes():
+                    return alias  # a buffer, or a parameter under another tensor object
+            # A new storage (or a freed address reused): attribute it to the module running.
+            self._held[key] = [self._owner(sys._getframe(1)), n, ref(alias, self._on_death)]
+            return alias
+        except Exception as err:
+            self._hooks = None  # the context is left at `end`; until then every pack is a no-op
+            self.faults.fault(PACK_PART, err, "saved-tensor figures are left out")
             return t.detach()
-        n = st.nbytes()
-        if is_param:
-            return t.detach()
+
+    def _pack_subclass(self, t: torch.Tensor) -> torch.Tensor:
+        """The pack hook for tensor subclasses (DTensor shards): storage through ``to_local``."""
+        st = _storage(t)
+        alias = t.detach()
+        if st is None:
+            return alias
+        key, n = st.data_ptr(), st.nbytes()
         self.packed_bytes += n
-        base = t._base
-        if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
-            return t.detach()
         ex = self._excluded.get(key)
         if ex is not None:
             ex_st = _storage(ex)
             if ex_st is not None and ex_st.data_ptr() == key and ex_st.nbytes():
-                return t.detach()
-        prev = self._seen.get(key)
-        if prev is None or prev.expired():
-            self._seen[key] = StorageWeakRef(st)
-            self.unique_bytes += n
-            stack = self._stack.stack if self._stack is not None else None
-            owner = stack[-1] if stack else OUTSIDE_NAME
-            self._by_module[owner] = self._by_module.get(owner, 0) + n
-        # Only a tensor with history can close a cycle through its own grad_fn.
-        return t if t.grad_fn is None else t.detach()
+                return alias
+        held = self._held.get(key)
+        if held is not None and _alive(held):
+            held.append(ref(alias, self._on_death))
+        else:
+            self._held[key] = [self._owner(sys._getframe(2)), n, ref(alias, self._on_death)]
+        return alias
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
-        self.packed_bytes = self.unique_bytes = self.count = 0
-        self._by_module = {}
-        self._seen = {}
+        self.packed_bytes = self.count = 0
+        self._held = {}
+        self._died = {}
+        if self.failed:
+            return {}
+        self._labels = {}
         if ctx.module is not None:
             _, mods, labels, sharded = self._tree_of(ctx.module)
+            self._labels = labels
             # Built once per window: a stale entry is harmless (a hit counts only while the
             # tensor still sits at that address), and walking every parameter per call is not.
             if sharded or not self._excluded_valid:
                 self._excluded = {}
+                self._param_bytes = {}
                 for m in mods:
                     self._exclude(m._parameters.values())
                     self._exclude(m._buffers.values())
                 self._excluded_valid = not sharded
-            # Parameters only change storage mid-forward when they are sharded (DTensor):
-            # skip the per-module re-check otherwise.
-            self._stack = ModuleStack(ctx.module, on_enter=self._on_enter if sharded else None, labels=labels)
-            self._stack.install()
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-        self._hooks.__enter__()
+            # Parameters only change storage mid-forward when they are sharded (DTensor): only
+            # then are module hooks needed, to re-exclude each module's unsharded parameters.
+            if sharded:
+                self._stack = ModuleStack(
+                    ctx.module, on_enter=self._on_enter, labels=labels, faults=self.faults, part=TRACKER_PART
+                )
+                self._stack.install()
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        hooks.__enter__()
+        self._hooks = self._entered = hooks
         return {}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
         if ctx.closes_window or not ok:
             self._excluded_valid = False
+        unique, by_module = self._still_held()
         self._release()
+        if self.failed:
+            return {}
         return {
-            "saved_tensors.unique_bytes": self.unique_bytes,
+            "saved_tensors.unique_bytes": unique,
             "saved_tensors.packed_bytes": self.packed_bytes,
             "saved_tensors.count": self.count,
-            "saved_tensors.by_module": dict(sorted(self._by_module.items(), key=lambda kv: -kv[1])),
+            "saved_tensors.by_module": dict(sorted(by_module.items(), key=lambda kv: -kv[1])),
         }
 
+    def _still_held(self) -> tuple[int, dict[str, int]]:
+        """Bytes of the storages still held at the call's last save, in total and per module."""
+        unique = 0
+        by_module: dict[str, int] = {}
+        died, last = self._died, self.count
+        for held in self._held.values():
+            if _held_after(held, died, last):
+                owner, n = held[0], held[1]
+                unique += n
+                by_module[owner] = by_module.get(owner, 0) + n
+        return unique, by_module
+
     def _release(self) -> None:
-        if self._hooks is not None:
-            self._hooks.__exit__(None, None, None)
-            self._hooks = None
+        entered, self._entered = self._entered, None
+        self._hooks = None
+        if entered is not None:
+            entered.__exit__(None, None, None)
         if self._stack is not None:
             self._stack.remove()
             self._stack = None
-        self._seen = {}
+        # Dropping the weak references first means no death callback runs during backward.
+        self._held = {}
+        self._died = {}
         if not self._excluded_valid:
             self._excluded = {}
+            self._param_bytes = {}
 
     def close(self) -> None:
         self._excluded_valid = False

@@ -66,7 +66,8 @@ class MemProfilerConfig:
     """Hook-state attributes copied into the ``end`` snapshot."""
     retain_hooks_for_funcs: list[str] = field(default_factory=lambda: ["training_step"])
     """Functions whose memory hooks stay installed between consecutive collected calls
-    instead of being removed and re-installed; they are removed when the window closes."""
+    instead of being removed and re-installed; they are removed when the window closes. The
+    hooks sit on the profiled module's own submodules only, never process-wide."""
     rss_peak_method: str = "auto"
     """How ``rss_peak`` is measured: ``clear_refs`` (Linux: reset and read the kernel's
     ``VmHWM``, exact, no thread), ``sampler`` (a thread polling RSS during collected calls
@@ -101,7 +102,8 @@ class MemProfilerConfig:
     """Track memory per module without FSDP, with ``torch.distributed._tools.mem_tracker.MemTracker``
     (CPU and CUDA), during the functions of collection type ``fsdp``. Same window and report layout
     as ``track_fsdp_mem``, named ``module_mem_rank_...``, with ``module_mem.peak.*`` snapshot keys.
-    Costs about 2x a step while collecting; nothing outside the window."""
+    Costs about 9x a step while collecting (8.8x measured on CPU, a 122-module residual MLP
+    in a Lightning Trainer); nothing outside the window."""
     dump_memory_trace: bool = True
     """Write ``memory_trace_rank_{rank}.json``: Chrome-trace counters and ``{fn}.{call}`` spans
     of every snapshot, on the PyTorch profiler's clock. With the extended profiler the same

@@ -1,9 +1,10 @@
 """The project's saved-tensor counter, adapted to a test body: no model is known in advance.
 
 A test builds its model inside its body, so the module tree cannot be labelled up front as
-``MemProfiler.profile(module=...)`` does. :class:`AnyRootStack` labels a module tree the
-first time its outermost module runs; :class:`BodySavedTensors` uses it for the per-module
-breakdown and, for the leak check, keeps a weak reference to every alias autograd stores.
+``MemProfiler.profile(module=...)`` does. :class:`BodySavedTensors` labels a module tree the
+first time its outermost module saves something (``(root)``, ``net.0``, ...), found on the
+call stack as the collector finds modules, and, for the leak check, keeps a weak reference to
+every alias autograd stores.
 """
 
 from __future__ import annotations
@@ -16,29 +17,10 @@ import torch
 from torch import nn
 
 from memprofiler.collectors.base import CallContext
-from memprofiler.collectors.module_tracker import ModuleStack, module_labels
+from memprofiler.collectors.module_tracker import OUTSIDE_NAME, module_labels
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
 
-
-class AnyRootStack(ModuleStack):
-    """A :class:`ModuleStack` over whatever modules run: an outermost module's tree is
-    labelled (``(root)``, ``net.0``, ...) when it first runs; a stray module nested in another
-    tree is labelled by its class name."""
-
-    def __init__(self) -> None:
-        super().__init__(nn.Module())
-        # id -> weak reference, so an id reused by a later module is relabelled.
-        self._refs: dict[int, weakref.ref[nn.Module]] = {}
-
-    def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> None:
-        ref = self._refs.get(id(module))
-        if ref is None or ref() is not module:
-            tree = module_labels(module) if not self.stack else {id(module): type(module).__name__}
-            mods = {id(m): m for m in module.modules()} if not self.stack else {id(module): module}
-            self._labels.update(tree)
-            for key in tree:
-                self._refs[key] = weakref.ref(mods[key])
-        super()._pre(module, args)
+_CALL = nn.Module._wrapped_call_impl.__code__
 
 
 class BodySavedTensors(SavedTensorsCollector):
@@ -54,14 +36,29 @@ class BodySavedTensors(SavedTensorsCollector):
         self._track = track_alive
         #: (alias, storage address, storage bytes, module that saved it) per saved activation.
         self.saved: list[tuple[weakref.ref[torch.Tensor], int, int, str]] = []
+        # id of an outermost module -> (weak reference, its tree's labels)
+        self._trees: dict[int, tuple[weakref.ref[nn.Module], dict[int, str]]] = {}
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         self.saved = []
-        out = super().start(ctx)  # ctx.module is None: hooks only, no module stack
-        stack = AnyRootStack()
-        stack.install()
-        self._stack = stack
-        return out
+        return super().start(ctx)  # ctx.module is None: modules are labelled as they save
+
+    def _owner(self, frame: Any) -> str:
+        inner = outer = None
+        while frame is not None:
+            if frame.f_code is _CALL:
+                module = frame.f_locals.get("self")
+                if inner is None:
+                    inner = module
+                outer = module
+            frame = frame.f_back
+        if inner is None or outer is None:
+            return OUTSIDE_NAME
+        tree = self._trees.get(id(outer))
+        if tree is None or tree[0]() is not outer:  # an id reused by a later module is relabelled
+            tree = (weakref.ref(outer), module_labels(outer))
+            self._trees[id(outer)] = tree
+        return tree[1].get(id(inner), type(inner).__name__)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         out = super()._pack(t)
@@ -73,9 +70,9 @@ class BodySavedTensors(SavedTensorsCollector):
             except (RuntimeError, NotImplementedError, TypeError):
                 return out
             key = st.data_ptr()
-            if key in self._seen:  # an activation the counter counted, not a view of a weight
-                owner = self._stack.current if self._stack is not None else "(outside forward)"
-                self.saved.append((weakref.ref(out), key, st.nbytes(), owner))
+            held = self._held.get(key)
+            if held is not None:  # an activation the counter counted, not a view of a weight
+                self.saved.append((weakref.ref(out), key, st.nbytes(), held[0]))
         return out
 
     def alive(self) -> tuple[int, int, dict[str, int]]:

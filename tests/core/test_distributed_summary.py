@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +12,7 @@ import torch.distributed as dist
 import yaml
 from torch import nn
 
-from _env import subprocess_env
+from _ranks import launch
 from _summary_ranks import WORLD4
 from memprofiler import MemProfilerCallback, layout, memprofilable
 from memprofiler.core import summary as distributed
@@ -212,7 +209,6 @@ def test_one_rank_group_writes_a_summary_equal_to_its_file(world1, tmp_path):
 
 
 # ------------------------------------------------------------- 4 real gloo ranks on CPU
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _stats(lo: Any, hi: Any, mean: float, arg: int, n: int = WORLD4) -> dict[str, Any]:
@@ -238,33 +234,11 @@ EXPECTED4 = {
 
 
 def _launch4(out: Path, timeout: float = 240) -> list[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(WORLD4):
-        env = subprocess_env(SRC, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "_summary_ranks", str(rank), str(out)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, text in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, text[-4000:]
-        assert "worker finished" in text, text[-4000:]
-    return outputs
+    results = launch(lambda rank: ["-m", "_summary_ranks", str(rank), str(out)], WORLD4, timeout)
+    for r in results:
+        assert r.returncode == 0, r.stdout[-4000:]
+        assert "worker finished" in r.stdout, r.stdout[-4000:]
+    return [r.stdout for r in results]
 
 
 @pytest.mark.slow

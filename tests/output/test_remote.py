@@ -129,7 +129,7 @@ def test_store_failing_mid_run_warns_and_keeps_what_was_written(s3_bucket, monke
     with prof.profile("step", module=model):
         model(torch.randn(4, 16)).sum()
     prof.dump()
-    assert prof._mirror is not None and prof._mirror.sync(wait=True)
+    assert prof._files.mirror is not None and prof._files.mirror.sync(wait=True)
 
     # WHEN the store starts refusing every write
     def refuse(self, name, data):

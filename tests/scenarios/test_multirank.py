@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,55 +19,17 @@ from typing import Any
 import pytest
 import yaml
 
-from _env import subprocess_env
+from _ranks import launch
 from memprofiler import layout
 from memprofiler.collectors.mem_report import fmt_value, parse_log_values
 
 pytestmark = pytest.mark.slow
 
 WORLD = 2
-SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _launch(scenario: str, out: Path, timeout: float = 240) -> list[subprocess.CompletedProcess[str]]:
-    port = _free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = {
-            **subprocess_env(SRC),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(WORLD),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "NODE_RANK": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, scenario, str(out)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    results = []
-    for p in procs:
-        try:
-            stdout, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
-    return results
+    return launch(lambda rank: [__file__, scenario, str(out)], WORLD, timeout)
 
 
 def _check_ok(results: list[subprocess.CompletedProcess[str]]) -> None:

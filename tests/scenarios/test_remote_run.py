@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from _env import subprocess_env
+from _ranks import launch
 from memprofiler import layout
 
 pytestmark = pytest.mark.slow
@@ -27,42 +28,7 @@ SAVED_BYTES = F32 * (4 * 10 + 4 * 33 + 4 * 7)
 
 
 def _launch(url: str) -> list[subprocess.CompletedProcess[str]]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(WORLD):
-        env = {
-            **subprocess_env(SRC),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(WORLD),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "NODE_RANK": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, __file__, url],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    out = []
-    for p in procs:
-        try:
-            stdout, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, ""))
-    return out
+    return launch(lambda rank: [__file__, url], WORLD)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -251,7 +217,7 @@ def _worker(url: str) -> None:  # pragma: no cover - runs in the subprocesses
         callbacks=[cb],
     )
     trainer.fit(Net())
-    mirror = cb.profiler._mirror if cb.profiler is not None else None
+    mirror = cb.profiler._files.mirror if cb.profiler is not None else None
     if mirror is not None:
         mirror.cleanup()  # os._exit below skips the atexit hook that removes the staging directory
     print("worker finished", os.environ["RANK"], flush=True)

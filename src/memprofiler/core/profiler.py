@@ -8,10 +8,7 @@ the profiler only as a :class:`~memprofiler.collectors.base.ProfilerView`.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -27,24 +24,15 @@ from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
 from memprofiler.collectors.registry import build_collectors
 from memprofiler.config import MemProfilerConfig
-from memprofiler.core import run_setup, schedule, summary
+from memprofiler.core import run_setup, schedule
 from memprofiler.core.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.core.dispatch import CollectorSet
+from memprofiler.core.run_files import RunFiles
 from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
-from memprofiler.output.mirror import RemoteMirror
-from memprofiler.output.remote import is_url, local_path
-from memprofiler.output.run_dir import RunManifest, write_manifest
-from memprofiler.output.snapshot_cache import SnapshotCache
-from memprofiler.output.stats_file import StatsFile
+from memprofiler.output.run_dir import RunManifest
 from memprofiler.output.timeline import MemoryTimeline
-from memprofiler.output.writers import write_pickle
-
-#: How long rank 0 waits for the other ranks' figures at the end of a run without collectives,
-#: and after an exception (when the others may be stuck in another collective).
-SUMMARY_WAIT_S = 60.0
-SUMMARY_WAIT_AFTER_EXCEPTION_S = 15.0
 
 
 def detect_rank() -> int:
@@ -104,19 +92,11 @@ class MemProfiler:
         self.config = MemProfilerConfig.from_any(config)
         self._rank = detect_rank() if rank is None else rank
         chosen = save_dir or self.config.save_dir or default_save_dir or layout.DEFAULT_SUBDIR
-        #: A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local.
-        self.save_url: str | None = os.fspath(chosen) if is_url(chosen) else None
-        #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``
-        #: under it when it already holds a run), known after :meth:`setup`. With a remote
-        #: ``save_dir`` both are the local staging directory mirrored to :attr:`run_url`.
-        self.requested_save_dir = local_path(chosen) if self.save_url is None else Path(tempfile.gettempdir())
-        self._save_dir = self.requested_save_dir
-        self._run_url: str | None = None
-        self._mirror: RemoteMirror | None = None
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.module: nn.Module | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.warn = Warner(self._rank)
+        self._files = RunFiles(self.config, self._rank, chosen, self.snapshots, self.warn)
         self._cuda = cuda or default_backend()
         self._calls: dict[str, int] = {}
         self._finished: set[str] = set()
@@ -124,33 +104,15 @@ class MemProfiler:
         self._collected_funcs: frozenset[str] = frozenset()
         self._active: _Run | None = None
         self._is_setup = False
+        self._crashed = False
         self._collected_calls: dict[str, int] = {}
         # True from the end of a collected call until `step_end()`: step-long collectors
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
         self._dump_after_step = False
         self._listeners: list[Listener] = []
-        # Output: snapshots recorded since the last flush, and the incremental stats file.
-        self._unflushed: list[str] = []
-        self._changed: list[str] = []
-        self._stats: StatsFile | None = None
-        self._pickle_cache = SnapshotCache()
-        self._calls_since_flush = 0
-        self._last_flush = time.monotonic()
-        self._manifest: RunManifest | None = None
-        #: Snapshots dropped from memory after they reached the stats file.
-        self.evicted = 0
-        #: Whether every rank is known to reach :meth:`teardown` together (the Lightning
-        #: callback sets it): the cross-rank summary then meets in collectives. Otherwise
-        #: (plain loops, Fabric, a profiler on some ranks only) ranks post to the process
-        #: group's store and rank 0 waits at most ``SUMMARY_WAIT_S``: nothing can hang.
-        self.summary_collective = False
-        self._summaries = 0
-        self._crashed = False
         #: Returns the training step for crash records (the Lightning callback sets it).
         self.step_fn: Callable[[], int] | None = None
-        #: Chrome-trace view of the snapshots (``dump_memory_trace``); built at setup.
-        self.timeline: MemoryTimeline | None = None
         self._sigterm = SigtermDump(lambda: self.record_crash(SystemExit("SIGTERM")))
 
     # ----------------------------------------------------------------- the view collectors get
@@ -162,12 +124,44 @@ class MemProfiler:
     def save_dir(self) -> Path:
         """Where this run writes: resolved once, at :meth:`setup` (for a remote ``save_dir``, the
         local staging directory whose files each flush uploads to :attr:`run_url`)."""
-        return self._save_dir
+        return self._files.save_dir
 
     @property
     def run_url(self) -> str:
         """Where the run's files end up: the remote run directory's URL, or :attr:`save_dir`."""
-        return self._run_url if self._run_url is not None else str(self._save_dir)
+        return self._files.run_url if self._files.run_url is not None else str(self._files.save_dir)
+
+    @property
+    def save_url(self) -> str | None:
+        """A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local."""
+        return self._files.save_url
+
+    @property
+    def requested_save_dir(self) -> Path:
+        """The directory asked for (a run may sit in a ``version_{n}`` under it)."""
+        return self._files.requested
+
+    @property
+    def timeline(self) -> MemoryTimeline | None:
+        """Chrome-trace view of the snapshots (``dump_memory_trace``); built at set-up."""
+        return self._files.timeline
+
+    @property
+    def evicted(self) -> int:
+        """Snapshots dropped from memory after they reached the stats file."""
+        return self._files.evicted
+
+    @property
+    def summary_collective(self) -> bool:
+        """Whether every rank is known to reach :meth:`teardown` together (the Lightning
+        callback sets it): the cross-rank summary then meets in collectives. Otherwise (plain
+        loops, Fabric, a profiler on some ranks only) ranks post to the process group's store and
+        rank 0 waits a bounded time: nothing can hang."""
+        return self._files.summary_collective
+
+    @summary_collective.setter
+    def summary_collective(self, value: bool) -> None:
+        self._files.summary_collective = value
 
     def current_step(self) -> int | None:
         """The training step from ``step_fn``, or ``None`` when unknown."""
@@ -205,30 +199,14 @@ class MemProfiler:
             self.module = module
         if self._is_setup or not self.enabled:
             return self
-        if self.save_url is not None:
-            self._setup_remote(self.save_url)
-        else:
-            self._save_dir, self._manifest = run_setup.claim_run_dir(
-                self.requested_save_dir, self._rank, self.warn
-            )
-        self._stats = StatsFile(self._save_dir / layout.MEMORY_STATS_YAML.format(rank=self._rank))
+        self._files.claim()
         self._collectors = CollectorSet(build_collectors(self.config, self._cuda, self.warn), self.warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
-        if self.config.dump_memory_trace:
-            self.timeline = MemoryTimeline(self._rank)
-            self.add_listener(self.timeline.on_snapshot)
+        if self._files.timeline is not None:
+            self.add_listener(self._files.timeline.on_snapshot)
         self._is_setup = True
         self._collectors.bind(self)
         return self
-
-    def _setup_remote(self, url: str) -> None:
-        """Claim the run on the store; write locally into a staging directory mirrored there."""
-        run, self._manifest = run_setup.claim_remote_run_dir(url, self._rank, self.warn)
-        staging = Path(tempfile.mkdtemp(prefix=f"memprofiler-rank{self._rank}-"))
-        self.requested_save_dir = self._save_dir = staging
-        self._run_url = run.url
-        self._mirror = RemoteMirror(staging, run, lambda message: self.warn(message, all_ranks=True))
-        atexit.register(self._mirror.cleanup)
 
     def bind(self, module: nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         """Give the collectors the model as prepared for training, and its optimizers.
@@ -265,7 +243,7 @@ class MemProfiler:
         now = time.time_ns()
         for (fn, call), metrics in self._collectors.step_end().items():
             key = layout.snapshot_key(self._rank, fn, call, "end")
-            self._merge_late(key, metrics)
+            self._files.merge_late(key, metrics)
             # Listeners see the late metrics as phase "step_end" of the same call.
             self._notify(SnapshotEvent(key, self._rank, fn, call, "step_end", now, metrics))
         if self._dump_after_step:
@@ -302,15 +280,9 @@ class MemProfiler:
     def teardown(self) -> list[Path]:
         """Write the files and release every hook and thread the collectors hold."""
         written = self.dump(final=True)
-        if not self._crashed:
-            written.extend(self._upload_summary(self._write_summary(after_exception=False)))
+        if self._is_setup and not self._crashed:
+            written.extend(self._files.write_summary(after_exception=False))
         self._collectors.close()
-        return written
-
-    def _upload_summary(self, written: list[Path]) -> list[Path]:
-        """A remote run: the summary, written after the final flush, goes up too."""
-        if written and self._mirror is not None:
-            self._mirror.sync(wait=True)
         return written
 
     def __enter__(self) -> MemProfiler:
@@ -342,50 +314,12 @@ class MemProfiler:
         """
         if not self._is_setup:
             return []
-        if self._manifest is not None:
-            self._manifest.status = "crashed"
+        if self._files.manifest is not None:
+            self._files.manifest.status = "crashed"
         self._crashed = True
         written = self._collectors.crash(exc)
         written += self.dump(final=True)
-        return written + self._upload_summary(self._write_summary(after_exception=True))
-
-    def _write_summary(self, after_exception: bool) -> list[Path]:
-        """Every rank's figures reduced across ranks; rank 0 writes ``memory_summary.yaml``.
-
-        Driven by the core, so plain loops and Fabric get it as the callback does. Never raises.
-        """
-        if not (self._is_setup and summary.dist_ready()):
-            return []
-        self._summaries += 1
-        collective = self.summary_collective and not after_exception
-        try:
-            path = summary.write_cross_rank_summary(
-                self._all_snapshots(),
-                self._save_dir,
-                self._rank,
-                run_setup.world_size(),
-                after_exception=not collective,
-                generation=self._summaries,
-                timeout_s=SUMMARY_WAIT_AFTER_EXCEPTION_S if after_exception else SUMMARY_WAIT_S,
-            )
-        except Exception as err:
-            self.warn(
-                f"could not gather snapshots across ranks ({err!r}); no `{layout.MEMORY_SUMMARY_YAML}`, "
-                "each rank's own files are complete",
-                all_ranks=True,
-            )
-            return []
-        return [path] if path is not None else []
-
-    def _all_snapshots(self) -> Mapping[str, Mapping[str, Any]]:
-        """Every snapshot of the run: those that left memory are read back from the stats file."""
-        if not self.evicted or self._stats is None:
-            return self.snapshots
-        import yaml
-
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        on_disk = yaml.load(self._stats.path.read_text(encoding="utf-8"), Loader=loader) or {}
-        return {**on_disk, **self.snapshots}
+        return written + self._files.write_summary(after_exception=True)
 
     # ----------------------------------------------------------------- collection
     @contextmanager
@@ -471,8 +405,7 @@ class MemProfiler:
             self._step_open = True
         if schedule.is_finished(self.config.schedule, ctx.call):
             self._finished.add(ctx.fn_name)
-        self._calls_since_flush += 1
-        if ctx.closes_window or self._flush_due():
+        if self._files.call_collected() or ctx.closes_window:
             # Write what was collected now, so a process killed later (the host OOM killer
             # sends SIGKILL) still leaves it on disk: at every window close, and every
             # `flush_every_calls` collected calls or `flush_interval_s` seconds whatever the
@@ -482,28 +415,11 @@ class MemProfiler:
             else:
                 self.dump()
 
-    def _flush_due(self) -> bool:
-        cfg = self.config
-        return self._calls_since_flush >= cfg.flush_every_calls or (
-            time.monotonic() - self._last_flush >= cfg.flush_interval_s
-        )
-
     def _record(self, ctx: CallContext, phase: Phase, metrics: dict[str, Any], t_ns: int) -> None:
         key = layout.snapshot_key(self._rank, ctx.fn_name, ctx.call, phase)
         self.snapshots[key] = metrics
-        if self.config.dump_memorystats_pickle:
-            self._pickle_cache.touch(key)
-        self._unflushed.append(key)
+        self._files.recorded(key)
         self._notify(SnapshotEvent(key, self._rank, ctx.fn_name, ctx.call, phase, t_ns, metrics))
-
-    def _merge_late(self, key: str, metrics: Mapping[str, Any]) -> None:
-        if self.config.dump_memorystats_pickle:
-            self._pickle_cache.touch(key)  # first: a SIGTERM dump may run mid-update
-        if self._stats is not None and key in self._stats.written:
-            self._changed.append(key)
-        self.snapshots.setdefault(key, {}).update(metrics)
-        if key not in self._unflushed:
-            self._unflushed.append(key)
 
     def _notify(self, event: SnapshotEvent) -> None:
         for listener in list(self._listeners):
@@ -526,75 +442,16 @@ class MemProfiler:
         if not self._is_setup:
             return []
         self.step_end()
-        written: list[Path] = []
-        cfg = self.config
-        unflushed, changed = self._unflushed, self._changed
-        self._unflushed, self._changed = [], []
-        self._calls_since_flush = 0
-        self._last_flush = time.monotonic()
-        writers: list[tuple[str, Callable[[], Path]]] = []
-        stats = self._stats
-        if stats is not None:
-            pending = len(set(unflushed) - stats.written)
-            if len(self.snapshots) > len(stats.written) + pending:  # entries set by hand, not recorded
-                unflushed = unflushed + [k for k in self.snapshots if k not in stats.written]
-        if cfg.dump_memorystats_yaml and stats is not None:
-            writers.append(
-                (stats.path.name, lambda: stats.flush(self.snapshots, unflushed, changed, fsync=final))
-            )
-        if cfg.dump_memorystats_pickle:
-            pickle_path = self._save_dir / layout.MEMORY_STATS_PICKLE.format(rank=self._rank)
-            writers.append(
-                (
-                    pickle_path.name,
-                    lambda: write_pickle(pickle_path, self._pickle_cache.plain(self.snapshots), plain=False),
-                )
-            )
-        timeline = self.timeline
-        if timeline is not None:
-            writers.append(("the memory trace", lambda: timeline.dump(self._save_dir)))
-        if final and self._manifest is not None:
-            manifest = self._manifest
-            writers.append((layout.RUN_MANIFEST, lambda: self._close_manifest(manifest)))
-        # A remote run's uploads read the files under this lock: never half an append.
-        with self._mirror.lock if self._mirror is not None else contextlib.nullcontext():
-            for what, write in writers:
-                try:
-                    written.append(write())
-                except Exception as err:  # each file on its own: one failure must not cost the others
-                    if what == stats.path.name if stats is not None else False:
-                        self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
-                    self.warn(f"could not write {what} in {self._save_dir}: {err!r}", all_ranks=True)
+        written = self._files.write(final, self._notes)
         written.extend(self._collectors.dump())
-        self._evict_written()
-        mirror = self._mirror
-        if mirror is not None and not mirror.sync(wait=final) and final:
-            self.warn(
-                f"not every file reached {self.run_url}; the complete files are in {self._save_dir}",
-                all_ranks=True,
-            )
+        self._files.after_write(final)
         return written
 
-    def _evict_written(self) -> None:
-        """Drop the oldest snapshots from memory once they are on disk (bounded memory)."""
-        limit = self.config.max_snapshots_in_memory
-        stats = self._stats
-        if len(self.snapshots) <= limit or stats is None or self.config.dump_memorystats_pickle:
-            return  # the pickle is rewritten whole from memory: keep everything for it
-        written = stats.written
-        excess = len(self.snapshots) - limit
-        for key in [k for k in self.snapshots if k in written][:excess]:
-            del self.snapshots[key]
-        self.evicted += excess
-        if self.timeline is not None:
-            self.timeline.forget_written(keep=limit)
-
-    def _close_manifest(self, manifest: RunManifest) -> Path:
+    def _notes(self, manifest: RunManifest) -> list[str]:
+        """What the run failed to collect, one line per function, warned and kept in the manifest."""
         notes = run_setup.collection_notes(
             self.config, self._calls, self._collected_calls, self._collected_funcs
         )
         for note in notes:
             self.warn(note)
-        status = manifest.status if manifest.status == "crashed" else "finished"
-        manifest.finish(status, notes)
-        return write_manifest(self._save_dir, manifest)
+        return notes

@@ -9,6 +9,10 @@ rewriting the whole file at every window close made a long run's writes quadrati
 
 from __future__ import annotations
 
+import functools
+import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,15 +22,81 @@ import yaml
 from memprofiler import layout
 from memprofiler.output.writers import append_bytes, atomic_write_bytes, block_end, to_plain
 
-try:  # libyaml's emitter: about 10x faster than the pure-Python one, same output for plain data
-    from yaml import CSafeDumper as _Dumper
-except ImportError:  # pragma: no cover - PyYAML built without libyaml
-    from yaml import SafeDumper as _Dumper  # type: ignore[assignment]
+_SCALAR_KEY = re.compile(r"[A-Za-z0-9_(][A-Za-z0-9_.()<>/+-]*")
+_RESOLVER = yaml.resolver.Resolver()
+_STR_TAG = "tag:yaml.org,2002:str"
+
+
+@functools.lru_cache(maxsize=65536)
+def _plain(text: str) -> bool:
+    """Whether ``text`` can be written unquoted and reads back as this string (PyYAML's resolver
+    decides: ``yes``, ``null``, ``1e3`` are not strings)."""
+    return (
+        len(text) < 1000
+        and _SCALAR_KEY.fullmatch(text) is not None
+        and _RESOLVER.resolve(yaml.ScalarNode, text, (True, False)) == _STR_TAG
+    )
+
+
+def _scalar(value: Any) -> str | None:
+    """``value`` as ``yaml.safe_dump`` writes a scalar, or ``None`` for anything else."""
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:  # PyYAML's float form: a dot always, so it reads back as a float
+        if value != value:
+            return ".nan"
+        if value in (math.inf, -math.inf):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value).lower()
+        return text.replace("e", ".0e", 1) if "." not in text and "e" in text else text
+    if kind is bool:
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if kind is str:
+        return value if _plain(value) else json.dumps(value)  # JSON strings are YAML double-quoted
+    return None
+
+
+def _block(mapping: dict[str, Any], indent: str, out: list[str]) -> bool:
+    for key, value in mapping.items():
+        if type(key) is not str:
+            return False
+        name = key if _plain(key) else json.dumps(key)
+        if type(value) is dict:
+            if not value:
+                out.append(f"{indent}{name}: {{}}\n")
+                continue
+            out.append(f"{indent}{name}:\n")
+            if not _block(value, indent + "  ", out):
+                return False
+            continue
+        text = _scalar(value)
+        if text is None:
+            return False
+        out.append(f"{indent}{name}: {text}\n")
+    return True
 
 
 def entry_yaml(key: str, metrics: Any) -> str:
-    """One top-level entry, exactly as ``yaml.safe_dump`` writes it inside the whole mapping."""
-    return yaml.dump({key: to_plain(metrics)}, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    """One top-level entry, as ``yaml.safe_dump`` writes it inside the whole mapping.
+
+    Snapshots are flat or nested mappings of numbers, so they are written directly, about 20x
+    faster than PyYAML's Python representer (a flush of 50 calls with per-module breakdowns
+    cost 150 ms on the training thread that way); anything else goes through PyYAML.
+    """
+    plain = to_plain({key: metrics})
+    out: list[str] = []
+    if _block(plain, "", out):
+        return "".join(out)
+    return yaml.dump(plain, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+try:  # libyaml's emitter for what the direct writer leaves to PyYAML
+    from yaml import CSafeDumper as _Dumper
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml import SafeDumper as _Dumper  # type: ignore[assignment]
 
 
 class StatsFile:

@@ -56,35 +56,9 @@ from memprofiler.core import summary
 from memprofiler.core.summary_exchange import decode_values, encode_values
 from memprofiler.core.summary_stats import Accumulator, RankMetrics
 from memprofiler.output.writers import to_plain, write_yaml
+from memprofiler.units import CUDA_MEMORY_STATS
 
-_CUDA_STATS = [
-    f"{stat}.{pool}.{kind}"
-    for stat in (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-        "requested_bytes",
-    )
-    for pool in ("all", "large_pool", "small_pool")
-    for kind in ("current", "peak", "allocated", "freed")
-] + [
-    f"oversize_{s}.{k}"
-    for s in ("allocations", "segments")
-    for k in ("current", "peak", "allocated", "freed")
-]
-_CUDA_STATS += [
-    "num_alloc_retries",
-    "num_ooms",
-    "num_sync_all_streams",
-    "num_device_alloc",
-    "num_device_free",
-    "max_split_size",
-]
+_CUDA_STATS = list(CUDA_MEMORY_STATS)
 _FSDP = [
     "sharded_param",
     "unsharded_param",

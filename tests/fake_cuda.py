@@ -32,45 +32,15 @@ from typing import Any
 import torch
 
 from memprofiler.collectors.cuda_backend import CudaBackend, OomObserver
+from memprofiler.units import CUDA_MEMORY_STATS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_cuda_snapshot.json"
 GIB = 1 << 30
 
-_STAT_NAMES = (
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
-
 
 def memory_stats_keys() -> list[str]:
     """The flat key set ``torch.cuda.memory_stats()`` documents."""
-    keys = [
-        f"{stat}.{pool}.{kind}"
-        for stat in _STAT_NAMES
-        for pool in ("all", "large_pool", "small_pool")
-        for kind in ("current", "peak", "allocated", "freed")
-    ]
-    keys += [
-        f"oversize_{s}.{k}"
-        for s in ("allocations", "segments")
-        for k in ("current", "peak", "allocated", "freed")
-    ]
-    keys += [
-        "num_alloc_retries",
-        "num_ooms",
-        "num_sync_all_streams",
-        "num_device_alloc",
-        "num_device_free",
-        "max_split_size",
-    ]
-    return keys
+    return list(CUDA_MEMORY_STATS)
 
 
 def load_fixture() -> dict[str, Any]:

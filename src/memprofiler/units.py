@@ -47,6 +47,40 @@ _BYTE_PREFIXES = ("saved_tensors.by_module.", "fsdp.", "module_mem.")
 _COUNT_PREFIXES = ("oversize_", "active.", "segment.", "inactive_split.", "allocation.", "num_")
 
 
+_CUDA_POOLED = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+#: Every flat key ``torch.cuda.memory_stats()`` documents, known without a device (budgets
+#: check CUDA metric names for typos on CPU-only machines; the CUDA fake and benchmarks use it).
+CUDA_MEMORY_STATS: tuple[str, ...] = (
+    *(
+        f"{stat}.{pool}.{kind}"
+        for stat in _CUDA_POOLED
+        for pool in ("all", "large_pool", "small_pool")
+        for kind in ("current", "peak", "allocated", "freed")
+    ),
+    *(
+        f"oversize_{s}.{k}"
+        for s in ("allocations", "segments")
+        for k in ("current", "peak", "allocated", "freed")
+    ),
+    "num_alloc_retries",
+    "num_ooms",
+    "num_sync_all_streams",
+    "num_device_alloc",
+    "num_device_free",
+    "max_split_size",
+)
+
+
 def parse_size(text: str, key: str = "size") -> float:
     """Parse ``"2GiB"``, ``"300 MiB"``, ``"1.5GB"``, ``"4096"`` or ``"1e9"`` into a number of bytes.
 

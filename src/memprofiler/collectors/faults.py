@@ -1,6 +1,6 @@
 """One guard for memprofiler code that runs inside the user's training step.
 
-The profiler guards each collector's ``start`` and ``end`` (``MemProfiler._guard``), but hooks
+The profiler guards every collector event (``core.dispatch.CollectorSet``), but hooks
 run later, from inside the user's forward: module hooks, the user's ``memory_hooks``, the
 saved-tensor pack hook. An exception there would end the training run. Each such part asks
 its :class:`HookFaults` whether it is still on, and reports an exception to it: the part is
@@ -9,17 +9,16 @@ switched off for the rest of the run with one warning naming it, and training go
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
-log = logging.getLogger("memprofiler")
+from memprofiler.errors import log
 
 
 class HookFaults:
     """Which hook-driven parts failed; warns once per part.
 
     Args:
-        warn: the profiler's warn-once function (``MemProfiler._warn``).
+        warn: the profiler's warn-once function (``MemProfiler.warn``).
 
     Example:
         >>> faults = HookFaults(lambda message: None)

@@ -43,29 +43,39 @@ def world_size() -> int:
     return 1
 
 
+def _agree(name: str, rank: int, on_rank0: Callable[[], str]) -> str | None:
+    """Rank 0 runs ``on_rank0`` and posts its answer; the others read it (``None``: no store,
+    or rank 0 never answered within ``SHARE_TIMEOUT_S``)."""
+    store = _store()
+    key = f"memprofiler/run_dir/{name}/{next(_generation)}"
+    if rank == 0:
+        answer = on_rank0()
+        if store is not None:
+            store.set(key, answer)  # type: ignore[attr-defined]
+        return answer
+    return _from_rank0(store, key)
+
+
+def _say_moved(warn: Callable[..., None], requested: str, chosen: str) -> None:
+    if chosen != requested:
+        warn(
+            f"`save_dir` {requested!r} already holds a run; this run writes to {chosen!r} "
+            "(nothing is overwritten; give each run its own `save_dir` to choose the name)"
+        )
+
+
 def claim_run_dir(requested: Path, rank: int, warn: Callable[..., None]) -> tuple[Path, RunManifest | None]:
     """The directory this run writes to, the same on every rank; rank 0's manifest.
 
     Raises:
         ArtifactError: the directory cannot be created or written (one line naming it).
     """
-    store = _store()
-    key = f"memprofiler/run_dir/{requested}/{next(_generation)}"
-    manifest: RunManifest | None = None
-    if rank == 0:
-        manifest = RunManifest.new(requested, world_size())
-        path = run_dir.claim(requested, manifest)
-        if store is not None:
-            store.set(key, str(path))  # type: ignore[attr-defined]
-    else:
-        shared = _from_rank0(store, key)
-        path = Path(shared) if shared is not None else run_dir.follow(requested, rank)
+    manifest = RunManifest.new(requested, world_size()) if rank == 0 else None
+    shared = _agree(str(requested), rank, lambda: str(run_dir.claim(requested, manifest)))  # type: ignore[arg-type]
+    path = Path(str(shared)) if shared is not None else run_dir.follow(requested, rank)
+    if rank != 0:
         run_dir.check_writable(path)
-    if path != requested:
-        warn(
-            f"`save_dir` {str(requested)!r} already holds a run; this run writes to {str(path)!r} "
-            "(nothing is overwritten; give each run its own `save_dir` to choose the name)"
-        )
+    _say_moved(warn, str(requested), str(path))
     free = run_dir.free_bytes(path)
     if free is not None and free < run_dir.LOW_SPACE_BYTES:
         warn(
@@ -84,26 +94,18 @@ def claim_remote_run_dir(
         ArtifactError: the store cannot be reached or written (one line naming the URL and the fix).
     """
     requested = RemoteDir.from_url(url)
-    store = _store()
-    key = f"memprofiler/run_dir/{requested.url}/{next(_generation)}"
-    manifest: RunManifest | None = None
+    manifest = None
     if rank == 0:
         manifest = dataclasses.replace(RunManifest.new(Path(), world_size()), save_dir=requested.url)
-        run = remote.claim(requested, yaml_document(manifest.to_dict()).encode())
-        if store is not None:
-            store.set(key, run.url)  # type: ignore[attr-defined]
-    else:
-        shared = _from_rank0(store, key)
-        if shared is not None:
-            run = RemoteDir.from_url(shared)
+    document = yaml_document(manifest.to_dict()).encode() if manifest is not None else b""
+    shared = _agree(requested.url, rank, lambda: remote.claim(requested, document).url)
+    if rank == 0 or shared is not None:
+        run = RemoteDir.from_url(str(shared))
+        if rank != 0:
             remote.check_writable(run)
-        else:
-            run = remote.follow(requested, rank)
-    if run.url != requested.url:
-        warn(
-            f"`save_dir` {requested.url!r} already holds a run; this run writes to {run.url!r} "
-            "(nothing is overwritten; give each run its own `save_dir` to choose the name)"
-        )
+    else:
+        run = remote.follow(requested, rank)
+    _say_moved(warn, requested.url, run.url)
     return run, manifest
 
 

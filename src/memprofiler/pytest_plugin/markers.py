@@ -12,7 +12,7 @@ from typing import Any
 
 from memprofiler.analysis.budget import Limit
 from memprofiler.errors import ConfigError
-from memprofiler.units import parse_size
+from memprofiler.units import CUDA_MEMORY_STATS, parse_size
 
 BUDGET_MARKER = "memory_budget"
 LEAK_MARKER = "memory_leak"
@@ -26,38 +26,9 @@ ALIASES: dict[str, str] = {
 HOST_METRICS = ("rss", "vms", "rss_peak")
 SAVED_METRICS = ("saved_tensors.unique_bytes", "saved_tensors.packed_bytes", "saved_tensors.count")
 BY_MODULE = "saved_tensors.by_module."
-_CUDA_FAMILIES = (
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
 #: The flat ``torch.cuda.memory_stats()`` names: known without a device, so a CUDA budget is
 #: checked for typos on a CPU-only machine too.
-CUDA_METRICS: tuple[str, ...] = (
-    *(
-        f"{fam}.{pool}.{kind}"
-        for fam in _CUDA_FAMILIES
-        for pool in ("all", "large_pool", "small_pool")
-        for kind in ("current", "peak", "allocated", "freed")
-    ),
-    *(
-        f"oversize_{s}.{k}"
-        for s in ("allocations", "segments")
-        for k in ("current", "peak", "allocated", "freed")
-    ),
-    "num_alloc_retries",
-    "num_ooms",
-    "num_sync_all_streams",
-    "num_device_alloc",
-    "num_device_free",
-    "max_split_size",
-)
+CUDA_METRICS: tuple[str, ...] = CUDA_MEMORY_STATS
 _KNOWN = (*HOST_METRICS, *SAVED_METRICS, BY_MODULE + "<module>", *CUDA_METRICS)
 
 

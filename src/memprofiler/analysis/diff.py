@@ -9,7 +9,7 @@ per-call detail.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memprofiler import layout
@@ -143,6 +143,14 @@ class Unmatched:
         )
 
 
+def _median(values: list[float]) -> float:
+    """``statistics.median`` of ``values``, which it sorts in place (a sorted list sorts in linear time)."""
+    values.sort()
+    n = len(values)
+    mid = values[n // 2]
+    return float(mid if n % 2 else (values[n // 2 - 1] + mid) / 2)
+
+
 def _spread(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
@@ -158,29 +166,82 @@ def _group(key: str) -> tuple[str, int]:
 
 
 def _pairs(
-    a: RunArtifacts, b: RunArtifacts, keys: Sequence[str], metrics: Sequence[str]
+    a: RunArtifacts, b: RunArtifacts, keys: Iterable[str], metrics: Sequence[str]
 ) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
-    """(group, metric) -> the values of A and B, call by call, over the ``keys`` both hold."""
+    """(group, metric) -> the values of A and B, call by call, over the ``keys`` both hold.
+
+    A long run holds millions of values: plain numbers and the one level of nesting the
+    profiler writes (``saved_tensors.by_module``) are read in place, without flattening
+    each snapshot into a new dict first.
+    """
     sa, sb = a.snapshots(), b.snapshots()
     wanted: dict[str, bool] = {}
-    out: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    by_group: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    nested: dict[str, dict[str, str]] = {}  # metric -> sub-key -> "metric.sub-key", built once
+
+    def add(pairs: dict[str, tuple[list[float], list[float]]], metric: str, va: float, vb: float) -> None:
+        ok = wanted.get(metric)
+        if ok is None:
+            ok = wanted[metric] = match_any(metric, metrics)
+        if ok:
+            pair = pairs.get(metric)
+            if pair is None:
+                pair = pairs[metric] = ([], [])
+            pair[0].append(va)
+            pair[1].append(vb)
+
     for key in keys:
-        group = _group(key)[0]
-        ma, mb = flatten_metrics(sa[key]), flatten_metrics(sb[key])
-        for metric, va in ma.items():
+        prefix, _, phase = key.rsplit(".", 2)  # `{rank}.{fn}` and the phase; the call number goes
+        group = f"{prefix}.{phase}"
+        pairs = by_group.get(group)
+        if pairs is None:
+            pairs = by_group[group] = {}
+        mb = sb[key]
+        for metric, va in sa[key].items():
             vb = mb.get(metric)
             if vb is None:
                 continue
-            ok = wanted.get(metric)
-            if ok is None:
-                ok = wanted[metric] = match_any(metric, metrics)
-            if ok:
-                pair = out.get((group, metric))
-                if pair is None:
-                    pair = out[(group, metric)] = ([], [])
-                pair[0].append(va)
-                pair[1].append(vb)
-    return out
+            ta, tb = type(va), type(vb)
+            if (ta is int or ta is float) and (tb is int or tb is float):
+                pair = pairs.get(metric)  # inline `add`: the common case, millions of times
+                if pair is not None:
+                    pair[0].append(va)
+                    pair[1].append(vb)
+                else:
+                    add(pairs, metric, va, vb)
+            elif isinstance(va, Mapping) and isinstance(vb, Mapping):
+                names = nested.get(metric)
+                if names is None:
+                    names = nested[metric] = {}
+                for sub, x in va.items():
+                    y = vb.get(sub)
+                    if y is None:
+                        continue
+                    name = names.get(sub)
+                    if name is None:
+                        name = names[sub] = f"{metric}.{sub}"
+                    tx, ty = type(x), type(y)
+                    if (tx is int or tx is float) and (ty is int or ty is float):
+                        pair = pairs.get(name)
+                        if pair is not None:
+                            pair[0].append(x)
+                            pair[1].append(y)
+                        else:
+                            add(pairs, name, x, y)
+                    elif _number(x) and _number(y):
+                        add(pairs, name, x, y)
+                    elif isinstance(x, Mapping) and isinstance(y, Mapping):  # deeper: rare
+                        fy = flatten_metrics(y, f"{name}.")
+                        for deep, xx in flatten_metrics(x, f"{name}.").items():
+                            if (yy := fy.get(deep)) is not None:
+                                add(pairs, deep, xx, yy)
+            elif _number(va) and _number(vb):
+                add(pairs, metric, va, vb)
+    return {(g, m): pair for g, pairs in by_group.items() for m, pair in pairs.items()}
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def diff_functions(
@@ -209,14 +270,13 @@ def diff_functions(
     ka = {k for k in a.snapshots() if match_any(k, keys)}
     kb = {k for k in b.snapshots() if match_any(k, keys)}
     rows = []
-    for (group, metric), (xa, xb) in sorted(_pairs(a, b, sorted(ka & kb), metrics).items()):
+    for (group, metric), (xa, xb) in sorted(_pairs(a, b, ka & kb, metrics).items()):
+        med_a, med_b = _median(xa), _median(xb)  # first: they sort the lists for `_spread`
         noise = None
         if metric.startswith(NOISY_PREFIXES):
             spreads = [s for s in (_spread(xa), _spread(xb)) if s is not None]
             noise = max(spreads) if spreads else None
-        row = FunctionDiffRow(
-            group, metric, len(xa), float(statistics.median(xa)), float(statistics.median(xb)), noise
-        )
+        row = FunctionDiffRow(group, metric, len(xa), med_a, med_b, noise)
         if (row.change != 0 or include_unchanged) and abs(row.change) >= min_change:
             rows.append(row)
     rows.sort(key=lambda r: (-abs(r.change), r.group, r.metric))

@@ -234,7 +234,7 @@ def _fast_mapping(text: str) -> dict[str, Any] | None:
     top: dict[str, Any] | None = None
     sub: dict[str, Any] | None = None
     top_key = sub_key = ""
-    keys: dict[str, bool] = {}  # nested keys repeat in every entry: check each once
+    keys: dict[str, str] = {}  # nested name -> itself once checked ("" if not plain): checked once
     try:
         for line in text.split("\n"):
             if not line or line[0] == "#":
@@ -262,11 +262,12 @@ def _fast_mapping(text: str) -> dict[str, Any] | None:
                     out[key] = None  # YAML's value for `key:` with nothing under it
                 continue
             name = key.lstrip(" ")
-            ok = keys.get(name)
-            if ok is None:
-                ok = keys[name] = _plain_str(name)
-            if not ok:
+            canon = keys.get(name)
+            if canon is None:
+                canon = keys[name] = name if _plain_str(name) else ""
+            if not canon:
                 return None
+            name = canon  # one string object per distinct name: 100k entries share them
             depth = len(key) - len(name)
             if depth == 2 and top is not None:
                 if out[top_key] is None:

@@ -1,0 +1,112 @@
+"""What any Python saved-tensor hook costs, beside what memprofiler's collector costs, on CPU.
+
+The inside-window overhead of ``saved_tensors`` collection is paid per tensor autograd saves.
+This separates the part no Python hook can avoid from the collector's own work, on the
+residual MLPs of ``benchmarks/scaling.py`` (same FLOPs at every depth). Variants, one plain
+step each (forward and loss, backward, SGD), interleaved in a new random order every round,
+one shared model per depth:
+
+* ``baseline`` / ``baseline_again``: no hooks (their ratio is the noise floor);
+* ``identity_hooks``: ``saved_tensors_hooks(lambda t: t, lambda t: t)``, the cost of calling
+  Python twice per saved tensor (pack in forward, unpack in backward);
+* ``detach_hooks``: pack returns ``t.detach()``, the alias the collector needs so that only
+  the graph holds what it saved (a weak reference to it then tells when the graph dropped it);
+* ``collector``: :class:`memprofiler.collectors.saved_tensors.SavedTensorsCollector` around
+  the forward, with per-module attribution, as a collected call runs it.
+
+Prints one JSON object: median main-thread CPU time per step and ratios to ``baseline``.
+Run as ``MALLOC_ARENA_MAX=1 python benchmarks/saved_tensor_floor.py [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from _emit import emit
+from overhead import ResMLP
+from scaling import _saved_count, width_for
+
+from memprofiler.collectors.saved_tensors import SavedTensorsCollector
+
+VARIANTS = ("baseline", "baseline_again", "identity_hooks", "detach_hooks", "collector")
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _detach(t: torch.Tensor) -> torch.Tensor:
+    return t.detach()
+
+
+def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    width = width_for(depth, base_width)
+    model = ResMLP(width, depth)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, width)
+    coll = SavedTensorsCollector()
+    ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
+
+    def forward(name: str) -> torch.Tensor:
+        if name in ("baseline", "baseline_again"):
+            return model(x).pow(2).mean()
+        if name == "collector":
+            coll.start(ctx)
+            try:
+                return model(x).pow(2).mean()
+            finally:
+                coll.end(ctx, True)
+        pack: Callable[[torch.Tensor], torch.Tensor] = _identity if name == "identity_hooks" else _detach
+        with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
+            return model(x).pow(2).mean()
+
+    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    rng = random.Random(depth)
+    for r in range(warmup + rounds):
+        for name in rng.sample(VARIANTS, len(VARIANTS)):
+            c0 = time.thread_time()
+            forward(name).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if r >= warmup:
+                times[name].append(time.thread_time() - c0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "blocks": depth,
+        "width": width,
+        "modules": sum(1 for _ in model.modules()),
+        "saved_tensors_per_call": _saved_count(model, batch, width),
+        "timed_steps_per_variant": rounds,
+        "median_step_cpu_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "ratio": {k: round(v / med["baseline"], 4) for k, v in med.items() if k != "baseline"},
+        "collector_us_per_saved_tensor_over_detach_hooks": round(
+            (med["collector"] - med["detach_hooks"]) * 1e6 / _saved_count(model, batch, width), 2
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[24, 200])
+    parser.add_argument("--base-width", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    sizes = [one_depth(d, args.base_width, args.batch, args.rounds, args.warmup) for d in args.depths]
+    emit({"benchmark": "saved_tensor_floor", "sizes": sizes, "threads": torch.get_num_threads()}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -208,7 +208,7 @@ def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
 def _posix_time(v: Any) -> float | None:
     if isinstance(v, dt.datetime):  # YAML reads an unquoted ISO timestamp as a datetime
         return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).timestamp()
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
+    if is_number(v):
         return float(v)
     if isinstance(v, str):
         try:
@@ -314,6 +314,11 @@ def _check_stats(data: Any, path: Path) -> dict[str, dict[str, Any]]:
     return data
 
 
+def is_number(v: Any) -> bool:
+    """Whether ``v`` is a metric value: an int or float, not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Numeric leaves of a metric dict; nested dicts (``saved_tensors.by_module``) join with dots."""
     out: dict[str, float] = {}
@@ -323,7 +328,7 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
             out[f"{prefix}{k}"] = v
         elif isinstance(v, Mapping):
             out.update(flatten_metrics(v, f"{prefix}{k}."))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        elif is_number(v):
             out[f"{prefix}{k}"] = v
     return out
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memprofiler import layout
-from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, flatten_metrics, match_any
+from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, flatten_metrics, is_number, match_any
 
 
 @dataclass(frozen=True)
@@ -228,20 +228,16 @@ def _pairs(
                             pair[1].append(y)
                         else:
                             add(pairs, name, x, y)
-                    elif _number(x) and _number(y):
+                    elif is_number(x) and is_number(y):
                         add(pairs, name, x, y)
                     elif isinstance(x, Mapping) and isinstance(y, Mapping):  # deeper: rare
                         fy = flatten_metrics(y, f"{name}.")
                         for deep, xx in flatten_metrics(x, f"{name}.").items():
                             if (yy := fy.get(deep)) is not None:
                                 add(pairs, deep, xx, yy)
-            elif _number(va) and _number(vb):
+            elif is_number(va) and is_number(vb):
                 add(pairs, metric, va, vb)
     return {(g, m): pair for g, pairs in by_group.items() for m, pair in pairs.items()}
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def diff_functions(

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from html import escape
 from typing import Any
 
+from memprofiler.analysis.artifacts import is_number
 from memprofiler.reporters import svg
 from memprofiler.reporters.html_cells import (
     auto_cell,
     bytes_cell,
-    is_num,
     page,
     plural,
     table,
@@ -249,7 +249,7 @@ class HtmlReporter:
                             t.columns,
                             [
                                 [
-                                    bytes_cell(v) if j in t.byte_columns and is_num(v) else v
+                                    bytes_cell(v) if j in t.byte_columns and is_number(v) else v
                                     for j, v in enumerate(r)
                                 ]
                                 for r in t.rows

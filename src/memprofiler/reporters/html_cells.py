@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
+from memprofiler.analysis.artifacts import is_number
 from memprofiler.units import format_bytes, format_value
 
 STYLE = """
@@ -78,17 +79,13 @@ def bytes_cell(n: int | float | None) -> Cell:
 
 
 def value_cell(metric: str, v: Any) -> Cell:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
+    if is_number(v):
         return Cell(escape(format_value(metric, v)), "n")
     return Cell(escape("-" if v is None else str(v)))
 
 
-def is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def auto_cell(col: str, v: Any) -> Any:
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
+    if is_number(v):
         return Cell(escape(format_value(col, v) if col else str(v)), "n")
     return v
 

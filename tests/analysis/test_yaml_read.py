@@ -104,3 +104,65 @@ def test_fast_reader_agrees_with_safe_load(text):
 def test_fast_reader_leaves_anything_else_to_yaml(text):
     # THEN the shape is declined, so the YAML loader (same answer as safe_load) reads it
     assert _fast_mapping(text) is None
+
+
+FLOW = (
+    '0.training_step.1.start: {"rss": 5, "t": 1.0e-05}\n'
+    '0.training_step.1.end: {"rss": 7, "saved_tensors.by_module": {"(outside forward)": 1, "enc.0": 0}, '
+    '"x": 1.5e+20, "ok": true, "n": null, "s": "a: b # c"}\n'
+    "0.training_step.2.end: {}\n"
+    '0.training_step.1.start: {"rss": 9}\n'  # a repeated key: YAML keeps the first place, last value
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        FLOW,
+        "#memprofiler-yaml v1\n" + FLOW + "#memprofiler-end entries=4\n",
+        FLOW + "0.a.1.end:\n  rss: 5\n  by:\n    m: 1\n",  # one block entry among JSON lines
+        '0.a.1.end: {"l": [1, 2.5, "s", null], "m": {"k": [{"a": 1}, {"b": 2}]}}\n',  # arrays
+        'yes_key.1: {"rss": 1}\n',  # a key starting with a letter: checked one by one
+    ],
+)
+def test_json_lines_read_as_safe_load_reads_them(text):
+    fast = _fast_mapping(text)
+    assert fast is not None
+    assert repr(fast) == repr(yaml.safe_load(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '0.a.1.end: {"x": 1e5}\n',  # a string to YAML 1.1, a float to JSON
+        '0.a.1.end: {"x": 1.0e5}\n',  # YAML 1.1 wants a signed exponent
+        '0.a.1.end: {"x": NaN}\n',
+        '0.a.1.end: {"x": 1} # comment\n',
+        "0.a.1.end: {x: 1}\n",  # YAML's flow mapping, not JSON
+        '0.a.1.end: {"x": "\\ud83d\\ude00"}\n',  # JSON joins the pair, YAML decodes each half
+        '0.a.1.end: {"x": "é"}\n',
+        '0.a.1.end: {"x": 1,\n  "y": 2}\n',  # a flow mapping over two lines
+        '0.a.1.end: {"x": 1}, {"y": 2}\n',  # two JSON values on one line
+        '0.a.1.end: {"x": [1}\n0.a.2.end: {"y": 2]}\n',
+        '"0.a.1.end": {"x": 1}\n',
+        'true: {"x": 1}\n',
+    ],
+)
+def test_json_lines_yaml_reads_otherwise_go_to_the_yaml_loader(text):
+    assert _fast_mapping(text) is None
+
+
+def test_profiler_written_file_reads_back_through_the_json_path(tmp_path):
+    # GIVEN a stats file as the profiler appends it: two flushes
+    from memprofiler.output.stats_file import StatsFile
+
+    snaps = {
+        f"0.training_step.{i}.end": {"rss": 1000 + i, "t": i * 1e-6, "by": {"m.0": i}} for i in range(1, 5)
+    }
+    f = StatsFile(tmp_path / "rank_0_memory_stats.yaml")
+    f.flush(snaps, list(snaps)[:2])
+    f.flush(snaps, list(snaps)[2:])
+    text = f.path.read_text()
+    # THEN each entry is one line, the fast reader reads it, and equals safe_load and the input
+    assert text.count("0.training_step.") == 4 and "\n  " not in text
+    assert read_yaml(f.path) == yaml.safe_load(text) == snaps

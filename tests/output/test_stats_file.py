@@ -1,9 +1,11 @@
-"""The stats file's direct YAML writer reads back exactly as PyYAML's own output does."""
+"""The stats file's direct writer: what ``yaml.safe_load`` reads back is what was recorded."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
+import pytest
 import yaml
 
 from memprofiler.output.stats_file import entry_yaml
@@ -63,14 +65,58 @@ def test_tricky_keys_and_values_read_back_as_pyyaml_writes_them():
     assert _same(yaml.safe_load(text), expected)
 
 
-def test_a_typical_snapshot_is_byte_for_byte_what_safe_dump_writes():
+def test_tricky_keys_and_values_on_the_json_line_read_back_alike():
+    # GIVEN the tricky mapping without what JSON cannot write (nan, inf) and with a nested level
+    finite = {k: v for k, v in TRICKY.items() if k not in ("inf", "ninf", "nan", "a_list")}
+    finite["nested"] = {"a b": 1, "1e5": 2.5e-12, "yes": "1e5: x"}
+    # WHEN it is written
+    text = entry_yaml("0.f.1.end", finite)
+    # THEN it is one line, and YAML reads exactly what safe_dump's output reads as
+    assert text.count("\n") == 1 and text.startswith('0.f.1.end: {"rss": 123,')
+    expected = yaml.safe_load(yaml.safe_dump({"0.f.1.end": finite}, sort_keys=False))
+    assert _same(yaml.safe_load(text), expected)
+
+
+def test_a_typical_snapshot_is_one_json_line():
     snap = {
         "rss": 1_234_567,
         "rss_peak": 2_345_678,
         "saved_tensors.unique_bytes": 196_608,
         "saved_tensors.by_module": {"net.0": 65_536, "(outside)": 0},
         "allocated_bytes.all.peak": 3.5,
+        "t": 2e-05,
         "failed": True,
     }
-    expected = yaml.safe_dump({"0.training_step.2.end": snap}, sort_keys=False, default_flow_style=False)
-    assert entry_yaml("0.training_step.2.end", snap) == expected
+    text = entry_yaml("0.training_step.2.end", snap)
+    assert text == (
+        '0.training_step.2.end: {"rss": 1234567, "rss_peak": 2345678, "saved_tensors.unique_bytes": 196608, '
+        '"saved_tensors.by_module": {"net.0": 65536, "(outside)": 0}, "allocated_bytes.all.peak": 3.5, '
+        '"t": 2.0e-05, "failed": true}\n'
+    )
+    assert _same(yaml.safe_load(text)["0.training_step.2.end"], snap)
+
+
+@pytest.mark.parametrize(
+    ("metrics", "block"),
+    [
+        ({"rss": 1, "x": math.nan}, True),  # JSON has no nan: YAML's .nan in block style
+        ({"rss": 1, "x": -math.inf}, True),
+        ({"name": "\U0001f600"}, True),  # beyond U+FFFF: JSON's surrogate pair, YAML's halves
+        ({"\U0001f600": 1}, True),
+        ({"l": [1, 2]}, True),  # lists: block style, as safe_dump writes them
+        ({"rss": np.int64(5), "f": np.float32(0.5)}, False),  # numpy scalars: plain numbers
+        ({"deep": {"a": {"b": 1}}}, True),
+        ({}, True),
+    ],
+)
+def test_what_json_cannot_write_alike_falls_back_to_block_yaml(metrics, block):
+    text = entry_yaml("0.f.1.end", metrics)
+    assert (text.count("\n") > 1 or text.endswith(": {}\n")) is block
+    expected = yaml.safe_load(
+        yaml.safe_dump({"0.f.1.end": {k: _py(v) for k, v in metrics.items()}}, sort_keys=False)
+    )
+    assert _same(yaml.safe_load(text), expected)
+
+
+def _py(v):
+    return v.item() if isinstance(v, np.generic) else v

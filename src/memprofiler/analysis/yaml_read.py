@@ -9,16 +9,20 @@ cut (:class:`Cut`). Files without the header are older files and are read whole.
 
 The per-rank stats files are large (about 1 KB per collected call, 100 MB for 100,000
 calls), and even libyaml's loader builds them at about 1-2 MB/s because PyYAML constructs
-every node in Python. Memprofiler writes them as ``yaml.safe_dump`` does: block mappings,
-two-space indents, plain keys and numbers. :func:`_fast_mapping` reads exactly that shape
-about 20x faster; any line outside it (a quoted key, a string value, a flow collection)
-sends the whole file to the YAML loader, so what comes back is always what
-``yaml.safe_load`` would return.
+every node in Python. Memprofiler writes each entry on one line as a flow mapping in JSON's
+syntax (``key: {"rss": 5, ...}``), which the C JSON decoder reads, a few thousand entries
+per call; older files are block mappings with two-space indents, plain keys and numbers,
+read line by line. :func:`_fast_mapping` reads exactly these two shapes; anything outside
+them (a quoted top-level key, a string value in block style, a comment after a value, a
+JSON form YAML 1.1 reads otherwise) sends the whole file to the YAML loader, so what comes
+back is always what ``yaml.safe_load`` would return.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,9 +37,11 @@ from memprofiler.errors import ArtifactError
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _HEADER = layout.YAML_HEADER
-#: ``#memprofiler-end entries=<n>`` as a pattern, from the layout constant.
+#: ``#memprofiler-end entries=<n>`` as a pattern, from the layout constant. It starts with the
+#: literal, not ``^``, so the regex engine skips ahead to each occurrence (anchored, it tried
+#: every position: 0.6 s on a 74 MB file); :func:`_block_ends` keeps those at a line start.
 _BLOCK_END = re.compile(
-    "^" + re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
+    re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
 )
 #: A top-level key: a line at column 0 that is not a comment, nor an item of a sequence
 #: (``safe_dump`` writes a key's list items at column 0 too), nor a document marker. Matched
@@ -100,6 +106,12 @@ def read_text(path: Path) -> str:
     return text
 
 
+def _block_ends(text: str) -> Iterator[re.Match[str]]:
+    for m in _BLOCK_END.finditer(text):
+        if m.start() == 0 or text[m.start() - 1] == "\n":
+            yield m
+
+
 def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
     """The part of ``text`` its integrity lines vouch for, and what was cut after it.
 
@@ -110,7 +122,7 @@ def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
         return text, None  # an older file: no integrity lines to check
     count_from, counted = 0, 0
     good: tuple[int, int] | None = None  # (end offset of the block-end line, its count)
-    for m in _BLOCK_END.finditer(text):
+    for m in _block_ends(text):
         counted += len(_TOP_KEY.findall(text, max(count_from - 1, 0), m.start()))
         count_from = m.end()
         if int(m.group(1)) == counted:
@@ -221,16 +233,97 @@ def _value(text: str) -> Any:
     raise ValueError(text)
 
 
-def _fast_mapping(text: str) -> dict[str, Any] | None:
-    """Read ``text`` if it is a two-level block mapping of plain keys and numbers, else ``None``.
+#: Flow entries decoded per JSON call: the decoder shares one string per key within a call.
+_FLOW_BATCH = 4096
+#: An escaped surrogate: JSON joins a pair into one character, YAML decodes each half alone.
+_SURROGATE = re.compile(r"\\u[dD][89abAB]")
 
-    The shape is ``key:`` at column 0, ``name: number`` or ``name:`` at two spaces, and
+
+def _refuse(text: str) -> Any:
+    raise ValueError(text)  # NaN / Infinity: strings to YAML
+
+
+def _yaml_float(text: str) -> float:
+    """A JSON float YAML 1.1 also reads as one: a dot, and a signed exponent if any."""
+    if "." not in text:
+        raise ValueError(text)  # 1e5: a string to YAML 1.1
+    e = text.find("e") if "e" in text else text.find("E")
+    if e >= 0 and text[e + 1] not in "+-":
+        raise ValueError(text)
+    return float(text)
+
+
+def _decode_values(values: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects ``values`` (one line each), decoded together; ValueError where YAML differs.
+
+    Decoded as one array, so the decoder shares one string per key across them. Each value
+    starts with ``{`` and, without a ``[`` in any, a value cannot run into the next (a comma
+    inside an object is followed by a key) nor hold two: the count tells.
+    """
+    joined = ",".join(values)
+    if not joined.isascii() or _SURROGATE.search(joined):
+        raise ValueError("not read alike by JSON and YAML")
+    if "[" in joined:
+        decoded = [json.loads(v, parse_float=_yaml_float, parse_constant=_refuse) for v in values]
+    else:
+        decoded = json.loads(f"[{joined}]", parse_float=_yaml_float, parse_constant=_refuse)
+    if len(decoded) != len(values) or any(type(v) is not dict for v in decoded):
+        raise ValueError("not one mapping per line")
+    return decoded
+
+
+def _decode_flow(out: dict[str, Any], keys: list[str], values: list[str]) -> None:
+    """Fill ``out[key]`` from the JSON flow mappings ``values``, and empty both lists."""
+    for key, value in zip(keys, _decode_values(values), strict=True):
+        out[key] = value
+    keys.clear()
+    values.clear()
+
+
+#: ``key: {...}`` lines: the whole file in one C pass when every entry is one (files written now).
+_FLOW_ENTRY = re.compile(r"^([^\s#:][^:\n]*): (\{[^\n]*)$", re.M)
+#: A line that is neither empty nor a comment, after the first (a literal first: a fast scan).
+_ENTRY_LINE = re.compile(r"\n(?=[^#\n])")
+#: Keys such as ``0.training_step.2.end``, one per line: plain strings to YAML (see _plain_str).
+_SNAPSHOT_KEYS = re.compile(r"(?:[0-9][^\s:#{}\[\],]*[g-su-wyG-SU-WY_(][^\s:#{}\[\],]*\n)*")
+
+
+def _all_flow(text: str) -> dict[str, Any] | None:
+    """``text`` read at C speed if every entry is a ``key: {...}`` line, else ``None``."""
+    pairs = _FLOW_ENTRY.findall(text)
+    lines = len(_ENTRY_LINE.findall(text)) + (text[:1] not in ("#", "\n", ""))
+    if not pairs or len(pairs) != lines:
+        return None
+    keys = [k for k, _ in pairs]
+    if not _SNAPSHOT_KEYS.fullmatch("\n".join(keys) + "\n") and not all(_plain_str(k) for k in keys):
+        raise ValueError("a key YAML does not read as a plain string")
+    values = [v for _, v in pairs]
+    del pairs
+    decoded: list[dict[str, Any]] = []
+    for i in range(0, len(values), _FLOW_BATCH):
+        decoded.extend(_decode_values(values[i : i + _FLOW_BATCH]))
+    return dict(zip(keys, decoded, strict=True))
+
+
+def _fast_mapping(text: str) -> dict[str, Any] | None:
+    """Read ``text`` if it is a mapping of entries in the two shapes memprofiler writes, else ``None``.
+
+    An entry is either ``key: {...}`` on one line, a JSON object that YAML reads alike, or
+    block style: ``key:`` at column 0, ``name: number`` or ``name:`` at two spaces, and
     ``name: number`` at four under a ``name:``; comments only as whole lines. Anything else
-    (quotes, strings, flow collections, anchors, deeper nesting) returns ``None``.
+    (quotes, strings, other flow collections, anchors, deeper nesting) returns ``None``.
     """
     if "\r" in text or "\t" in text:
         return None
+    try:
+        flow = _all_flow(text)
+    except ValueError:
+        return None
+    if flow is not None:
+        return flow
     out: dict[str, Any] = {}
+    flow_keys: list[str] = []
+    flow_values: list[str] = []
     top: dict[str, Any] | None = None
     sub: dict[str, Any] | None = None
     top_key = sub_key = ""
@@ -242,6 +335,15 @@ def _fast_mapping(text: str) -> dict[str, Any] | None:
             key, sep, val = line.partition(":")
             if not sep:
                 return None
+            if val[:2] == " {" and val != " {}" and line[0] != " ":
+                if not _plain_str(key):
+                    return None
+                out[key], top, sub = None, None, None  # its place in the order; filled below
+                flow_keys.append(key)
+                flow_values.append(val)
+                if len(flow_keys) >= _FLOW_BATCH:
+                    _decode_flow(out, flow_keys, flow_values)
+                continue
             if val:
                 if val[0] != " ":
                     return None
@@ -282,6 +384,8 @@ def _fast_mapping(text: str) -> dict[str, Any] | None:
                 sub[name] = num
             else:
                 return None
+        if flow_keys:
+            _decode_flow(out, flow_keys, flow_values)
     except ValueError:
         return None
     return out or None

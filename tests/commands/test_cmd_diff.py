@@ -99,3 +99,42 @@ def test_bad_run_dir_exit_2(real_runs, tmp_path, capsys):
     assert main(["diff", str(real_runs["a"]), str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such directory" in err
+
+
+def test_aggregate_medians_of_long_runs_are_exact(tmp_path):
+    # GIVEN two runs of 5,001 and 5,000 calls (numpy's median path) with known values
+    import random
+
+    import yaml
+
+    from memprofiler.analysis.diff import diff_functions
+
+    rng = random.Random(3)
+
+    def write(name: str, calls: int, scale: int) -> None:
+        run = tmp_path / name
+        run.mkdir()
+        vals = list(range(1, calls + 1))
+        rng.shuffle(vals)
+        snaps = {
+            f"0.training_step.{i + 1}.end": {"rss": v * scale, "by": {"m": v}} for i, v in enumerate(vals)
+        }
+        (run / "rank_0_memory_stats.yaml").write_text(yaml.safe_dump(snaps, sort_keys=False))
+
+    write("a", 5001, 10)
+    write("b", 5000, 30)
+    # WHEN compared by function
+    rows, unmatched = diff_functions(
+        load_run(tmp_path / "a"), load_run(tmp_path / "b"), include_unchanged=True
+    )
+    by = {r.metric: r for r in rows}
+    # THEN each median is the exact middle of the calls both runs hold (1..5000 shuffled in A's
+    # first 5,000 calls is not 1..5000, so only B's median is known in closed form)
+    assert by["rss"].b == 30 * 2500.5 and by["by.m"].b == 2500.5
+    a_vals = sorted(
+        v["rss"]
+        for k, v in yaml.safe_load((tmp_path / "a" / "rank_0_memory_stats.yaml").read_text()).items()
+        if int(k.split(".")[2]) <= 5000
+    )
+    assert by["rss"].a == (a_vals[2499] + a_vals[2500]) / 2
+    assert unmatched.only_a == {"0.training_step.end": [5001]}

@@ -298,8 +298,19 @@ def _mapping(data: Any, path: Path) -> dict[str, Any]:
     return data
 
 
+#: Snapshot keys ``parse_snapshot_key`` takes, one per line: a 100,000-call file's keys are
+#: checked in one C pass (0.5 s one by one).
+_SNAPSHOT_KEYS = re.compile(r"(?:[0-9]+\.[^\n]+\.[0-9]+\.[^.\n]+\n)*")
+
+
 def _check_stats(data: Any, path: Path) -> dict[str, dict[str, Any]]:
     data = _mapping(data, path)
+    try:
+        keys = "\n".join(data) + "\n"
+    except TypeError:  # a key that is not a string
+        keys = ""
+    if keys and _SNAPSHOT_KEYS.fullmatch(keys) and all(type(m) is dict for m in data.values()):
+        return data
     for key, metrics in data.items():
         try:
             layout.parse_snapshot_key(str(key))

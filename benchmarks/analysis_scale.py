@@ -8,7 +8,7 @@ interleaved in random order, and prints JSON: median wall time, peak RSS (from `
 and the HTML report's size. ``--label`` stores the figures under that name in ``--out``
 (e.g. ``before`` with ``PYTHONPATH`` pointing at the old sources, then ``after``).
 
-Usage: ``python benchmarks/analysis_scale.py [--calls 3000 100000] [--cuda] [--format v1]
+Usage: ``python benchmarks/analysis_scale.py [--calls 3000 100000] [--cuda] [--format v2]
 [--repeats R] [--label after] [--out FILE]``
 """
 
@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _emit import machine_info  # noqa: E402
+
+from memprofiler.output.stats_file import entry_yaml  # noqa: E402
 
 #: 20 modules of a small transformer, the shape ``saved_tensors.by_module`` has.
 MODULES = ["(outside forward)", "model.tok", "model.pos", "model.ln_f", "model.head"] + [
@@ -55,8 +57,10 @@ CUDA_KEYS = [
 MiB = 1024**2
 
 
-def _entry(key: str, metrics: dict[str, Any]) -> str:
-    """One top-level block as ``yaml.safe_dump(..., sort_keys=False)`` writes it."""
+def _entry(key: str, metrics: dict[str, Any], fmt: str) -> str:
+    """One top-level entry: as the profiler writes it (``v2``), or as block YAML (older files)."""
+    if fmt == "v2":
+        return entry_yaml(key, metrics)
     lines = [f"{key}:"]
     for k, v in metrics.items():
         if isinstance(v, dict):
@@ -75,7 +79,7 @@ def write_run(root: Path, calls: int, cuda: bool, fmt: str, seed: int, scale: fl
     rss = 1200 * MiB
     n_train = n_val = 0
     with path.open("w") as f:
-        if fmt == "v1":
+        if fmt != "v0":
             f.write("#memprofiler-yaml v1\n")
         entries = 0
         for i in range(calls):
@@ -106,10 +110,10 @@ def write_run(root: Path, calls: int, cuda: bool, fmt: str, seed: int, scale: fl
                 base = int(800 * MiB * scale)
                 start.update({k: base + j for j, k in enumerate(CUDA_KEYS)})
                 end.update({k: base + rng.randint(0, 400 * MiB) for k in CUDA_KEYS})
-            f.write(_entry(f"0.{fn}.{call}.start", start))
-            f.write(_entry(f"0.{fn}.{call}.end", end))
+            f.write(_entry(f"0.{fn}.{call}.start", start, fmt))
+            f.write(_entry(f"0.{fn}.{call}.end", end, fmt))
             entries += 2
-            if fmt == "v1" and (i % 50 == 49 or i == calls - 1):
+            if fmt != "v0" and (i % 50 == 49 or i == calls - 1):
                 f.write(f"#memprofiler-end entries={entries}\n")
     return root
 
@@ -130,7 +134,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, nargs="+", default=[3000, 100000])
     ap.add_argument("--cuda", action="store_true", help="also write every CUDA memory_stats key")
-    ap.add_argument("--format", choices=("v0", "v1"), default="v1", help="v1: integrity header/block-ends")
+    ap.add_argument(
+        "--format",
+        choices=("v0", "v1", "v2"),
+        default="v2",
+        help="v2: one line per entry, as written now; v1: block YAML with integrity lines; v0: without",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--commands", nargs="+", default=["report", "diff", "check"])
     ap.add_argument("--timeout", type=float, default=0, help="skip larger sizes once a run took this long")

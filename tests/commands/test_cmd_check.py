@@ -107,3 +107,25 @@ def test_non_finite_value_fails_the_budget(tmp_path, capsys, bad):
         "file?); limit 1.00 GiB (1,073,741,824) set by --max rss_peak"
     ]
     assert "1 of 2 values over budget" in captured.err
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "saved_tensors.by_module.enc.1",
+        "saved_tensors.by_module.enc.?",
+        "*enc.1",
+        "[s]aved_tensors.by_module.enc.1",
+    ],
+)
+def test_a_nested_name_is_reached_by_literal_and_wildcard_limits(real_runs, capsys, pattern):
+    # GIVEN a limit under `saved_tensors.by_module`, literal or with a wildcard anywhere, and an
+    # `rss_peak` limit beside it (which alone lets the checker skip the nested breakdowns)
+    rc = main(["check", str(real_runs["a"]), "--max", f"{pattern}=4KiB", "--max", "rss_peak=64GiB"])
+    out = capsys.readouterr().out
+    # THEN the module's 8 KiB is still found over budget in every collected call
+    assert rc == 1
+    assert [line.split()[0] for line in out.splitlines() if " saved_tensors.by_module.enc.1 " in line] == [
+        "0.training_step.2.end",
+        "0.training_step.3.end",
+    ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, match_any
+from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.errors import ConfigError
 from memprofiler.units import format_value, parse_size
 
@@ -82,8 +84,10 @@ def check_budget(
     limits_of: dict[str, list[int]] = {}
     matched = [0] * len(limits)
     found: list[tuple[int, Violation]] = []
+    patterns = [lim.metric for lim in limits]
+    descend: dict[str, bool] = {}  # nested metric -> whether a limit can match a name under it
     for key in snap_keys:
-        for metric, value in flatten_metrics(every[key]).items():
+        for metric, value in _flat_for(every[key], patterns, descend).items():
             which = limits_of.get(metric)
             if which is None:
                 which = limits_of[metric] = [
@@ -103,3 +107,43 @@ def check_budget(
             )
     found.sort(key=lambda iv: iv[0])  # grouped by limit, in the order given, as before
     return [v for _, v in found], sum(matched)
+
+
+def _may_match_under(prefix: str, patterns: Sequence[str]) -> bool:
+    """Whether a shell pattern of ``patterns`` can match a name starting with ``prefix``.
+
+    A name a pattern matches starts with the pattern's literal head (up to its first
+    wildcard), so a head that is not a prefix of ``prefix`` nor the other way round rules it out.
+
+    Example:
+        >>> _may_match_under("saved_tensors.by_module.", ["rss_peak", "saved_*"])
+        True
+        >>> _may_match_under("saved_tensors.by_module.", ["rss_peak"])
+        False
+    """
+    for pattern in patterns:
+        head = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        if head.startswith(prefix) or prefix.startswith(head):
+            return True
+    return False
+
+
+def _flat_for(
+    metrics: Mapping[str, Any], patterns: Sequence[str], descend: dict[str, bool]
+) -> dict[str, float]:
+    """:func:`flatten_metrics`, without the nested mappings no limit can reach (``rss_peak=``
+    need not name the 20 modules of each call's ``saved_tensors.by_module``)."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        t = type(v)
+        if t is int or t is float:
+            out[k] = v
+        elif isinstance(v, Mapping):
+            ok = descend.get(k)
+            if ok is None:
+                ok = descend[k] = _may_match_under(f"{k}.", patterns)
+            if ok:
+                out.update(flatten_metrics(v, f"{k}."))
+        elif is_number(v):
+            out[k] = v
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from memprofiler.__main__ import main
 from memprofiler.analysis.artifacts import load_run
 from memprofiler.analysis.diff import diff_runs
@@ -138,3 +140,39 @@ def test_aggregate_medians_of_long_runs_are_exact(tmp_path):
     )
     assert by["rss"].a == (a_vals[2499] + a_vals[2500]) / 2
     assert unmatched.only_a == {"0.training_step.end": [5001]}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 2047, 2048, 2049, 5000])
+def test_median_and_spread_agree_with_statistics_on_both_paths(n):
+    # GIVEN byte counts and floats, below and above the length numpy takes over at
+    import random
+    import statistics
+
+    from memprofiler.analysis.diff import _median_spread
+
+    rng = random.Random(n)
+    for values in ([rng.randrange(2**40) for _ in range(n)], [rng.random() * 1e9 for _ in range(n)]):
+        # WHEN summarised
+        median, spread = _median_spread(list(values), spread=True)
+        # THEN the median is statistics' exactly, the spread its interquartile range (range for 2-3)
+        assert median == statistics.median(values)
+        if n == 1:
+            assert spread is None
+        elif n < 4:
+            assert spread == max(values) - min(values)
+        else:
+            q = statistics.quantiles(values, n=4)
+            assert spread == pytest.approx(q[2] - q[0], rel=1e-12)
+        assert _median_spread(list(values), spread=False) == (median, None)
+
+
+def test_medians_of_huge_counts_stay_exact():
+    # GIVEN long lists of ints beyond float64's 2**53 (and beyond 64 bits)
+    import statistics
+
+    from memprofiler.analysis.diff import _median_spread
+
+    for base in (2**60, 2**70):
+        values = [base + i for i in range(3001)] + [base + 7]
+        # THEN numpy's path is not taken where it would round
+        assert _median_spread(list(values), spread=False)[0] == statistics.median(values)

@@ -9,13 +9,13 @@ builtin container types; anything else is refused before it is imported, let alo
 
 from __future__ import annotations
 
-import gc
 import io
 import os
 import pickle
 from pathlib import Path
 from typing import IO, Any
 
+from memprofiler.analysis.gc_pause import gc_paused
 from memprofiler.errors import ArtifactError
 
 #: Globals a plain-data pickle may name: protocols 0-2 build sets and frozensets by calling
@@ -86,10 +86,9 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
     # Protocol 2+ pickles start with PROTO (0x80); older ones are text that a foreign file
     # can resemble, so their failures are reported as "not a pickle" rather than "truncated".
     modern = head[:1] == b"\x80"
-    was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        return _SafeUnpickler(stream).load()
+        with gc_paused():
+            return _SafeUnpickler(stream).load()
     except _Refused as err:
         raise ArtifactError(
             f"{source}: refused to load: the pickle wants to import or call `{err.target}`; only "
@@ -114,9 +113,6 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
     except Exception as err:  # any other failure is a bad file: one line, never a traceback
         # e.g. OverflowError from a corrupted FRAME length: the file, not our code, is at fault.
         raise ArtifactError(f"{source}: not a pickle file, or corrupted ({type(err).__name__})") from None
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def load(path: str | os.PathLike[str]) -> Any:

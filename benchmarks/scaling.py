@@ -15,7 +15,8 @@ Variants, interleaved in a new random order every round so that drift and noise 
 alike, sharing one model per size: ``baseline`` and ``baseline_again`` (no profiler: their
 ratio is the noise floor), ``outside_window`` (a profiler whose schedule has finished) and
 ``inside_window`` (every call collected, host RSS with its peak and saved tensors with
-per-module attribution). Median step-time ratios to ``baseline`` are printed as one JSON
+per-module attribution). Median step-time ratios to ``baseline`` (pooled over all rounds,
+and ``paired_*``: the median over rounds of each round's ratio) are printed as one JSON
 object, for wall time and for the main thread's CPU time (``time.thread_time``, user and
 system, with ``torch.set_num_threads(1)`` all of a step's work): on a shared machine the CPU
 time is the steadier figure, as waiting for a core is not counted. Run as ``MALLOC_ARENA_MAX=1 python benchmarks/scaling.py [--out FILE]``.
@@ -90,8 +91,16 @@ class _StepTimer(pl.Callback):
         self._seen += 1
 
 
-def _ratios(times: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {"timed_steps_per_variant": len(times["baseline"])}
+Rounds = list[dict[str, list[tuple[float, float]]]]
+
+
+def _ratios(rounds: Rounds) -> dict[str, Any]:
+    """Pooled medians and their ratios to ``baseline``; and the paired ratios: the median over
+    rounds of each round's median step over that round's ``baseline`` (a fit that runs slow
+    as a whole, Trainer set-up and allocator state, then moves one ratio, not the pool)."""
+    rounds = [r for r in rounds if all(r[k] for k in VARIANTS)]
+    times = {k: [t for r in rounds for t in r[k]] for k in VARIANTS}
+    out: dict[str, Any] = {"timed_steps_per_variant": len(times["baseline"]), "rounds": len(rounds)}
     for i, clock in enumerate(("wall", "cpu")):
         med = {k: statistics.median(t[i] for t in v) for k, v in times.items()}
         out[clock] = {
@@ -100,18 +109,25 @@ def _ratios(times: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
             "ratio_outside_window": round(med["outside_window"] / med["baseline"], 4),
             "ratio_inside_window": round(med["inside_window"] / med["baseline"], 4),
         }
+        per_round = [{k: statistics.median(t[i] for t in r[k]) for k in VARIANTS} for r in rounds]
+        for name, key in (
+            ("baseline_again", "paired_noise_floor_a_a"),
+            ("outside_window", "paired_outside_window"),
+            ("inside_window", "paired_inside_window"),
+        ):
+            out[clock][key] = round(statistics.median(m[name] / m["baseline"] for m in per_round), 4)
     return out
 
 
-def _interleave(
-    rounds: int, run: Callable[[str], list[tuple[float, float]]], seed: int
-) -> dict[str, list[tuple[float, float]]]:
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in VARIANTS}
+def _interleave(rounds: int, run: Callable[[str], list[tuple[float, float]]], seed: int) -> Rounds:
+    out: Rounds = []
     rng = random.Random(seed)
     for _ in range(rounds):
+        times: dict[str, list[tuple[float, float]]] = {}
         for name in rng.sample(VARIANTS, len(VARIANTS)):  # a fresh order every round
-            times[name].extend(run(name))
-    return times
+            times[name] = run(name)
+        out.append(times)
+    return out
 
 
 def plain(depth: int, width: int, batch: int, steps: int, warmup: int, tmp: Path) -> dict[str, Any]:

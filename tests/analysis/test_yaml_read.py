@@ -166,3 +166,30 @@ def test_profiler_written_file_reads_back_through_the_json_path(tmp_path):
     # THEN each entry is one line, the fast reader reads it, and equals safe_load and the input
     assert text.count("0.training_step.") == 4 and "\n  " not in text
     assert read_yaml(f.path) == yaml.safe_load(text) == snaps
+
+
+def test_brackets_in_quoted_names_do_not_count_as_nesting(tmp_path):
+    # GIVEN 3,000 entries whose module names hold unbalanced brackets, in quotes, and a NaN
+    # (block style) among them, so the file goes to the YAML loader and its depth check
+    lines = [layout.YAML_HEADER]
+    for i in range(3000):
+        lines.append(f'0.f.{i}.end: {{"saved_tensors.by_module": {{"m[{i}": {i}, "n{{": 1}}}}')
+    lines += [
+        "0.f.3000.end:",
+        "  rss: .nan",
+        "0.f.3001.end: {'quoted [': 1}",
+        "#memprofiler-end entries=3002",
+    ]
+    path = tmp_path / "rank_0_memory_stats.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    # THEN it reads as safe_load reads it
+    data = read_yaml(path)
+    assert data["0.f.2999.end"] == {"saved_tensors.by_module": {"m[2999": 2999, "n{": 1}}
+    assert data["0.f.3001.end"] == {"quoted [": 1} and len(data) == 3002
+
+
+def test_indentation_no_writer_makes_is_refused(tmp_path):
+    path = tmp_path / "memory_summary.yaml"
+    path.write_text("a:\n" + " " * 4000 + "b: 1\n")
+    with pytest.raises(ArtifactError, match="refused: nested deeper than any file"):
+        read_yaml(path)

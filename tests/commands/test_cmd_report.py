@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from memprofiler import layout
 from memprofiler.__main__ import main
 from memprofiler.units import format_bytes
 from run_fixtures import REAL_FSDP_REPORT_YAML, expected_saved_bytes
@@ -211,3 +212,27 @@ def test_stats_yaml_is_read_and_a_broken_pickle_beside_it_ignored(real_runs, tmp
     # THEN the YAML is used and the report succeeds with the analytic saved bytes
     assert main(["report", str(run), "--no-html"]) == 0
     assert format_bytes(expected_saved_bytes(256)) in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "[" * 60_000 + "]" * 60_000,  # JSON's decoder: RecursionError; libyaml's: a C stack overflow
+        '{"b": ' * 60_000 + "1" + "}" * 60_000,
+    ],
+)
+def test_nesting_no_writer_makes_is_refused_with_one_line(tmp_path, capsys, value):
+    # GIVEN a stats file whose one entry nests 60,000 levels deep (once a crash, not an error)
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "rank_0_memory_stats.yaml"
+    path.write_text(
+        f'{layout.YAML_HEADER}\n0.training_step.2.end: {{"a": {value}}}\n#memprofiler-end entries=1\n'
+    )
+    # THEN exit 2 and one line naming the file, for every command that reads it
+    for command in (["report", str(run), "--no-html"], ["check", str(run), "--max", "rss=1GiB"]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == (
+            f"memprofiler {command[0]}: error: {path}: refused: nested deeper than any file memprofiler "
+            "writes (over 1000 levels, or indented 4000 columns); a YAML parser can crash on such a file\n"
+        )

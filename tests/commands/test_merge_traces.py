@@ -142,6 +142,7 @@ def test_merge_aligns_ranks_on_the_earliest_base(tmp_path):
         (None, "no memory_trace_rank_*.json"),
         ("{not json", "is not a readable JSON trace"),
         ('{"events": []}', "no `traceEvents` list"),
+        ('{"traceEvents": ' + "[" * 60_000 + "]" * 60_000 + "}", "nested too deep for a Chrome trace"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_two(tmp_path, capsys, content, message):

@@ -9,6 +9,15 @@ from memprofiler import ConfigError, MemProfilerConfig
 from memprofiler.config import ScheduleConfig
 
 
+def test_a_config_nested_too_deep_is_one_line(tmp_path):
+    # GIVEN a config file nested 60,000 levels deep (the YAML loader recurses once per level)
+    path = tmp_path / "deep.yaml"
+    path.write_text("schedule: " + "[" * 60_000 + "]" * 60_000 + "\n")
+    # THEN a ConfigError naming the file, not a RecursionError traceback
+    with pytest.raises(ConfigError, match=r"cannot parse config YAML in .*deep\.yaml.*: nested too deep"):
+        MemProfilerConfig.from_any(path)
+
+
 def test_defaults_follow_the_ancestor_names():
     cfg = MemProfilerConfig()
     assert cfg.enabled and cfg.dump_memorystats_yaml and not cfg.dump_memorystats_pickle

@@ -77,6 +77,8 @@ def _load(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"{str(path)!r} is not a readable JSON trace ({err})") from None
+    except RecursionError:
+        raise ArtifactError(f"{str(path)!r} is refused: nested too deep for a Chrome trace") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ArtifactError(f"{str(path)!r} is not a Chrome trace: no `traceEvents` list")
     return data

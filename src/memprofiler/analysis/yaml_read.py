@@ -141,12 +141,43 @@ def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
     return text[:end], Cut(path, kept, dropped_lines, len(_TOP_KEY.findall(text, end - 1)))
 
 
+#: Nesting memprofiler never writes (its files are a few levels deep); libyaml's loader
+#: crashed the process (a C stack overflow, no exception) on 50,000 nested ``[``.
+_MAX_FLOW_DEPTH = 1000
+_DEEP_INDENT = re.compile(r"^[ \t]{4000}", re.M)
+_BRACKET = re.compile(r"[\[\]{}]")
+_QUOTED = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'')
+
+
+def _too_deep(text: str) -> bool:
+    """Whether ``text`` nests deeper than a loader can be trusted with (brackets in quotes skipped)."""
+    if _DEEP_INDENT.search(text):
+        return True
+    if "[" not in text and "{" not in text:
+        return False
+    depth = 0
+    for m in _BRACKET.finditer(_QUOTED.sub("", text)):
+        if m.group() in "[{":
+            depth += 1
+            if depth > _MAX_FLOW_DEPTH:
+                return True
+        elif depth:
+            depth -= 1
+    return False
+
+
 def load_yaml_text(text: str, path: Path) -> Any:
     """Load YAML text with the alias-refusing safe loader; errors name the file and line.
 
     Raises:
-        ArtifactError: an alias, or text that is not valid YAML.
+        ArtifactError: an alias, nesting deeper than memprofiler writes, or text that is
+            not valid YAML.
     """
+    if _too_deep(text):
+        raise ArtifactError(
+            f"{path}: refused: nested deeper than any file memprofiler writes (over {_MAX_FLOW_DEPTH} "
+            "levels, or indented 4000 columns); a YAML parser can crash on such a file"
+        )
     try:
         # Both are safe loaders: no tags, no objects. An alias needs a `*`; without one the
         # faster libyaml loader cannot meet one.
@@ -156,6 +187,8 @@ def load_yaml_text(text: str, path: Path) -> Any:
             f"{path}: refused: YAML alias (*name) at line {err.problem_mark.line + 1}; memprofiler "
             "never writes aliases and they can expand a small file to gigabytes"
         ) from None
+    except RecursionError:  # the pure-Python loader, for text holding a `*`
+        raise ArtifactError(f"{path}: refused: nested too deep to read safely") from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
@@ -332,7 +365,7 @@ def _fast_mapping(text: str) -> dict[str, Any] | None:
         return None
     try:
         flow = _all_flow(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than JSON's C stack
         return None
     if flow is not None:
         return flow

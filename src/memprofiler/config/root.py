@@ -188,6 +188,8 @@ class MemProfilerConfig:
                 obj = yaml.safe_load(text) or {}
             except yaml.YAMLError as err:
                 raise ConfigError("", f"cannot parse config YAML{source}: {err}") from None
+            except RecursionError:
+                raise ConfigError("", f"cannot parse config YAML{source}: nested too deep") from None
         if not isinstance(obj, Mapping):
             raise ConfigError(
                 "", f"expected a mapping of MemProfilerConfig fields{source}, got {type(obj).__name__}"

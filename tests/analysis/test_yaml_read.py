@@ -193,3 +193,23 @@ def test_indentation_no_writer_makes_is_refused(tmp_path):
     path.write_text("a:\n" + " " * 4000 + "b: 1\n")
     with pytest.raises(ArtifactError, match="refused: nested deeper than any file"):
         read_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ('0.f.1.end: {"rss": ' + "1" * 5000 + "}", "Exceeds the limit (4300 digits)"),  # JSON, then YAML
+        ("0.f.1.end:\n  rss: " + "1" * 5000, "Exceeds the limit (4300 digits)"),
+        ("0.f.1.end:\n  when: 2020-13-45", "month must be in 1..12"),  # a timestamp YAML cannot build
+    ],
+)
+def test_values_python_cannot_build_are_one_line(tmp_path, body, why):
+    # GIVEN an entry YAML parses but Python cannot build (once a ValueError traceback)
+    path = tmp_path / "rank_0_memory_stats.yaml"
+    path.write_text(f"{layout.YAML_HEADER}\n{body}\n#memprofiler-end entries=1\n")
+    # THEN one line naming the file and the value's problem
+    with pytest.raises(ArtifactError) as info:
+        read_yaml(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: holds a value that cannot be read ({why}")
+    assert message.endswith("); foreign or edited file?") and "\n" not in message

@@ -193,6 +193,11 @@ def load_yaml_text(text: str, path: Path) -> Any:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise ArtifactError(f"{path}: not valid YAML{at} (truncated or foreign file?)") from None
+    except (ValueError, OverflowError) as err:  # a value YAML matched but Python cannot build
+        what = str(err).split(";")[0].splitlines()[0][:120]
+        raise ArtifactError(
+            f"{path}: holds a value that cannot be read ({what}); foreign or edited file?"
+        ) from None
 
 
 def read_yaml(path: Path, cuts: list[Cut] | None = None) -> Any:

@@ -129,3 +129,16 @@ def test_a_nested_name_is_reached_by_literal_and_wildcard_limits(real_runs, caps
         "0.training_step.2.end",
         "0.training_step.3.end",
     ]
+
+
+def test_streamed_and_loaded_runs_give_the_same_verdict(real_runs):
+    # GIVEN the same run loaded whole and left to be streamed a block at a time
+    from memprofiler.analysis.artifacts import load_run
+    from memprofiler.analysis.budget import Limit, check_budget
+
+    whole, streamed = load_run(real_runs["a"]), load_run(real_runs["a"], streamed=True)
+    assert streamed.stats == {} and list(streamed.stats_files) == [0]
+    limits = [Limit.parse("saved_tensors.by_module.*=4KiB"), Limit.parse("rss_peak=64GiB")]
+    # THEN the same violations and counts, and the streamed one still holds no snapshot
+    assert check_budget(streamed, limits) == check_budget(whole, limits)
+    assert streamed.stats == {}

@@ -15,13 +15,14 @@ import datetime as dt
 import fnmatch
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
 from memprofiler.analysis import safe_pickle
+from memprofiler.analysis.stats_stream import iter_stats
 from memprofiler.analysis.yaml_read import Cut, read_yaml
 from memprofiler.errors import ArtifactError
 
@@ -139,10 +140,24 @@ class RunArtifacts:
     """Files cut after their last block-end: only their verified entries were read."""
     selection: str | None = None
     """When the directory given held several runs: which one was read and how to pick another."""
+    stats_files: dict[int, Path] = field(default_factory=dict)
+    """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
+    reads it a block at a time."""
 
     @property
     def ranks(self) -> list[int]:
-        return sorted(self.stats)
+        return sorted(set(self.stats) | set(self.stats_files))
+
+    def iter_snapshots(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``(key, metrics)`` of every rank, in file order; a streamed file is read a block at
+        a time (its cut, if any, lands in :attr:`cuts` once it was read to the end)."""
+        for rank in self.ranks:
+            if rank in self.stats:
+                yield from self.stats[rank].items()
+                continue
+            path = self.stats_files[rank]
+            for block in iter_stats(path, self.cuts):
+                yield from _check_stats(block, path).items()
 
     @property
     def notes(self) -> list[str]:
@@ -152,6 +167,8 @@ class RunArtifacts:
 
     def snapshots(self) -> dict[str, dict[str, Any]]:
         """Every rank's snapshots in one dict; keys already carry the rank."""
+        if self.stats_files:
+            return dict(self.iter_snapshots())
         out: dict[str, dict[str, Any]] = {}
         for rank in self.ranks:
             out.update(self.stats[rank])
@@ -218,11 +235,14 @@ def _posix_time(v: Any) -> float | None:
     return None
 
 
-def load_run(root: str | os.PathLike[str]) -> RunArtifacts:
+def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifacts:
     """Discover and load the artifacts of the newest run under ``root`` (recursively).
 
     Args:
         root: a ``save_dir``, or any directory above one or more runs.
+        streamed: leave the per-rank stats YAML files unread, for
+            :meth:`RunArtifacts.iter_snapshots` to read a block at a time (memory bounded
+            by a block, however long the run).
 
     Raises:
         ArtifactError: ``root`` is missing or not a directory, holds no memprofiler files,
@@ -245,7 +265,7 @@ def load_run(root: str | os.PathLike[str]) -> RunArtifacts:
     reports: dict[tuple[str, int, str, int], ModuleReport] = {}
     ooms: dict[tuple[int, int], OomRecord] = {}
     for path in chosen.files:
-        _add(run, path, reports, ooms)
+        _add(run, path, reports, ooms, streamed)
     run.reports = sorted(reports.values(), key=lambda r: (r.kind, r.rank, r.fn, r.call))
     run.ooms = sorted(ooms.values(), key=lambda o: (o.rank, o.n))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
@@ -257,15 +277,19 @@ def _add(
     path: Path,
     reports: dict[tuple[str, int, str, int], ModuleReport],
     ooms: dict[tuple[int, int], OomRecord],
+    streamed: bool = False,
 ) -> None:
     parsed = parse_name(path.name)
     assert parsed is not None
     kind, f = parsed
     if kind in ("stats_yaml", "stats_pickle"):
         rank = int(f["rank"])
+        if streamed and kind == "stats_yaml":
+            run.stats_files[rank] = path
+            return
         if kind == "stats_pickle":
             yaml_twin = path.with_name(layout.MEMORY_STATS_YAML.format(rank=rank))
-            if rank in run.stats or yaml_twin.is_file():
+            if rank in run.stats or rank in run.stats_files or yaml_twin.is_file():
                 return  # the YAML beside it holds the same data and is the one we read
             data = safe_pickle.load(path)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -70,24 +71,25 @@ def check_budget(
         ConfigError: a ``--key`` pattern or a limit matches nothing: a typo would otherwise
             pass CI silently.
     """
-    every = run.snapshots()
-    snap_keys = sorted(k for k in every if match_any(k, keys))
-    if keys and not snap_keys:
-        shown = sorted(every)[:4]
-        raise ConfigError(
-            "--key",
-            f"{', '.join(repr(k) for k in keys)} matches no snapshot key in {run.root}; keys look like "
-            + (", ".join(shown) + (" ..." if len(every) > 4 else "") if shown else "(none collected)"),
-        )
-    # One pass over the snapshots for every limit: a long run holds millions of values, and
-    # the same few dozen metric names, so each name is matched against the limits once.
+    # One pass over the snapshots, streamed (a block of a file at a time), for every limit:
+    # a long run holds millions of values, and the same few dozen metric names, so each name
+    # is matched against the limits once.
     limits_of: dict[str, list[int]] = {}
     matched = [0] * len(limits)
-    found: list[tuple[int, Violation]] = []
+    found: list[tuple[int, str, Violation]] = []
     patterns = [lim.metric for lim in limits]
     descend: dict[str, bool] = {}  # nested metric -> whether a limit can match a name under it
-    for key in snap_keys:
-        for metric, value in _flat_for(every[key], patterns, descend).items():
+    first_keys: list[str] = []  # the smallest keys, to show when --key matches none
+    seen = checked_keys = 0
+    for key, metrics in run.iter_snapshots():
+        seen += 1
+        if keys and not match_any(key, keys):
+            if len(first_keys) < 4 or key < first_keys[-1]:
+                bisect.insort(first_keys, key)
+                del first_keys[4:]
+            continue
+        checked_keys += 1
+        for metric, value in _flat_for(metrics, patterns, descend).items():
             which = limits_of.get(metric)
             if which is None:
                 which = limits_of[metric] = [
@@ -96,7 +98,13 @@ def check_budget(
             for i in which:
                 matched[i] += 1
                 if not value <= limits[i].value:  # NaN compares false both ways: over budget
-                    found.append((i, Violation(key, metric, value, limits[i])))
+                    found.append((i, key, Violation(key, metric, value, limits[i])))
+    if keys and not checked_keys:
+        raise ConfigError(
+            "--key",
+            f"{', '.join(repr(k) for k in keys)} matches no snapshot key in {run.root}; keys look like "
+            + (", ".join(first_keys) + (" ..." if seen > 4 else "") if first_keys else "(none collected)"),
+        )
     for i, limit in enumerate(limits):
         if not matched[i]:
             known = sorted({m for m in limits_of if "." not in m or m.count(".") < 3})
@@ -105,8 +113,8 @@ def check_budget(
                 f"matches no collected value in {run.root}; metrics there: {', '.join(known[:12])}"
                 + (" ..." if len(known) > 12 else ""),
             )
-    found.sort(key=lambda iv: iv[0])  # grouped by limit, in the order given, as before
-    return [v for _, v in found], sum(matched)
+    found.sort(key=lambda ikv: (ikv[0], ikv[1]))  # by limit as given, then by key (stable within one)
+    return [v for _, _, v in found], sum(matched)
 
 
 def _may_match_under(prefix: str, patterns: Sequence[str]) -> bool:

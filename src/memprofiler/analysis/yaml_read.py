@@ -113,6 +113,19 @@ def _block_ends(text: str) -> Iterator[re.Match[str]]:
             yield m
 
 
+def no_block_end(path: Path) -> ArtifactError:
+    """The error for a file with the header and no block-end whose count matches."""
+    return ArtifactError(
+        f"{path}: starts with `{_HEADER}` but has no matching `{layout.YAML_BLOCK_END.format(n='<n>')}` "
+        "line: the file was cut before its first block was complete; re-copy it or re-run"
+    )
+
+
+def is_top_key(line: str) -> bool:
+    """Whether ``line`` starts a top-level entry (what :data:`_TOP_KEY` finds after a newline)."""
+    return bool(line) and _TOP_KEY.match("\n" + line[:4]) is not None
+
+
 def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
     """The part of ``text`` its integrity lines vouch for, and what was cut after it.
 
@@ -129,10 +142,7 @@ def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
         if int(m.group(1)) == counted:
             good = (m.end(), counted)
     if good is None:
-        raise ArtifactError(
-            f"{path}: starts with `{_HEADER}` but has no matching `{layout.YAML_BLOCK_END.format(n='<n>')}` "
-            "line: the file was cut before its first block was complete; re-copy it or re-run"
-        )
+        raise no_block_end(path)
     end, kept = good
     rest = text[end:]
     if not rest.strip():
@@ -221,6 +231,15 @@ def read_yaml(path: Path, cuts: list[Cut] | None = None) -> Any:
         if cuts is None:
             raise ArtifactError(cut.line())
         cuts.append(cut)
+    return parse_text(text, path)
+
+
+def parse_text(text: str, path: Path) -> Any:
+    """Verified text memprofiler wrote, parsed: :func:`_fast_mapping`, else the YAML loader.
+
+    Raises:
+        ArtifactError: as :func:`load_yaml_text`.
+    """
     with gc_paused():  # plain data: a quarter of a 100,000-call file's load went to the GC
         fast = _fast_mapping(text)
         return fast if fast is not None else load_yaml_text(text, path)

@@ -40,7 +40,7 @@ def add_html_output(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--no-html", action="store_true", help="only print the terminal summary")
 
 
-def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
+def load(command: str, run_dir: str, partial_ok: bool = True, streamed: bool = False) -> RunArtifacts:
     """Load the run under ``run_dir``; say on stderr which run was picked and what was cut.
 
     Args:
@@ -48,6 +48,8 @@ def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
         run_dir: the directory given on the command line.
         partial_ok: whether a file cut after its last block-end may be read in part (a
             warning line), or is refused (``check``: a budget cannot be judged on partial data).
+        streamed: leave the stats files to be read a block at a time
+            (:meth:`RunArtifacts.iter_snapshots`); call :func:`refuse_cuts` after reading them.
 
     Raises:
         ArtifactError: as :func:`memprofiler.analysis.artifacts.load_run`, or a cut file when
@@ -55,17 +57,28 @@ def load(command: str, run_dir: str, partial_ok: bool = True) -> RunArtifacts:
     """
     from memprofiler.analysis.artifacts import load_run
     from memprofiler.analysis.fs import localize, named_as_given
-    from memprofiler.errors import ArtifactError
 
     with named_as_given():  # a URL is read from a local copy; messages name the URL
-        run = load_run(localize(run_dir))
-    if run.selection:
-        print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
-    for cut in run.cuts:
+        run = load_run(localize(run_dir), streamed=streamed)
+        if run.selection:
+            print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
         if not partial_ok:
-            raise ArtifactError(f"{cut.line()}; a budget cannot be judged on partial data")
-        print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
+            refuse_cuts(run)
+        for cut in run.cuts:
+            print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
     return run
+
+
+def refuse_cuts(run: RunArtifacts) -> None:
+    """Raise for the first file of ``run`` found cut (a budget cannot be judged on partial data).
+
+    Raises:
+        ArtifactError: one line naming the file and what was dropped.
+    """
+    from memprofiler.errors import ArtifactError
+
+    for cut in run.cuts:
+        raise ArtifactError(f"{cut.line()}; a budget cannot be judged on partial data")
 
 
 def load_many(command: str, run_dirs: Sequence[str]) -> RunArtifacts:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memprofiler.commands._shared import add_run_dir, load
+from memprofiler.commands._shared import add_run_dir, load, refuse_cuts
 
 
 class CheckCommand:
@@ -33,11 +33,13 @@ class CheckCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.budget import Limit, check_budget
+        from memprofiler.analysis.fs import named_as_given
 
         limits = [Limit.parse(t) for t in args.limits]
-        violations, checked = check_budget(
-            load(self.name, args.run_dir, partial_ok=False), limits, keys=args.key
-        )
+        run = load(self.name, args.run_dir, partial_ok=False, streamed=True)
+        with named_as_given():  # stats files are read here, a block at a time
+            violations, checked = check_budget(run, limits, keys=args.key)
+            refuse_cuts(run)
         for v in violations:
             print(v.line(), file=sys.stdout)
         if violations:

@@ -62,3 +62,46 @@ def test_nested_tables():
         ("modules", ["", "Parameter", "Activation"], [["root", 4, 8], ["root.enc", 1, None]]),
     ]
     assert nested_tables([{"a": 1}, {"b": 2}]) == [("", ["a", "b"], [[1, None], [None, 2]])]
+
+
+def test_long_runs_keep_one_breakdown_per_rank_and_every_module_peak():
+    # GIVEN 2 ranks x 400 calls with per-module bytes drawn from a small range (many ties),
+    # listed out of call order, as a multi-rank file or a hand-edited one may be
+    import random
+
+    from memprofiler.reporters.model import PER_CALL_LIMIT, build_model
+
+    rng = random.Random(7)
+    stats: dict[int, dict] = {}
+    for rank in (0, 1):
+        calls = list(range(1, 401))
+        rng.shuffle(calls)
+        snaps = {}
+        for call in calls:
+            by_module = {m: rng.randrange(1, 6) * 1024 for m in ("enc", "dec", "head")}
+            snaps[f"{rank}.training_step.{call}.end"] = {
+                "saved_tensors.unique_bytes": rng.randrange(1, 4) * 4096,
+                "saved_tensors.by_module": by_module,
+            }
+        stats[rank] = snaps
+    run = RunArtifacts(root=Path("."), stats=stats)
+    # WHEN shaped for the report
+    model = build_model(run)
+    # THEN every module's peak and where it was first reached, as over every call in order ...
+    assert len(model.calls) == 800 > PER_CALL_LIMIT
+    full = ReportModel(run=run, calls=call_rows(run))  # every row keeps its breakdown
+    assert sum(bool(c.by_module) for c in full.calls) == 800
+    assert model.top_saved_modules(10) == full.top_saved_modules(10)
+    naive: dict[str, tuple[int, str]] = {}
+    for c in full.calls:  # rank, then call order
+        for m, b in c.by_module.items():
+            if m not in naive or b > naive[m][0]:
+                naive[m] = (b, f"rank {c.rank} {c.label}")
+    assert sorted((m, b, w) for m, (b, w) in naive.items()) == sorted(model.top_saved_modules(10))
+    # ... and one breakdown kept per rank: the call the HTML draws (most saved, earliest)
+    kept = [c for c in model.calls if c.by_module]
+    for rank in (0, 1):
+        rows = [c for c in full.calls if c.rank == rank]
+        best = max(rows, key=lambda c: (c.saved_unique or 0, -c.call))
+        assert [c.call for c in kept if c.rank == rank] == [best.call]
+        assert next(c for c in kept if c.rank == rank).by_module == best.by_module

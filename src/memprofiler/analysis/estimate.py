@@ -82,12 +82,13 @@ def load_estimate(path: Path) -> EstimateFile:
 
 def measured_peak(run: RunArtifacts) -> tuple[str, float] | None:
     """The run's largest measured peak over all snapshots, by the first key in ``MEASURED_KEYS`` it has."""
-    snaps = run.snapshots()
-    for key in MEASURED_KEYS:
-        values = [float(m[key]) for m in snaps.values() if isinstance(m.get(key), (int, float))]
-        if values:
-            return key, max(values)
-    return None
+    best: dict[str, float] = {}  # one pass: a streamed run is read once
+    for _, m in run.iter_snapshots():
+        for key in MEASURED_KEYS:
+            v = m.get(key)
+            if isinstance(v, (int, float)) and (key not in best or float(v) > best[key]):
+                best[key] = float(v)
+    return next(((key, best[key]) for key in MEASURED_KEYS if key in best), None)
 
 
 def compare_line(est: EstimateFile, run: RunArtifacts | None) -> str:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memprofiler.analysis.artifacts import RunArtifacts
+    from memprofiler.analysis.yaml_read import Cut
 
 RUN_DIR_HELP = (
     "the run's save_dir, or a directory above it (the newest run there is read when it holds "
@@ -64,8 +65,7 @@ def load(command: str, run_dir: str, partial_ok: bool = True, streamed: bool = F
             print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
         if not partial_ok:
             refuse_cuts(run)
-        for cut in run.cuts:
-            print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
+        warn_cuts(command, run.cuts)
     return run
 
 
@@ -81,7 +81,7 @@ def refuse_cuts(run: RunArtifacts) -> None:
         raise ArtifactError(f"{cut.line()}; a budget cannot be judged on partial data")
 
 
-def load_many(command: str, run_dirs: Sequence[str]) -> RunArtifacts:
+def load_many(command: str, run_dirs: Sequence[str], streamed: bool = False) -> RunArtifacts:
     """:func:`load` each directory (one per node) and merge their ranks.
 
     Raises:
@@ -89,5 +89,11 @@ def load_many(command: str, run_dirs: Sequence[str]) -> RunArtifacts:
     """
     from memprofiler.analysis.multi_run import merge_runs
 
-    runs = [(d, load(command, d)) for d in run_dirs]
+    runs = [(d, load(command, d, streamed=streamed)) for d in run_dirs]
     return runs[0][1] if len(runs) == 1 else merge_runs(runs)
+
+
+def warn_cuts(command: str, cuts: Sequence[Cut]) -> None:
+    """One warning line on stderr per file found cut (read in part)."""
+    for cut in cuts:
+        print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)

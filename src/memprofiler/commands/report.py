@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from memprofiler.commands._shared import RUN_DIR_HELP, add_html_output, add_run_dir, add_top, load_many
+from memprofiler.commands._shared import (
+    RUN_DIR_HELP,
+    add_html_output,
+    add_run_dir,
+    add_top,
+    load_many,
+    warn_cuts,
+)
 
 
 class ReportCommand:
@@ -22,6 +29,7 @@ class ReportCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.estimate import estimate_only, report_line
+        from memprofiler.analysis.fs import named_as_given
         from memprofiler.analysis.multi_run import report_root
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
@@ -33,8 +41,11 @@ class ReportCommand:
             # an estimate alone: its line, no run report
             make_console().print(report_line(args.run_dir[0], None), markup=False, highlight=False)
             return 0
-        run = load_many(self.name, args.run_dir)
-        model = build_model(run, top=args.top)
+        run = load_many(self.name, args.run_dir, streamed=True)
+        found = len(run.cuts)
+        with named_as_given():  # the stats files are read here, a block at a time
+            model = build_model(run, top=args.top)
+        warn_cuts(self.name, run.cuts[found:])
         console = make_console()
         TerminalReporter(model, top=args.top).render(console)
         if len(args.run_dir) == 1 and (line := report_line(args.run_dir[0], model.run)):

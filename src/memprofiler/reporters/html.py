@@ -24,7 +24,7 @@ from memprofiler.reporters.html_cells import (
     value_cell,
 )
 from memprofiler.reporters.html_snapshot import snapshot_html
-from memprofiler.reporters.model import FIGURES, CallRow, ReportModel, binned, report_tables
+from memprofiler.reporters.model import FIGURES, CallRow, ReportModel, binned, breakdown_rank, report_tables
 from memprofiler.units import format_bytes
 
 #: The per-call charts: title, and the figure (see ``model.FIGURES``) each shows.
@@ -178,7 +178,7 @@ class HtmlReporter:
             calls = [c for c in self.model.calls if c.rank == rank and c.by_module]
             if not calls:
                 continue
-            worst = max(calls, key=lambda c: (c.saved_unique or 0, -c.call))
+            worst = max(calls, key=breakdown_rank)
             mods = sorted(worst.by_module.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
             out.append(
                 svg.hbar_chart(

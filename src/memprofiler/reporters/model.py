@@ -227,11 +227,38 @@ def _int(v: Any) -> int | None:
     return int(v) if _is_finite_number(v) else None
 
 
+def breakdown_rank(c: CallRow) -> tuple[int, int]:
+    """Which call of a rank the report draws the per-module breakdown of: the largest
+    ``saved_unique``, the earliest of equals (the largest of these keys)."""
+    return (c.saved_unique or 0, -c.call)
+
+
+@dataclass
+class _Rows:
+    calls: list[CallRow]
+    module_peaks: list[tuple[str, int, str]]
+    """``(module, bytes, where)``, largest first: see :meth:`ReportModel.top_saved_modules`."""
+
+
 def call_rows(run: RunArtifacts) -> list[CallRow]:
     """Merge each call's ``start`` and ``end`` snapshots into one row, ordered by rank, fn, call."""
+    return _call_rows(run, bounded=False).calls
+
+
+def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
+    """:func:`call_rows`, reading the snapshots once (a streamed run a block at a time).
+
+    ``bounded``: beyond :data:`PER_CALL_LIMIT` calls with a per-module breakdown, a row keeps
+    its breakdown only while it is its rank's :func:`breakdown_rank` call. The report draws
+    that one, and every module's peak is folded in as the rows are built, so 100,000 calls do
+    not hold 2M entries.
+    """
     rows: dict[tuple[int, str, int], CallRow] = {}
     tracked: dict[tuple[str, ...], bool] = {}  # a snapshot's keys -> whether a tracker peak is among them
-    for key, m in run.snapshots().items():
+    peaks: dict[str, tuple[int, tuple[int, str, int], CallRow]] = {}  # module -> bytes, row key, row
+    drawn: dict[int, CallRow] = {}  # rank -> its breakdown_rank call so far
+    broken_down = 0
+    for key, m in run.iter_snapshots():
         rank, fn, call, phase = layout.parse_snapshot_key(key)
         row = rows.get((rank, fn, call))
         if row is None:
@@ -248,20 +275,43 @@ def call_rows(run: RunArtifacts) -> list[CallRow]:
         by_mod = m.get("saved_tensors.by_module")
         if isinstance(by_mod, Mapping):
             if set(map(type, by_mod.values())) <= {int} and set(map(type, by_mod)) <= {str}:
-                row.by_module = by_mod  # type: ignore[assignment]  # as loaded: shared, not copied (100,000 calls hold 2M entries)
+                row.by_module = by_mod  # type: ignore[assignment]  # as loaded: shared, not copied
             else:
                 row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
+        if row.by_module:
+            order = (rank, fn, call)
+            for mod, b in row.by_module.items():
+                best = peaks.get(mod)
+                if best is None or b > best[0] or (b == best[0] and order < best[1]):
+                    peaks[mod] = (b, order, row)
+            broken_down += 1
+            shown = drawn.get(rank)
+            if shown is None or breakdown_rank(row) > breakdown_rank(shown):
+                drawn[rank], loser = row, (shown if shown is not row else None)
+            else:
+                loser = row
+            if bounded and loser is not None and broken_down > PER_CALL_LIMIT:
+                loser.by_module = {}  # folded into `peaks`; not the rank's drawn call
         names = tuple(m)
-        peaks = tracked.get(names)
-        if peaks is None:
-            peaks = tracked[names] = any(k.startswith(_TRACKER_PEAK_PREFIXES) for k in names)
-        if peaks:
+        tracker = tracked.get(names)
+        if tracker is None:
+            tracker = tracked[names] = any(k.startswith(_TRACKER_PEAK_PREFIXES) for k in names)
+        if tracker:
             row.fsdp = {
                 k.split(".peak.", 1)[1]: int(v)
                 for k, v in m.items()
                 if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
             }
-    return [rows[k] for k in sorted(rows)]
+    if bounded and broken_down > PER_CALL_LIMIT:  # the rows kept before the limit was passed, too
+        keep = {id(r) for r in drawn.values()}
+        for row in rows.values():
+            if row.by_module and id(row) not in keep:
+                row.by_module = {}
+    ranked = sorted(peaks.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    return _Rows(
+        [rows[k] for k in sorted(rows)],
+        [(mod, b, f"rank {r.rank} {r.label}") for mod, (b, _, r) in ranked],
+    )
 
 
 def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
@@ -277,7 +327,10 @@ def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
         assert path is not None
         analysis = analyze(load_snapshot(path), str(path), top=top)
         entries.append(SnapshotEntry(snapshot_title(item), str(path), analysis))
-    return ReportModel(run=run, calls=call_rows(run), snapshots=entries)
+    rows = _call_rows(run)
+    model = ReportModel(run=run, calls=rows.calls, snapshots=entries)
+    model._saved_modules = rows.module_peaks
+    return model
 
 
 def snapshot_title(item: AllocPickle | OomRecord) -> str:

@@ -176,3 +176,46 @@ def test_medians_of_huge_counts_stay_exact():
         values = [base + i for i in range(3001)] + [base + 7]
         # THEN numpy's path is not taken where it would round
         assert _median_spread(list(values), spread=False)[0] == statistics.median(values)
+
+
+def _write_run(path, snaps):
+    import yaml
+
+    path.mkdir()
+    (path / "rank_0_memory_stats.yaml").write_text(yaml.safe_dump(snaps, sort_keys=False))
+
+
+def test_streamed_pairs_in_any_order_match_the_whole_run_comparison(tmp_path):
+    # GIVEN B listing its calls in reverse, with calls A lacks and A calls B lacks, and values
+    # an int64 column cannot hold (a float, an int beyond 64 bits) arriving midway
+    import random
+    import statistics
+
+    from memprofiler.analysis.diff import diff_functions
+
+    rng = random.Random(5)
+    a = {f"0.training_step.{c}.end": {"rss": rng.randrange(10**9), "by": {"m": c}} for c in range(1, 3001)}
+    b = {
+        f"0.training_step.{c}.end": {"rss": rng.randrange(10**9), "by": {"m": 2 * c}}
+        for c in range(3000, 10, -1)
+    }
+    b["0.training_step.3001.end"] = {"rss": 1, "by": {"m": 1}}
+    a["0.training_step.1500.end"]["rss"] = 1.5
+    b["0.training_step.1600.end"]["rss"] = 2**70
+    _write_run(tmp_path / "a", a)
+    _write_run(tmp_path / "b", b)
+    # WHEN compared by function (both read a block at a time, side by side)
+    rows, unmatched = diff_functions(
+        load_run(tmp_path / "a", streamed=True),
+        load_run(tmp_path / "b", streamed=True),
+        include_unchanged=True,
+    )
+    # THEN the medians over the calls both hold, exactly, and the one-sided calls named
+    both = [k for k in a if k in b]
+    by = {r.metric: r for r in rows}
+    assert by["rss"].calls == len(both) == 2990
+    assert by["rss"].a == statistics.median(a[k]["rss"] for k in both)
+    assert by["rss"].b == statistics.median(b[k]["rss"] for k in both)
+    assert (by["by.m"].a, by["by.m"].b) == (1505.5, 3011.0)
+    assert unmatched.only_a == {"0.training_step.end": list(range(1, 11))}
+    assert unmatched.only_b == {"0.training_step.end": [3001]}

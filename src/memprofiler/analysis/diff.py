@@ -9,7 +9,8 @@ per-call detail.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,22 +169,22 @@ def _array(values: list[float]) -> Any:
     return None if arr.dtype == object else arr
 
 
-def _median_spread(values: list[float], spread: bool) -> tuple[float, float | None]:
+def _median_spread(values: _Values, spread: bool) -> tuple[float, float | None]:
     """``statistics.median`` of ``values`` and, with ``spread``, their spread: the interquartile
     range (``statistics.quantiles``' exclusive method) from 4 values, the range from 2.
 
     Long lists go through numpy (a selection, not a sort: 2.4 s -> 0.2 s for the 140 lists of a
-    100,000-call diff, and 1 s less for their quartiles); short ones are sorted in place.
+    100,000-call diff, and 1 s less for their quartiles); short ones are sorted.
     """
     n = len(values)
     if n >= _NUMPY_FROM and _np is not None:
-        arr = _array(values)
+        arr = _np.frombuffer(values, _np.int64) if isinstance(values, array) else _array(values)
         if arr is not None:
             if not spread:
                 return float(_np.median(arr)), None
             q1, mid, q3 = _np.percentile(arr, [25, 50, 75], method="weibull")  # = exclusive
             return float(mid), float(q3 - q1)
-    values.sort()
+    values = sorted(values)
     mid = values[n // 2]
     median = float(mid if n % 2 else (values[n // 2 - 1] + mid) / 2)
     if not spread or n < 2:
@@ -199,50 +200,108 @@ def _group(key: str) -> tuple[str, int]:
     return f"{rank}.{fn}.{phase}", call
 
 
+#: One metric's values over calls: 8 bytes each while all are ints of 64 bits, else a list.
+_Values = array | list
+
+
+def _column() -> list[_Values]:
+    return [array("q"), array("q")]
+
+
+def _append_wide(pair: list[_Values], va: float, vb: float) -> None:
+    """Append where an int64 column refused (a float, or an int beyond 64 bits): it becomes a list."""
+    if len(pair[0]) == len(pair[1]):  # A's value was the one refused
+        pair[0] = list(pair[0])
+        pair[0].append(va)
+    try:
+        pair[1].append(vb)
+    except (TypeError, OverflowError):
+        pair[1] = list(pair[1])
+        pair[1].append(vb)
+
+
+def _paired(
+    a: RunArtifacts, b: RunArtifacts, keys: Sequence[str], only: tuple[set[str], set[str]]
+) -> Iterator[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
+    """``(key, A's metrics, B's metrics)`` for each key both runs hold, read side by side.
+
+    Both runs are read a block at a time, one entry of each in turn; an entry waits only until
+    the other run reaches its key. Two runs of one schedule list keys in the same order, so
+    little waits; a key the other run never reaches ends in ``only`` (A's, B's).
+    """
+    wait_a: dict[str, Mapping[str, Any]] = {}
+    wait_b: dict[str, Mapping[str, Any]] = {}
+    it_a, it_b = iter(a.iter_snapshots()), iter(b.iter_snapshots())
+    live = 2
+    while live:
+        live = 0
+        for it, mine, other, a_side in ((it_a, wait_a, wait_b, True), (it_b, wait_b, wait_a, False)):
+            item = next(it, None)
+            if item is None:
+                continue
+            live += 1
+            key, m = item
+            if keys and not match_any(key, keys):
+                continue
+            theirs = other.pop(key, None)
+            if theirs is None:
+                mine[key] = m
+            elif a_side:
+                yield key, m, theirs
+            else:
+                yield key, theirs, m
+    only[0].update(wait_a)
+    only[1].update(wait_b)
+
+
 def _pairs(
-    a: RunArtifacts, b: RunArtifacts, keys: Iterable[str], metrics: Sequence[str]
-) -> dict[tuple[str, str], tuple[list[float], list[float]]]:
-    """(group, metric) -> the values of A and B, call by call, over the ``keys`` both hold.
+    triples: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]], metrics: Sequence[str]
+) -> dict[tuple[str, str], list[_Values]]:
+    """(group, metric) -> the values of A and B, call by call, over the paired ``triples``.
 
     A long run holds millions of values: plain numbers and the one level of nesting the
     profiler writes (``saved_tensors.by_module``) are read in place, without flattening
-    each snapshot into a new dict first.
+    each snapshot into a new dict first, and kept as int64 arrays (8 bytes a value).
     """
-    sa, sb = a.snapshots(), b.snapshots()
     wanted: dict[str, bool] = {}
-    by_group: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    by_group: dict[str, dict[str, list[_Values]]] = {}
     nested: dict[str, dict[str, str]] = {}  # metric -> sub-key -> "metric.sub-key", built once
 
-    def add(pairs: dict[str, tuple[list[float], list[float]]], metric: str, va: float, vb: float) -> None:
+    def add(pairs: dict[str, list[_Values]], metric: str, va: float, vb: float) -> None:
         ok = wanted.get(metric)
         if ok is None:
             ok = wanted[metric] = match_any(metric, metrics)
         if ok:
             pair = pairs.get(metric)
             if pair is None:
-                pair = pairs[metric] = ([], [])
-            pair[0].append(va)
-            pair[1].append(vb)
+                pair = pairs[metric] = _column()
+            try:
+                pair[0].append(va)
+                pair[1].append(vb)
+            except (TypeError, OverflowError):
+                _append_wide(pair, va, vb)
 
-    for key in keys:
+    for key, ma, mb in triples:
         prefix, _, phase = key.rsplit(".", 2)  # `{rank}.{fn}` and the phase; the call number goes
         group = f"{prefix}.{phase}"
         pairs = by_group.get(group)
         if pairs is None:
             pairs = by_group[group] = {}
-        mb = sb[key]
-        for metric, va in sa[key].items():
+        for metric, va in ma.items():
             vb = mb.get(metric)
             if vb is None:
                 continue
             ta, tb = type(va), type(vb)
             if (ta is int or ta is float) and (tb is int or tb is float):
                 pair = pairs.get(metric)  # inline `add`: the common case, millions of times
-                if pair is not None:
+                if pair is None:
+                    add(pairs, metric, va, vb)
+                    continue
+                try:
                     pair[0].append(va)
                     pair[1].append(vb)
-                else:
-                    add(pairs, metric, va, vb)
+                except (TypeError, OverflowError):
+                    _append_wide(pair, va, vb)
             elif isinstance(va, Mapping) and isinstance(vb, Mapping):
                 names = nested.get(metric)
                 if names is None:
@@ -257,11 +316,14 @@ def _pairs(
                     tx, ty = type(x), type(y)
                     if (tx is int or tx is float) and (ty is int or ty is float):
                         pair = pairs.get(name)
-                        if pair is not None:
+                        if pair is None:
+                            add(pairs, name, x, y)
+                            continue
+                        try:
                             pair[0].append(x)
                             pair[1].append(y)
-                        else:
-                            add(pairs, name, x, y)
+                        except (TypeError, OverflowError):
+                            _append_wide(pair, x, y)
                     elif is_number(x) and is_number(y):
                         add(pairs, name, x, y)
                     elif isinstance(x, Mapping) and isinstance(y, Mapping):  # deeper: rare
@@ -297,12 +359,10 @@ def diff_functions(
     Example:
         >>> rows, unmatched = diff_functions(load_run("run_a"), load_run("run_b"), metrics=["rss*"])  # doctest: +SKIP
     """
-    ka = {k for k in a.snapshots() if match_any(k, keys)}
-    kb = {k for k in b.snapshots() if match_any(k, keys)}
-    both = [k for k in a.snapshots() if k in ka and k in kb]  # in call order: lists nearly sorted
+    only: tuple[set[str], set[str]] = (set(), set())
     rows = []
-    with gc_paused():  # millions of values appended to lists: nothing cyclic
-        pairs = _pairs(a, b, both, metrics)
+    with gc_paused():  # millions of values appended: nothing cyclic
+        pairs = _pairs(_paired(a, b, keys, only), metrics)
     for (group, metric), (xa, xb) in sorted(pairs.items()):
         noisy = metric.startswith(NOISY_PREFIXES)
         (med_a, spread_a), (med_b, spread_b) = _median_spread(xa, noisy), _median_spread(xb, noisy)
@@ -320,4 +380,4 @@ def diff_functions(
             out.setdefault(group, []).append(call)
         return {g: sorted(c) for g, c in out.items()}
 
-    return rows, Unmatched(unmatched(ka - kb), unmatched(kb - ka))
+    return rows, Unmatched(unmatched(only[0]), unmatched(only[1]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from memprofiler.commands._shared import add_run_dir, add_top, load
+from memprofiler.commands._shared import add_run_dir, add_top, load, warn_cuts
 
 
 class DiffCommand:
@@ -48,6 +48,7 @@ class DiffCommand:
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.diff import diff_functions, diff_runs
         from memprofiler.analysis.estimate import diff_line
+        from memprofiler.analysis.fs import named_as_given
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
@@ -55,23 +56,28 @@ class DiffCommand:
             make_console().print(line, markup=False, highlight=False)
             return 0
         min_change = parse_size(args.min_change, key="--min-change")
-        a, b = load(self.name, args.run_a), load(self.name, args.run_b)
+        a, b = load(self.name, args.run_a, streamed=True), load(self.name, args.run_b, streamed=True)
+        found = (len(a.cuts), len(b.cuts))
         console = make_console()
         if args.per_call:
-            rows = diff_runs(
-                a,
-                b,
-                metrics=args.metric,
-                keys=args.key,
-                min_change=min_change,
-                include_unchanged=args.all,
-                include_missing=not args.no_missing,
-            )
+            with named_as_given():  # the stats files are read here
+                rows = diff_runs(
+                    a,
+                    b,
+                    metrics=args.metric,
+                    keys=args.key,
+                    min_change=min_change,
+                    include_unchanged=args.all,
+                    include_missing=not args.no_missing,
+                )
+            warn_cuts(self.name, a.cuts[found[0] :] + b.cuts[found[1] :])
             render_diff(rows[: args.top] if args.top > 0 else rows, console, total=len(rows))
             return 0
-        frows, unmatched = diff_functions(
-            a, b, metrics=args.metric, keys=args.key, min_change=min_change, include_unchanged=args.all
-        )
+        with named_as_given():  # the stats files are read here, side by side, a block at a time
+            frows, unmatched = diff_functions(
+                a, b, metrics=args.metric, keys=args.key, min_change=min_change, include_unchanged=args.all
+            )
+        warn_cuts(self.name, a.cuts[found[0] :] + b.cuts[found[1] :])
         shown = frows[: args.top] if args.top > 0 else frows
         render_function_diff(shown, unmatched, console, total=len(frows))
         return 0

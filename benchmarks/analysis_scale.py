@@ -4,8 +4,8 @@ Writes synthetic runs in the on-disk format (``rank_0_memory_stats.yaml`` as the
 writes it: host ``rss``/``vms`` at start, ``rss``/``vms``/``rss_peak`` and ``saved_tensors.*``
 with a per-module breakdown of 20 modules at end, optionally every flat CUDA
 ``memory_stats()`` key at both), then runs each command as its own process, the variants
-interleaved in random order, and prints JSON: median wall time, peak RSS (from ``wait4``)
-and the HTML report's size. ``--label`` stores the figures under that name in ``--out``
+interleaved in random order, and prints JSON: median wall time, peak RSS (the command's own
+``VmHWM``) and the HTML report's size. ``--label`` stores the figures under that name in ``--out``
 (e.g. ``before`` with ``PYTHONPATH`` pointing at the old sources, then ``after``).
 
 Usage: ``python benchmarks/analysis_scale.py [--calls 3000 100000] [--cuda] [--format v2]
@@ -118,16 +118,35 @@ def write_run(root: Path, calls: int, cuda: bool, fmt: str, seed: int, scale: fl
     return root
 
 
+#: Runs ``memprofiler`` and, at exit, prints its own peak RSS (``VmHWM``). ``wait4``'s
+#: ``ru_maxrss`` would not do: it keeps the high-water mark across ``exec``, so a child forked
+#: from this process (tens of MB after writing a 100,000-call run) starts at this process's size.
+_MEASURED = (
+    "import atexit, sys\n"
+    "def _peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('\\nbench-vmhwm-kb ' + line.split()[1] + '\\n')\n"
+    "atexit.register(_peak)\n"
+    "from memprofiler.__main__ import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """``(wall s, peak RSS MiB, CPU s)`` of ``memprofiler`` with the arguments ``cmd``."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _MEASURED, *cmd], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
-    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+        raise SystemExit(f"memprofiler {' '.join(cmd)} failed ({proc.returncode}): {err[-500:]}")
+    peak_kb = float(err.rsplit("bench-vmhwm-kb ", 1)[1].split()[0])
+    return wall, peak_kb / 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -148,12 +167,12 @@ def main() -> None:
     args = ap.parse_args()
 
     env = {**os.environ, "MALLOC_ARENA_MAX": "1"}
-    py = sys.executable
     result: dict[str, Any] = {
         "load_avg_at_start": os.getloadavg()[0],
         "cuda": args.cuda,
         "format": args.format,
         "repeats": args.repeats,
+        "peak_rss": "VmHWM of the command (earlier labels: wait4 ru_maxrss, which counts this process's size at fork)",
         "sizes": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,9 +183,9 @@ def main() -> None:
             gen_s = time.perf_counter() - t0
             html = Path(tmp) / f"report{calls}.html"
             cmds = {
-                "report": [py, "-m", "memprofiler", "report", str(a), "-o", str(html)],
-                "diff": [py, "-m", "memprofiler", "diff", str(a), str(b)],
-                "check": [py, "-m", "memprofiler", "check", str(a), "--max", "rss_peak=64GiB"],
+                "report": ["report", str(a), "-o", str(html)],
+                "diff": ["diff", str(a), str(b)],
+                "check": ["check", str(a), "--max", "rss_peak=64GiB"],
             }
             runs: dict[str, list[tuple[float, float]]] = {c: [] for c in args.commands}
             cpu: dict[str, list[float]] = {c: [] for c in args.commands}

@@ -102,3 +102,15 @@ def test_missing_and_empty_files_are_one_line(tmp_path):
     empty.write_text("")
     with pytest.raises(ArtifactError, match="file is empty"):
         list(iter_stats(empty, []))
+
+
+def test_unreadable_files_are_one_line(tmp_path):
+    # GIVEN a directory where the file should be, and bytes that are not text
+    folder = tmp_path / "rank_0_memory_stats.yaml"
+    folder.mkdir()
+    binary = tmp_path / "rank_1_memory_stats.yaml"
+    binary.write_bytes(layout.YAML_HEADER.encode() + b'\n0.f.1.end: {"rss": 1}\n\xff\xfe\n')
+    # THEN each is the whole-file reader's one line, not a traceback
+    for path in (folder, binary):
+        with pytest.raises(ArtifactError, match="cannot read as text"):
+            list(iter_stats(path, []))

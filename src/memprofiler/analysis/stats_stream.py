@@ -39,6 +39,7 @@ def iter_stats(path: Path, cuts: list[Cut]) -> Iterator[Any]:
             YAML loader reads that it refuses is read again as a whole file, so that the
             message names the file's line, not the block's.
     """
+    f = None
     try:
         f = path.open()
         first = f.readline()
@@ -46,8 +47,9 @@ def iter_stats(path: Path, cuts: list[Cut]) -> Iterator[Any]:
         raise ArtifactError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError):
         first = ""  # read_yaml says what is wrong, in its words
-    if not first.startswith(_HEADER):
-        f.close()
+    if f is None or not first.startswith(_HEADER):
+        if f is not None:
+            f.close()
         yield read_yaml(path, cuts)  # an older file (or an empty or unreadable one)
         return
     with f:

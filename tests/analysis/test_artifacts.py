@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,19 @@ def test_manifest_notes_are_kept(tmp_path):
     write_run(tmp_path, stats([1]), {"run_id": "a", "notes": ["`train_step` was never called"]})
     run = load_run(tmp_path)
     assert run.notes == ["`train_step` was never called"] and run.selection is None
+
+
+def test_merged_node_directories_keep_the_manifest_notes_and_every_rank():
+    # GIVEN rank 0's node with the manifest (and a note), rank 1's node with a streamed file
+    from memprofiler.analysis.artifacts import RunArtifacts
+    from memprofiler.analysis.multi_run import merge_runs
+
+    node0 = RunArtifacts(
+        root=Path("n0"), stats={0: {"0.f.1.end": {"rss": 1}}}, manifest={"notes": ["`g` was never called"]}
+    )
+    node1 = RunArtifacts(root=Path("n1"), stats_files={1: Path("n1/rank_1_memory_stats.yaml")})
+    # WHEN merged
+    merged = merge_runs([("n1", node1), ("n0", node0)])
+    # THEN the notes a report prints survive, and both ranks are there
+    assert merged.notes == ["`g` was never called"]
+    assert merged.ranks == [0, 1] and merged.stats_files == {1: Path("n1/rank_1_memory_stats.yaml")}

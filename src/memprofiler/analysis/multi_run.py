@@ -43,8 +43,8 @@ def merge_rank_maps(found: Sequence[tuple[str, dict[int, T]]]) -> dict[int, T]:
 def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
     """The run made of ``runs`` (given name, loaded directory): every rank once.
 
-    The summary comes from the directory holding one (rank 0's node); the report's root is the
-    first directory's.
+    The summary and the manifest come from the directory holding them (rank 0's node); the
+    report's root is the first directory's.
 
     Raises:
         ArtifactError: a rank has stats in two directories, or two directories hold a summary.
@@ -63,6 +63,8 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
             "not one run's nodes; pass the directories of one run"
         )
     merged.summary = summaries[0][1] if summaries else None
+    # rank 0's node holds the manifest (run id, status, the notes a report prints)
+    merged.manifest = next((run.manifest for _, run in runs if run.manifest is not None), None)
     for _, run in runs:
         merged.reports.extend(run.reports)
         merged.alloc_pickles.extend(run.alloc_pickles)

@@ -152,6 +152,26 @@ def test_check_and_diff_read_the_bucket_as_they_read_a_local_copy(remote_run, tm
     assert over.returncode == 1
 
 
+def test_a_cut_file_in_the_bucket_is_named_by_its_url(remote_run, s3_server):
+    # GIVEN a copy of the run in another bucket whose rank-1 stats file was cut mid-append
+    fs, root = _fs(), remote_run.removeprefix("s3://")
+    cut_url = f"{s3_server.new_bucket()}/run"
+    for path in fs.find(root):
+        name = path.rsplit("/", 1)[1]
+        data = fs.cat_file(path)
+        if name == layout.MEMORY_STATS_YAML.format(rank=1):
+            data += b'1.training_step.4.start: {"rss": 1'
+        fs.pipe_file(f"{cut_url.removeprefix('s3://')}/{name}", data)
+    # WHEN reported and diffed (read a block at a time, after the download)
+    for args in (["report", cut_url, "--no-html"], ["diff", remote_run, cut_url]):
+        result = _cli(*args)
+        # THEN the warning names the file by its URL, not the temporary local copy
+        assert result.returncode == 0, result.stderr
+        [warning] = [ln for ln in result.stderr.splitlines() if "cut short" in ln]
+        assert f"{cut_url}/{layout.MEMORY_STATS_YAML.format(rank=1)}: cut short" in warning
+        assert "memprofiler-read-" not in result.stderr
+
+
 def test_snapshot_reads_a_pickle_from_the_bucket(s3_bucket):
     # GIVEN an allocator snapshot uploaded to a bucket
     import pickle

@@ -18,7 +18,7 @@ from pathlib import Path
 from memprofiler.errors import ArtifactError
 from memprofiler.output.remote import RemoteDir, is_url, read_hint
 
-__all__ = ["is_url", "localize", "named_as_given"]
+__all__ = ["as_given", "is_url", "localize", "named_as_given"]
 
 #: URL -> its local copy, for this process (a URL read twice is fetched once).
 _copies: dict[str, Path] = {}
@@ -69,15 +69,20 @@ def localize(arg: str | os.PathLike[str]) -> Path:
     return local
 
 
+def as_given(text: str) -> str:
+    """``text`` naming each URL instead of the local copy read in its place."""
+    for url, local in _copies.items():
+        text = text.replace(str(local), url)
+    return text
+
+
 @contextlib.contextmanager
 def named_as_given() -> Iterator[None]:
     """Inside it, an :class:`ArtifactError` names each URL, not the local copy read in its place."""
     try:
         yield
     except ArtifactError as err:
-        message = str(err)
-        for url, local in _copies.items():
-            message = message.replace(str(local), url)
+        message = as_given(str(err))
         if message == str(err):
             raise
         raise ArtifactError(message) from None

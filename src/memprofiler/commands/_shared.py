@@ -57,12 +57,12 @@ def load(command: str, run_dir: str, partial_ok: bool = True, streamed: bool = F
             ``partial_ok`` is false.
     """
     from memprofiler.analysis.artifacts import load_run
-    from memprofiler.analysis.fs import localize, named_as_given
+    from memprofiler.analysis.fs import as_given, localize, named_as_given
 
     with named_as_given():  # a URL is read from a local copy; messages name the URL
         run = load_run(localize(run_dir), streamed=streamed)
         if run.selection:
-            print(f"memprofiler {command}: {run.selection}", file=sys.stderr)
+            print(f"memprofiler {command}: {as_given(run.selection)}", file=sys.stderr)
         if not partial_ok:
             refuse_cuts(run)
         warn_cuts(command, run.cuts)
@@ -94,6 +94,8 @@ def load_many(command: str, run_dirs: Sequence[str], streamed: bool = False) -> 
 
 
 def warn_cuts(command: str, cuts: Sequence[Cut]) -> None:
-    """One warning line on stderr per file found cut (read in part)."""
+    """One warning line on stderr per file found cut (read in part), naming URLs as given."""
+    from memprofiler.analysis.fs import as_given
+
     for cut in cuts:
-        print(f"memprofiler {command}: warning: {cut.line()}", file=sys.stderr)
+        print(f"memprofiler {command}: warning: {as_given(cut.line())}", file=sys.stderr)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.artifacts import RunArtifacts, flat_snapshots, flatten_metrics, is_number, match_any
+from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.analysis.gc_pause import gc_paused
 
 _np: Any
@@ -72,22 +72,30 @@ def diff_runs(
     Example:
         >>> rows = diff_runs(load_run("run_a"), load_run("run_b"), metrics=["rss_peak"])  # doctest: +SKIP
     """
-    fa, fb = flat_snapshots(a), flat_snapshots(b)
     rows: list[DiffRow] = []
-    for key in sorted(set(fa) | set(fb)):
-        if not match_any(key, keys):
-            continue
-        ma, mb = fa.get(key, {}), fb.get(key, {})
-        for metric in sorted(set(ma) | set(mb)):
+
+    def compare(key: str, ma: Mapping[str, Any], mb: Mapping[str, Any]) -> None:
+        fa, fb = flatten_metrics(ma), flatten_metrics(mb)
+        for metric in set(fa) | set(fb):
             if not match_any(metric, metrics):
                 continue
-            row = DiffRow(key, metric, ma.get(metric), mb.get(metric))
+            row = DiffRow(key, metric, fa.get(metric), fb.get(metric))
             change = row.change
             if change is None:
                 if include_missing:
                     rows.append(row)
             elif (change != 0 or include_unchanged) and abs(change) >= min_change:
                 rows.append(row)
+
+    # Both runs read side by side, a block at a time: only the rows kept (and the snapshots
+    # one run lacks) are held, so `--key` narrows memory as well as output.
+    only: tuple[dict[str, Mapping[str, Any]], dict[str, Mapping[str, Any]]] = ({}, {})
+    for key, ma, mb in _paired(a, b, keys, only):
+        compare(key, ma, mb)
+    for key, ma in only[0].items():
+        compare(key, ma, {})
+    for key, mb in only[1].items():
+        compare(key, {}, mb)
     rows.sort(key=lambda r: (r.change is None, -abs(r.change or 0), r.key, r.metric))
     return rows
 
@@ -221,13 +229,16 @@ def _append_wide(pair: list[_Values], va: float, vb: float) -> None:
 
 
 def _paired(
-    a: RunArtifacts, b: RunArtifacts, keys: Sequence[str], only: tuple[set[str], set[str]]
+    a: RunArtifacts,
+    b: RunArtifacts,
+    keys: Sequence[str],
+    only: tuple[dict[str, Mapping[str, Any]], dict[str, Mapping[str, Any]]],
 ) -> Iterator[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
     """``(key, A's metrics, B's metrics)`` for each key both runs hold, read side by side.
 
     Both runs are read a block at a time, one entry of each in turn; an entry waits only until
     the other run reaches its key. Two runs of one schedule list keys in the same order, so
-    little waits; a key the other run never reaches ends in ``only`` (A's, B's).
+    little waits; a key the other run never reaches ends in ``only`` (A's, B's), with its metrics.
     """
     wait_a: dict[str, Mapping[str, Any]] = {}
     wait_b: dict[str, Mapping[str, Any]] = {}
@@ -359,7 +370,7 @@ def diff_functions(
     Example:
         >>> rows, unmatched = diff_functions(load_run("run_a"), load_run("run_b"), metrics=["rss*"])  # doctest: +SKIP
     """
-    only: tuple[set[str], set[str]] = (set(), set())
+    only: tuple[dict[str, Mapping[str, Any]], dict[str, Mapping[str, Any]]] = ({}, {})
     rows = []
     with gc_paused():  # millions of values appended: nothing cyclic
         pairs = _pairs(_paired(a, b, keys, only), metrics)
@@ -373,7 +384,7 @@ def diff_functions(
             rows.append(row)
     rows.sort(key=lambda r: (-abs(r.change), r.group, r.metric))
 
-    def unmatched(keys_: set[str]) -> dict[str, list[int]]:
+    def unmatched(keys_: Iterable[str]) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for k in keys_:
             group, call = _group(k)

@@ -90,11 +90,11 @@ def test_user_pre_forward_hook_that_raises_is_switched_off(tmp_path):
 
 
 def test_pack_hook_fault_drops_saved_tensor_figures_only(tmp_path, monkeypatch):
-    # GIVEN the saved-tensor pack hook failing on its first new storage
-    def boom(labels: dict[int, str], frame: Any) -> str:
+    # GIVEN the saved-tensor pack hook failing on its first activation with a history
+    def boom() -> int:
         raise RuntimeError("injected pack fault")
 
-    monkeypatch.setattr(saved_tensors, "_running_module", boom)
+    monkeypatch.setattr(saved_tensors, "_next_node_nr", boom)
     # WHEN a Trainer runs with memory hooks too
     with pytest.warns(MemProfilerWarning) as record:
         _, stats = _fit(tmp_path, {"enable_memory_hooks": True})

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -157,6 +159,66 @@ def test_saved_activations_are_freed_when_the_graph_dies(tmp_path):
         out["y"] = step()
     del out["y"]
     assert holder["ref"].expired()
+
+
+class _SavesOutputsAroundInput(torch.autograd.Function):
+    """Saves two of its outputs with its input between them (a custom Function's own order)."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        o1, o2 = a * 2, a * 3
+        ctx.save_for_backward(o1, a, o2)
+        return o1, o2
+
+    @staticmethod
+    def backward(ctx: Any, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
+        return g1 * 2 + g2 * 3
+
+
+def _inplace_on_view(y: torch.Tensor) -> list[torch.Tensor]:
+    y = y.clone()
+    y[1:3].sigmoid_()  # saves its output, a view of y, through CopySlices
+    return [y]
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        pytest.param(lambda y: [y.sigmoid()], id="output-saved"),
+        pytest.param(lambda y: [y.tanh().tanh()], id="output-then-input"),
+        pytest.param(lambda y: [y.clone().relu_()], id="inplace"),
+        pytest.param(_inplace_on_view, id="inplace-on-view"),
+        pytest.param(lambda y: list(_SavesOutputsAroundInput.apply(y)), id="custom-function"),
+        pytest.param(lambda y: [nn.functional.layer_norm(y, (256,)).softmax(-1)], id="norm-softmax"),
+    ],
+)
+def test_outputs_saved_by_their_own_node_are_freed_with_the_graph(tmp_path, ops):
+    # GIVEN ops that save their own outputs: the holder must not keep the output itself, whose
+    # grad_fn is the saving node (a reference cycle the garbage collector cannot see)
+    x = torch.randn(64, 256, requires_grad=True)
+    lin = nn.Linear(256, 256)
+    refs: list[StorageWeakRef] = []
+    out: dict[str, list[torch.Tensor]] = {}
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 1}}, save_dir=tmp_path, rank=0).setup(lin)
+    with prof.profile("training_step", module=lin):
+        out["y"] = ops(lin(x))
+        refs = [StorageWeakRef(t.untyped_storage()) for t in out["y"]]
+    # WHEN the caller drops what the call returned, THEN every saved output is freed
+    del out["y"]
+    gc.collect()
+    assert all(r.expired() for r in refs)
+
+
+def test_custom_function_saves_are_counted_once_each(tmp_path):
+    # GIVEN a custom Function saving (output, input, output) of one Linear's output
+    b, d = 16, 32
+    lin = nn.Linear(d, d)
+    x = torch.randn(b, d)
+    m = collect(lin, lambda: sum(o.sum() for o in _SavesOutputsAroundInput.apply(lin(x))), tmp_path)
+    # THEN: lin saves x (not weight.t(): x needs no grad); the Function saves its input (lin's
+    # output) and its two outputs, three storages
+    assert m["saved_tensors.unique_bytes"] == F32 * (b * d + 3 * b * d)
+    assert m["saved_tensors.count"] == 1 + 3
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -11,11 +11,13 @@ over-counts (views of weights, one storage saved by several ops, dropped graphs)
 
 The hooks wrap the whole call from the outside: inside a non-reentrant checkpoint region
 the checkpoint's own hooks take precedence, so what checkpointing saves is unchanged and
-what it keeps for recomputation (its inputs) is what we see. The pack hook returns a fresh
-detached alias, never the tensor itself: an output saved by its own node would otherwise stay
-alive through a reference cycle with its ``grad_fn``, and only the graph holds the alias, so
-its weak reference dies with the graph and records when (how many saves had happened). While
-an alias is alive its storage is too, so the address is a sound key within the call. The weak
+what it keeps for recomputation (its inputs) is what we see. The pack hook returns a small
+holder that only the graph references, so a weak reference to it dies with the graph and
+records when (how many saves had happened). The holder keeps the saved tensor itself, as
+autograd does for an input, except for an output saved by its own node (its ``grad_fn`` is
+the newest node of the thread): that one is detached, as autograd detaches it, since it would
+otherwise stay alive through a reference cycle with its ``grad_fn``. Storages are keyed by
+their C storage object, which a live holder keeps from being reused within the call. The weak
 references are dropped at the end of the call, so nothing of ours runs when backward frees
 the graph.
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from operator import attrgetter, itemgetter
 from typing import Any
 from weakref import ref
 
@@ -75,6 +78,19 @@ def _running_module(labels: dict[int, str], frame: Any) -> str:
     return OUTSIDE_NAME
 
 
+class _Saved:
+    """What the graph stores for one saved tensor; only the graph references it."""
+
+    __slots__ = ("__weakref__", "t")
+    t: torch.Tensor
+
+
+# The unpack hook, in C: backward pays no Python frame per saved tensor.
+_unpack = attrgetter("t")
+# Sequence number the next autograd node created in this thread will get.
+_next_node_nr = torch._C._autograd._get_sequence_nr
+
+
 # A storage saved in the call: [owner label, storage bytes, weak refs to the aliases saved].
 # A list, not a class: one is built per saved storage, on the hot path.
 _Held = list
@@ -103,19 +119,17 @@ class SavedTensorsCollector(BaseCollector):
     def __init__(self, warn: Callable[[str], None] = no_warn) -> None:
         self.packed_bytes = 0
         self.count = 0
-        # Storage address -> what was saved there and is (maybe) still held, for this call.
+        # Storage (its C object) -> what was saved there and is (maybe) still held, this call.
         self._held: dict[int, _Held] = {}
         # id(weak reference) -> number of saves so far when its alias died (inside the call).
         self._died: dict[int, int] = {}
         self._on_death = self._record_death
-        # Address -> the parameter or buffer seen there. FSDP2 frees unsharded parameters after
-        # each block (the storage object lives on, resized to 0), and an activation allocated
-        # later at the same address must not be excluded: a hit counts only while the tensor
-        # still sits at that address. Holding parameters for one call costs nothing extra.
+        # Storage (its C object) -> a parameter or buffer on it. Keyed by storage object, not
+        # address: FSDP2 frees unsharded parameters after each block (the storage object lives
+        # on, resized to 0), and an activation allocated later at the same address is another
+        # storage. Holding the tensor keeps its storage object from being reused meanwhile.
         self._excluded: dict[int, torch.Tensor] = {}
         self._excluded_valid = False
-        # id(parameter) -> its storage bytes, for the packed bytes of views of it (weight.t()).
-        self._param_bytes: dict[int, int] = {}
         self._labels: dict[int, str] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
         self._entered: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -143,8 +157,7 @@ class SavedTensorsCollector(BaseCollector):
             if t is not None:
                 st = _storage(t)
                 if st is not None and st.nbytes():
-                    self._excluded[st.data_ptr()] = t
-                    self._param_bytes[id(t)] = st.nbytes()
+                    self._excluded[st._cdata] = t
 
     def _on_enter(self, module: nn.Module, label: str, depth: int, args: tuple[Any, ...]) -> None:
         # FSDP2 swaps in unsharded parameters just before forward: exclude them here.
@@ -157,72 +170,81 @@ class SavedTensorsCollector(BaseCollector):
     def _record_death(self, r: ref[torch.Tensor]) -> None:
         self._died[id(r)] = self.count
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        # Runs once per tensor autograd saves, so every attribute read counts. Only a tensor
-        # saved by the node that produced it can close a reference cycle through its grad_fn;
-        # activations get a detached alias anyway, as the weak reference to it tells whether
-        # the graph still holds it. Parameters and views of them are returned as they are.
+    def _pack(self, t: torch.Tensor) -> Any:
+        # Runs once per tensor autograd saves, so every attribute read counts. The graph gets a
+        # `_Saved` holder that only it references: the weak reference to the holder tells
+        # whether the graph still holds what it saved. The holder keeps the tensor itself, as
+        # autograd does for an input; an output saved by its own node (its grad_fn is the node
+        # being built, the newest in this thread) is detached first, as autograd detaches it:
+        # it would otherwise stay alive through a reference cycle with that grad_fn. Storages
+        # are keyed by their C object (`_cdata`), which a held tensor keeps from being reused.
+        h = _Saved()
         if self._hooks is None:  # switched off after a fault
-            return t.detach()
+            h.t = t.detach()
+            return h
         try:
             self.count += 1
             if type(t) is not torch.Tensor:
                 if isinstance(t, nn.Parameter):
-                    return t  # a leaf: resident anyway, and no cycle
-                return self._pack_subclass(t)
-            base = t._base
-            if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
-                n = self._param_bytes.get(id(base))
-                self.packed_bytes += base.untyped_storage().nbytes() if n is None else n
-                return t
+                    h.t = t  # a leaf: resident anyway, and no cycle
+                    return h
+                return self._pack_subclass(t, h)
             try:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):  # no storage (sparse, nested)
-                return t.detach()
-            key = st.data_ptr()
-            if not key:
-                return t.detach()
-            alias = t.detach()
+                h.t = t.detach()
+                return h
+            key = st._cdata
             held = self._held.get(key)
-            if held is not None and (held[2]() is not None or _alive(held)):
+            if held is None:
+                if key in self._excluded:
+                    # A parameter or buffer of the model, or a view of one (weight.t()):
+                    # resident anyway, and made before the node that saves it (no cycle).
+                    self.packed_bytes += st.nbytes()
+                    h.t = t
+                    return h
+            elif held[2]() is not None or _alive(held):
                 # The same live storage again (a ReLU output the next Linear saves too).
+                g = t.grad_fn
+                h.t = t.detach() if g is not None and g._sequence_nr() == _next_node_nr() - 1 else t
                 self.packed_bytes += held[1]
-                held.append(ref(alias, self._on_death))
-                return alias
+                held.append(ref(h, self._on_death))
+                return h
+            g = t.grad_fn
+            h.t = t.detach() if g is not None and g._sequence_nr() == _next_node_nr() - 1 else t
             n = st.nbytes()
             self.packed_bytes += n
-            ex = self._excluded.get(key)
-            if ex is not None:
-                ex_st = _storage(ex)
-                if ex_st is not None and ex_st.data_ptr() == key and ex_st.nbytes():
-                    return alias  # a buffer, or a parameter under another tensor object
-            # A new storage (or a freed address reused): attribute it to the module running.
-            self._held[key] = [self._owner(sys._getframe(1)), n, ref(alias, self._on_death)]
-            return alias
+            if not n or not st.data_ptr():
+                return h  # empty, or on the meta device
+            base = t._base
+            if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
+                return h  # a view of a parameter the model does not list (no model given)
+            # A new storage (or one saved before that the graph dropped): attribute it to the
+            # module running.
+            self._held[key] = [self._owner(sys._getframe(1)), n, ref(h, self._on_death)]
+            return h
         except Exception as err:
             self._hooks = None  # the context is left at `end`; until then every pack is a no-op
             self.faults.fault(PACK_PART, err, "saved-tensor figures are left out")
-            return t.detach()
+            h.t = t.detach()
+            return h
 
-    def _pack_subclass(self, t: torch.Tensor) -> torch.Tensor:
+    def _pack_subclass(self, t: torch.Tensor, h: _Saved) -> _Saved:
         """The pack hook for tensor subclasses (DTensor shards): storage through ``to_local``."""
         st = _storage(t)
-        alias = t.detach()
+        h.t = t.detach()
         if st is None:
-            return alias
-        key, n = st.data_ptr(), st.nbytes()
+            return h
+        key, n = st._cdata, st.nbytes()
         self.packed_bytes += n
-        ex = self._excluded.get(key)
-        if ex is not None:
-            ex_st = _storage(ex)
-            if ex_st is not None and ex_st.data_ptr() == key and ex_st.nbytes():
-                return alias
+        if key in self._excluded:
+            return h
         held = self._held.get(key)
         if held is not None and _alive(held):
-            held.append(ref(alias, self._on_death))
+            held.append(ref(h, self._on_death))
         else:
-            self._held[key] = [self._owner(sys._getframe(2)), n, ref(alias, self._on_death)]
-        return alias
+            self._held[key] = [self._owner(sys._getframe(2)), n, ref(h, self._on_death)]
+        return h
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         self.packed_bytes = self.count = 0
@@ -235,10 +257,9 @@ class SavedTensorsCollector(BaseCollector):
             _, mods, labels, sharded = self._tree_of(ctx.module)
             self._labels = labels
             # Built once per window: a stale entry is harmless (a hit counts only while the
-            # tensor still sits at that address), and walking every parameter per call is not.
+            # tensor keeps its storage object), and walking every parameter per call is not.
             if sharded or not self._excluded_valid:
                 self._excluded = {}
-                self._param_bytes = {}
                 for m in mods:
                     self._exclude(m._parameters.values())
                     self._exclude(m._buffers.values())
@@ -266,7 +287,7 @@ class SavedTensorsCollector(BaseCollector):
             "saved_tensors.unique_bytes": unique,
             "saved_tensors.packed_bytes": self.packed_bytes,
             "saved_tensors.count": self.count,
-            "saved_tensors.by_module": dict(sorted(by_module.items(), key=lambda kv: -kv[1])),
+            "saved_tensors.by_module": dict(sorted(by_module.items(), key=itemgetter(1), reverse=True)),
         }
 
     def _still_held(self) -> tuple[int, dict[str, int]]:
@@ -275,7 +296,8 @@ class SavedTensorsCollector(BaseCollector):
         by_module: dict[str, int] = {}
         died, last = self._died, self.count
         for held in self._held.values():
-            if _held_after(held, died, last):
+            # The first weak reference alive: the common case, the graph the call ends with.
+            if held[2]() is not None or _held_after(held, died, last):
                 owner, n = held[0], held[1]
                 unique += n
                 by_module[owner] = by_module.get(owner, 0) + n
@@ -294,12 +316,7 @@ class SavedTensorsCollector(BaseCollector):
         self._died = {}
         if not self._excluded_valid:
             self._excluded = {}
-            self._param_bytes = {}
 
     def close(self) -> None:
         self._excluded_valid = False
         self._release()
-
-
-def _unpack(t: torch.Tensor) -> torch.Tensor:  # the pack hook already returned an alias
-    return t

@@ -35,7 +35,7 @@ class BodySavedTensors(SavedTensorsCollector):
         super().__init__()
         self._track = track_alive
         #: (alias, storage address, storage bytes, module that saved it) per saved activation.
-        self.saved: list[tuple[weakref.ref[torch.Tensor], int, int, str]] = []
+        self.saved: list[tuple[weakref.ref[Any], int, int, str]] = []
         # id of an outermost module -> (weak reference, its tree's labels)
         self._trees: dict[int, tuple[weakref.ref[nn.Module], dict[int, str]]] = {}
 
@@ -60,16 +60,16 @@ class BodySavedTensors(SavedTensorsCollector):
             self._trees[id(outer)] = tree
         return tree[1].get(id(inner), type(inner).__name__)
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+    def _pack(self, t: torch.Tensor) -> Any:
         out = super()._pack(t)
-        # A tensor with history is stored as a fresh alias that only the graph holds: while the
-        # alias lives, so does the graph that saved it.
-        if self._track and out is not t and t.grad_fn is not None:
+        # A tensor with history is stored in a holder that only the graph holds: while the
+        # holder lives, so does the graph that saved it.
+        if self._track and t.grad_fn is not None:
             try:
-                st = out.untyped_storage()
+                st = out.t.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):
                 return out
-            key = st.data_ptr()
+            key = st._cdata
             held = self._held.get(key)
             if held is not None:  # an activation the counter counted, not a view of a weight
                 self.saved.append((weakref.ref(out), key, st.nbytes(), held[0]))

@@ -161,6 +161,20 @@ def test_saved_activations_are_freed_when_the_graph_dies(tmp_path):
     assert holder["ref"].expired()
 
 
+def test_every_save_of_one_op_goes_to_its_module(tmp_path):
+    # GIVEN LayerNorm (one op saving its input, mean and rstd: three new storages) then GELU
+    b, d = 8, 32
+    net = nn.Sequential(nn.LayerNorm(d), nn.GELU())
+    x = torch.randn(b, d)
+    m = collect(net, lambda: net(x).pow(2).mean(), tmp_path)
+    # THEN all three belong to the LayerNorm, GELU's input to GELU, pow's to no module
+    assert m["saved_tensors.by_module"] == {
+        "0": F32 * (b * d + 2 * b),
+        "1": F32 * b * d,
+        "(outside forward)": F32 * b * d,
+    }
+
+
 class _SavesOutputsAroundInput(torch.autograd.Function):
     """Saves two of its outputs with its input between them (a custom Function's own order)."""
 

@@ -124,6 +124,9 @@ class SavedTensorsCollector(BaseCollector):
         # id(weak reference) -> number of saves so far when its alias died (inside the call).
         self._died: dict[int, int] = {}
         self._on_death = self._record_death
+        # The autograd node the last new storage was saved for, and its module's label.
+        self._last_nr = -1
+        self._last_owner = OUTSIDE_NAME
         # Storage (its C object) -> a parameter or buffer on it. Keyed by storage object, not
         # address: FSDP2 frees unsharded parameters after each block (the storage object lives
         # on, resized to 0), and an activation allocated later at the same address is another
@@ -210,8 +213,9 @@ class SavedTensorsCollector(BaseCollector):
                 self.packed_bytes += held[1]
                 held.append(ref(h, self._on_death))
                 return h
+            nr = _next_node_nr()
             g = t.grad_fn
-            h.t = t.detach() if g is not None and g._sequence_nr() == _next_node_nr() - 1 else t
+            h.t = t.detach() if g is not None and g._sequence_nr() == nr - 1 else t
             n = st.nbytes()
             self.packed_bytes += n
             if not n or not st.data_ptr():
@@ -221,7 +225,10 @@ class SavedTensorsCollector(BaseCollector):
                 return h  # a view of a parameter the model does not list (no model given)
             # A new storage (or one saved before that the graph dropped): attribute it to the
             # module running.
-            self._held[key] = [self._owner(sys._getframe(1)), n, ref(h, self._on_death)]
+            # Saves of one node (one op call: LayerNorm's input, mean and rstd) share its module.
+            if nr != self._last_nr:
+                self._last_nr, self._last_owner = nr, self._owner(sys._getframe(1))
+            self._held[key] = [self._last_owner, n, ref(h, self._on_death)]
             return h
         except Exception as err:
             self._hooks = None  # the context is left at `end`; until then every pack is a no-op
@@ -243,13 +250,17 @@ class SavedTensorsCollector(BaseCollector):
         if held is not None and _alive(held):
             held.append(ref(h, self._on_death))
         else:
-            self._held[key] = [self._owner(sys._getframe(2)), n, ref(h, self._on_death)]
+            nr = _next_node_nr()
+            if nr != self._last_nr:
+                self._last_nr, self._last_owner = nr, self._owner(sys._getframe(2))
+            self._held[key] = [self._last_owner, n, ref(h, self._on_death)]
         return h
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         self.packed_bytes = self.count = 0
         self._held = {}
         self._died = {}
+        self._last_nr = -1
         if self.failed:
             return {}
         self._labels = {}

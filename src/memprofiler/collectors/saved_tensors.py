@@ -217,15 +217,15 @@ class SavedTensorsCollector(BaseCollector):
             g = t.grad_fn
             h.t = t.detach() if g is not None and g._sequence_nr() == nr - 1 else t
             n = st.nbytes()
-            self.packed_bytes += n
             if not n or not st.data_ptr():
-                return h  # empty, or on the meta device
+                return h  # empty, or on the meta device: no bytes
+            self.packed_bytes += n
             base = t._base
             if base is not None and type(base) is not torch.Tensor and isinstance(base, nn.Parameter):
                 return h  # a view of a parameter the model does not list (no model given)
             # A new storage (or one saved before that the graph dropped): attribute it to the
-            # module running.
-            # Saves of one node (one op call: LayerNorm's input, mean and rstd) share its module.
+            # module running. Saves of one node (one op call: LayerNorm's input, mean and rstd)
+            # share one stack walk.
             if nr != self._last_nr:
                 self._last_nr, self._last_owner = nr, self._owner(sys._getframe(1))
             self._held[key] = [self._last_owner, n, ref(h, self._on_death)]

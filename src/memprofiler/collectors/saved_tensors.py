@@ -91,7 +91,7 @@ _unpack = attrgetter("t")
 _next_node_nr = torch._C._autograd._get_sequence_nr
 
 
-# A storage saved in the call: [owner label, storage bytes, weak refs to the aliases saved].
+# A storage saved in the call: [owner label, storage bytes, weak refs to the holders saved].
 # A list, not a class: one is built per saved storage, on the hot path.
 _Held = list
 
@@ -101,9 +101,7 @@ def _alive(held: _Held) -> bool:
 
 
 def _held_after(held: _Held, died: dict[int, int], last: int) -> bool:
-    """Whether an alias was alive at save number ``last`` (``died``: ref id -> saves at death)."""
-    if held[2]() is not None:  # the common case: the graph the call ends with
-        return True
+    """Whether a holder was alive at save number ``last`` (``died``: ref id -> saves at death)."""
     return any(r() is not None or died.get(id(r), last) >= last for r in held[2:])
 
 
@@ -121,7 +119,7 @@ class SavedTensorsCollector(BaseCollector):
         self.count = 0
         # Storage (its C object) -> what was saved there and is (maybe) still held, this call.
         self._held: dict[int, _Held] = {}
-        # id(weak reference) -> number of saves so far when its alias died (inside the call).
+        # id(weak reference) -> number of saves so far when its holder died (inside the call).
         self._died: dict[int, int] = {}
         self._on_death = self._record_death
         # The autograd node the last new storage was saved for, and its module's label.
@@ -170,7 +168,7 @@ class SavedTensorsCollector(BaseCollector):
         """Label of the module that saves a new storage (a subclass may label modules otherwise)."""
         return _running_module(self._labels, frame)
 
-    def _record_death(self, r: ref[torch.Tensor]) -> None:
+    def _record_death(self, r: ref[_Saved]) -> None:
         self._died[id(r)] = self.count
 
     def _pack(self, t: torch.Tensor) -> Any:
@@ -199,23 +197,20 @@ class SavedTensorsCollector(BaseCollector):
                 return h
             key = st._cdata
             held = self._held.get(key)
-            if held is None:
-                if key in self._excluded:
-                    # A parameter or buffer of the model, or a view of one (weight.t()):
-                    # resident anyway, and made before the node that saves it (no cycle).
-                    self.packed_bytes += st.nbytes()
-                    h.t = t
-                    return h
-            elif held[2]() is not None or _alive(held):
-                # The same live storage again (a ReLU output the next Linear saves too).
-                g = t.grad_fn
-                h.t = t.detach() if g is not None and g._sequence_nr() == _next_node_nr() - 1 else t
-                self.packed_bytes += held[1]
-                held.append(ref(h, self._on_death))
+            if held is None and key in self._excluded:
+                # A parameter or buffer of the model, or a view of one (weight.t()): resident
+                # anyway, and made before the node that saves it (no cycle).
+                self.packed_bytes += st.nbytes()
+                h.t = t
                 return h
             nr = _next_node_nr()
             g = t.grad_fn
             h.t = t.detach() if g is not None and g._sequence_nr() == nr - 1 else t
+            if held is not None and (held[2]() is not None or _alive(held)):
+                # The same live storage again (a ReLU output the next Linear saves too).
+                self.packed_bytes += held[1]
+                held.append(ref(h, self._on_death))
+                return h
             n = st.nbytes()
             if not n or not st.data_ptr():
                 return h  # empty, or on the meta device: no bytes

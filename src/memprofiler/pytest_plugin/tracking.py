@@ -4,7 +4,7 @@ A test builds its model inside its body, so the module tree cannot be labelled u
 ``MemProfiler.profile(module=...)`` does. :class:`BodySavedTensors` labels a module tree the
 first time its outermost module saves something (``(root)``, ``net.0``, ...), found on the
 call stack as the collector finds modules, and, for the leak check, keeps a weak reference to
-every alias autograd stores.
+every holder autograd stores.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ class BodySavedTensors(SavedTensorsCollector):
     """:class:`SavedTensorsCollector` with a per-module breakdown for modules built in the test.
 
     Args:
-        track_alive: keep a weak reference to each saved activation alias, so that what is
+        track_alive: keep a weak reference to each saved activation's holder, so that what is
             still alive after the test (a graph kept by a ``loss`` in a list) can be found.
     """
 
     def __init__(self, track_alive: bool = False) -> None:
         super().__init__()
         self._track = track_alive
-        #: (alias, storage address, storage bytes, module that saved it) per saved activation.
+        #: (holder, storage key, storage bytes, module that saved it) per saved activation.
         self.saved: list[tuple[weakref.ref[Any], int, int, str]] = []
         # id of an outermost module -> (weak reference, its tree's labels)
         self._trees: dict[int, tuple[weakref.ref[nn.Module], dict[int, str]]] = {}

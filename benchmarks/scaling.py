@@ -3,13 +3,19 @@
 Models: residual MLPs of 6, 24, 100 and 200 blocks (32, 122, 502 and 1,002 modules; autograd
 saves 61, 241, 1,001 and 2,001 tensors per forward) whose widths keep the FLOPs of a step
 the same (``depth * width**2`` constant), so only the per-module and per-saved-tensor costs
-change. Each is timed twice:
+change. Each is timed in these ways (`--modes`; the first two by default):
 
 * ``plain``: forward and loss inside a ``@memprofilable`` method, backward and an SGD step
   outside it (as in ``benchmarks/overhead.py``); each round runs one step per variant;
 * ``trainer``: a Lightning ``Trainer`` fitting a LightningModule whose ``training_step`` is
   ``@memprofilable``; each round runs one short ``fit`` per variant (the first steps of each
-  fit, set-up included, are not timed) and times the interval between batch starts.
+  fit, set-up included, are not timed) and times the interval between batch starts;
+* ``trainer_paired``: one long ``fit`` per size with ``MemProfilerCallback`` in it, where a
+  callback picks each step's variant at its batch start (detaching the profiler for the
+  baselines, attaching the callback's for ``inside_window``): the Trainer's counterpart of
+  the plain loop, without the fit-to-fit noise of ``trainer``. Its absolute extra per step
+  (inside minus baseline, ms) set beside the plain loop's says whether Lightning adds
+  anything of its own.
 
 Variants, interleaved in a new random order every round so that drift and noise hit them
 alike, sharing one model per size: ``baseline`` and ``baseline_again`` (no profiler: their
@@ -195,6 +201,81 @@ def trainer(
     return _ratios(_interleave(rounds, run, seed=depth))
 
 
+class _Switch(pl.Callback):
+    """Per step: picks the variant (one shuffled round of :data:`VARIANTS` after another) and
+    records the interval from this batch start to the next under the variant it ran."""
+
+    def __init__(self, profs: dict[str, MemProfiler | None], skip: int, seed: int) -> None:
+        self.profs = profs
+        self.skip = skip
+        self.rng = random.Random(seed)
+        self.order: list[str] = []
+        self.times: dict[str, list[tuple[float, float]]] = {k: [] for k in VARIANTS}
+        self._last: tuple[str, float, float] | None = None
+        self._seen = 0
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int
+    ) -> None:
+        now = (time.perf_counter(), time.thread_time())
+        if self._last is not None and self._seen > self.skip:
+            name, t0, c0 = self._last
+            self.times[name].append((now[0] - t0, now[1] - c0))
+        self._seen += 1
+        if not self.order:
+            self.order = self.rng.sample(VARIANTS, len(VARIANTS))
+        name = self.order.pop()
+        prof = self.profs[name]
+        if prof is None:
+            MemProfiler.detach(pl_module)
+        else:
+            prof.attach(pl_module)
+        self._last = (name, time.perf_counter(), time.thread_time())
+
+
+def trainer_paired(depth: int, width: int, batch: int, steps: int, warmup: int, tmp: Path) -> dict[str, Any]:
+    torch.manual_seed(0)
+    module = LitResMLP(width, depth)
+    total = (warmup + steps + 1) * len(VARIANTS)
+    data = DataLoader(TensorDataset(torch.randn(batch * total, width)), batch_size=batch)
+    inside = MemProfilerCallback(
+        {**INSIDE, "dump_memory_trace": False, "save_dir": str(tmp / f"paired{depth}")}
+    )
+    outside = MemProfiler({**OUTSIDE, "dump_memory_trace": False}, save_dir=tmp / f"paired{depth}out", rank=0)
+    outside.setup(module)
+    outside.attach(module)
+    module.training_step((torch.randn(batch, width),), 0).backward()  # the only collected call of `outside`
+    module.zero_grad(set_to_none=True)
+    profs: dict[str, MemProfiler | None] = {
+        "baseline": None,
+        "baseline_again": None,
+        "outside_window": outside,
+    }
+    switch = _Switch(profs, skip=warmup * len(VARIANTS), seed=depth)
+
+    class _Inside(pl.Callback):  # the callback's profiler exists from `setup` on
+        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            profs["inside_window"] = inside.profiler
+
+    pl.Trainer(
+        default_root_dir=tmp,
+        max_steps=total,
+        callbacks=[inside, _Inside(), switch],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    ).fit(module, data)
+    outside.teardown()
+    out = _ratios([switch.times])
+    out["extra_ms_cpu"] = round(
+        out["cpu"]["median_step_ms"]["inside_window"] - out["cpu"]["median_step_ms"]["baseline"], 3
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -207,7 +288,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="trainer: fits per variant")
     parser.add_argument("--fit-steps", type=int, default=10, help="trainer: timed steps per fit")
     parser.add_argument("--fit-skip", type=int, default=3, help="trainer: untimed first steps per fit")
-    parser.add_argument("--modes", nargs="+", default=["plain", "trainer"], choices=["plain", "trainer"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["plain", "trainer"], choices=["plain", "trainer", "trainer_paired"]
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -227,6 +310,8 @@ def main() -> None:
         }
         if "plain" in args.modes:
             entry["plain"] = plain(depth, width, args.batch, args.steps, args.warmup, tmp)
+        if "trainer_paired" in args.modes:
+            entry["trainer_paired"] = trainer_paired(depth, width, args.batch, args.steps, args.warmup, tmp)
         if "trainer" in args.modes:
             entry["trainer"] = trainer(
                 depth, width, args.batch, args.rounds, args.fit_steps, args.fit_skip, tmp

@@ -3,7 +3,7 @@
 Models: residual MLPs of 6, 24, 100 and 200 blocks (32, 122, 502 and 1,002 modules; autograd
 saves 61, 241, 1,001 and 2,001 tensors per forward) whose widths keep the FLOPs of a step
 the same (``depth * width**2`` constant), so only the per-module and per-saved-tensor costs
-change. Each is timed in these ways (`--modes`; the first two by default):
+change. Each is timed in these ways (``--modes``; the first two by default):
 
 * ``plain``: forward and loss inside a ``@memprofilable`` method, backward and an SGD step
   outside it (as in ``benchmarks/overhead.py``); each round runs one step per variant;

@@ -105,3 +105,58 @@ def test_long_runs_keep_one_breakdown_per_rank_and_every_module_peak():
         best = max(rows, key=lambda c: (c.saved_unique or 0, -c.call))
         assert [c.call for c in kept if c.rank == rank] == [best.call]
         assert next(c for c in kept if c.rank == rank).by_module == best.by_module
+
+
+def test_call_table_orders_interleaved_functions_and_reads_back_exact_rows():
+    # GIVEN a rank file in call order, two functions interleaved, one call without an end
+    stats = {
+        1: {
+            "1.validation_step.1.start": {"rss": 50},
+            "1.training_step.2.start": {"rss": 10},
+            "1.training_step.2.end": {"rss": 20, "rss_peak": 90, "saved_tensors.unique_bytes": 4096},
+            "1.validation_step.1.end": {"rss": 60, "rss_peak": 70},
+            "1.training_step.10.start": {"rss": 30},
+            "1.training_step.3.end": {"rss": 7, "rss_peak": 8},  # an end before its start
+            "1.training_step.3.start": {"rss": 6},
+        },
+        0: {"0.training_step.1.end": {"rss_peak": 2**40, "allocated_bytes.all.peak": 512}},
+    }
+    model = _model(stats=stats)
+    # WHEN read back as rows
+    rows = list(model.calls)
+    # THEN rank, function name and call order; missing figures are None, not a sentinel
+    assert [(r.rank, r.fn, r.call) for r in rows] == [
+        (0, "training_step", 1),
+        (1, "training_step", 2),
+        (1, "training_step", 3),
+        (1, "training_step", 10),
+        (1, "validation_step", 1),
+    ]
+    assert (rows[0].rss_start, rows[0].rss_peak, rows[0].cuda_allocated_peak) == (None, 2**40, 512)
+    assert (rows[1].rss_start, rows[1].rss_end, rows[1].rss_peak_delta, rows[1].saved_unique) == (
+        10,
+        20,
+        80,
+        4096,
+    )
+    assert (rows[2].rss_start, rows[2].rss_end, rows[2].rss_peak) == (6, 7, 8)
+    assert (rows[3].rss_start, rows[3].rss_end, rows[3].rss_peak) == (30, None, None)
+    assert model.calls[-1] == rows[4] and model.calls[1:3] == rows[1:3]
+    assert model.ranks == [0, 1] and model.has_cuda
+    # ... and the per-function bands and top calls come from the same numbers
+    [f0, f1, f2] = model.functions()
+    assert (f0.rank, f0.calls, f0.bands["cuda alloc peak"].mid) == (0, 1, 512)
+    assert (f1.rank, f1.fn, f1.calls) == (1, "training_step", 3) and f1.bands["rss peak"].hi == 90
+    assert f2.bands["peak - start"].lo == 20 and "cuda alloc peak" not in f2.bands
+    assert [c.label for c in model.top_calls(2, "peak - start")] == ["training_step #2", "validation_step #1"]
+
+
+def test_report_model_takes_a_list_of_rows():
+    from memprofiler.reporters.model import CallRow
+
+    run = RunArtifacts(root=Path("."), stats={})
+    rows = [CallRow(0, "b", 1, rss_peak=5, by_module={"m": 3}), CallRow(0, "a", 2, rss_peak=7)]
+    model = ReportModel(run=run, calls=rows)  # type: ignore[arg-type]
+    assert [c.fn for c in model.calls] == ["a", "b"]
+    assert model.calls[1].by_module == {"m": 3} and model.calls[0].by_module == {}
+    assert model.top_saved_modules() == [("m", 3, "rank 0 b #1")]

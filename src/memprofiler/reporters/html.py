@@ -9,7 +9,7 @@ bands over the calls) with the top calls, so the page stays small and its charts
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from html import escape
 from typing import Any
 
@@ -136,7 +136,6 @@ class HtmlReporter:
         return max(self.top, 20)
 
     def _across_calls_section(self) -> str:
-        get = dict(FIGURES)
         present = [
             (title, fig)
             for title, fig in (
@@ -144,7 +143,7 @@ class HtmlReporter:
                 ("CUDA allocated peak", "cuda alloc peak"),
                 ("CUDA reserved peak", "cuda reserved peak"),
             )
-            if any(get[fig](c) is not None for c in self.model.calls)
+            if self.model.calls.has(fig)
         ]
         if not present:
             return ""
@@ -161,21 +160,20 @@ class HtmlReporter:
             )
             + ". RSS at a call's end is in the table; it never exceeds the call's peak.</p>",
         ]
+        groups = self.model.calls.groups()
         for rank in self.model.ranks:
-            by_fn: dict[str, list[CallRow]] = {}
-            for c in self.model.calls:
-                if c.rank == rank:
-                    by_fn.setdefault(c.fn, []).append(c)
             for title, fig in present:
-                chart = _function_lines(by_fn, get[fig], f"rank {rank}: {title}")
+                lines = [(fn, self.model.calls.points(fig, rows)) for r, fn, rows in groups if r == rank]
+                chart = _function_lines(lines, f"rank {rank}: {title}")
                 if chart:
                     out.append(chart)
         return "\n".join(out)
 
     def _saved_section(self) -> str:
         out = ["<h2 id='saved'>Saved tensors by module</h2>", f"<p class='muted'>{_SAVED_NOTE}</p>"]
+        table_ = self.model.calls
         for rank in self.model.ranks:
-            calls = [c for c in self.model.calls if c.rank == rank and c.by_module]
+            calls = [table_[i] for i in sorted(table_.by_module) if table_.rank[i] == rank]
             if not calls:
                 continue
             worst = max(calls, key=breakdown_rank)
@@ -290,14 +288,13 @@ class HtmlReporter:
         return "\n".join(out)
 
 
-def _function_lines(by_fn: dict[str, list[CallRow]], get: Callable[[CallRow], int | None], title: str) -> str:
-    """One line per function through ``get`` over its calls (binned into bands when long)."""
+def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
+    """One line per function through its call numbers and values (binned into bands when long)."""
     series, bands = [], []
-    for fn, calls in by_fn.items():
-        pts = [(float(c.call), float(v)) for c in calls if (v := get(c)) is not None]
-        if not pts:
+    for fn, (xs, ys) in lines:
+        if not xs:
             continue
-        bins = binned(pts)
+        bins = binned(xs, ys)
         series.append((fn, [(x, band.mid) for x, band in bins]))
         bands.append([(x, band.lo, band.hi) for x, band in bins])
     if not series:

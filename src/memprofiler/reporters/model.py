@@ -5,10 +5,12 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 
 from memprofiler import layout
 from memprofiler.analysis.artifacts import AllocPickle, OomRecord, RunArtifacts
@@ -66,6 +68,178 @@ class CallRow:
         return self.rss_peak - self.rss_start
 
 
+# "No value" in a column (an int64 no byte count reaches).
+_NA = -(2**63)
+#: The figures of :class:`CallRow`, in its field order: one column each in :class:`CallTable`.
+_FIGURE_FIELDS = (
+    "rss_start",
+    "rss_end",
+    "rss_peak",
+    "cuda_allocated_peak",
+    "cuda_reserved_peak",
+    "saved_unique",
+    "saved_packed",
+)
+
+
+class CallTable(Sequence[CallRow]):
+    """Collected calls held column by column, ordered by rank, function and call.
+
+    A call costs 80 bytes of arrays here, where a :class:`CallRow` object with its keys and
+    numbers held about 450 (100,000 calls: 45 MB). Indexing and iterating make a fresh
+    :class:`CallRow` per call; breakdowns are kept only for the calls that have one.
+    """
+
+    def __init__(self) -> None:
+        self.fns: list[str] = []
+        """Function names; :attr:`fn` holds indexes into this list."""
+        self.rank: array[int] = array("q")
+        self.fn: array[int] = array("q")
+        self.call: array[int] = array("q")
+        self.figures: dict[str, array[int]] = {f: array("q") for f in _FIGURE_FIELDS}
+        self.by_module: dict[int, Mapping[str, int]] = {}
+        """Row index -> its per-module saved bytes (rows without one are left out)."""
+        self.fsdp: dict[int, Mapping[str, int]] = {}
+        """Row index -> its tracker peaks (see :attr:`CallRow.fsdp`)."""
+
+    @classmethod
+    def of(cls, rows: Iterable[CallRow]) -> CallTable:
+        """A table of ``rows``, put in rank, function and call order."""
+        t = cls()
+        ix: dict[str, int] = {}
+        for r in rows:
+            i = len(t.call)
+            t.rank.append(r.rank)
+            t.fn.append(ix.setdefault(r.fn, len(ix)))
+            t.call.append(r.call)
+            for f, col in t.figures.items():
+                col.append(_col(getattr(r, f)))
+            if r.by_module:
+                t.by_module[i] = r.by_module
+            if r.fsdp:
+                t.fsdp[i] = r.fsdp
+        t.fns = list(ix)
+        t._sort()
+        return t
+
+    def __len__(self) -> int:
+        return len(self.call)
+
+    @overload
+    def __getitem__(self, i: int) -> CallRow: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[CallRow]: ...
+
+    def __getitem__(self, i: int | slice) -> CallRow | list[CallRow]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self.call)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        vals = [None if (v := col[i]) == _NA else v for col in self.figures.values()]
+        return _row(
+            self.rank[i], self.fns[self.fn[i]], self.call[i], vals, self.by_module.get(i), self.fsdp.get(i)
+        )
+
+    def __iter__(self) -> Iterator[CallRow]:
+        fns, by_module, fsdp = self.fns, self.by_module, self.fsdp
+        cols = zip(self.rank, self.fn, self.call, *self.figures.values(), strict=True)
+        for i, (rank, fn, call, *vals) in enumerate(cols):
+            yield _row(
+                rank, fns[fn], call, [None if v == _NA else v for v in vals], by_module.get(i), fsdp.get(i)
+            )
+
+    def column(self, figure: str, rows: range | None = None) -> array[int]:
+        """One of :data:`FIGURES` by name over ``rows`` (default all): a value per row, ``_NA``
+        where a call lacks it."""
+        lo, hi = (0, len(self.call)) if rows is None else (rows.start, rows.stop)
+        field = _FIGURE_FIELDS_BY_NAME[figure]
+        if field is not None:
+            return self.figures[field][lo:hi]
+        peak, start = self.figures["rss_peak"][lo:hi], self.figures["rss_start"][lo:hi]  # "peak - start"
+        return array("q", (_NA if _NA in (p, s) else p - s for p, s in zip(peak, start, strict=True)))
+
+    def has(self, figure: str) -> bool:
+        """Whether any call has ``figure`` (a :data:`FIGURES` name)."""
+        return any(v != _NA for v in self.column(figure))
+
+    def groups(self) -> list[tuple[int, str, range]]:
+        """``(rank, function, rows)``: each function's calls on each rank, one run of rows each."""
+        out = []
+        rank, fn, lo, n = self.rank, self.fn, 0, len(self.call)
+        while lo < n:
+            hi = lo + 1
+            while hi < n and rank[hi] == rank[lo] and fn[hi] == fn[lo]:
+                hi += 1
+            out.append((rank[lo], self.fns[fn[lo]], range(lo, hi)))
+            lo = hi
+        return out
+
+    def points(self, figure: str, rows: range) -> tuple[array[int], array[int]]:
+        """Call numbers and values of ``figure`` over ``rows``, where a call has it."""
+        col = self.column(figure, rows)
+        calls = self.call[rows.start : rows.stop]
+        xs = array("q", (c for c, v in zip(calls, col, strict=True) if v != _NA))
+        return xs, array("q", (v for v in col if v != _NA))
+
+    def label(self, i: int) -> str:
+        """``rank {rank} {fn} #{call}`` of row ``i``."""
+        return f"rank {self.rank[i]} {self.fns[self.fn[i]]} #{self.call[i]}"
+
+    def _sort(self) -> None:
+        """Put the rows in rank, function name and call order (they are built in file order).
+
+        Rows go into one bucket of indexes per rank and function (8 bytes a row; sorting all
+        rows with a key tuple each held 100 bytes a row at once), in which calls nearly always
+        come in order already.
+        """
+        n = len(self.call)
+        rank, fn, call = self.rank, self.fn, self.call
+        buckets: dict[tuple[int, int], array[int]] = {}
+        for i, group in enumerate(zip(rank, fn, strict=True)):
+            rows = buckets.get(group)
+            if rows is None:
+                rows = buckets[group] = array("q")
+            rows.append(i)
+        order: array[int] = array("q")
+        for group in sorted(buckets, key=lambda g: (g[0], self.fns[g[1]])):
+            rows = buckets.pop(group)
+            if any(call[rows[j]] > call[rows[j + 1]] for j in range(len(rows) - 1)):
+                rows = array("q", sorted(rows, key=call.__getitem__))
+            order.extend(rows)
+        if order == array("q", range(n)):
+            return
+        del rank, fn, call  # one column at a time: the old one goes as its new one is made
+        self.rank = array("q", map(self.rank.__getitem__, order))
+        self.fn = array("q", map(self.fn.__getitem__, order))
+        self.call = array("q", map(self.call.__getitem__, order))
+        for f in self.figures:
+            self.figures[f] = array("q", map(self.figures[f].__getitem__, order))
+        if self.by_module or self.fsdp:
+            new_of = array("q", bytes(8 * n))
+            for new, old in enumerate(order):
+                new_of[old] = new
+            self.by_module = {new_of[i]: m for i, m in self.by_module.items()}
+            self.fsdp = {new_of[i]: m for i, m in self.fsdp.items()}
+
+
+def _row(
+    rank: int,
+    fn: str,
+    call: int,
+    v: list[int | None],
+    by_module: Mapping[str, int] | None,
+    fsdp: Mapping[str, int] | None,
+) -> CallRow:
+    """A :class:`CallRow` of :class:`CallTable` columns (``v``: the figures, in field order)."""
+    return CallRow(
+        rank, fn, call, v[0], v[1], v[2], v[3], v[4], v[5], v[6], by_module or _NONE, fsdp or _NONE
+    )
+
+
 @dataclass
 class SnapshotEntry:
     """An allocator pickle (history or OOM) with its analysis."""
@@ -80,17 +254,22 @@ class ReportModel:
     """What ``memprofiler report`` shows."""
 
     run: RunArtifacts
-    calls: list[CallRow]
+    calls: CallTable
+    """Every collected call (a list of :class:`CallRow` given here is turned into a table)."""
     snapshots: list[SnapshotEntry] = field(default_factory=list)
-    # The terminal and the HTML report both ask; at 100,000 calls each pass costs 0.5 s.
+    # The terminal and the HTML report both ask.
     _functions: list[FunctionStats] | None = field(default=None, init=False, repr=False, compare=False)
     _saved_modules: list[tuple[str, int, str]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.calls, CallTable):
+            self.calls = CallTable.of(self.calls)
+
     @property
     def ranks(self) -> list[int]:
-        return sorted({c.rank for c in self.calls})
+        return sorted(set(self.calls.rank))
 
     @property
     def aggregated(self) -> bool:
@@ -99,7 +278,7 @@ class ReportModel:
 
     @property
     def has_cuda(self) -> bool:
-        return any(c.cuda_allocated_peak is not None or c.cuda_reserved_peak is not None for c in self.calls)
+        return self.calls.has("cuda alloc peak") or self.calls.has("cuda reserved peak")
 
     def functions(self) -> list[FunctionStats]:
         """Per rank and function: how many calls, and min / median / max of each figure."""
@@ -108,19 +287,19 @@ class ReportModel:
         return self._functions
 
     def _function_stats(self) -> list[FunctionStats]:
-        groups: dict[tuple[int, str], list[CallRow]] = {}
-        for c in self.calls:
-            groups.setdefault((c.rank, c.fn), []).append(c)
         out = []
-        for (rank, fn), calls in sorted(groups.items()):
-            figs = {name: Band.of([v for c in calls if (v := get(c)) is not None]) for name, get in FIGURES}
-            out.append(FunctionStats(rank, fn, len(calls), {k: b for k, b in figs.items() if b is not None}))
-        return out
+        for rank, fn, rows in self.calls.groups():
+            bands = {
+                name: Band.of([v for v in self.calls.column(name, rows) if v != _NA]) for name, _ in FIGURES
+            }
+            out.append(FunctionStats(rank, fn, len(rows), {k: b for k, b in bands.items() if b}))
+        return sorted(out, key=lambda f: (f.rank, f.fn))
 
     def top_calls(self, n: int, figure: str = "rss peak") -> list[CallRow]:
         """The ``n`` calls with the largest ``figure`` (a :data:`FIGURES` name), largest first."""
-        get = dict(FIGURES)[figure]
-        return heapq.nlargest(n, (c for c in self.calls if get(c) is not None), key=lambda c: get(c) or 0)
+        col = self.calls.column(figure)
+        best = heapq.nlargest(n, (i for i, v in enumerate(col) if v != _NA), key=col.__getitem__)
+        return [self.calls[i] for i in best]
 
     def top_saved_modules(self, n: int = 10) -> list[tuple[str, int, str]]:
         """``(module, bytes, where)``: each module's largest saved bytes over calls and ranks."""
@@ -129,14 +308,14 @@ class ReportModel:
         return self._saved_modules[:n]
 
     def _saved_module_peaks(self) -> list[tuple[str, int, str]]:
-        best: dict[str, tuple[int, CallRow]] = {}
-        for c in self.calls:
-            for mod, b in c.by_module.items():
+        best: dict[str, tuple[int, int]] = {}
+        for i, by_module in sorted(self.calls.by_module.items()):
+            for mod, b in by_module.items():
                 held = best.get(mod)
                 if held is None or b > held[0]:
-                    best[mod] = (b, c)
+                    best[mod] = (b, i)
         ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))
-        return [(mod, b, f"rank {c.rank} {c.label}") for mod, (b, c) in ranked]
+        return [(mod, b, self.calls.label(i)) for mod, (b, i) in ranked]
 
     def summary_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
         """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first."""
@@ -154,21 +333,25 @@ class ReportModel:
         """Categories, and per call the ``fsdp.*`` peaks merged into its ``end`` snapshot."""
         cats: list[str] = []
         rows = []
-        for c in self.calls:
-            if c.fsdp:
-                cats.extend(k for k in c.fsdp if k not in cats)
-                rows.append((c, c.fsdp))
+        for i, peaks in sorted(self.calls.fsdp.items()):
+            cats.extend(k for k in peaks if k not in cats)
+            rows.append((self.calls[i], peaks))
         return cats, rows
 
 
+# The CallRow field of each figure a report shows: the column it is read from ("peak - start"
+# is computed).
+_FIGURE_FIELDS_BY_NAME: dict[str, str | None] = {
+    "rss peak": "rss_peak",
+    "peak - start": None,
+    "rss end": "rss_end",
+    "cuda alloc peak": "cuda_allocated_peak",
+    "cuda reserved peak": "cuda_reserved_peak",
+    "saved unique": "saved_unique",
+}
 #: The per-call figures a report shows, by name, and how to read each from a call.
 FIGURES: list[tuple[str, Callable[[CallRow], int | None]]] = [
-    ("rss peak", lambda c: c.rss_peak),
-    ("peak - start", lambda c: c.rss_peak_delta),
-    ("rss end", lambda c: c.rss_end),
-    ("cuda alloc peak", lambda c: c.cuda_allocated_peak),
-    ("cuda reserved peak", lambda c: c.cuda_reserved_peak),
-    ("saved unique", lambda c: c.saved_unique),
+    (name, attrgetter(f or "rss_peak_delta")) for name, f in _FIGURE_FIELDS_BY_NAME.items()
 ]
 
 
@@ -198,24 +381,24 @@ class FunctionStats:
     """Figure name (see :data:`FIGURES`) -> its band over the calls that have it."""
 
 
-def binned(points: Sequence[tuple[float, float]], bins: int = CHART_BINS) -> list[tuple[float, Band]]:
-    """``(x, y)`` points in ``bins`` runs of consecutive points: ``(mean x, band of y)`` each.
+def binned(xs: Sequence[float], ys: Sequence[float], bins: int = CHART_BINS) -> list[tuple[float, Band]]:
+    """Points ``(xs[i], ys[i])`` in ``bins`` runs of consecutive points: ``(mean x, band of y)`` each.
 
     Up to ``bins`` points come back one per bin (a band of one value), so a short series is
     drawn as it is.
 
     Example:
-        >>> binned([(0, 1), (1, 3), (2, 2), (3, 5)], bins=2)
+        >>> binned([0, 1, 2, 3], [1, 3, 2, 5], bins=2)
         [(0.5, Band(lo=1.0, mid=2.0, hi=3.0)), (2.5, Band(lo=2.0, mid=3.5, hi=5.0))]
     """
-    n = len(points)
+    n = len(xs)
     size = max(1, math.ceil(n / bins))
     out = []
     for i in range(0, n, size):
-        chunk = points[i : i + size]
-        band = Band.of([y for _, y in chunk])
+        band = Band.of(ys[i : i + size])
         assert band is not None
-        out.append((sum(x for x, _ in chunk) / len(chunk), band))
+        x = xs[i : i + size]
+        out.append((sum(x) / len(x), band))
     return out
 
 
@@ -245,12 +428,12 @@ def breakdown_rank(c: CallRow) -> tuple[int, int]:
 
 @dataclass
 class _Rows:
-    calls: list[CallRow]
+    calls: CallTable
     module_peaks: list[tuple[str, int, str]]
     """``(module, bytes, where)``, largest first: see :meth:`ReportModel.top_saved_modules`."""
 
 
-def call_rows(run: RunArtifacts) -> list[CallRow]:
+def call_rows(run: RunArtifacts) -> CallTable:
     """Merge each call's ``start`` and ``end`` snapshots into one row, ordered by rank, fn, call."""
     return _call_rows(run, bounded=False).calls
 
@@ -263,65 +446,90 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
     that one, and every module's peak is folded in as the rows are built, so 100,000 calls do
     not hold 2M entries.
     """
-    rows: dict[tuple[int, str, int], CallRow] = {}
+    t = CallTable()
+    fn_ix: dict[str, int] = {}
+    index: dict[tuple[int, int, int], int] = {}  # call seen in one phase so far -> its row
+    figs = [t.figures[f] for f in _FIGURE_FIELDS]
+    rss_start = t.figures["rss_start"]
     tracked: dict[tuple[str, ...], bool] = {}  # a snapshot's keys -> whether a tracker peak is among them
-    peaks: dict[str, tuple[int, tuple[int, str, int], CallRow]] = {}  # module -> bytes, row key, row
-    drawn: dict[int, CallRow] = {}  # rank -> its breakdown_rank call so far
+    peaks: dict[str, tuple[int, tuple[int, str, int], int]] = {}  # module -> bytes, (rank, fn, call), row
+    drawn: dict[int, tuple[tuple[int, int], int]] = {}  # rank -> breakdown_rank and row of its drawn call
     broken_down = 0
     for key, m in run.iter_snapshots():
         rank, fn, call, phase = layout.parse_snapshot_key(key)
-        row = rows.get((rank, fn, call))
-        if row is None:
-            row = rows[(rank, fn, call)] = CallRow(rank, fn, call)
+        f = fn_ix.setdefault(fn, len(fn_ix))
+        # A key is written once per file, so a call has one start and one end: its index entry
+        # goes when the second arrives, and only calls still missing one are held.
+        k = (rank, f, call)
+        i = index.pop(k, None)
+        if i is None:
+            i = index[k] = len(t.call)
+            t.rank.append(rank)
+            t.fn.append(f)
+            t.call.append(call)
+            for col in figs:
+                col.append(_NA)
         if phase == "start":
-            row.rss_start = _int(m.get("rss"))
+            rss_start[i] = _col(m.get("rss"))
             continue
-        row.rss_end = _int(m.get("rss"))
-        row.rss_peak = _int(m.get("rss_peak"))
-        row.cuda_allocated_peak = _int(m.get(CUDA_ALLOCATED_PEAK))
-        row.cuda_reserved_peak = _int(m.get(CUDA_RESERVED_PEAK))
-        row.saved_unique = _int(m.get("saved_tensors.unique_bytes"))
-        row.saved_packed = _int(m.get("saved_tensors.packed_bytes"))
+        ends = (
+            m.get("rss"),
+            m.get("rss_peak"),
+            m.get(CUDA_ALLOCATED_PEAK),
+            m.get(CUDA_RESERVED_PEAK),
+            m.get("saved_tensors.unique_bytes"),
+            m.get("saved_tensors.packed_bytes"),
+        )
+        for col, v in zip(figs[1:], ends, strict=True):
+            col[i] = _col(v)
         by_mod = m.get("saved_tensors.by_module")
-        if isinstance(by_mod, Mapping):
-            if set(map(type, by_mod.values())) <= {int} and set(map(type, by_mod)) <= {str}:
-                row.by_module = by_mod  # as loaded: shared, not copied
-            else:
-                row.by_module = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
-        if row.by_module:
+        if isinstance(by_mod, Mapping) and by_mod:
+            if not (set(map(type, by_mod.values())) <= {int} and set(map(type, by_mod)) <= {str}):
+                by_mod = {str(k): int(v) for k, v in by_mod.items() if _int(v) is not None}
+        else:
+            by_mod = None
+        if by_mod:  # as loaded: shared, not copied
+            t.by_module[i] = by_mod
             order = (rank, fn, call)
-            for mod, b in row.by_module.items():
+            for mod, b in by_mod.items():
                 best = peaks.get(mod)
                 if best is None or b > best[0] or (b == best[0] and order < best[1]):
-                    peaks[mod] = (b, order, row)
+                    peaks[mod] = (b, order, i)
             broken_down += 1
+            saved = t.figures["saved_unique"][i]
+            mine = (0 if saved == _NA else saved, -call)
             shown = drawn.get(rank)
-            if shown is None or breakdown_rank(row) > breakdown_rank(shown):
-                drawn[rank], loser = row, (shown if shown is not row else None)
+            if shown is None or mine > shown[0]:
+                drawn[rank], loser = (mine, i), (shown[1] if shown is not None and shown[1] != i else None)
             else:
-                loser = row
+                loser = i
             if bounded and loser is not None and broken_down > PER_CALL_LIMIT:
-                loser.by_module = _NONE  # folded into `peaks`; not the rank's drawn call
+                t.by_module.pop(loser, None)  # folded into `peaks`; not the rank's drawn call
         names = tuple(m)
         tracker = tracked.get(names)
         if tracker is None:
             tracker = tracked[names] = any(k.startswith(_TRACKER_PEAK_PREFIXES) for k in names)
         if tracker:
-            row.fsdp = {
+            t.fsdp[i] = {
                 k.split(".peak.", 1)[1]: int(v)
                 for k, v in m.items()
                 if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
             }
+    del index
     if bounded and broken_down > PER_CALL_LIMIT:  # the rows kept before the limit was passed, too
-        keep = {id(r) for r in drawn.values()}
-        for row in rows.values():
-            if row.by_module and id(row) not in keep:
-                row.by_module = _NONE
+        keep = {i for _, i in drawn.values()}
+        t.by_module = {i: b for i, b in t.by_module.items() if i in keep}
+    t.fns = list(fn_ix)
     ranked = sorted(peaks.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    return _Rows(
-        [rows[k] for k in sorted(rows)],
-        [(mod, b, f"rank {r.rank} {r.label}") for mod, (b, _, r) in ranked],
-    )
+    where = [(mod, b, t.label(i)) for mod, (b, _, i) in ranked]
+    t._sort()
+    return _Rows(t, where)
+
+
+def _col(v: Any) -> int:
+    """A snapshot value as a column entry: its byte count, or ``_NA``."""
+    i = _int(v)
+    return _NA if i is None or not -(2**63) < i < 2**63 else i
 
 
 def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:

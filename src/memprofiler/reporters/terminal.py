@@ -80,7 +80,7 @@ class TerminalReporter:
         n = self.top
         self._calls(console, self.model.top_calls(n), f"Top {n} calls by rss peak")
 
-    def _calls(self, console: Console, calls: list[CallRow] | None = None, title: str = "") -> None:
+    def _calls(self, console: Console, calls: Sequence[CallRow] | None = None, title: str = "") -> None:
         calls = self.model.calls if calls is None else calls
         if not calls:
             console.print("no collected calls in the per-rank stats")

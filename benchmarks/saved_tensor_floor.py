@@ -16,7 +16,12 @@ one shared model per depth:
   ``attrgetter``: the floor of the collector's present design (it detaches only an output
   saved by its own node);
 * ``collector``: :class:`memprofiler.collectors.saved_tensors.SavedTensorsCollector` around
-  the forward, with per-module attribution, as a collected call runs it.
+  the forward, with per-module attribution, as a collected call runs it;
+* ``collector_no_walk``: the same collector with its stack walk to the running module replaced
+  by a constant label: what attribution costs is the difference.
+
+Besides the step, the forward alone is timed (``median_forward_cpu_ms``): the pack hooks run
+there, the unpack in backward.
 
 Prints one JSON object: median main-thread CPU time per step and ratios to ``baseline``.
 Run as ``MALLOC_ARENA_MAX=1 python benchmarks/saved_tensor_floor.py [--out FILE]``.
@@ -38,9 +43,23 @@ from _emit import emit
 from overhead import ResMLP
 from scaling import _saved_count, width_for
 
+from memprofiler.collectors.module_tracker import OUTSIDE_NAME
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
 
-VARIANTS = ("baseline", "baseline_again", "identity_hooks", "detach_hooks", "holder_hooks", "collector")
+VARIANTS = (
+    "baseline",
+    "baseline_again",
+    "identity_hooks",
+    "detach_hooks",
+    "holder_hooks",
+    "collector",
+    "collector_no_walk",
+)
+
+
+class _NoWalk(SavedTensorsCollector):
+    def _owner(self, frame: Any) -> str:
+        return OUTSIDE_NAME
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -63,13 +82,14 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
     model = ResMLP(width, depth)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width)
-    coll = SavedTensorsCollector()
+    colls = {"collector": SavedTensorsCollector(), "collector_no_walk": _NoWalk()}
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
 
     def forward(name: str) -> torch.Tensor:
         if name in ("baseline", "baseline_again"):
             return model(x).pow(2).mean()
-        if name == "collector":
+        if name in colls:
+            coll = colls[name]
             coll.start(ctx)
             try:
                 return model(x).pow(2).mean()
@@ -83,15 +103,19 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
             return model(x).pow(2).mean()
 
     times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    fwd: dict[str, list[float]] = {k: [] for k in VARIANTS}
     rng = random.Random(depth)
     for r in range(warmup + rounds):
         for name in rng.sample(VARIANTS, len(VARIANTS)):
             c0 = time.thread_time()
-            forward(name).backward()
+            loss = forward(name)
+            c1 = time.thread_time()
+            loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             if r >= warmup:
                 times[name].append(time.thread_time() - c0)
+                fwd[name].append(c1 - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "blocks": depth,
@@ -100,6 +124,7 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
         "saved_tensors_per_call": _saved_count(model, batch, width),
         "timed_steps_per_variant": rounds,
         "median_step_cpu_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+        "median_forward_cpu_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in fwd.items()},
         "ratio": {k: round(v / med["baseline"], 4) for k, v in med.items() if k != "baseline"},
         "collector_us_per_saved_tensor_over_holder_hooks": round(
             (med["collector"] - med["holder_hooks"]) * 1e6 / _saved_count(model, batch, width), 2

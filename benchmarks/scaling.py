@@ -185,20 +185,25 @@ def trainer(
             cfg = INSIDE if name == "inside_window" else OUTSIDE
             callbacks.append(MemProfilerCallback({**cfg, "save_dir": str(tmp / f"fit{fits['n']}")}))
         fits["n"] += 1
-        pl.Trainer(
-            default_root_dir=tmp,
-            max_steps=steps + skip + 1,
-            callbacks=callbacks,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            accelerator="cpu",
-            devices=1,
-        ).fit(module, data)
+        _trainer(tmp, steps + skip + 1, callbacks).fit(module, data)
         return timer.times
 
     return _ratios(_interleave(rounds, run, seed=depth))
+
+
+def _trainer(tmp: Path, max_steps: int, callbacks: list[pl.Callback]) -> pl.Trainer:
+    """A CPU Trainer with nothing of its own that writes or prints (loggers, checkpoints, bars)."""
+    return pl.Trainer(
+        default_root_dir=tmp,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+    )
 
 
 class _Switch(pl.Callback):
@@ -257,17 +262,7 @@ def trainer_paired(depth: int, width: int, batch: int, steps: int, warmup: int, 
         def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             profs["inside_window"] = inside.profiler
 
-    pl.Trainer(
-        default_root_dir=tmp,
-        max_steps=total,
-        callbacks=[inside, _Inside(), switch],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-    ).fit(module, data)
+    _trainer(tmp, total, [inside, _Inside(), switch]).fit(module, data)
     outside.teardown()
     out = _ratios([switch.times])
     out["extra_ms_cpu"] = round(

@@ -108,12 +108,9 @@ class CallTable(Sequence[CallRow]):
         t = cls()
         ix: dict[str, int] = {}
         for r in rows:
-            i = len(t.call)
-            t.rank.append(r.rank)
-            t.fn.append(ix.setdefault(r.fn, len(ix)))
-            t.call.append(r.call)
+            i = t._add(r.rank, ix.setdefault(r.fn, len(ix)), r.call)
             for f, col in t.figures.items():
-                col.append(_col(getattr(r, f)))
+                col[i] = _col(getattr(r, f))
             if r.by_module:
                 t.by_module[i] = r.by_module
             if r.fsdp:
@@ -124,6 +121,15 @@ class CallTable(Sequence[CallRow]):
 
     def __len__(self) -> int:
         return len(self.call)
+
+    def _add(self, rank: int, fn: int, call: int) -> int:
+        """Append a call with no figures yet (``fn``: an index into :attr:`fns`); its row index."""
+        self.rank.append(rank)
+        self.fn.append(fn)
+        self.call.append(call)
+        for col in self.figures.values():
+            col.append(_NA)
+        return len(self.call) - 1
 
     @overload
     def __getitem__(self, i: int) -> CallRow: ...
@@ -293,7 +299,7 @@ class ReportModel:
                 name: Band.of([v for v in self.calls.column(name, rows) if v != _NA]) for name, _ in FIGURES
             }
             out.append(FunctionStats(rank, fn, len(rows), {k: b for k, b in bands.items() if b}))
-        return sorted(out, key=lambda f: (f.rank, f.fn))
+        return out  # the table's groups come in rank and function order
 
     def top_calls(self, n: int, figure: str = "rss peak") -> list[CallRow]:
         """The ``n`` calls with the largest ``figure`` (a :data:`FIGURES` name), largest first."""
@@ -423,7 +429,11 @@ def _int(v: Any) -> int | None:
 def breakdown_rank(c: CallRow) -> tuple[int, int]:
     """Which call of a rank the report draws the per-module breakdown of: the largest
     ``saved_unique``, the earliest of equals (the largest of these keys)."""
-    return (c.saved_unique or 0, -c.call)
+    return _breakdown_key(c.saved_unique, c.call)
+
+
+def _breakdown_key(saved_unique: int | None, call: int) -> tuple[int, int]:
+    return (saved_unique or 0, -call)
 
 
 @dataclass
@@ -463,12 +473,7 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
         k = (rank, f, call)
         i = index.pop(k, None)
         if i is None:
-            i = index[k] = len(t.call)
-            t.rank.append(rank)
-            t.fn.append(f)
-            t.call.append(call)
-            for col in figs:
-                col.append(_NA)
+            i = index[k] = t._add(rank, f, call)
         if phase == "start":
             rss_start[i] = _col(m.get("rss"))
             continue
@@ -497,7 +502,7 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
                     peaks[mod] = (b, order, i)
             broken_down += 1
             saved = t.figures["saved_unique"][i]
-            mine = (0 if saved == _NA else saved, -call)
+            mine = _breakdown_key(None if saved == _NA else saved, call)
             shown = drawn.get(rank)
             if shown is None or mine > shown[0]:
                 drawn[rank], loser = (mine, i), (shown[1] if shown is not None and shown[1] != i else None)

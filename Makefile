@@ -18,11 +18,14 @@ $(VENV)/.torch: | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch
+# setup.py builds the one C extension (the saved-tensor pack hook) in place.
+PACKER := setup.py src/memprofiler/_packer.c
+
+$(VENV)/.installed: pyproject.toml $(PACKER) $(VENV)/.torch
 	$(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(VENV)/.torch
+$(VENV)/.installed-dev: pyproject.toml $(PACKER) $(VENV)/.torch
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
@@ -50,7 +53,7 @@ bench: install
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info lightning_logs
+	rm -rf $(VENV) build *.egg-info src/*.egg-info lightning_logs src/memprofiler/*.so
 
 .PHONY: bench-snapshot
 bench-snapshot: install

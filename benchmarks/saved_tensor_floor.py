@@ -17,7 +17,9 @@ one shared model per depth:
   saved by its own node);
 * ``collector``: :class:`memprofiler.collectors.saved_tensors.SavedTensorsCollector` around
   the forward, with per-module attribution, as a collected call runs it;
-* ``collector_no_walk``: the same collector with its stack walk to the running module replaced
+* ``collector_python``: the same collector with its pure-Python pack hook (what runs where
+  ``memprofiler._packer`` could not be compiled, and what ``collector`` ran before it existed);
+* ``collector_no_walk``: the Python collector with its stack walk to the running module replaced
   by a constant label: what attribution costs is the difference.
 
 Besides the step, the forward alone is timed (``median_forward_cpu_ms``): the pack hooks run
@@ -53,6 +55,7 @@ VARIANTS = (
     "detach_hooks",
     "holder_hooks",
     "collector",
+    "collector_python",
     "collector_no_walk",
 )
 
@@ -82,7 +85,11 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
     model = ResMLP(width, depth)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width)
-    colls = {"collector": SavedTensorsCollector(), "collector_no_walk": _NoWalk()}
+    colls = {
+        "collector": SavedTensorsCollector(),
+        "collector_python": SavedTensorsCollector(compiled=False),
+        "collector_no_walk": _NoWalk(compiled=False),
+    }
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
 
     def forward(name: str) -> torch.Tensor:
@@ -117,6 +124,7 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
                 times[name].append(time.thread_time() - c0)
                 fwd[name].append(c1 - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    p10 = {k: statistics.quantiles(v, n=10)[0] for k, v in times.items()}
     return {
         "blocks": depth,
         "width": width,
@@ -126,6 +134,8 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
         "median_step_cpu_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "median_forward_cpu_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in fwd.items()},
         "ratio": {k: round(v / med["baseline"], 4) for k, v in med.items() if k != "baseline"},
+        # The 10th percentile: steps a busy host slowed least (this VM's steal time moves medians).
+        "ratio_p10": {k: round(v / p10["baseline"], 4) for k, v in p10.items() if k != "baseline"},
         "collector_us_per_saved_tensor_over_holder_hooks": round(
             (med["collector"] - med["holder_hooks"]) * 1e6 / _saved_count(model, batch, width), 2
         ),

@@ -112,6 +112,18 @@ def save_dir(tmp_path: Path) -> Path:
     return tmp_path / "memprofiler"
 
 
+@pytest.fixture(params=["compiled", "python"])
+def packer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the compiled saved-tensor pack hook and again with the Python one."""
+    from memprofiler.collectors import saved_tensors
+
+    if request.param == "python":
+        monkeypatch.setattr(saved_tensors, "_CPacker", None)
+    elif saved_tensors._CPacker is None:
+        pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
+    return str(request.param)
+
+
 # Session fixtures with real run directories, for the command and report tests.
 from run_fixtures import full_run, real_runs  # noqa: E402
 from s3_server import s3_bucket, s3_server  # noqa: E402

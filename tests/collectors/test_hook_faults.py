@@ -14,6 +14,9 @@ from memprofiler.collectors import module_hooks, saved_tensors
 from memprofiler.collectors.module_hooks import HookState
 from memprofiler.core.warn import MemProfilerWarning
 
+# Each test runs with the compiled pack hook and with the Python one.
+pytestmark = pytest.mark.usefixtures("packer")
+
 F32 = 4
 STEPS = 3
 # TinyMLP: net.0 saves the batch, net.1 (ReLU) its output (saved again by net.2, one storage),

@@ -19,6 +19,9 @@ from memprofiler import MemProfiler
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import Block
 
+# Each test runs with the compiled pack hook and with the Python one.
+pytestmark = pytest.mark.usefixtures("packer")
+
 F32 = 4
 
 

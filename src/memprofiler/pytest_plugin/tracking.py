@@ -32,7 +32,8 @@ class BodySavedTensors(SavedTensorsCollector):
     """
 
     def __init__(self, track_alive: bool = False) -> None:
-        super().__init__()
+        # The Python pack hook: the leak check reads its per-storage lists (owner first).
+        super().__init__(compiled=False)
         self._track = track_alive
         #: (holder, storage key, storage bytes, module that saved it) per saved activation.
         self.saved: list[tuple[weakref.ref[Any], int, int, str]] = []
@@ -70,7 +71,7 @@ class BodySavedTensors(SavedTensorsCollector):
             except (RuntimeError, NotImplementedError, TypeError):
                 return out
             key = st._cdata
-            held = self._held.get(key)
+            held = self._p.held.get(key)
             if held is not None:  # an activation the counter counted, not a view of a weight
                 self.saved.append((weakref.ref(out), key, st.nbytes(), held[0]))
         return out

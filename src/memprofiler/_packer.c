@@ -1,0 +1,694 @@
+/* The saved-tensor pack hook of `memprofiler.collectors.saved_tensors`, compiled.
+ *
+ * `Packer.pack` takes the steps `saved_tensors._PyPacker.pack` takes, and `Packer.still_held`
+ * gives what `_PyPacker.still_held` gives: the collector reads either the same way. It runs
+ * once per tensor autograd saves inside a collected call; written in C it pays no interpreter
+ * frame, and the unpack hook (`Holder.t`, read by a C `attrgetter`) none in backward.
+ *
+ * Where the Python packer keeps a weak reference per holder (with a death callback) in a list
+ * per storage, this one keeps per storage an `Entry` with a count of live holders and the save
+ * number of the last death, which each `Holder` updates as it is freed while the call is open.
+ * Nothing it makes per saved tensor is tracked by the cyclic garbage collector: thousands of
+ * tracked objects living through a call would make the collector scan and promote them again
+ * and again (measured: a third of the Python packer's cost at 1,002 modules).
+ *
+ * A tensor subclass (DTensor) gets its storage from the Python `storage_of(t)`; an unexpected
+ * exception goes to `on_fault(err)` and switches the packer off; the tensor is still saved.
+ * Built by setup.py as an optional extension: without a compiler the Python packer runs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+/* ---- Clock: the save count of the call, and whether the call is still open ---- */
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;
+    int open;
+} Clock;
+
+static PyTypeObject ClockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memprofiler._packer.Clock",
+    .tp_basicsize = sizeof(Clock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
+
+/* ---- Entry: one storage saved in the call ---- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *owner; /* label of the module that saved it first (a str: no cycle) */
+    long long nbytes;
+    Py_ssize_t alive;      /* holders of it still alive */
+    Py_ssize_t last_death; /* save count when a holder of it last died in the call, or -1 */
+} Entry;
+
+static void Entry_dealloc(Entry *self) {
+    Py_CLEAR(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Entry_members[] = {
+    {"owner", T_OBJECT_EX, offsetof(Entry, owner), READONLY, "label of the module that saved it"},
+    {"nbytes", T_LONGLONG, offsetof(Entry, nbytes), READONLY, "storage bytes"},
+    {"alive", T_PYSSIZET, offsetof(Entry, alive), READONLY, "holders of it still alive"},
+    {"last_death", T_PYSSIZET, offsetof(Entry, last_death), READONLY, "saves when a holder last died"},
+    {NULL},
+};
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memprofiler._packer.Entry",
+    .tp_doc = "One storage saved in the call.",
+    .tp_basicsize = sizeof(Entry),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Entry_dealloc,
+    .tp_members = Entry_members,
+};
+
+/* ---- Holder: what the graph stores for one saved tensor; only the graph references it ---- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *t;
+    PyObject *weakreflist;
+    Entry *entry; /* the storage it counts for, or NULL */
+    Clock *clock; /* set with entry */
+} Holder;
+
+static void Holder_dealloc(Holder *self) {
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    if (self->entry != NULL) {
+        if (self->clock->open) {
+            self->entry->alive--;
+            self->entry->last_death = self->clock->count;
+        }
+        Py_CLEAR(self->entry);
+        Py_CLEAR(self->clock);
+    }
+    Py_CLEAR(self->t);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Holder_members[] = {
+    {"t", T_OBJECT_EX, offsetof(Holder, t), READONLY, "the saved tensor"},
+    {NULL},
+};
+
+static PyTypeObject HolderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memprofiler._packer.Holder",
+    .tp_doc = "What the autograd graph stores for one saved tensor.",
+    .tp_basicsize = sizeof(Holder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Holder_dealloc,
+    .tp_members = Holder_members,
+    .tp_weaklistoffset = offsetof(Holder, weakreflist),
+};
+
+/* A new holder of `t` (a new reference taken on `t`).
+ *
+ * Holders are not tracked by the cyclic garbage collector. Only an autograd node references a
+ * holder, from C++, where the collector cannot follow anyway; the one cycle a holder could
+ * close (an output saved by its own node) is broken by detaching that output. */
+static Holder *holder_of(PyObject *t) {
+    Holder *h = PyObject_New(Holder, &HolderType);
+    if (h == NULL)
+        return NULL;
+    Py_INCREF(t);
+    h->t = t;
+    h->weakreflist = NULL;
+    h->entry = NULL;
+    h->clock = NULL;
+    return h;
+}
+
+/* Count `h` as a live holder of `e`. */
+static void attach(Holder *h, Entry *e, Clock *clock) {
+    Py_INCREF(e);
+    h->entry = e;
+    Py_INCREF(clock);
+    h->clock = clock;
+    e->alive++;
+}
+
+/* ---- Packer ---- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *held;        /* dict: storage key -> Entry */
+    PyObject *excluded;    /* dict: storage key -> parameter or buffer */
+    PyObject *labels;      /* dict: id(module) -> label (the C stack walk) */
+    PyObject *owner;       /* None, or a callable(frame) -> label used instead of the walk */
+    PyObject *storage_of;  /* callable(t) -> storage or None, for tensor subclasses */
+    PyObject *on_fault;    /* callable(err) */
+    PyObject *next_nr;     /* callable() -> sequence number of the next autograd node */
+    PyObject *tensor_type; /* torch.Tensor */
+    PyObject *param_type;  /* torch.nn.Parameter */
+    PyObject *call_code;   /* nn.Module._wrapped_call_impl.__code__ */
+    PyObject *last_owner;
+    PyObject *outside; /* the label of a save outside any module */
+    Clock *clock;      /* the save count and whether the call is open (shared with holders) */
+    long long packed_bytes;
+    long long last_nr;
+} Packer;
+
+static PyObject *s_untyped_storage, *s_cdata, *s_grad_fn, *s_sequence_nr, *s_detach, *s_nbytes,
+    *s_data_ptr, *s_base, *s_f_locals, *s_self;
+
+static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
+    Py_VISIT(self->held);
+    Py_VISIT(self->excluded);
+    Py_VISIT(self->labels);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->storage_of);
+    Py_VISIT(self->on_fault);
+    Py_VISIT(self->next_nr);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->param_type);
+    Py_VISIT(self->call_code);
+    Py_VISIT(self->last_owner);
+    Py_VISIT(self->outside);
+    return 0;
+}
+
+static int Packer_clear(Packer *self) {
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->excluded);
+    Py_CLEAR(self->labels);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->storage_of);
+    Py_CLEAR(self->on_fault);
+    Py_CLEAR(self->next_nr);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->param_type);
+    Py_CLEAR(self->call_code);
+    Py_CLEAR(self->last_owner);
+    Py_CLEAR(self->outside);
+    return 0;
+}
+
+static void Packer_dealloc(Packer *self) {
+    PyObject_GC_UnTrack(self);
+    Packer_clear(self);
+    if (self->clock != NULL)
+        self->clock->open = 0; /* holders that outlive the packer stop counting */
+    Py_CLEAR(self->clock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+#define SET_NEW(field, value)                                                                                \
+    do {                                                                                                     \
+        Py_INCREF(value);                                                                                    \
+        Py_XSETREF(self->field, value);                                                                      \
+    } while (0)
+
+static int Packer_init(Packer *self, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"storage_of", "on_fault", "next_nr", "tensor_type", "param_type", "call_code",
+                         "outside", NULL};
+    PyObject *storage_of, *on_fault, *next_nr, *tensor_type, *param_type, *call_code, *outside;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOU", kw, &storage_of, &on_fault, &next_nr, &tensor_type,
+                                     &param_type, &call_code, &outside))
+        return -1;
+    if (!PyType_Check(tensor_type) || !PyType_Check(param_type)) {
+        PyErr_SetString(PyExc_TypeError, "tensor_type and param_type must be types");
+        return -1;
+    }
+    PyObject *held = PyDict_New(), *excluded = PyDict_New(), *labels = PyDict_New();
+    Clock *clock = PyObject_New(Clock, &ClockType);
+    if (held == NULL || excluded == NULL || labels == NULL || clock == NULL) {
+        Py_XDECREF(held);
+        Py_XDECREF(excluded);
+        Py_XDECREF(labels);
+        Py_XDECREF(clock);
+        return -1;
+    }
+    clock->count = 0;
+    clock->open = 1;
+    Py_XSETREF(self->held, held);
+    Py_XSETREF(self->excluded, excluded);
+    Py_XSETREF(self->labels, labels);
+    if (self->clock != NULL)
+        self->clock->open = 0;
+    Py_XSETREF(self->clock, clock);
+    SET_NEW(owner, Py_None);
+    SET_NEW(storage_of, storage_of);
+    SET_NEW(on_fault, on_fault);
+    SET_NEW(next_nr, next_nr);
+    SET_NEW(tensor_type, tensor_type);
+    SET_NEW(param_type, param_type);
+    SET_NEW(call_code, call_code);
+    SET_NEW(outside, outside);
+    SET_NEW(last_owner, outside);
+    self->packed_bytes = 0;
+    self->last_nr = -1;
+    return 0;
+}
+
+/* `obj.name()` as a C long long; -1 with an exception set on failure. */
+static long long call_ll(PyObject *obj, PyObject *name) {
+    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+    if (r == NULL)
+        return -1;
+    long long v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return v;
+}
+
+/* Label of the innermost module of `labels` whose `__call__` is on the stack (new reference). */
+static PyObject *running_module(Packer *self) {
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    if (frame == NULL) {
+        Py_INCREF(self->outside);
+        return self->outside;
+    }
+    Py_INCREF(frame);
+    if (self->owner != Py_None) {
+        PyObject *label = PyObject_CallOneArg(self->owner, (PyObject *)frame);
+        Py_DECREF(frame);
+        return label;
+    }
+    while (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        int is_call = (PyObject *)code == self->call_code;
+        Py_DECREF(code);
+        if (is_call) {
+            PyObject *locals = PyObject_GetAttr((PyObject *)frame, s_f_locals);
+            if (locals == NULL) {
+                Py_DECREF(frame);
+                return NULL;
+            }
+            PyObject *module = PyObject_GetItem(locals, s_self);
+            Py_DECREF(locals);
+            if (module == NULL) {
+                if (!PyErr_ExceptionMatches(PyExc_KeyError)) {
+                    Py_DECREF(frame);
+                    return NULL;
+                }
+                PyErr_Clear();
+            } else {
+                PyObject *key = PyLong_FromVoidPtr(module);
+                Py_DECREF(module);
+                if (key == NULL) {
+                    Py_DECREF(frame);
+                    return NULL;
+                }
+                PyObject *label = PyDict_GetItemWithError(self->labels, key); /* borrowed */
+                Py_DECREF(key);
+                if (label != NULL) {
+                    Py_INCREF(label);
+                    Py_DECREF(frame);
+                    return label;
+                }
+                if (PyErr_Occurred()) {
+                    Py_DECREF(frame);
+                    return NULL;
+                }
+            }
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_INCREF(self->outside);
+    return self->outside;
+}
+
+/* Whether the state Python may have replaced or deleted is still what the C code reads. */
+static int state_ok(Packer *self) {
+    if (self->held == NULL || self->excluded == NULL || self->labels == NULL || !PyDict_CheckExact(self->held) ||
+        !PyDict_CheckExact(self->excluded) || !PyDict_CheckExact(self->labels) || self->owner == NULL ||
+        self->storage_of == NULL || self->on_fault == NULL || self->next_nr == NULL || self->last_owner == NULL) {
+        PyErr_SetString(PyExc_TypeError, "packer state was replaced by something other than dicts");
+        return 0;
+    }
+    return 1;
+}
+
+/* The entry of `key` (borrowed) if some holder of it is alive, else NULL; -1 on error. */
+static int live_entry(Packer *self, PyObject *key, Entry **out) {
+    PyObject *e = PyDict_GetItemWithError(self->held, key); /* borrowed */
+    *out = NULL;
+    if (e == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (Py_TYPE(e) != &EntryType) {
+        PyErr_SetString(PyExc_TypeError, "packer.held holds something other than entries");
+        return -1;
+    }
+    if (((Entry *)e)->alive > 0)
+        *out = (Entry *)e;
+    return 1;
+}
+
+/* Attribute a new storage to the running module and count `h` for it (node `nr`). */
+static int new_entry(Packer *self, PyObject *key, long long n, long long nr, Holder *h) {
+    if (nr != self->last_nr) {
+        /* the saves of one node (one op call: LayerNorm's input, mean and rstd) share one walk */
+        PyObject *label = running_module(self);
+        if (label == NULL)
+            return -1;
+        Py_SETREF(self->last_owner, label);
+        self->last_nr = nr;
+    }
+    Entry *e = PyObject_New(Entry, &EntryType);
+    if (e == NULL)
+        return -1;
+    Py_INCREF(self->last_owner);
+    e->owner = self->last_owner;
+    e->nbytes = n;
+    e->alive = 0;
+    e->last_death = -1;
+    int set = PyDict_SetItem(self->held, key, (PyObject *)e);
+    if (set == 0)
+        attach(h, e, self->clock);
+    Py_DECREF(e);
+    return set;
+}
+
+static long long next_node_nr(Packer *self) {
+    PyObject *r = PyObject_CallNoArgs(self->next_nr);
+    if (r == NULL)
+        return -1;
+    long long v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return v;
+}
+
+static Holder *holder_of_detached(PyObject *t) {
+    PyObject *d = PyObject_CallMethodNoArgs(t, s_detach);
+    if (d == NULL)
+        return NULL;
+    Holder *h = holder_of(d);
+    Py_DECREF(d);
+    return h;
+}
+
+/* A tensor subclass (DTensor shards): its storage through `storage_of` (`to_local`). */
+static Holder *pack_subclass(Packer *self, PyObject *t) {
+    PyObject *st = NULL, *key = NULL;
+    Holder *h = holder_of_detached(t), *result = NULL;
+    if (h == NULL)
+        return NULL;
+    st = PyObject_CallOneArg(self->storage_of, t);
+    if (st == NULL)
+        goto done;
+    if (st == Py_None) {
+        result = h;
+        goto done;
+    }
+    key = PyObject_GetAttr(st, s_cdata);
+    if (key == NULL)
+        goto done;
+    long long n = call_ll(st, s_nbytes);
+    if (n == -1 && PyErr_Occurred())
+        goto done;
+    self->packed_bytes += n;
+    int excluded = PyDict_Contains(self->excluded, key);
+    if (excluded < 0)
+        goto done;
+    if (!excluded) {
+        Entry *e;
+        if (live_entry(self, key, &e) < 0)
+            goto done;
+        if (e != NULL) {
+            attach(h, e, self->clock);
+        } else {
+            long long nr = next_node_nr(self);
+            if ((nr == -1 && PyErr_Occurred()) || new_entry(self, key, n, nr, h) < 0)
+                goto done;
+        }
+    }
+    result = h;
+done:
+    Py_XDECREF(st);
+    Py_XDECREF(key);
+    if (result == NULL)
+        Py_XDECREF(h);
+    return result;
+}
+
+/* The fast path; NULL with an exception set where the caller reports a fault. */
+static Holder *pack_fast(Packer *self, PyObject *t) {
+    PyObject *st = NULL, *key = NULL, *g = NULL;
+    Holder *h = NULL, *result = NULL;
+    if (!state_ok(self))
+        return NULL;
+    self->clock->count++;
+    if (Py_TYPE(t) != (PyTypeObject *)self->tensor_type) {
+        int param = PyObject_IsInstance(t, self->param_type);
+        if (param < 0)
+            return NULL;
+        if (param) /* a leaf: resident anyway, and no cycle */
+            return holder_of(t);
+        return pack_subclass(self, t);
+    }
+    st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    if (st == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) && !PyErr_ExceptionMatches(PyExc_NotImplementedError) &&
+            !PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear(); /* no storage (sparse, nested): saved detached, counted as nothing */
+        return holder_of_detached(t);
+    }
+    key = PyObject_GetAttr(st, s_cdata);
+    if (key == NULL)
+        goto done;
+    Entry *live;
+    int known = live_entry(self, key, &live);
+    if (known < 0)
+        goto done;
+    if (!known) {
+        int excluded = PyDict_Contains(self->excluded, key);
+        if (excluded < 0)
+            goto done;
+        if (excluded) {
+            /* a parameter or buffer, or a view of one: resident anyway, made before the node */
+            long long n = call_ll(st, s_nbytes);
+            if (n == -1 && PyErr_Occurred())
+                goto done;
+            self->packed_bytes += n;
+            result = holder_of(t);
+            goto done;
+        }
+    }
+    long long nr = next_node_nr(self);
+    if (nr == -1 && PyErr_Occurred())
+        goto done;
+    g = PyObject_GetAttr(t, s_grad_fn);
+    if (g == NULL)
+        goto done;
+    int own = 0;
+    if (g != Py_None) {
+        long long g_nr = call_ll(g, s_sequence_nr);
+        if (g_nr == -1 && PyErr_Occurred())
+            goto done;
+        own = g_nr == nr - 1;
+    }
+    /* an output saved by its own node is detached, as autograd detaches it (no cycle) */
+    h = own ? holder_of_detached(t) : holder_of(t);
+    if (h == NULL)
+        goto done;
+    if (live != NULL) {
+        /* the same live storage again (a ReLU output the next Linear saves too); the lookup
+           above ran no Python code that could drop the entry since */
+        Entry *again;
+        if (live_entry(self, key, &again) < 0)
+            goto done;
+        if (again != NULL) {
+            self->packed_bytes += again->nbytes;
+            attach(h, again, self->clock);
+            result = h;
+            h = NULL;
+            goto done;
+        }
+    }
+    long long n = call_ll(st, s_nbytes);
+    if (n == -1 && PyErr_Occurred())
+        goto done;
+    long long ptr = n ? call_ll(st, s_data_ptr) : 0;
+    if (ptr == -1 && PyErr_Occurred())
+        goto done;
+    if (ptr == 0) { /* empty, or on the meta device: no bytes */
+        result = h;
+        h = NULL;
+        goto done;
+    }
+    self->packed_bytes += n;
+    PyObject *base = PyObject_GetAttr(t, s_base);
+    if (base == NULL)
+        goto done;
+    int param_view = 0;
+    if (base != Py_None && Py_TYPE(base) != (PyTypeObject *)self->tensor_type)
+        param_view = PyObject_IsInstance(base, self->param_type);
+    Py_DECREF(base);
+    if (param_view < 0)
+        goto done;
+    /* a view of a parameter the model does not list (no model given) is not counted */
+    if (!param_view && new_entry(self, key, n, nr, h) < 0)
+        goto done;
+    result = h;
+    h = NULL;
+done:
+    Py_XDECREF(st);
+    Py_XDECREF(key);
+    Py_XDECREF(g);
+    Py_XDECREF(h);
+    return result;
+}
+
+static PyObject *Packer_pack(Packer *self, PyObject *t) {
+    if (self->clock->open) {
+        Holder *h = pack_fast(self, t);
+        if (h != NULL || !PyErr_ExceptionMatches(PyExc_Exception))
+            return (PyObject *)h;
+        /* a fault: switch off, report it, and save the tensor all the same */
+        self->clock->open = 0;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL && value != NULL)
+            PyException_SetTraceback(value, tb);
+        PyObject *r = PyObject_CallOneArg(self->on_fault, value != NULL ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    return (PyObject *)holder_of_detached(t);
+}
+
+static PyObject *Packer_still_held(Packer *self, PyObject *unused) {
+    if (!state_ok(self))
+        return NULL;
+    PyObject *by_module = PyDict_New();
+    if (by_module == NULL)
+        return NULL;
+    long long unique = 0;
+    Py_ssize_t pos = 0, last = self->clock->count;
+    PyObject *key, *value;
+    while (PyDict_Next(self->held, &pos, &key, &value)) {
+        if (Py_TYPE(value) != &EntryType)
+            continue;
+        Entry *e = (Entry *)value;
+        /* alive now (the graph the call ends with), or let go after the call's last save */
+        if (e->alive <= 0 && e->last_death < last)
+            continue;
+        unique += e->nbytes;
+        PyObject *prev = PyDict_GetItemWithError(by_module, e->owner); /* borrowed */
+        if (prev == NULL && PyErr_Occurred())
+            goto fail;
+        long long sum = e->nbytes + (prev == NULL ? 0 : PyLong_AsLongLong(prev));
+        if (sum == -1 && PyErr_Occurred())
+            goto fail;
+        PyObject *total = PyLong_FromLongLong(sum);
+        if (total == NULL)
+            goto fail;
+        int set = PyDict_SetItem(by_module, e->owner, total);
+        Py_DECREF(total);
+        if (set < 0)
+            goto fail;
+    }
+    return Py_BuildValue("(LN)", unique, by_module);
+fail:
+    Py_DECREF(by_module);
+    return NULL;
+}
+
+static PyMethodDef Packer_methods[] = {
+    {"pack", (PyCFunction)Packer_pack, METH_O, "The saved-tensor pack hook: a holder of `t`."},
+    {"still_held", (PyCFunction)Packer_still_held, METH_NOARGS,
+     "(bytes, bytes by module) of the storages still held at the call's last save."},
+    {NULL},
+};
+
+static PyObject *Packer_get_count(Packer *self, void *closure) { return PyLong_FromSsize_t(self->clock->count); }
+
+static PyObject *Packer_get_enabled(Packer *self, void *closure) { return PyBool_FromLong(self->clock->open); }
+
+static int Packer_set_enabled(Packer *self, PyObject *value, void *closure) {
+    int on = value == NULL ? 0 : PyObject_IsTrue(value);
+    if (on < 0)
+        return -1;
+    self->clock->open = on;
+    return 0;
+}
+
+static PyGetSetDef Packer_getset[] = {
+    {"count", (getter)Packer_get_count, NULL, "tensors saved so far in the call", NULL},
+    {"enabled", (getter)Packer_get_enabled, (setter)Packer_set_enabled,
+     "whether the call is open (packing and counting deaths)", NULL},
+    {NULL},
+};
+
+static PyMemberDef Packer_members[] = {
+    {"held", T_OBJECT_EX, offsetof(Packer, held), 0, NULL},
+    {"excluded", T_OBJECT_EX, offsetof(Packer, excluded), 0, NULL},
+    {"labels", T_OBJECT_EX, offsetof(Packer, labels), 0, NULL},
+    {"owner", T_OBJECT_EX, offsetof(Packer, owner), 0, NULL},
+    {"last_owner", T_OBJECT_EX, offsetof(Packer, last_owner), READONLY, NULL},
+    {"packed_bytes", T_LONGLONG, offsetof(Packer, packed_bytes), READONLY, NULL},
+    {"last_nr", T_LONGLONG, offsetof(Packer, last_nr), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject PackerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "memprofiler._packer.Packer",
+    .tp_doc = "Counts what autograd saves in one collected call (see saved_tensors._PyPacker).",
+    .tp_basicsize = sizeof(Packer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Packer_init,
+    .tp_dealloc = (destructor)Packer_dealloc,
+    .tp_traverse = (traverseproc)Packer_traverse,
+    .tp_clear = (inquiry)Packer_clear,
+    .tp_methods = Packer_methods,
+    .tp_members = Packer_members,
+    .tp_getset = Packer_getset,
+};
+
+static struct PyModuleDef packer_module = {
+    PyModuleDef_HEAD_INIT, "memprofiler._packer",
+    "The compiled saved-tensor pack hook (see memprofiler.collectors.saved_tensors).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__packer(void) {
+    if (PyType_Ready(&ClockType) < 0 || PyType_Ready(&EntryType) < 0 || PyType_Ready(&HolderType) < 0 ||
+        PyType_Ready(&PackerType) < 0)
+        return NULL;
+#define INTERN(var, text)                                                                                    \
+    if ((var = PyUnicode_InternFromString(text)) == NULL)                                                    \
+        return NULL;
+    INTERN(s_untyped_storage, "untyped_storage");
+    INTERN(s_cdata, "_cdata");
+    INTERN(s_grad_fn, "grad_fn");
+    INTERN(s_sequence_nr, "_sequence_nr");
+    INTERN(s_detach, "detach");
+    INTERN(s_nbytes, "nbytes");
+    INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_base, "_base");
+    INTERN(s_f_locals, "f_locals");
+    INTERN(s_self, "self");
+#undef INTERN
+    PyObject *m = PyModule_Create(&packer_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&HolderType);
+    if (PyModule_AddObject(m, "Holder", (PyObject *)&HolderType) < 0) {
+        Py_DECREF(&HolderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&PackerType);
+    if (PyModule_AddObject(m, "Packer", (PyObject *)&PackerType) < 0) {
+        Py_DECREF(&PackerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

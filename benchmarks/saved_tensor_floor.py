@@ -15,6 +15,8 @@ one shared model per depth:
 * ``holder_hooks``: pack returns a ``_Saved`` holder of the tensor itself and unpack is a C
   ``attrgetter``: the floor of the collector's present design (it detaches only an output
   saved by its own node);
+* ``compiled_off``: the compiled pack hook switched off (as after a fault): each save pays
+  the call into C, a ``detach()`` and a holder, and nothing is counted;
 * ``collector``: :class:`memprofiler.collectors.saved_tensors.SavedTensorsCollector` around
   the forward, with per-module attribution, as a collected call runs it;
 * ``collector_python``: the same collector with its pure-Python pack hook (what runs where
@@ -54,6 +56,7 @@ VARIANTS = (
     "identity_hooks",
     "detach_hooks",
     "holder_hooks",
+    "compiled_off",
     "collector",
     "collector_python",
     "collector_no_walk",
@@ -79,7 +82,9 @@ def _holder(t: torch.Tensor) -> _Saved:
     return h
 
 
-def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int) -> dict[str, Any]:
+def one_depth(
+    depth: int, base_width: int, batch: int, rounds: int, warmup: int, variants: tuple[str, ...] = VARIANTS
+) -> dict[str, Any]:
     torch.manual_seed(0)
     width = width_for(depth, base_width)
     model = ResMLP(width, depth)
@@ -90,6 +95,7 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
         "collector_python": SavedTensorsCollector(compiled=False),
         "collector_no_walk": _NoWalk(compiled=False),
     }
+    off = SavedTensorsCollector()._p  # a packer not started: switched off
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
 
     def forward(name: str) -> torch.Tensor:
@@ -102,6 +108,9 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
                 return model(x).pow(2).mean()
             finally:
                 coll.end(ctx, True)
+        if name == "compiled_off":
+            with torch.autograd.graph.saved_tensors_hooks(off.pack, _unpack):
+                return model(x).pow(2).mean()
         if name == "holder_hooks":
             with torch.autograd.graph.saved_tensors_hooks(_holder, _unpack):
                 return model(x).pow(2).mean()
@@ -109,11 +118,11 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
         with torch.autograd.graph.saved_tensors_hooks(pack, _identity):
             return model(x).pow(2).mean()
 
-    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    fwd: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    fwd: dict[str, list[float]] = {k: [] for k in variants}
     rng = random.Random(depth)
     for r in range(warmup + rounds):
-        for name in rng.sample(VARIANTS, len(VARIANTS)):
+        for name in rng.sample(variants, len(variants)):
             c0 = time.thread_time()
             loss = forward(name)
             c1 = time.thread_time()
@@ -125,21 +134,24 @@ def one_depth(depth: int, base_width: int, batch: int, rounds: int, warmup: int)
                 fwd[name].append(c1 - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
     p10 = {k: statistics.quantiles(v, n=10)[0] for k, v in times.items()}
-    return {
+    saved = _saved_count(model, batch, width)
+    out = {
         "blocks": depth,
         "width": width,
         "modules": sum(1 for _ in model.modules()),
-        "saved_tensors_per_call": _saved_count(model, batch, width),
+        "saved_tensors_per_call": saved,
         "timed_steps_per_variant": rounds,
         "median_step_cpu_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
         "median_forward_cpu_ms": {k: round(statistics.median(v) * 1e3, 3) for k, v in fwd.items()},
         "ratio": {k: round(v / med["baseline"], 4) for k, v in med.items() if k != "baseline"},
         # The 10th percentile: steps a busy host slowed least (this VM's steal time moves medians).
         "ratio_p10": {k: round(v / p10["baseline"], 4) for k, v in p10.items() if k != "baseline"},
-        "collector_us_per_saved_tensor_over_holder_hooks": round(
-            (med["collector"] - med["holder_hooks"]) * 1e6 / _saved_count(model, batch, width), 2
-        ),
     }
+    # Per saved tensor, over the baseline: what each collector variant costs.
+    out["us_per_saved_tensor"] = {
+        k: round((med[k] - med["baseline"]) * 1e6 / saved, 2) for k in med if k.startswith("collector")
+    }
+    return out
 
 
 def main() -> None:
@@ -149,10 +161,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS),
+        help="fewer variants make shorter rounds: less host noise between them (baseline is always in)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sizes = [one_depth(d, args.base_width, args.batch, args.rounds, args.warmup) for d in args.depths]
+    variants = tuple(dict.fromkeys(["baseline", *args.variants]))
+    sizes = [
+        one_depth(d, args.base_width, args.batch, args.rounds, args.warmup, variants) for d in args.depths
+    ]
     emit({"benchmark": "saved_tensor_floor", "sizes": sizes, "threads": torch.get_num_threads()}, args.out)
 
 

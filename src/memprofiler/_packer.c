@@ -433,6 +433,7 @@ done:
 /* The fast path; NULL with an exception set where the caller reports a fault. */
 static Holder *pack_fast(Packer *self, PyObject *t) {
     PyObject *st = NULL, *key = NULL, *g = NULL;
+    Entry *live = NULL;
     Holder *h = NULL, *result = NULL;
     if (!state_ok(self))
         return NULL;
@@ -456,10 +457,10 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
     key = PyObject_GetAttr(st, s_cdata);
     if (key == NULL)
         goto done;
-    Entry *live;
     int known = live_entry(self, key, &live);
     if (known < 0)
         goto done;
+    Py_XINCREF(live); /* Python code runs below (the node number, grad_fn): keep it */
     if (!known) {
         int excluded = PyDict_Contains(self->excluded, key);
         if (excluded < 0)
@@ -491,19 +492,13 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
     h = own ? holder_of_detached(t) : holder_of(t);
     if (h == NULL)
         goto done;
-    if (live != NULL) {
-        /* the same live storage again (a ReLU output the next Linear saves too); the lookup
-           above ran no Python code that could drop the entry since */
-        Entry *again;
-        if (live_entry(self, key, &again) < 0)
-            goto done;
-        if (again != NULL) {
-            self->packed_bytes += again->nbytes;
-            attach(h, again, self->clock);
-            result = h;
-            h = NULL;
-            goto done;
-        }
+    if (live != NULL && live->alive > 0) {
+        /* the same live storage again (a ReLU output the next Linear saves too) */
+        self->packed_bytes += live->nbytes;
+        attach(h, live, self->clock);
+        result = h;
+        h = NULL;
+        goto done;
     }
     long long n = call_ll(st, s_nbytes);
     if (n == -1 && PyErr_Occurred())
@@ -534,6 +529,7 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
 done:
     Py_XDECREF(st);
     Py_XDECREF(key);
+    Py_XDECREF(live);
     Py_XDECREF(g);
     Py_XDECREF(h);
     return result;

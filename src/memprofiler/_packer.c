@@ -248,15 +248,17 @@ static int Packer_init(Packer *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
-/* `obj.name()` as a C long long; -1 with an exception set on failure. */
-static long long call_ll(PyObject *obj, PyObject *name) {
-    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+/* A call's result (a new reference, or NULL) as a C long long; -1 with an exception set on failure. */
+static long long as_ll(PyObject *r) {
     if (r == NULL)
         return -1;
     long long v = PyLong_AsLongLong(r);
     Py_DECREF(r);
     return v;
 }
+
+/* `obj.name()` as a C long long. */
+static long long call_ll(PyObject *obj, PyObject *name) { return as_ll(PyObject_CallMethodNoArgs(obj, name)); }
 
 /* Label of the innermost module of `labels` whose `__call__` is on the stack (new reference). */
 static PyObject *running_module(Packer *self) {
@@ -368,14 +370,7 @@ static int new_entry(Packer *self, PyObject *key, long long n, long long nr, Hol
     return set;
 }
 
-static long long next_node_nr(Packer *self) {
-    PyObject *r = PyObject_CallNoArgs(self->next_nr);
-    if (r == NULL)
-        return -1;
-    long long v = PyLong_AsLongLong(r);
-    Py_DECREF(r);
-    return v;
-}
+static long long next_node_nr(Packer *self) { return as_ll(PyObject_CallNoArgs(self->next_nr)); }
 
 static Holder *holder_of_detached(PyObject *t) {
     PyObject *d = PyObject_CallMethodNoArgs(t, s_detach);

@@ -1,4 +1,4 @@
-"""Open the HTML report in real headless Chromium, offline, and check what a user would see.
+"""Open the HTML report in real headless Chromium (Playwright), offline, and check what a user would see.
 
 Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with a reason where none is found.
 """
@@ -6,21 +6,11 @@ Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with a reason whe
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
-import pytest
-
-from cdp_pipe import CdpPipe, find_browser
+from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
 
-BROWSER = find_browser()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        BROWSER is None, reason="no Chromium found (apt-get install -y chromium, or set MEMPROFILER_CHROMIUM)"
-    ),
-]
+pytestmark = BROWSER_MARKS
 
 _PROBE = """
 (() => {
@@ -49,60 +39,17 @@ _FILTER = """
 """
 
 
-def _open(
-    html: Path, profile: Path, run_filter: bool = True
-) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
-    assert BROWSER is not None
-    with CdpPipe(BROWSER, profile) as cdp:
-        target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            cdp.send(f"{domain}.enable", session=session)
-        # No network at all: anything the page asked for beyond its own file would fail and show.
-        cdp.send(
-            "Network.emulateNetworkConditions",
-            {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0},
-            session=session,
-        )
-        cdp.send("Page.navigate", {"url": html.resolve().as_uri()}, session=session)
-        cdp.wait_event("Page.loadEventFired", session=session)
-        probe = cdp.send("Runtime.evaluate", {"expression": _PROBE, "returnByValue": True}, session=session)
-        filtered = ""
-        if run_filter:
-            res = cdp.send(
-                "Runtime.evaluate", {"expression": _FILTER, "returnByValue": True}, session=session
-            )
-            filtered = res["result"].get("value", json.dumps(res))
-        events = list(cdp.events)
-    return json.loads(probe["result"]["value"]), events, filtered
-
-
-def _errors(events: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for ev in events:
-        m, p = ev.get("method"), ev.get("params", {})
-        if m == "Runtime.exceptionThrown":
-            details = p.get("exceptionDetails", {})
-            out.append(details.get("exception", {}).get("description") or details.get("text", "exception"))
-        elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-            out.append(json.dumps(p.get("args", []))[:300])
-        elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-            out.append(p["entry"].get("text", ""))
-    return out
-
-
 def test_report_renders_offline_with_no_console_errors(full_run, tmp_path, capsys):
     # GIVEN the HTML report of a run with calls, ranks, FSDP tables and allocator history
     html = tmp_path / "report.html"
     assert main(["report", str(full_run), "-o", str(html)]) == 0
-    # WHEN headless Chromium opens it from a file:// URL with the network off
-    page, events, filtered = _open(html, tmp_path / "profile")
+    # WHEN headless Chromium opens it from a file:// URL with every other request refused
+    with open_page(html) as view:
+        page = json.loads(view.eval(_PROBE))
+        filtered = view.eval(_FILTER)
     # THEN nothing was logged as an error and no request left the page
-    assert _errors(events) == []
-    requests = [
-        e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"
-    ]
-    assert requests and all(u.startswith("file://") for u in requests), requests
+    assert view.errors == []
+    assert view.requests and view.offsite == [], view.requests
     # the plots rendered with real size and marks
     plots = page["plots"]
     assert len(plots) >= 6
@@ -130,12 +77,9 @@ def test_the_harness_catches_console_errors_and_network_requests(tmp_path):
         "<script>console.error('boom'); undefinedFunction();</script></body></html>"
     )
     # WHEN opened the same way as the report
-    _, events, _ = _open(bad, tmp_path / "profile", run_filter=False)
+    with open_page(bad) as view:
+        pass
     # THEN all three are seen, so a clean report really is clean
-    errors = _errors(events)
-    assert any("boom" in e for e in errors)
-    assert any("undefinedFunction" in e for e in errors), errors
-    requests = [
-        e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"
-    ]
-    assert "https://example.com/x.png" in requests
+    assert any("boom" in e for e in view.errors), view.errors
+    assert any("undefinedFunction" in e for e in view.errors), view.errors
+    assert view.offsite == ["https://example.com/x.png"]

@@ -41,7 +41,7 @@ def test_every_field_of_the_config_tree_is_in_the_reference_with_a_docstring() -
 def test_a_row_holds_the_type_default_and_docstring_of_its_field() -> None:
     page = render_markdown()
     assert "| `schedule.active` | `int` | `1` | Collected calls per cycle. |" in page
-    assert "| `save_dir` | `str \\| None` | `null` |" in page
+    assert "| `save_dir` | `str` or `None` | `null` |" in page
     assert "| `oom` | `OomConfig` | see [`oom`](#oom) | The OOM flight recorder. |" in page
     # Sphinx roles become code spans
     assert ":class:" not in page and "`ExtendedPyTorchProfiler`" in page

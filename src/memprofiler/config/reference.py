@@ -150,7 +150,9 @@ def render_markdown(cls: type = MemProfilerConfig) -> str:
                 default = f"see [`{fd.key}`](#{anchor})"
             else:
                 default = f"`{_cell(_yaml_value(fd.default))}`"
-            lines.append(f"| `{fd.key}` | `{_cell(fd.type)}` | {default} | {_cell(fd.doc)} |")
+            # Python-Markdown keeps a ``\\|`` inside a code span, so a union is one span per member
+            kind = " or ".join(f"`{part.strip()}`" for part in fd.type.split("|"))
+            lines.append(f"| `{fd.key}` | {kind} | {default} | {_cell(fd.doc)} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -43,7 +43,9 @@ class OpDelta:
 
 
 def diff_views(a: ProfilerViews, b: ProfilerViews, modules: bool = False) -> list[OpDelta]:
-    """Every operator (``modules``: module) of either run, largest absolute host self-time change first."""
+    """Every operator (``modules``: module) of either run, largest change of host self plus device time first."""
     ra, rb = merged_rows(a.traces, modules), merged_rows(b.traces, modules)
     rows = [OpDelta(n, ra.get(n), rb.get(n)) for n in sorted(set(ra) | set(rb))]
-    return sorted(rows, key=lambda d: (-abs(d.host_self_us), -abs(d.alloc_bytes), d.name))
+    return sorted(
+        rows, key=lambda d: (-(abs(d.host_self_us) + abs(d.device_total_us)), -abs(d.alloc_bytes), d.name)
+    )

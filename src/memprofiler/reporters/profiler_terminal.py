@@ -103,7 +103,7 @@ class ProfilerTerminalReporter:
 
 def render_profiler_diff(rows: Sequence[OpDelta], what: str, console: Console, total: int) -> None:
     """The operator (or module) diff table: A, B and the change of each figure."""
-    t = _table(f"{what.capitalize()}s: run B - run A ({len(rows)} of {total:,}, largest host-time change first)",
+    t = _table(f"{what.capitalize()}s: run B - run A ({len(rows)} of {total:,}, largest time change first)",
                [what, "calls A", "calls B", "host self A", "host self B", "Δ host self (ms)", "Δ host total (ms)",
                 "Δ device total (ms)", "Δ allocated (incl.)"])  # fmt: skip
     for d in rows:

@@ -46,8 +46,13 @@ MEMORY_SUMMARY_YAML = "memory_summary.yaml"
 #: Per-rank Chrome trace of memory counters and ``{fn}.{call}`` spans.
 MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
 #: ExtendedPyTorchProfiler trace, one per schedule cycle. ``{worker}.{span}.pt.trace.json`` is
-#: the name TensorBoard's torch-tb-profiler plugin discovers; the worker is stage and rank.
+#: the name ``torch.profiler.tensorboard_trace_handler`` gives (worker = stage and rank), which
+#: ``memprofiler report`` and Perfetto read.
 PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
+#: Memory by category (parameter, optimizer state, input, activation, gradient, temporary,
+#: autograd detail) over one profiler cycle, from torch's memory profiler; written beside that
+#: cycle's trace when ``record_shapes``, ``profile_memory`` and ``with_stack`` are all on.
+PROFILER_MEMORY_CATEGORIES_JSON = "{stage}_rank_{rank}.{cycle}.memory_categories.json"
 #: ExtendedPyTorchProfiler per-rank summary table.
 PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
 

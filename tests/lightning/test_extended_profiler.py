@@ -290,20 +290,46 @@ def test_follow_profiler_rejects_the_short_form():
         ScheduleConfig(follow_profiler=True, warmup_iters=2)
 
 
-def test_trace_names_and_content_load_in_torch_tb_profiler(tmp_path):
-    """Runs where the plugin is installed (it is not a dependency): its own loader must parse our files."""
-    consts = pytest.importorskip("torch_tb_profiler.consts")
-    data_mod = pytest.importorskip("torch_tb_profiler.profiler.data")
-    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
-    _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()]).fit(TinyModel())
-    path = tmp_path / "fit_rank_0.1.pt.trace.json"
-    match = consts.WORKER_PATTERN.match(path.name)
-    assert match is not None and match.group(1) == "fit_rank_0" and match.group(2) == ".1"
-    assert consts.NODE_PROCESS_PATTERN.match("fit_rank_0").group(2) == "0"  # process = rank
-    parsed = data_mod.RunProfileData.parse("fit_rank_0", ".1", str(path), str(tmp_path / "cache"))
-    run = parsed[0] if isinstance(parsed, tuple) else parsed
-    run.process()
-    assert run.steps_names == ["2", "3"]
+def test_traces_and_memory_categories_are_read_back_by_the_profiler_views(tmp_path):
+    # GIVEN the extended profiler with the options torch's memory categories need
+    from memprofiler.analysis.profiler_views import build_views
+
+    prof = ExtendedPyTorchProfiler(
+        schedule_cfg={"wait": 1, "warmup": 1, "active": 2},
+        profile_memory=True,
+        record_shapes=True,
+        with_stack=True,
+    )
+    # WHEN 5 training steps run (steps 2 and 3 profiled)
+    _trainer(tmp_path, prof, steps=5).fit(TinyModel())
+    # THEN the categories file lies beside the trace
+    cats = tmp_path / "fit_rank_0.1.memory_categories.json"
+    assert cats in prof.written_files and cats.is_file()
+    views = build_views([tmp_path])
+    assert views is not None
+    (view,) = views.traces
+    assert view.rank == 0 and [s.step for s in view.steps] == ["ProfilerStep#2", "ProfilerStep#3"]
+    # AND the 64 MiB scratch tensor of every step is attributed to aten::ones
+    stats = {s.name: s for s in view.devices[0].stats}
+    assert stats["aten::ones"].calls == 2
+    assert stats["aten::ones"].alloc_size == 2 * STEP_ALLOC_BYTES
+    # AND the category timeline peaks with that tensor live, parameters and gradients classified
+    (cpu,) = view.categories
+    params = sum(p.numel() * p.element_size() for p in TinyModel().parameters())
+    assert cpu.peak_by_category["parameter"] == params
+    assert cpu.peak_by_category["gradient"] == params
+    assert STEP_ALLOC_BYTES in [b for *_, b in cpu.live_at_peak]
+    assert cpu.peak_bytes == sum(cpu.peak_by_category.values()) >= STEP_ALLOC_BYTES + 2 * params
+    # on the trace's clock: the category peak is the memory view's peak
+    assert cpu.peak_ms == pytest.approx(view.devices[0].memory.peak_ms, abs=0.01)
+    # AND Lightning's module names label the module view
+    assert {"net (Sequential)", "net.0 (Linear)", "net.2 (Linear)"} <= {m.name for m in view.modules}
+
+
+def test_memory_categories_are_skipped_without_the_options_they_need(tmp_path):
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2}, profile_memory=True)
+    _trainer(tmp_path, prof, steps=5).fit(TinyModel())
+    assert not list(tmp_path.glob("*.memory_categories.json"))
 
 
 def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkeypatch):

@@ -12,8 +12,10 @@ What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
 * Activities are chosen automatically (CPU, plus CUDA when available); the deprecated
   ``use_cuda`` is dropped, so jsonargparse's default for it warns about nothing.
 * Each rank writes its summary table to ``{stage}_rank_{rank}_summary.txt`` and one Chrome
-  trace per cycle to ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, the names TensorBoard's
-  torch-tb-profiler plugin loads. Memory counters of a :class:`~memprofiler.MemProfilerCallback`
+  trace per cycle to ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, which ``memprofiler report``
+  summarises (operator, module, memory views) and Perfetto shows as a timeline. With
+  ``record_shapes``, ``profile_memory`` and ``with_stack`` on, memory by category goes to
+  ``{stage}_rank_{rank}.{cycle}.memory_categories.json`` beside it. Memory counters of a :class:`~memprofiler.MemProfilerCallback`
   in the same Trainer are merged into the trace.
 * Trace and summary are also written when training raises: Lightning only calls
   ``describe()`` on success, so the profiler adds a small callback that flushes it from
@@ -39,6 +41,7 @@ from typing_extensions import override
 from memprofiler import layout
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
+from memprofiler.lightning.memory_categories import write_category_timeline
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
 from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
 from memprofiler.output.writers import atomic_write_bytes, write_text
@@ -256,6 +259,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
             )
+        self._written += write_category_timeline(prof, Path(self.dirpath) / layout.PROFILER_MEMORY_CATEGORIES_JSON.format(stage=self._stage_name, rank=self.rank, cycle=self._cycle), self._warn)  # fmt: skip
 
     def _table(self, prof: torch.profiler.profile) -> str:
         data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)

@@ -49,9 +49,11 @@ class HtmlReporter:
         >>> Path("report.html").write_text(HtmlReporter(model).render())  # doctest: +SKIP
     """
 
-    def __init__(self, model: ReportModel, top: int = 10) -> None:
+    def __init__(self, model: ReportModel, top: int = 10, extra: str = "") -> None:
         self.model = model
         self.top = top
+        self.extra = extra
+        """More sections (HTML), after the run's: the profiler views."""
 
     def render(self) -> str:
         run = self.model.run
@@ -64,6 +66,7 @@ class HtmlReporter:
             self._reports_section(),
             self._snapshots_section(),
             self._oom_section(),
+            self.extra,
         ]
         return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s))
 

@@ -13,21 +13,21 @@ import base64
 import json
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from html import escape
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze
+from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
 from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer_assets import EXPLORER_CSS, EXPLORER_JS
 from memprofiler.reporters.html_cells import STYLE, b
 from memprofiler.reporters.html_snapshot import snapshot_html
-from memprofiler.reporters.model import SnapshotEntry
+from memprofiler.reporters.model import ReportModel, SnapshotEntry
 
 #: Folder, next to a run report, that holds one explorer per allocator history.
 EXPLORER_DIR = "allocator-explorer"
@@ -179,3 +179,14 @@ def render_explorer(data: Mapping[str, Any], source: str, top: int = 10) -> tupl
     """Analyse ``data`` and build its explorer page (see :func:`build_explorer`)."""
     analysis = analyze(data, source, top=top)
     return analysis, build_explorer(data, source, analysis, top)
+
+
+def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str]]:
+    """``(path relative to the report, page)`` of an explorer for every allocator pickle of a run.
+
+    Raises:
+        ArtifactError: a pickle became unreadable since the model was built.
+    """
+    for k, entry in enumerate(model.snapshots):
+        data = load_snapshot(entry.path)
+        yield explorer_relpath(k, entry.path), build_explorer(data, entry.path, entry.analysis, top)

@@ -236,3 +236,27 @@ def test_python_frames_first_and_user_code_labels():
         "forward",
         "at::native::einsum(std::string_view)",
     ]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_cli_writes_an_explorer_for_two_devices_at_every_protocol(tmp_path, protocol, capsys):
+    import json
+    import pickle
+    import re
+
+    from memprofiler.__main__ import main
+
+    # GIVEN a snapshot with device 0 (the known one) and device 1 (trace only)
+    data = known_snapshot()
+    data["device_traces"].append(trace_only_snapshot()["device_traces"][1])
+    src = tmp_path / "two.pickle"
+    src.write_bytes(pickle.dumps(data, protocol=protocol))
+    out = tmp_path / "two.html"
+    # WHEN the explorer is written
+    assert main(["snapshot", str(src), "--html", str(out)]) == 0
+    html = out.read_text()
+    # THEN it carries both devices with the analysis's peaks
+    meta = json.loads(html.split("id='mp-meta'>", 1)[1].split("</script>", 1)[0])
+    assert [(d["device"], d["peak"]) for d in meta["devices"]] == [(0, KNOWN["peak_allocated"]), (1, 300)]
+    # and names nothing to fetch (the svg namespace URI is no request)
+    assert not re.search(r"(src|href|import)\W+['\"]?https?:", html)

@@ -51,6 +51,7 @@ class ReportCommand:
         from memprofiler.analysis.multi_run import report_root
         from memprofiler.analysis.trace_events import is_trace_file
         from memprofiler.output.writers import write_text
+        from memprofiler.reporters.explorer import explorer_pages
         from memprofiler.reporters.html import HtmlReporter
         from memprofiler.reporters.model import build_model
         from memprofiler.reporters.terminal import TerminalReporter, make_console
@@ -77,6 +78,8 @@ class ReportCommand:
             out = Path(args.output) if args.output else report_root(args.run_dir, run) / "report.html"
             try:
                 write_text(out, HtmlReporter(model, top=args.top, extra=_sections(views, args.top)).render())
+                for rel, page in explorer_pages(model, args.top):  # linked from the report
+                    write_text(out.parent / rel, page)
             except OSError as err:
                 raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
             console.print(f"HTML report: {out}", markup=False, highlight=False)

@@ -15,6 +15,7 @@ from typing import Any
 
 from memprofiler.analysis.artifacts import is_number
 from memprofiler.reporters import svg
+from memprofiler.reporters.explorer import explorer_relpath
 from memprofiler.reporters.html_cells import (
     auto_cell,
     bytes_cell,
@@ -272,8 +273,10 @@ class HtmlReporter:
         if not self.model.snapshots:
             return ""
         out = ["<h2 id='snapshots'>Allocator history</h2>"]
-        for entry in self.model.snapshots:
+        for k, entry in enumerate(self.model.snapshots):
+            href = escape(explorer_relpath(k, entry.path), quote=True)
             out.append(snapshot_html(entry, self.top))
+            out.append(f"<p><a class='explorer' href='{href}'>Open in the allocation explorer</a></p>")
         return "\n".join(out)
 
     def _oom_section(self) -> str:

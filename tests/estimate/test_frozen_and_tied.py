@@ -201,3 +201,31 @@ def test_transformers_tied_embeddings_are_counted_once(name):
     assert est.resident["parameters"] == unique
     assert est.resident["gradients"] == unique
     assert est.resident["optimizer_state"] == 2 * unique + n * F32
+
+
+@pytest.mark.parametrize("strategy,ws", [("ddp", 2), ("fsdp", 2)])
+def test_gpt2_tied_embedding_under_data_parallel_strategies(strategy, ws):
+    # GIVEN GPT-2, whose `lm_head` shares `wte`'s weight
+    model, ids = _hf("gpt2")
+    shapes = [tuple(p.shape) for p in model.parameters()]  # each shared weight once
+    est = estimate_memory(
+        model,
+        ids,
+        optimizer=ADAMW,
+        loss_fn=lambda m, b: m(input_ids=b, labels=b).loss,
+        strategy=strategy,
+        world_size=ws,
+        device="cpu",
+        steps=1,
+    )
+    if strategy == "ddp":
+        # THEN DDP holds the full model once and buckets each gradient once
+        unique = nbytes(shapes)
+        assert est.resident["parameters"] == est.resident["gradients"] == unique
+        assert est.by_category["ddp_buckets"] == unique
+        assert est.resident["optimizer_state"] == 2 * unique + len(shapes) * F32
+    else:
+        # THEN FSDP2 shards each weight once
+        padded, local = shard_bytes(shapes, ws)
+        assert est.resident["parameters"] == est.resident["gradients"] == padded
+        assert est.resident["optimizer_state"] == 2 * local + len(shapes) * F32

@@ -203,7 +203,10 @@ def _optimizer_of(model: nn.Module) -> torch.optim.Optimizer:
         elif isinstance(opts, (list, tuple)) and opts:
             opts = opts[0]
         else:
-            raise ConfigError("model.configure_optimizers", "returned no optimizer; estimate needs one")
+            raise ConfigError(
+                "model.configure_optimizers",
+                f"returned {engine.describe(opts)}, not an optimizer; estimate needs a torch.optim.Optimizer",
+            )
     return opts
 
 

@@ -48,6 +48,9 @@ MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
 #: ExtendedPyTorchProfiler trace, one per schedule cycle. ``{worker}.{span}.pt.trace.json`` is
 #: the name TensorBoard's torch-tb-profiler plugin discovers; the worker is stage and rank.
 PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
+#: ExtendedPyTorchProfiler per-rank step timeline of the whole run: a span per Lightning hook
+#: and data-loader wait, host-metric counters (``memprofiler merge-traces`` folds it in).
+STEP_TIMELINE_JSON = "step_timeline_rank_{rank}.json"
 #: ExtendedPyTorchProfiler per-rank summary table.
 PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
 

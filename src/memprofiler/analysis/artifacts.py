@@ -66,11 +66,18 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "trace": name_pattern(layout.MEMORY_TRACE_JSON),
     "profiler_trace": name_pattern(layout.PROFILER_TRACE_JSON),
     "profiler_summary": name_pattern(layout.PROFILER_SUMMARY_TXT),
+    "step_timeline": name_pattern(layout.STEP_TIMELINE_JSON),
     "estimate": name_pattern(layout.MEMORY_ESTIMATE_YAML),
 }
 #: Kinds the report reads (traces are for ``merge-traces``, the estimate for
 #: ``analysis.estimate``), and that mark a directory as a run.
-_READ = frozenset(NAME_PATTERNS) - {"trace", "profiler_trace", "profiler_summary", "estimate"}
+_READ = frozenset(NAME_PATTERNS) - {
+    "trace",
+    "profiler_trace",
+    "profiler_summary",
+    "step_timeline",
+    "estimate",
+}
 
 
 def parse_name(name: str) -> tuple[str, dict[str, str]] | None:

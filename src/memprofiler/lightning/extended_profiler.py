@@ -87,6 +87,10 @@ class _FlushOnException(Callback):
             profiler.flush_after_exception()
 
 
+#: Prefix of the Lightning actions of :class:`_FlushOnException`'s hooks.
+_OWN_CALLBACK = f"[Callback]{_FlushOnException.__qualname__}."
+
+
 class ExtendedPyTorchProfiler(PyTorchProfiler):
     """Lightning's ``PyTorchProfiler`` with a YAML schedule, ``repeat``, per-rank files and memory.
 
@@ -444,8 +448,10 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if timeline is not None:
             track = self._tracks.get(action_name)
             if track is None:
-                track = self._tracks[action_name] = action_track(action_name)
-            if self._record_hooks if track == HOOKS else self._record_data:
+                # The profiler's own helper callback is no hook of the user's: leave it out.
+                own = action_name.startswith(_OWN_CALLBACK)
+                track = self._tracks[action_name] = "" if own else action_track(action_name)
+            if track and (self._record_hooks if track == HOOKS else self._record_data):
                 timeline.begin(action_name, track)
         if self._idle():
             # Between windows nothing is recorded: skip the per-action `record_function` and

@@ -134,48 +134,65 @@ def test_a_folder_with_earlier_traces_is_refused_before_training_unless_overwrit
 
 
 class _SleepyCallback(pl.Callback):
-    """Sleeps a known time at the end of every training batch."""
+    """Sleeps a known time at the end of every training batch, and measures how long it slept."""
 
     SLEEP_S = 0.03
 
+    def __init__(self) -> None:
+        self.slept_ms: list[float] = []
+
     def on_train_batch_end(self, *args: Any) -> None:
+        t0 = time.perf_counter_ns()
         time.sleep(self.SLEEP_S)
+        self.slept_ms.append((time.perf_counter_ns() - t0) / 1e6)
 
 
 class _SlowData(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Every item takes a known time to load."""
+    """Every item takes a known time to load (measured: a loaded host oversleeps)."""
 
     SLEEP_S = 0.02
+
+    def __init__(self) -> None:
+        self.slept_ms: list[float] = []
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter_ns()
         time.sleep(self.SLEEP_S)
+        self.slept_ms.append((time.perf_counter_ns() - t0) / 1e6)
         return torch.ones(16), torch.zeros(1)
 
 
 class _SlowDataModel(TinyModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.data = _SlowData()
+
     def train_dataloader(self) -> DataLoader[tuple[torch.Tensor, torch.Tensor]]:
-        return DataLoader(_SlowData(), batch_size=1)
+        return DataLoader(self.data, batch_size=1)
 
 
 def test_hook_and_dataloader_spans_have_the_known_durations(tmp_path):
     # GIVEN a callback sleeping 30 ms per batch end and a loader sleeping 20 ms per batch
     prof = ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, timeline={"host_interval_s": 0.05})
     steps = 8
+    sleepy_cb, model = _SleepyCallback(), _SlowDataModel()
     t0 = time.time_ns()
-    _trainer(tmp_path, prof, steps=steps, callbacks=[_SleepyCallback()]).fit(_SlowDataModel())
+    _trainer(tmp_path, prof, steps=steps, callbacks=[sleepy_cb]).fit(model)
     t1 = time.time_ns()
     timeline = json.loads((tmp_path / "step_timeline_rank_0.json").read_text())
     base = timeline["baseTimeNanoseconds"]
-    # THEN every step has the callback's span, at least the sleep and (median) within 5 ms of it
+    # THEN every step has the callback's span: at least the sleep asked for, and within 5 ms of
+    # the time the hook measured itself sleeping (a loaded host oversleeps; the span must follow)
     hooks = _spans(timeline, HOOK_TID)
     sleepy = hooks["[Callback]_SleepyCallback.on_train_batch_end"]
     durations_ms = [e["dur"] / 1000 for e in sleepy]
     assert len(sleepy) == steps
     assert min(durations_ms) >= _SleepyCallback.SLEEP_S * 1000
-    assert statistics.median(durations_ms) - _SleepyCallback.SLEEP_S * 1000 < 5
+    excess = [d - slept for d, slept in zip(durations_ms, sleepy_cb.slept_ms, strict=True)]
+    assert all(x >= 0 for x in excess) and statistics.median(excess) < 5
     # AND the spans lie inside the run, on the shared epoch clock
     assert all(t0 <= base + e["ts"] * 1000 <= t1 for e in sleepy)
     # AND each batch's wait for the loader is one span on the data-loader row, at least the sleep
@@ -183,7 +200,9 @@ def test_hook_and_dataloader_spans_have_the_known_durations(tmp_path):
     wait_ms = [e["dur"] / 1000 for e in waits]
     assert len(waits) == steps
     assert min(wait_ms) >= _SlowData.SLEEP_S * 1000
-    assert statistics.median(wait_ms) - _SlowData.SLEEP_S * 1000 < 5
+    loaded = model.data.slept_ms[:steps]  # a sized loader: no prefetch, one item per wait
+    excess = [w - slept for w, slept in zip(wait_ms, loaded, strict=True)]
+    assert all(x >= 0 for x in excess) and statistics.median(excess) < 5
     # AND the training step is timed too, and the host counters were sampled during the run
     assert len(hooks["[Strategy]SingleDeviceStrategy.training_step"]) == steps
     assert not [n for n in hooks if "_FlushOnException" in n]  # the profiler's own helper is left out
@@ -257,3 +276,32 @@ def test_sampler_stops_and_timeline_is_written_on_sigterm(tmp_path):
     assert len(_spans(timeline, HOOK_TID)["[Strategy]SingleDeviceStrategy.training_step"]) == 4
     trace = json.loads((tmp_path / "fit_rank_0.1.pt.trace.json").read_text())
     assert any(e.get("name") == "ProfilerStep#2" for e in trace["traceEvents"])
+
+
+def test_merge_traces_folds_in_gzip_traces_with_custom_names_and_the_step_timeline(tmp_path):
+    from memprofiler.analysis.trace_merge import (
+        find_profiler_traces,
+        find_rank_traces,
+        find_step_timelines,
+        merge_rank_traces,
+    )
+
+    # GIVEN a run whose trace names carry no rank, gzip-compressed, with memprofiler
+    prof = ExtendedPyTorchProfiler(
+        schedule_cfg=CYCLE, trace_files={"filename": "ba{batch}.pt.trace.json", "use_gzip": True}
+    )
+    cb = MemProfilerCallback({"schedule": {"follow_profiler": True}})
+    _trainer(tmp_path, prof, steps=4, callbacks=[cb]).fit(TinyModel())
+    run = tmp_path / "memprofiler"
+    # WHEN every file of the run is merged
+    profiler = find_profiler_traces(run)
+    steps = find_step_timelines(run)
+    assert profiler == {0: [run / "ba2.pt.trace.json.gz"]}  # the rank read from inside the file
+    merged = merge_rank_traces(find_rank_traces(run), profiler, steps)
+    # THEN one rank holds Kineto's step, memory spans, and each hook span once (the cycle's copy dropped)
+    events = merged["traceEvents"]
+    assert {e["pid"] for e in events} == {0}
+    assert any(e.get("name") == "ProfilerStep#2" for e in events)
+    train_steps = _spans(merged, HOOK_TID)["[Strategy]SingleDeviceStrategy.training_step"]
+    assert len(train_steps) == 4
+    assert any(e.get("cat") == "memprofiler.host" for e in events)

@@ -112,3 +112,17 @@ def test_retention_deletes_old_cycles_from_a_real_s3_store(tmp_path, s3_bucket):
         data = remote.fs.cat_file(remote.child("traces").path(name))
         assert json.loads(gzip.decompress(data)) == {"cycle": n}
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == names
+
+
+def test_names_without_a_rank_are_refused_in_a_multi_rank_run(tmp_path):
+    files = TraceFiles(TraceFilesConfig(filename="ba{batch}.pt.trace.json"), tmp_path, FIELDS)
+    with pytest.raises(
+        ConfigError, match=r"`trace_files.filename`: .* the 2 ranks would write the same files"
+    ):
+        files.check_unique_per_rank()
+    TraceFiles(
+        TraceFilesConfig(folder="r{rank}", filename="b.json"), tmp_path, FIELDS
+    ).check_unique_per_rank()
+    TraceFiles(
+        TraceFilesConfig(filename="ba{batch}.json"), tmp_path, {**FIELDS, "world_size": 1}
+    ).check_unique_per_rank()

@@ -262,7 +262,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         host sampler. Called once every callback is set up, before training.
 
         Raises:
-            ConfigError: the trace folder already holds traces and ``overwrite`` is false.
+            ConfigError: the trace folder already holds traces and ``overwrite`` is false, or
+                the name templates do not tell the ranks of a multi-process run apart.
         """
         if self._output is not None and self._output.sampler is not None:
             self._output.sampler.stop()
@@ -276,6 +277,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         output = TraceOutput(
             self.trace_files_cfg, self.timeline_cfg, out, fields, self.step_timeline, self._warn
         )
+        output.files.check_unique_per_rank()
         output.files.check_overwrite(exclude=set(self._written))
         self._output = output
         output.start()

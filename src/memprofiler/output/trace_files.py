@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memprofiler.config.trace_files import FILENAME_FIELDS, FOLDER_FIELDS, GZIP_SUFFIX, TraceFilesConfig
+from memprofiler.config.trace_files import (
+    FILENAME_FIELDS,
+    FOLDER_FIELDS,
+    GZIP_SUFFIX,
+    TraceFilesConfig,
+    template_fields,
+)
 from memprofiler.errors import ConfigError
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.writers import atomic_write_bytes
@@ -147,7 +153,24 @@ class TraceFiles:
         """Upload what is left to a remote store and wait for it (end of run); whether it all went."""
         return self.mirror.sync(wait=True) if self.mirror is not None else True
 
-    # ------------------------------------------------------------------ overwrite
+    # ------------------------------------------------------------------ checks before training
+    def check_unique_per_rank(self) -> None:
+        """Refuse templates that would make every rank of a multi-process run write the same file.
+
+        Raises:
+            ConfigError: naming ``trace_files.filename`` and the fields that tell ranks apart.
+        """
+        if int(self.run_fields.get("world_size", 1)) <= 1:
+            return
+        used = set(template_fields(self.config.folder)) | set(template_fields(self.config.filename))
+        if "rank" in used or {"local_rank", "node_rank"} <= used:
+            return
+        raise ConfigError(
+            "trace_files.filename",
+            f"{self.config.filename!r} (in folder {self.config.folder!r}) names no rank, so the "
+            f"{self.run_fields['world_size']} ranks would write the same files; add {{rank}}",
+        )
+
     def check_overwrite(self, exclude: Iterable[Path] = ()) -> None:
         """Refuse a trace folder that already holds trace files, unless ``overwrite``.
 

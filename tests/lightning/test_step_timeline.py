@@ -305,3 +305,20 @@ def test_merge_traces_folds_in_gzip_traces_with_custom_names_and_the_step_timeli
     train_steps = _spans(merged, HOOK_TID)["[Strategy]SingleDeviceStrategy.training_step"]
     assert len(train_steps) == 4
     assert any(e.get("cat") == "memprofiler.host" for e in events)
+
+
+def test_a_url_dirpath_writes_straight_to_the_store_and_keeps_the_newest(tmp_path, s3_bucket):
+    # GIVEN no memprofiler callback, dirpath on a real S3 server, keep 1 of 3 cycles
+    prof = ExtendedPyTorchProfiler(
+        dirpath=f"{s3_bucket}/traces",
+        schedule_cfg={**CYCLE, "repeat": 3},
+        trace_files={"num_traces_to_keep": 1},
+    )
+    # WHEN training runs
+    _trainer(tmp_path, prof, steps=9).fit(TinyModel())
+    # THEN the store holds the last cycle's trace, the summary and the step timeline only
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3_bucket[len('s3://') :]}/traces", refresh=True))
+    assert names == ["fit_rank_0.3.pt.trace.json", "fit_rank_0_summary.txt", "step_timeline_rank_0.json"]

@@ -15,24 +15,12 @@ import yaml
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
+from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _trainer(tmp_path: Path, profiler: Any, steps: int, callbacks: list[Any] | None = None) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=steps,
-        profiler=profiler,
-        callbacks=callbacks or [],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-    )
 
 
 def _memprofiler(**extra: Any) -> MemProfilerCallback:

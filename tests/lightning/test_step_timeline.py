@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from _env import subprocess_env
 from _tiny_lightning import TinyModel
+from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
 from memprofiler.errors import ConfigError
 from memprofiler.output.step_timeline import DATA_TID, HOOK_TID
@@ -27,19 +28,6 @@ from memprofiler.output.step_timeline import DATA_TID, HOOK_TID
 ROOT = Path(__file__).resolve().parents[2]
 #: A schedule of three steps per cycle (wait, warmup, active): cycle k traces step 3k - 1.
 CYCLE = {"wait": 1, "warmup": 1, "active": 1}
-
-
-def _trainer(root: Path, profiler: Any, steps: int, callbacks: list[Any] | None = None) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=root,
-        max_steps=steps,
-        profiler=profiler,
-        callbacks=callbacks or [],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-    )
 
 
 def _spans(trace: dict[str, Any], tid: int) -> dict[str, list[dict[str, Any]]]:

@@ -40,18 +40,7 @@ def find_rank_traces(run_dir: str | Path) -> dict[int, Path]:
         ArtifactError: ``run_dir`` is missing, holds no trace, or holds one rank twice.
     """
     root = _check_dir(run_dir)
-    found: dict[int, Path] = {}
-    for path in sorted(root.rglob("memory_trace_rank_*.json")):
-        match = _MEMORY_FILE.match(path.name)
-        if match is None:
-            continue
-        rank = int(match.group(1))
-        if rank in found:
-            raise ArtifactError(
-                f"rank {rank} has two traces, {str(found[rank])!r} and {str(path)!r}; "
-                "point DIR at a single run's directory"
-            )
-        found[rank] = path
+    found = _one_per_rank(root, "memory_trace_rank_*.json", _MEMORY_FILE, "traces")
     if not found:
         raise ArtifactError(
             f"no memory_trace_rank_*.json under {str(root)!r}; run with `dump_memory_trace: true`"
@@ -78,17 +67,23 @@ def find_profiler_traces(run_dir: str | Path) -> dict[int, list[Path]]:
 
 def find_step_timelines(run_dir: str | Path) -> dict[int, Path]:
     """Map rank -> ``step_timeline_rank_{rank}.json`` under ``run_dir`` (empty when none)."""
+    return _one_per_rank(_check_dir(run_dir), "step_timeline_rank_*.json", _STEP_FILE, "step timelines")
+
+
+def _one_per_rank(root: Path, glob: str, name: re.Pattern[str], what: str) -> dict[int, Path]:
+    """Rank -> the file under ``root`` whose name ``name`` matches (group 1: the rank)."""
     found: dict[int, Path] = {}
-    for path in sorted(_check_dir(run_dir).rglob("step_timeline_rank_*.json")):
-        match = _STEP_FILE.match(path.name)
-        if match is not None:
-            rank = int(match.group(1))
-            if rank in found:
-                raise ArtifactError(
-                    f"rank {rank} has two step timelines, {str(found[rank])!r} and {str(path)!r}; "
-                    "point DIR at a single run's directory"
-                )
-            found[rank] = path
+    for path in sorted(root.rglob(glob)):
+        match = name.match(path.name)
+        if match is None:
+            continue
+        rank = int(match.group(1))
+        if rank in found:
+            raise ArtifactError(
+                f"rank {rank} has two {what}, {str(found[rank])!r} and {str(path)!r}; "
+                "point DIR at a single run's directory"
+            )
+        found[rank] = path
     return found
 
 

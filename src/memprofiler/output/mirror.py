@@ -153,18 +153,22 @@ class RemoteMirror:
                 self.remote.put(rel, data)
             except Exception as err:
                 ok = False
-                self.failures += 1
-                if not self._warned:
-                    self._warned = True
-                    self._warn(
-                        f"could not write {rel} to {self.remote.url} ({type(err).__name__}: {err}); "
-                        f"training goes on, the store keeps the last upload that reached it, later "
-                        f"flushes retry and a local copy is in {self.local}; {fix_hint(self.remote.url)}"
-                    )
+                self._failed(
+                    f"could not write {rel} to {self.remote.url} ({type(err).__name__}: {err}); "
+                    f"training goes on, the store keeps the last upload that reached it, later "
+                    f"flushes retry and a local copy is in {self.local}"
+                )
                 continue
             self.puts += 1
             self._uploaded[rel] = sig
         return self._delete_retired() and ok
+
+    def _failed(self, message: str) -> None:
+        """Count a failed store operation; warn about the first one only."""
+        self.failures += 1
+        if not self._warned:
+            self._warned = True
+            self._warn(f"{message}; {fix_hint(self.remote.url)}")
 
     def _delete_retired(self) -> bool:
         """Delete the objects of files removed with :meth:`remove`; a failure is retried later."""
@@ -178,13 +182,10 @@ class RemoteMirror:
                 pass
             except Exception as err:
                 ok = False
-                self.failures += 1
-                if not self._warned:
-                    self._warned = True
-                    self._warn(
-                        f"could not delete {rel} from {self.remote.url} ({type(err).__name__}: {err}); "
-                        f"later flushes retry; {fix_hint(self.remote.url)}"
-                    )
+                self._failed(
+                    f"could not delete {rel} from {self.remote.url} ({type(err).__name__}: {err}); "
+                    "later flushes retry"
+                )
                 continue
             with self.lock:
                 self._deleted.discard(rel)

@@ -162,8 +162,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         record_module_names: bool = True,
         group_by_input_shapes: bool = False,
         table_kwargs: dict[str, Any] | None = None,
-        trace_files: TraceFilesConfig | dict[str, Any] | None = None,
-        timeline: TimelineConfig | dict[str, Any] | None = None,
+        trace_files: dict[str, Any] | None = None,
+        timeline: dict[str, Any] | None = None,
         **profiler_kwargs: Any,
     ) -> None:
         # Warn-once state of this profiler (every process warns: the old warnings were not rank-gated).

@@ -338,7 +338,10 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if not self._export_to_chrome or output is None:
             return
         try:
-            self._written.append(self._export_trace(prof, output))
+            cycle = self._trace_cycle(prof, output)
+            # Companion files of this cycle go through `output.files.write_bytes(kind, cycle, ...)`
+            # (or `path_for` + `written`), so gzip and retention treat them as the trace.
+            self._written.append(self._export_trace(prof, output, cycle))
             output.dump_timeline()
         except Exception as err:
             self._warn(
@@ -349,12 +352,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
         return str(data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs))
 
-    def _export_trace(self, prof: torch.profiler.profile, output: TraceOutput) -> Path:
-        files = output.files
+    def _trace_cycle(self, prof: torch.profiler.profile, output: TraceOutput) -> TraceCycle:
+        """The cycle being written, with its ``{epoch}`` and ``{batch}``."""
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         epoch = int(trainer.current_epoch) if trainer is not None else 0
         # torch has counted the step that closed the cycle: the trace's last is step_num - 1.
-        cycle = files.cycle(self._cycle, epoch=epoch, batch=max(int(prof.step_num) - 1, 0))
+        return output.files.cycle(self._cycle, epoch=epoch, batch=max(int(prof.step_num) - 1, 0))
+
+    def _export_trace(self, prof: torch.profiler.profile, output: TraceOutput, cycle: TraceCycle) -> Path:
+        files = output.files
         files.folder.mkdir(parents=True, exist_ok=True)
         tmp = files.folder / f".kineto.{os.getpid()}.{self._cycle}.tmp"  # dot: never uploaded
         try:

@@ -235,3 +235,22 @@ def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
     command = memprofiler_command()
     head = command.split()[0]
     assert command == "memprofiler" or Path(head).exists()
+
+
+def test_an_unknown_trace_template_field_exits_2_with_one_line_before_training(tmp_path, capsys):
+    # GIVEN the shipped profiler config with a file name template using a field that does not exist
+    args = [
+        "fit",
+        "--config",
+        str(Path(__file__).resolve().parents[2] / "configs" / "profiler.yaml"),
+        "--trainer.profiler.init_args.trace_files",
+        '{"filename": "rank{rank}.{step}.pt.trace.json"}',
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    # WHEN the CLI starts THEN one line names the dotted key, the field and the allowed ones
+    line = _exit_2_line(tmp_path, capsys, args)
+    assert line == (
+        "`trainer.profiler.init_args.trace_files.filename`: unknown field {step} in "
+        "'rank{rank}.{step}.pt.trace.json'; allowed: {run_name}, {rank}, {local_rank}, {node_rank}, "
+        "{world_size}, {stage}, {epoch}, {batch}, {cycle}"
+    )

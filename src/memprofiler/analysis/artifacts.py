@@ -67,6 +67,7 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "profiler_trace": name_pattern(layout.PROFILER_TRACE_JSON),
     "profiler_summary": name_pattern(layout.PROFILER_SUMMARY_TXT),
     "profiler_memory_categories": name_pattern(layout.PROFILER_MEMORY_CATEGORIES_JSON),
+    "step_timeline": name_pattern(layout.STEP_TIMELINE_JSON),
     "estimate": name_pattern(layout.MEMORY_ESTIMATE_YAML),
 }
 #: Kinds the report reads (traces are for ``merge-traces``, the estimate for
@@ -76,6 +77,7 @@ _READ = frozenset(NAME_PATTERNS) - {
     "profiler_trace",
     "profiler_summary",
     "profiler_memory_categories",
+    "step_timeline",
     "estimate",
 }
 

@@ -7,6 +7,7 @@ tensors live at the peak.
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +54,9 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     """
     p = Path(path)
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raw = p.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:
         raise ArtifactError(f"{p}: not a readable memory categories file ({err})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("devices"), dict):
         raise ArtifactError(

@@ -77,9 +77,12 @@ class ProfilerViews:
 
 
 def categories_path(trace_path: Path) -> Path:
-    """``x.pt.trace.json[.gz]`` -> ``x.memory_categories.json`` beside it."""
+    """``x.pt.trace.json[.gz]`` -> ``x.memory_categories.json[.gz]`` beside it (the gzipped
+    name when only that one exists)."""
     name = trace_path.name.removesuffix(".gz").removesuffix(".pt.trace.json")
-    return trace_path.with_name(name + layout.PROFILER_MEMORY_CATEGORIES_JSON.rsplit("}", 1)[-1])
+    plain = trace_path.with_name(name + layout.PROFILER_MEMORY_CATEGORIES_JSON.rsplit("}", 1)[-1])
+    gzipped = plain.with_name(plain.name + ".gz")
+    return gzipped if not plain.exists() and gzipped.exists() else plain
 
 
 def trace_view(path: Path) -> TraceView:

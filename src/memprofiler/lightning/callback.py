@@ -83,8 +83,11 @@ class MemProfilerCallback(Callback):
             if config.log_metrics:
                 self.profiler.add_listener(LoggerListener(trainer))
             extended = _extended_profiler(trainer)
-            if extended is not None and self.profiler.timeline is not None:
-                extended.add_memory_timeline(self.profiler.timeline)
+            if extended is not None:
+                # One save_dir for everything: the traces go to this run's directory (and store).
+                extended.use_run_dir(self.profiler.save_dir, self.profiler.mirror)
+                if self.profiler.timeline is not None:
+                    extended.add_memory_timeline(self.profiler.timeline)
         else:
             self.profiler.setup(pl_module)  # a later stage (validate, test) of the same Trainer
         self.profiler.attach(pl_module)

@@ -24,23 +24,25 @@ from typing import Any
 
 import torch
 
-from memprofiler.output.writers import atomic_write_bytes
-
 #: The file's ``format`` and ``version``.
 FORMAT, VERSION = "memprofiler-memory-categories", 1
 _NEEDS = ("record_shapes", "profile_memory", "with_stack")
+#: The companion-file kind of a trace cycle (:meth:`memprofiler.output.trace_files.TraceFiles.path_for`).
+CATEGORIES = "memory_categories"
 
 
-def write_category_timeline(prof: Any, path: Path, warn: Callable[..., None]) -> list[Path]:
-    """Write ``prof``'s memory-by-category events to ``path``; ``[path]``, or ``[]`` when the
-    profiler lacks an option it needs or anything fails (a warning, never an exception)."""
+def write_category_timeline(
+    prof: Any, write: Callable[[bytes], Path], warn: Callable[..., None]
+) -> list[Path]:
+    """Hand ``prof``'s memory-by-category document to ``write`` (which names and stores it);
+    ``[path]``, or ``[]`` when the profiler lacks an option it needs or anything fails (a
+    warning, never an exception)."""
     if not all(getattr(prof, name, False) for name in _NEEDS):
         return []
     try:
-        atomic_write_bytes(path, json.dumps(category_events(prof)).encode())
-        return [path]
+        return [write(json.dumps(category_events(prof)).encode())]
     except Exception as err:  # torch's classifier is private API: a fault must not reach training
-        warn(f"ExtendedPyTorchProfiler could not write {path.name}: {err!r}", all_ranks=True)
+        warn(f"ExtendedPyTorchProfiler could not write its memory categories: {err!r}", all_ranks=True)
         return []
 
 

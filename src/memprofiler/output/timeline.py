@@ -276,18 +276,23 @@ def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int |
     belong to other trace cycles and are left out.
     """
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
+    span = trace_span_ns(trace)
+    if span is None:
+        return 0
+    added = timeline.events(pid, base_ns=base, start_ns=span[0], end_ns=span[1])
+    if added:
+        trace["traceEvents"].extend(timeline.metadata(pid) + added)
+    return len(added)
+
+
+def trace_span_ns(trace: dict[str, Any]) -> tuple[int, int] | None:
+    """A Chrome trace's span on the epoch clock: first ``X`` event's start to last one's end."""
+    base = int(trace.get("baseTimeNanoseconds", 0) or 0)
     bounds = [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0) or 0))
         for e in trace.get("traceEvents", [])
         if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
     ]
     if not bounds:
-        return 0
-    lo_us = min(b[0] for b in bounds)
-    hi_us = max(b[1] for b in bounds)
-    added = timeline.events(
-        pid, base_ns=base, start_ns=base + int(lo_us * 1000), end_ns=base + int(hi_us * 1000)
-    )
-    if added:
-        trace["traceEvents"].extend(timeline.metadata(pid) + added)
-    return len(added)
+        return None
+    return base + int(min(b[0] for b in bounds) * 1000), base + int(max(b[1] for b in bounds) * 1000)

@@ -22,6 +22,7 @@ from typing_extensions import override
 from memprofiler.config import MemProfilerConfig
 from memprofiler.config.keys import check_path
 from memprofiler.errors import ConfigError
+from memprofiler.lightning import cli_messages
 from memprofiler.lightning.callback import MemProfilerCallback, two_profilers_message
 
 GROUP = "memprofiler"
@@ -70,6 +71,9 @@ def rewrite_message(message: str, ex: BaseException | None) -> str | None:
         better = _yaml_file_message(ex, path)
         if better is not None:
             return better
+    better = cli_messages.better_message(message)
+    if better is not None:
+        return better
     if "Problems parsing config" in message and "<unicode string>" in message:
         return " ".join(message.replace('"<unicode string>"', "the config").split())
     for pattern in (_UNKNOWN_OPTION, _UNRECOGNIZED):

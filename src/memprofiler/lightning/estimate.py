@@ -27,6 +27,7 @@ from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.estimate import engine, strategies
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.result import MemoryEstimate
+from memprofiler.output import urls
 from memprofiler.units import parse_size
 
 GROUP = "estimate"
@@ -237,6 +238,7 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
     precision = _precision(trainer_cfg)
     memory = int(parse_size(opts.device_memory, f"{GROUP}.device_memory")) if opts.device_memory else None
     reserve = int(parse_size(opts.reserve, f"{GROUP}.reserve"))
+    urls.check_dir(opts.save_dir or "", f"{GROUP}.save_dir")
     model, data = cli.model, cli.datamodule
 
     def one(bs: int | None) -> MemoryEstimate:

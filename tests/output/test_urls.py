@@ -101,10 +101,13 @@ def test_a_memory_store_warns_that_it_dies_with_the_process_and_still_holds_the_
 
     model = nn.Linear(4, 2)
     # WHEN a run is profiled THEN a warning says the files go when the process exits
-    with pytest.warns(UserWarning, match=r"'memory://mp-test/run' is fsspec's in-process memory store: "):
-        with MemProfiler(CONFIG, save_dir="memory://mp-test/run", rank=0) as prof:
-            with prof.profile("step", module=model):
-                model(torch.randn(3, 4)).sum()
+    warned = pytest.warns(UserWarning, match=r"'memory://mp-test/run' is fsspec's in-process memory store: ")
+    with (
+        warned,
+        MemProfiler(CONFIG, save_dir="memory://mp-test/run", rank=0) as prof,
+        prof.profile("step", module=model),
+    ):
+        model(torch.randn(3, 4)).sum()
     # AND the files are there until then, for this process to read
     fs = fsspec.filesystem("memory")
     stats = yaml.safe_load(fs.cat_file(f"/mp-test/run/{layout.MEMORY_STATS_YAML.format(rank=0)}"))

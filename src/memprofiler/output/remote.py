@@ -65,6 +65,23 @@ def read_hint(url: str) -> str:
     return fix_hint(url, "reading")
 
 
+def list_hint(url: str) -> str:
+    """The permission that lets the credentials list a directory, per protocol."""
+    proto = url.split("://", 1)[0].lower()
+    if proto in ("s3", "s3a"):
+        return (
+            "allow `s3:ListBucket` on the bucket to these credentials, or choose a `save_dir` they may list"
+        )
+    if proto in ("gs", "gcs"):
+        return "grant `storage.objects.list` on the bucket to these credentials, or choose a `save_dir` they may list"
+    return "allow these credentials to list the location, or choose one they may list"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
 @dataclass(frozen=True)
 class RemoteDir:
     """A directory on an fsspec filesystem: ``fs`` and the path inside it, plus the URL asked for.
@@ -77,6 +94,8 @@ class RemoteDir:
     url: str
     fs: Any
     root: str
+    #: The config key or option that named this directory, for messages.
+    key: str = "save_dir"
 
     @classmethod
     def from_url(cls, url: str, key: str = "save_dir") -> RemoteDir:
@@ -96,10 +115,10 @@ class RemoteDir:
             ) from None
         except (ValueError, TypeError) as err:
             raise ArtifactError(f"`{key}` {url!r} is not a URL fsspec understands ({err})") from None
-        return cls(url=url.rstrip("/"), fs=fs, root=str(root).rstrip("/"))
+        return cls(url=url.rstrip("/"), fs=fs, root=str(root).rstrip("/"), key=key)
 
     def child(self, name: str) -> RemoteDir:
-        return RemoteDir(url=f"{self.url}/{name}", fs=self.fs, root=f"{self.root}/{name}")
+        return RemoteDir(url=f"{self.url}/{name}", fs=self.fs, root=f"{self.root}/{name}", key=self.key)
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -125,13 +144,23 @@ class RemoteDir:
         return True
 
     def names(self) -> list[str]:
-        """Base names directly under this directory; empty when it does not exist."""
+        """Base names directly under this directory; empty when it does not exist.
+
+        Raises:
+            ArtifactError: the credentials may not list it (one line naming the key and the fix).
+        """
         try:
-            entries = self.fs.ls(self.root, detail=False, refresh=True)
+            try:
+                entries = self.fs.ls(self.root, detail=False, refresh=True)
+            except TypeError:  # filesystems without a listing cache take no `refresh`
+                entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return []
-        except TypeError:  # filesystems without a listing cache take no `refresh`
-            entries = self.fs.ls(self.root, detail=False)
+        except PermissionError as err:
+            raise ArtifactError(
+                f"`{self.key}` {self.url!r} can be written but not listed ({_first_line(err)}); memprofiler "
+                f"lists it to find a run directory no other run holds: {list_hint(self.url)}"
+            ) from None
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
 

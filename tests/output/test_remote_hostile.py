@@ -21,6 +21,10 @@ def no_listing(monkeypatch):
         raise PermissionError("Access Denied")
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_ls", refuse)
+    # Cached instances hold sync wrappers made from the unpatched method.
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_write_but_not_list_is_one_line_naming_the_permission(s3_bucket, no_listing):

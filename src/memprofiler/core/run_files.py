@@ -102,9 +102,10 @@ class RunFiles:
             atexit.register(self.mirror.cleanup)
         else:
             self.save_dir, self.manifest = run_setup.claim_run_dir(self.requested, self.rank, self.warn)
-        self.stats = StatsFile(self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank))
+        run_id = run_setup.share_run_id(self.rank, self.manifest) or None
+        self.stats = StatsFile(self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank), run_id)
         if self.config.dump_memory_trace:
-            self.timeline = MemoryTimeline(self.rank)
+            self.timeline = MemoryTimeline(self.rank, run_id)
 
     # ------------------------------------------------------------------ bookkeeping
     def recorded(self, key: str) -> None:

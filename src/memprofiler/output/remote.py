@@ -215,7 +215,7 @@ def claim(requested: RemoteDir, manifest_yaml: bytes) -> RemoteDir:
     Raises:
         ArtifactError: the store refuses writes under ``requested``.
     """
-    check_writable(requested)
+    check_writable(requested, requested.key)
     run, n = requested, 1
     while holds_run(run) or not run.create(layout.RUN_MANIFEST, manifest_yaml):
         run, n = requested.child(layout.RUN_VERSION_DIR.format(n=n)), n + 1

@@ -229,3 +229,28 @@ def follow(requested: RemoteDir, rank: int) -> RemoteDir:
         if not holds_run(run, rank=rank):
             return run
     raise AssertionError("unreachable")  # the last candidate is always empty
+
+
+def staged(target: str, local: Path) -> Path:
+    """Where to write a file bound for ``target``: ``local`` itself, or a fresh local staging
+    directory when ``target`` is a URL (:func:`publish` then uploads from it)."""
+    if not is_url(target):
+        return local
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="memprofiler-stage-"))
+
+
+def publish(path: Path, target: str, key: str) -> str:
+    """Upload ``path`` (written under :func:`staged`) to the URL ``target`` as one whole object;
+    a local ``target`` is left as is. Returns where the file now is.
+
+    Raises:
+        ArtifactError: the store refuses it (one line naming ``key``, the URL and the fix).
+    """
+    if not is_url(target):
+        return str(path)
+    where = RemoteDir.from_url(target, key=key)
+    check_writable(where, key)
+    where.put(path.name, path.read_bytes())
+    return f"{where.url}/{path.name}"

@@ -72,6 +72,11 @@ RUN_VERSION_DIR = "version_{n}"
 #: First line of every YAML file memprofiler writes. A file that starts with it must end with a
 #: block-end line; one that does not is cut (copied partially, or killed mid-append).
 YAML_HEADER = "#memprofiler-yaml v1"
+#: Second line of a per-rank stats YAML: the id of the run (the manifest's ``run_id``) that
+#: wrote it, so ``report`` refuses to put two runs' ranks together. Files without it still read.
+RUN_ID_LINE = "#memprofiler-run {run_id}"
+#: Where a per-rank memory trace keeps the same id: ``otherData[TRACE_RUN_ID_KEY]``.
+TRACE_RUN_ID_KEY = "memprofiler_run_id"
 #: Written after every block of top-level entries: ``#memprofiler-end entries=<n>``, ``n`` the
 #: number of top-level keys in the file up to this line. Files appended in blocks (the stats
 #: YAML) hold one per block; the last line of an intact file is one. A reader keeps what lies

@@ -10,14 +10,17 @@ file's ``baseTimeNanoseconds``, so ranks line up on the shared wall clock.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import math
 import re
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memprofiler.analysis.run_ids import check_one_run, trace_run_id
 from memprofiler.errors import ArtifactError
 from memprofiler.output.step_timeline import CATEGORIES as STEP_CATEGORIES
 from memprofiler.output.timeline import CATEGORY
@@ -113,14 +116,43 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def _base(data: dict[str, Any]) -> int:
-    return int(data.get("baseTimeNanoseconds", 0) or 0)
+def _base(data: dict[str, Any], path: Path) -> int:
+    """The file's ``baseTimeNanoseconds`` (0 when absent).
+
+    Raises:
+        ArtifactError: it is not a non-negative integer (one line naming the file and the field).
+    """
+    if "baseTimeNanoseconds" not in data:
+        return 0
+    value = data["baseTimeNanoseconds"]
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArtifactError(
+            f"{str(path)!r}: `baseTimeNanoseconds` is {value!r}; it must be a non-negative integer "
+            "(nanoseconds of the trace's clock): regenerate the file or remove the field"
+        )
+    return value
+
+
+def _ts(value: Any, path: Path, index: int) -> float:
+    """An event's ``ts`` as a finite float, or one line naming the file, the event and the field."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            number = float(value)
+    if number is None or not math.isfinite(number):
+        raise ArtifactError(
+            f"{str(path)!r}: `traceEvents[{index}].ts` is {value!r}; it must be a finite number of "
+            "microseconds: regenerate the file or remove that event"
+        )
+    return number
 
 
 def _moved(
-    events: Iterable[Any], rank: int, shift_us: float, skip: frozenset[str]
+    events: Iterable[Any], rank: int, shift_us: float, skip: frozenset[str], path: Path
 ) -> Iterable[dict[str, Any]]:
-    for event in events:
+    for index, event in enumerate(events):
         if not isinstance(event, dict):
             continue
         if event.get("ph") == "M" and event.get("name") in _PROCESS_META:
@@ -129,7 +161,7 @@ def _moved(
             continue  # the profiler trace's copy of events a whole-run file of the rank holds
         moved = dict(event, pid=rank)
         if "ts" in moved:
-            moved["ts"] = float(moved["ts"]) + shift_us
+            moved["ts"] = _ts(moved["ts"], path, index) + shift_us
         if moved.get("ph") in _FLOW_PHASES and "id" in moved:
             moved["id"] = _flow_id(rank, moved["id"])
         yield moved
@@ -173,19 +205,20 @@ def merge_rank_traces(
     none: frozenset[str] = frozenset()
     for rank, path in sorted(traces.items()):
         sources[rank] = [(path, _load(path), none)]
+    check_one_run((str(p), trace_run_id(data)) for files in sources.values() for p, data, _ in files)
     for rank, path in sorted((step_timelines or {}).items()):
         sources.setdefault(rank, []).append((path, _load(path), none))
     for rank, paths in sorted((profiler_traces or {}).items()):
         skip = frozenset({CATEGORY, *(STEP_CATEGORIES if rank in (step_timelines or {}) else ())})
         sources.setdefault(rank, []).extend((p, _load(p), skip) for p in paths)
-    base = min(_base(data) for files in sources.values() for _, data, _ in files)
+    base = min(_base(data, path) for files in sources.values() for path, data, _ in files)
     events: list[dict[str, Any]] = []
     for rank, files in sources.items():
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
-        for _, data, skip in files:
-            shift_us = (_base(data) - base) / 1000.0
-            events.extend(_moved(data["traceEvents"], rank, shift_us, skip))
+        for path, data, skip in files:
+            shift_us = (_base(data, path) - base) / 1000.0
+            events.extend(_moved(data["traceEvents"], rank, shift_us, skip, path))
     return {
         "schemaVersion": 1,
         "displayTimeUnit": "ms",

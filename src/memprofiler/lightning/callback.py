@@ -16,9 +16,10 @@ from typing_extensions import override
 from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core.profiler import MemProfiler
-from memprofiler.errors import ConfigError, MemProfilerWarning
+from memprofiler.errors import ArtifactError, ConfigError, MemProfilerWarning
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
+from memprofiler.output import urls
 from memprofiler.output.remote import is_url
 
 
@@ -26,6 +27,7 @@ def default_save_dir(trainer: pl.Trainer) -> Path | str:
     """``<trainer.log_dir or default_root_dir>/memprofiler``; a URL when that is remote (``s3://...``),
     as Lightning's loggers follow a remote ``default_root_dir``."""
     base = trainer.log_dir or trainer.default_root_dir
+    urls.check_dir(base, "trainer.default_root_dir")
     if is_url(base):
         return f"{str(base).rstrip('/')}/{layout.DEFAULT_SUBDIR}"
     return Path(base) / layout.DEFAULT_SUBDIR
@@ -79,7 +81,10 @@ class MemProfilerCallback(Callback):
             )
             # Every rank runs the Trainer's teardown together: the summary may use collectives.
             self.profiler.summary_collective = True
-            self.profiler.setup(pl_module)
+            try:
+                self.profiler.setup(pl_module)
+            except ArtifactError as err:
+                raise _name_default_root_dir(err, config) from None
             if config.log_metrics:
                 self.profiler.add_listener(LoggerListener(trainer))
             extended = _extended_profiler(trainer)
@@ -190,6 +195,18 @@ class MemProfilerCallback(Callback):
     def _step_end(self) -> None:
         if self.profiler is not None:
             self.profiler.step_end()
+
+
+def _name_default_root_dir(err: ArtifactError, config: MemProfilerConfig) -> ArtifactError:
+    """``err`` about the default ``save_dir``, saying it comes from ``trainer.default_root_dir``."""
+    text = str(err)
+    if config.save_dir or not text.startswith("`save_dir`"):
+        return err
+    return ArtifactError(
+        "`save_dir` (unset: under `trainer.default_root_dir`)"
+        + text[len("`save_dir`") :]
+        + "; or set `save_dir`"
+    )
 
 
 def refuse_second_profiler(callbacks: list[Callback], own: MemProfilerCallback | None) -> None:

@@ -25,6 +25,7 @@ from memprofiler.config.keys import check_path
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.errors import ConfigError
+from memprofiler.lightning import cli_messages
 from memprofiler.lightning.callback import MemProfilerCallback, two_profilers_message
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 
@@ -74,6 +75,9 @@ def rewrite_message(message: str, ex: BaseException | None) -> str | None:
         better = _yaml_file_message(ex, path)
         if better is not None:
             return better
+    better = cli_messages.better_message(message)
+    if better is not None:
+        return better
     if "Problems parsing config" in message and "<unicode string>" in message:
         return " ".join(message.replace('"<unicode string>"', "the config").split())
     for pattern in (_UNKNOWN_OPTION, _UNRECOGNIZED):

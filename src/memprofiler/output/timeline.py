@@ -74,8 +74,10 @@ class MemoryTimeline:
         >>> timeline.dump(save_dir)  # memory_trace_rank_0.json
     """
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, run_id: str | None = None) -> None:
         self.rank = rank
+        #: The run's id, kept in ``otherData`` so ``merge-traces`` can tell two runs apart.
+        self.run_id = run_id
         self._marks: list[_Mark] = []
         # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
         self._rendered: list[str] = []
@@ -200,7 +202,7 @@ class MemoryTimeline:
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": base,
             "traceEvents": events,
-            "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
+            "otherData": self._other_data(),
         }
 
     def to_json(self) -> str:
@@ -264,9 +266,14 @@ class MemoryTimeline:
         self._rendered, self._rendered_n, self._rendered_base = [], 0, None
         self._render_starts = {}
 
+    def _other_data(self) -> dict[str, Any]:
+        other: dict[str, Any] = {"memprofiler_rank": self.rank, "os_pid": os.getpid()}
+        if self.run_id:
+            other[layout.TRACE_RUN_ID_KEY] = self.run_id
+        return other
+
     def _tail(self) -> str:
-        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
-        return f'], "otherData": {other}}}'
+        return f'], "otherData": {json.dumps(self._other_data())}}}'
 
 
 def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:

@@ -17,6 +17,7 @@ from torch import nn
 from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
+from memprofiler.analysis.snapshot import load_snapshot
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.config import MemProfilerConfig, ScheduleConfig
@@ -502,3 +503,24 @@ def test_benchmark_skips_cleanly_without_cuda(capsys):
     # WHEN it runs THEN it exits 0 with one JSON line saying why it skipped
     assert bench.main([]) == 0
     assert json.loads(capsys.readouterr().out) == {"skipped": "no CUDA"}
+
+
+def test_the_fakes_snapshot_format_is_a_subset_of_a_real_gpu_capture():
+    # GIVEN the fake backend's synthetic snapshot and a real capture from a data-center GPU
+    # (tests/fixtures/README.md says where it came from)
+    real_path = Path(__file__).parents[1] / "fixtures" / "gpu_transformer_forward_mixed.pickle"
+    real = load_snapshot(real_path)
+    synthetic = load_fixture()
+    # THEN every key the fake writes occurs in what the GPU wrote, at every level
+    assert set(synthetic) <= set(real)
+    real_entry_keys = {k for trace in real["device_traces"] for e in trace for k in e}
+    fake_entry_keys = {k for trace in synthetic["device_traces"] for e in trace for k in e}
+    assert fake_entry_keys - {"device_free"} <= real_entry_keys
+    real_block_keys = {k for seg in real["segments"] for b in seg["blocks"] for k in b}
+    assert {k for seg in synthetic["segments"] for b in seg["blocks"] for k in b} <= real_block_keys
+    real_segment_keys = {k for seg in real["segments"] for k in seg}
+    assert {k for seg in synthetic["segments"] for k in seg} <= real_segment_keys
+    # AND the actions the fake records are ones the allocator records
+    real_actions = {e["action"] for trace in real["device_traces"] for e in trace}
+    fake_actions = {e["action"] for trace in synthetic["device_traces"] for e in trace}
+    assert fake_actions - {"snapshot", "oom", "device_free", "segment_free"} <= real_actions

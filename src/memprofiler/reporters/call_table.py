@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from operator import attrgetter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
+
+from memprofiler.reporters.figures import BY_NAME, CALL_FIGURES, STORED, Figure
 
 #: Up to this many collected calls a report shows every call (a bar and a table row each);
 #: beyond it, per-function bands (min / median / max) and the top calls, so the HTML stays
@@ -20,53 +20,85 @@ PER_CALL_LIMIT = 200
 _NONE: Mapping[str, int] = MappingProxyType({})
 
 
-def _none() -> Mapping[str, int]:
-    return _NONE
-
-
-@dataclass(slots=True)
 class CallRow:
-    """One collected call of one function on one rank, start and end merged."""
+    """One collected call of one function on one rank, start and end merged.
 
-    rank: int
-    fn: str
-    call: int
-    rss_start: int | None = None
-    rss_end: int | None = None
-    rss_peak: int | None = None
-    cuda_allocated_peak: int | None = None
-    cuda_reserved_peak: int | None = None
-    saved_unique: int | None = None
-    saved_packed: int | None = None
-    by_module: Mapping[str, int] = field(default_factory=_none)
-    fsdp: Mapping[str, int] = field(default_factory=_none)
-    """Per-category peaks the FSDP or module-wise tracker merged into the snapshot
-    (``fsdp.peak.*`` / ``module_mem.peak.*``), keyed by category."""
+    Each figure of :data:`~memprofiler.reporters.figures.CALL_FIGURES` is an attribute
+    (``row.rss_peak``), ``None`` where the call lacks it; computed ones (``rss_peak_delta``, how
+    far the host peak rose above the RSS at the call's start) too.
+    """
+
+    __slots__ = ("by_module", "call", "fn", "fsdp", "rank", "values")
+
+    def __init__(
+        self,
+        rank: int,
+        fn: str,
+        call: int,
+        values: Sequence[int | None] | None = None,
+        by_module: Mapping[str, int] | None = None,
+        fsdp: Mapping[str, int] | None = None,
+        **figures: int | None,
+    ) -> None:
+        self.rank = rank
+        self.fn = fn
+        self.call = call
+        self.values: tuple[int | None, ...] = (
+            tuple(values) if values is not None else tuple(figures.pop(f.attr, None) for f in STORED)
+        )
+        if figures:
+            raise TypeError(f"CallRow got unknown figures: {', '.join(figures)}")
+        self.by_module: Mapping[str, int] = by_module or _NONE
+        self.fsdp: Mapping[str, int] = fsdp or _NONE
+        """Per-category peaks the FSDP or module-wise tracker merged into the snapshot
+        (``fsdp.peak.*`` / ``module_mem.peak.*``), keyed by category."""
+
+    if TYPE_CHECKING:  # the figures' attributes are properties made from the declarations below
+
+        def __getattr__(self, name: str) -> int | None: ...
+
+    def value(self, figure: Figure) -> int | None:
+        """The call's ``figure``, ``None`` where it lacks it."""
+        return getattr(self, figure.attr)
 
     @property
     def label(self) -> str:
         return f"{self.fn} #{self.call}"
 
-    @property
-    def rss_peak_delta(self) -> int | None:
-        """How far the host peak rose above the RSS at the call's start."""
-        if self.rss_peak is None or self.rss_start is None:
-            return None
-        return self.rss_peak - self.rss_start
+    def _key(self) -> tuple[Any, ...]:
+        return (self.rank, self.fn, self.call, self.values, dict(self.by_module), dict(self.fsdp))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CallRow) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        figs = ", ".join(f"{f.attr}={v!r}" for f, v in zip(STORED, self.values, strict=True))
+        return f"CallRow(rank={self.rank!r}, fn={self.fn!r}, call={self.call!r}, {figs})"
+
+
+def _stored(i: int) -> property:
+    return property(lambda row: row.values[i])
+
+
+def _computed(a: str, b: str) -> property:
+    def get(row: CallRow) -> int | None:
+        x, y = getattr(row, a), getattr(row, b)
+        return None if x is None or y is None else x - y
+
+    return property(get)
+
+
+for _i, _f in enumerate(STORED):
+    setattr(CallRow, _f.attr, _stored(_i))
+for _f in CALL_FIGURES:
+    if _f.minus is not None:
+        setattr(CallRow, _f.attr, _computed(*_f.minus))
 
 
 # "No value" in a column (an int64 no byte count reaches).
 _NA = -(2**63)
-#: The figures of :class:`CallRow`, in its field order: one column each in :class:`CallTable`.
-_FIGURE_FIELDS = (
-    "rss_start",
-    "rss_end",
-    "rss_peak",
-    "cuda_allocated_peak",
-    "cuda_reserved_peak",
-    "saved_unique",
-    "saved_packed",
-)
 
 
 class CallTable(Sequence[CallRow]):
@@ -83,7 +115,7 @@ class CallTable(Sequence[CallRow]):
         self.rank: array[int] = array("q")
         self.fn: array[int] = array("q")
         self.call: array[int] = array("q")
-        self.figures: dict[str, array[int]] = {f: array("q") for f in _FIGURE_FIELDS}
+        self.figures: dict[str, array[int]] = {f.attr: array("q") for f in STORED}
         self.by_module: dict[int, Mapping[str, int]] = {}
         """Row index -> its per-module saved bytes (rows without one are left out)."""
         self.fsdp: dict[int, Mapping[str, int]] = {}
@@ -96,8 +128,8 @@ class CallTable(Sequence[CallRow]):
         ix: dict[str, int] = {}
         for r in rows:
             i = t._add(r.rank, ix.setdefault(r.fn, len(ix)), r.call)
-            for f, col in t.figures.items():
-                col[i] = _col(getattr(r, f))
+            for f, v in zip(STORED, r.values, strict=True):
+                t.figures[f.attr][i] = _col(v)
             if r.by_module:
                 t.by_module[i] = r.by_module
             if r.fsdp:
@@ -146,17 +178,17 @@ class CallTable(Sequence[CallRow]):
             )
 
     def column(self, figure: str, rows: range | None = None) -> array[int]:
-        """One of :data:`FIGURES` by name over ``rows`` (default all): a value per row, ``_NA``
-        where a call lacks it."""
+        """A figure by :attr:`~memprofiler.reporters.figures.Figure.name` over ``rows`` (default
+        all): a value per row, ``_NA`` where a call lacks it."""
         lo, hi = (0, len(self.call)) if rows is None else (rows.start, rows.stop)
-        field = _FIGURE_FIELDS_BY_NAME[figure]
-        if field is not None:
-            return self.figures[field][lo:hi]
-        peak, start = self.figures["rss_peak"][lo:hi], self.figures["rss_start"][lo:hi]  # "peak - start"
-        return array("q", (_NA if _NA in (p, s) else p - s for p, s in zip(peak, start, strict=True)))
+        fig = BY_NAME[figure]
+        if fig.minus is None:
+            return self.figures[fig.attr][lo:hi]
+        a, b = (self.figures[f][lo:hi] for f in fig.minus)
+        return array("q", (_NA if _NA in (x, y) else x - y for x, y in zip(a, b, strict=True)))
 
     def has(self, figure: str) -> bool:
-        """Whether any call has ``figure`` (a :data:`FIGURES` name)."""
+        """Whether any call has ``figure`` (a :attr:`~memprofiler.reporters.figures.Figure.name`)."""
         return any(v != _NA for v in self.column(figure))
 
     def groups(self) -> list[tuple[int, str, range]]:
@@ -227,26 +259,11 @@ def _row(
     by_module: Mapping[str, int] | None,
     fsdp: Mapping[str, int] | None,
 ) -> CallRow:
-    """A :class:`CallRow` of :class:`CallTable` columns (``v``: the figures, in field order)."""
-    return CallRow(
-        rank, fn, call, v[0], v[1], v[2], v[3], v[4], v[5], v[6], by_module or _NONE, fsdp or _NONE
-    )
-
-
-# The CallRow field of each figure a report shows: the column it is read from ("peak - start"
-# is computed).
-_FIGURE_FIELDS_BY_NAME: dict[str, str | None] = {
-    "rss peak": "rss_peak",
-    "peak - start": None,
-    "rss end": "rss_end",
-    "cuda alloc peak": "cuda_allocated_peak",
-    "cuda reserved peak": "cuda_reserved_peak",
-    "saved unique": "saved_unique",
-}
-#: The per-call figures a report shows, by name, and how to read each from a call.
-FIGURES: list[tuple[str, Callable[[CallRow], int | None]]] = [
-    (name, attrgetter(f or "rss_peak_delta")) for name, f in _FIGURE_FIELDS_BY_NAME.items()
-]
+    """A :class:`CallRow` of :class:`CallTable` columns (``v``: the figures, in :data:`STORED` order)."""
+    row = object.__new__(CallRow)  # not through __init__: a row per call read, 100,000 of them
+    row.rank, row.fn, row.call, row.values = rank, fn, call, tuple(v)
+    row.by_module, row.fsdp = by_module or _NONE, fsdp or _NONE
+    return row
 
 
 def _is_finite_number(v: Any) -> bool:

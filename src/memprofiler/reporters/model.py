@@ -10,16 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memprofiler.analysis.artifacts import RunArtifacts
-from memprofiler.reporters.call_rows import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, _call_rows, call_rows
+from memprofiler.reporters.call_rows import _call_rows, call_rows
 from memprofiler.reporters.call_table import (
     _NA,
-    FIGURES,
     PER_CALL_LIMIT,
     CallRow,
     CallTable,
     _num,
     breakdown_rank,
 )
+from memprofiler.reporters.figures import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, FIGURES
 from memprofiler.reporters.snapshots import SnapshotEntry, snapshot_entries, snapshot_title
 from memprofiler.reporters.yaml_tables import ReportTable, nested_tables, report_tables
 

@@ -5,11 +5,10 @@ Adding a collector means adding it here; no other collector changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
-from memprofiler.collectors.base import Collector
+from memprofiler.collectors.base import Collector, Warn
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
 from memprofiler.collectors.fsdp import FSDPMemCollector
@@ -30,9 +29,7 @@ class Registered:
     collector: Collector
 
 
-def build_collectors(
-    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
-) -> list[Registered]:
+def build_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> list[Registered]:
     """Instantiate the collectors ``cfg`` enables, in start order (they end in reverse).
 
     Collection types whose capability is missing (no CUDA) are warned about once and
@@ -46,9 +43,9 @@ def build_collectors(
         depth, units = cfg.fsdp_mem_track_module_depth, cfg.fsdp_mem_tracker_units
         tabulate = cfg.fsdp_mem_tracker_tabulate
         tracker: Collector = (
-            FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate)
+            FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate, warn)
             if cfg.track_fsdp_mem
-            else ModuleMemCollector(depth, units, tabulate)
+            else ModuleMemCollector(depth, units, tabulate, warn)
         )
         out.append(Registered(cfg.collect_funcs.funcs_for("fsdp"), tracker))
     # Allocator-history snapshots are large dumps: start them before, and end them after, the
@@ -90,9 +87,7 @@ def build_collectors(
     return out
 
 
-def _history_collectors(
-    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
-) -> list[Registered]:
+def _history_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> list[Registered]:
     """Allocator history and the OOM flight recorder, sharing one recording owner."""
     out: list[Registered] = []
     if not (cfg.cuda_allocator_history or cfg.oom.enabled):

@@ -46,7 +46,7 @@ from weakref import ref
 import torch
 from torch import nn
 
-from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext, Warn
 from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
 
@@ -299,7 +299,7 @@ class SavedTensorsCollector(BaseCollector):
 
     name = "saved_tensors"
 
-    def __init__(self, warn: Callable[[str], None] = no_warn, compiled: bool = True) -> None:
+    def __init__(self, warn: Warn = no_warn, compiled: bool = True) -> None:
         self._compiled = compiled
         # Storage (its C object) -> a parameter or buffer on it. Keyed by storage object, not
         # address: FSDP2 frees unsharded parameters after each block (the storage object lives

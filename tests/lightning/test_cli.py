@@ -10,7 +10,7 @@ import yaml
 
 from conftest import load_stats
 from memprofiler import MemProfilerCallback, ProfilerHooksMixin
-from memprofiler.cli import MemProfilerCLI
+from memprofiler.lightning.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import DemoGPT
@@ -258,3 +258,16 @@ def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
         ["0", "training_step", "1"],
         ["0", "training_step", "2"],
     ]
+
+
+def test_the_old_import_path_warns_and_gives_the_same_class():
+    import importlib
+
+    import memprofiler
+
+    sys.modules.pop("memprofiler.cli", None)
+    with pytest.warns(
+        DeprecationWarning, match=r"`memprofiler\.cli` is deprecated; import `MemProfilerCLI` from"
+    ):
+        old = importlib.import_module("memprofiler.cli")
+    assert old.MemProfilerCLI is MemProfilerCLI is memprofiler.MemProfilerCLI

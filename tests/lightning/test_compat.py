@@ -13,8 +13,8 @@ import tomllib
 from packaging.requirements import Requirement
 
 import lightning
-from memprofiler.cli import MemProfilerCLI
 from memprofiler.lightning import _compat
+from memprofiler.lightning.cli import MemProfilerCLI
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.profiler_schedule import CyclicSchedule
 

@@ -271,3 +271,9 @@ def test_the_old_import_path_warns_and_gives_the_same_class():
     ):
         old = importlib.import_module("memprofiler.cli")
     assert old.MemProfilerCLI is MemProfilerCLI is memprofiler.MemProfilerCLI
+
+
+def test_a_renamed_key_in_the_group_names_its_new_name(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"fsdp_mem_tracker_units": "KiB"}})
+    line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
+    assert line == "`memprofiler.fsdp_mem_tracker_units`: renamed: use `module_mem_units`"

@@ -140,9 +140,9 @@ class FSDPMemCollector(TrackerCollector):
 
     Args:
         root_path: ``fsdp_mem_tracker_root_module``.
-        depth: ``fsdp_mem_track_module_depth``.
-        units: ``fsdp_mem_tracker_units``.
-        tabulate: ``fsdp_mem_tracker_tabulate``.
+        depth: ``module_mem_depth``.
+        units: ``module_mem_units``.
+        tabulate: ``module_mem_tabulate``.
     """
 
     name = "fsdp"

@@ -40,14 +40,13 @@ def build_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> l
     # The module-wise trackers come first: their dispatch mode stays entered until the end of
     # the step, so it must sit below any mode another collector pushes and pops within the call.
     if cfg.track_fsdp_mem or cfg.track_module_mem:
-        depth, units = cfg.fsdp_mem_track_module_depth, cfg.fsdp_mem_tracker_units
-        tabulate = cfg.fsdp_mem_tracker_tabulate
+        depth, units, tabulate = cfg.module_mem_depth, cfg.module_mem_units, cfg.module_mem_tabulate
         tracker: Collector = (
             FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate, warn)
             if cfg.track_fsdp_mem
             else ModuleMemCollector(depth, units, tabulate, warn)
         )
-        out.append(Registered(cfg.collect_funcs.funcs_for("fsdp"), tracker))
+        out.append(Registered(cfg.collect_funcs.funcs_for("module_mem"), tracker))
     # Allocator-history snapshots are large dumps: start them before, and end them after, the
     # collectors that measure the call (host peak RSS, CUDA stats), which must not see them.
     out.extend(_history_collectors(cfg, cuda, warn))

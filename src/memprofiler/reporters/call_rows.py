@@ -63,7 +63,7 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
             breakdowns.add(i, rank, fn, call, by_mod)
         peaks = trackers.of(m)
         if peaks is not None:
-            t.fsdp[i] = peaks
+            t.tracker_peaks[i] = peaks
     del index
     breakdowns.finish()
     t.fns = list(fn_ix)

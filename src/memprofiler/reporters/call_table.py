@@ -25,10 +25,13 @@ class CallRow:
 
     Each figure of :data:`~memprofiler.reporters.figures.CALL_FIGURES` is an attribute
     (``row.rss_peak``), ``None`` where the call lacks it; computed ones (``rss_peak_delta``, how
-    far the host peak rose above the RSS at the call's start) too.
+    far the host peak rose above the RSS at the call's start) too. :attr:`by_module` holds the
+    per-module saved bytes, :attr:`tracker_peaks` the per-category peaks the module-wise tracker
+    (``track_fsdp_mem`` or ``track_module_mem``, one per run) merged into the ``end`` snapshot
+    (``fsdp.peak.*`` / ``module_mem.peak.*``), keyed by category.
     """
 
-    __slots__ = ("by_module", "call", "fn", "fsdp", "rank", "values")
+    __slots__ = ("by_module", "call", "fn", "rank", "tracker_peaks", "values")
 
     def __init__(
         self,
@@ -37,7 +40,7 @@ class CallRow:
         call: int,
         values: Sequence[int | None] | None = None,
         by_module: Mapping[str, int] | None = None,
-        fsdp: Mapping[str, int] | None = None,
+        tracker_peaks: Mapping[str, int] | None = None,
         **figures: int | None,
     ) -> None:
         self.rank = rank
@@ -49,9 +52,7 @@ class CallRow:
         if figures:
             raise TypeError(f"CallRow got unknown figures: {', '.join(figures)}")
         self.by_module: Mapping[str, int] = by_module or _NONE
-        self.fsdp: Mapping[str, int] = fsdp or _NONE
-        """Per-category peaks the FSDP or module-wise tracker merged into the snapshot
-        (``fsdp.peak.*`` / ``module_mem.peak.*``), keyed by category."""
+        self.tracker_peaks: Mapping[str, int] = tracker_peaks or _NONE
 
     if TYPE_CHECKING:  # the figures' attributes are properties made from the declarations below
 
@@ -66,7 +67,7 @@ class CallRow:
         return f"{self.fn} #{self.call}"
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.rank, self.fn, self.call, self.values, dict(self.by_module), dict(self.fsdp))
+        return (self.rank, self.fn, self.call, self.values, dict(self.by_module), dict(self.tracker_peaks))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, CallRow) and self._key() == other._key()
@@ -118,8 +119,8 @@ class CallTable(Sequence[CallRow]):
         self.figures: dict[str, array[int]] = {f.attr: array("q") for f in STORED}
         self.by_module: dict[int, Mapping[str, int]] = {}
         """Row index -> its per-module saved bytes (rows without one are left out)."""
-        self.fsdp: dict[int, Mapping[str, int]] = {}
-        """Row index -> its tracker peaks (see :attr:`CallRow.fsdp`)."""
+        self.tracker_peaks: dict[int, Mapping[str, int]] = {}
+        """Row index -> its tracker peaks (see :attr:`CallRow.tracker_peaks`)."""
 
     @classmethod
     def of(cls, rows: Iterable[CallRow]) -> CallTable:
@@ -132,8 +133,8 @@ class CallTable(Sequence[CallRow]):
                 t.figures[f.attr][i] = _col(v)
             if r.by_module:
                 t.by_module[i] = r.by_module
-            if r.fsdp:
-                t.fsdp[i] = r.fsdp
+            if r.tracker_peaks:
+                t.tracker_peaks[i] = r.tracker_peaks
         t.fns = list(ix)
         t._sort()
         return t
@@ -166,15 +167,25 @@ class CallTable(Sequence[CallRow]):
             raise IndexError(i)
         vals = [None if (v := col[i]) == _NA else v for col in self.figures.values()]
         return _row(
-            self.rank[i], self.fns[self.fn[i]], self.call[i], vals, self.by_module.get(i), self.fsdp.get(i)
+            self.rank[i],
+            self.fns[self.fn[i]],
+            self.call[i],
+            vals,
+            self.by_module.get(i),
+            self.tracker_peaks.get(i),
         )
 
     def __iter__(self) -> Iterator[CallRow]:
-        fns, by_module, fsdp = self.fns, self.by_module, self.fsdp
+        fns, by_module, tracker_peaks = self.fns, self.by_module, self.tracker_peaks
         cols = zip(self.rank, self.fn, self.call, *self.figures.values(), strict=True)
         for i, (rank, fn, call, *vals) in enumerate(cols):
             yield _row(
-                rank, fns[fn], call, [None if v == _NA else v for v in vals], by_module.get(i), fsdp.get(i)
+                rank,
+                fns[fn],
+                call,
+                [None if v == _NA else v for v in vals],
+                by_module.get(i),
+                tracker_peaks.get(i),
             )
 
     def column(self, figure: str, rows: range | None = None) -> array[int]:
@@ -243,12 +254,12 @@ class CallTable(Sequence[CallRow]):
         self.call = array("q", map(self.call.__getitem__, order))
         for f in self.figures:
             self.figures[f] = array("q", map(self.figures[f].__getitem__, order))
-        if self.by_module or self.fsdp:
+        if self.by_module or self.tracker_peaks:
             new_of = array("q", bytes(8 * n))
             for new, old in enumerate(order):
                 new_of[old] = new
             self.by_module = {new_of[i]: m for i, m in self.by_module.items()}
-            self.fsdp = {new_of[i]: m for i, m in self.fsdp.items()}
+            self.tracker_peaks = {new_of[i]: m for i, m in self.tracker_peaks.items()}
 
 
 def _row(
@@ -257,12 +268,12 @@ def _row(
     call: int,
     v: list[int | None],
     by_module: Mapping[str, int] | None,
-    fsdp: Mapping[str, int] | None,
+    tracker_peaks: Mapping[str, int] | None,
 ) -> CallRow:
     """A :class:`CallRow` of :class:`CallTable` columns (``v``: the figures, in :data:`STORED` order)."""
     row = object.__new__(CallRow)  # not through __init__: a row per call read, 100,000 of them
     row.rank, row.fn, row.call, row.values = rank, fn, call, tuple(v)
-    row.by_module, row.fsdp = by_module or _NONE, fsdp or _NONE
+    row.by_module, row.tracker_peaks = by_module or _NONE, tracker_peaks or _NONE
     return row
 
 

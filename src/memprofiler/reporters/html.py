@@ -209,7 +209,7 @@ class HtmlReporter:
 
     def _reports_section(self) -> str:
         reps = self.model.run.reports
-        cats, fsdp = self.model.fsdp_rows()
+        cats, fsdp = self.model.tracker_rows()
         if not reps and not fsdp:
             return ""
         out = ["<h2 id='modules'>FSDP and module-wise memory</h2>"]

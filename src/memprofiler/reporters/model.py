@@ -108,11 +108,12 @@ class ReportModel:
         rows.sort(key=lambda r: (-_num(r[2].get("imbalance")), r[0], r[1]))
         return rows
 
-    def fsdp_rows(self) -> tuple[list[str], list[tuple[CallRow, Mapping[str, int]]]]:
-        """Categories, and per call the ``fsdp.*`` peaks merged into its ``end`` snapshot."""
+    def tracker_rows(self) -> tuple[list[str], list[tuple[CallRow, Mapping[str, int]]]]:
+        """Categories, and per call the module-wise tracker's peaks (``fsdp.peak.*`` or
+        ``module_mem.peak.*``) merged into its ``end`` snapshot."""
         cats: list[str] = []
         rows = []
-        for i, peaks in sorted(self.calls.fsdp.items()):
+        for i, peaks in sorted(self.calls.tracker_peaks.items()):
             cats.extend(k for k in peaks if k not in cats)
             rows.append((self.calls[i], peaks))
         return cats, rows

@@ -55,7 +55,7 @@ class TerminalReporter:
         else:
             self._calls(console)
         self._modules(console)
-        self._fsdp(console)
+        self._tracker_peaks(console)
         self._summary(console)
         self._reports(console)
         for entry in self.model.snapshots:
@@ -108,8 +108,8 @@ class TerminalReporter:
             t.add_row(escape(mod), format_bytes(b), escape(where))
         console.print(t)
 
-    def _fsdp(self, console: Console) -> None:
-        cats, rows = self.model.fsdp_rows()
+    def _tracker_peaks(self, console: Console) -> None:
+        cats, rows = self.model.tracker_rows()
         if not rows:
             return
         t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")

@@ -46,6 +46,7 @@ from weakref import ref
 import torch
 from torch import nn
 
+from memprofiler import metrics
 from memprofiler.collectors.base import BaseCollector, CallContext, Warn
 from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
@@ -414,10 +415,10 @@ class SavedTensorsCollector(BaseCollector):
         finally:
             self._release()
         return {
-            "saved_tensors.unique_bytes": unique,
-            "saved_tensors.packed_bytes": self.packed_bytes,
-            "saved_tensors.count": self.count,
-            "saved_tensors.by_module": dict(sorted(by_module.items(), key=itemgetter(1), reverse=True)),
+            metrics.SAVED_UNIQUE: unique,
+            metrics.SAVED_PACKED: self.packed_bytes,
+            metrics.SAVED_COUNT: self.count,
+            metrics.SAVED_BY_MODULE: dict(sorted(by_module.items(), key=itemgetter(1), reverse=True)),
         }
 
     def _release(self) -> None:

@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler import layout
+from memprofiler import layout, metrics
 from memprofiler.analysis.artifacts import RunArtifacts
 from memprofiler.reporters.call_table import _NA, PER_CALL_LIMIT, CallTable, _breakdown_key, _col, _int
 from memprofiler.reporters.figures import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, STORED
 
 __all__ = ["CUDA_ALLOCATED_PEAK", "CUDA_RESERVED_PEAK", "call_rows"]
 
-_TRACKER_PEAK_PREFIXES = ("fsdp.peak.", "module_mem.peak.")
+_TRACKER_PEAK_PREFIXES = metrics.TRACKER_PEAK_PREFIXES
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
             col[i] = _col(m.get(metric))
         if phase == "start":
             continue
-        by_mod = _by_module(m.get("saved_tensors.by_module"))
+        by_mod = _by_module(m.get(metrics.SAVED_BY_MODULE))
         if by_mod:
             breakdowns.add(i, rank, fn, call, by_mod)
         peaks = trackers.of(m)

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Literal
 
+from memprofiler import metrics
+
 #: CUDA ``memory_stats()`` keys shown per call (the ``end`` snapshot's peaks belong to that call).
-CUDA_ALLOCATED_PEAK = "allocated_bytes.all.peak"
-CUDA_RESERVED_PEAK = "reserved_bytes.all.peak"
+CUDA_ALLOCATED_PEAK = metrics.CUDA_ALLOCATED_PEAK
+CUDA_RESERVED_PEAK = metrics.CUDA_RESERVED_PEAK
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,11 @@ class Figure:
 
 #: Every per-call figure, in the order of the call tables' columns.
 CALL_FIGURES: tuple[Figure, ...] = (
-    Figure("rss_start", "rss start", metric="rss", phase="start"),
-    Figure("rss_end", "rss end", metric="rss", band=2, band_in_terminal=False),
-    Figure("rss_peak", "rss peak", metric="rss_peak", band=0, chart="host RSS peak", across="host RSS peak"),
+    Figure("rss_start", "rss start", metric=metrics.RSS, phase="start"),
+    Figure("rss_end", "rss end", metric=metrics.RSS, band=2, band_in_terminal=False),
+    Figure(
+        "rss_peak", "rss peak", metric=metrics.RSS_PEAK, band=0, chart="host RSS peak", across="host RSS peak"
+    ),
     Figure(
         "rss_peak_delta",
         "peak - start",
@@ -81,11 +85,11 @@ CALL_FIGURES: tuple[Figure, ...] = (
     Figure(
         "saved_unique",
         "saved unique",
-        metric="saved_tensors.unique_bytes",
+        metric=metrics.SAVED_UNIQUE,
         band=5,
         chart="saved-tensor bytes (unique)",
     ),
-    Figure("saved_packed", "saved packed", metric="saved_tensors.packed_bytes"),
+    Figure("saved_packed", "saved packed", metric=metrics.SAVED_PACKED),
 )
 
 #: The figures read from snapshots, in declaration order: one column each in a call table.

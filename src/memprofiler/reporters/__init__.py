@@ -1,1 +1,1 @@
-"""One module per output format; each only renders a :class:`~memprofiler.reporters.model.ReportModel`."""
+"""The report: its model (``model.py``, with the per-call figures declared in ``figures.py``) and one module per output format, each only rendering a :class:`~memprofiler.reporters.model.ReportModel`."""

@@ -13,12 +13,19 @@ import tomllib
 from packaging.requirements import Requirement
 
 import lightning
+from memprofiler import MemProfilerCallback, ProfilerHooksMixin
 from memprofiler.lightning import _compat
 from memprofiler.lightning.cli import MemProfilerCLI
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.profiler_schedule import CyclicSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class MixinModule(ProfilerHooksMixin, lightning.pytorch.LightningModule):
+    pass
+
+
 SRC = ROOT / "src" / "memprofiler"
 
 
@@ -55,7 +62,9 @@ def test_each_pinned_private_attribute_is_still_set_by_lightning(owner):
     assert missing == []
 
 
-@pytest.mark.parametrize("ours", [MemProfilerCLI, ExtendedPyTorchProfiler, CyclicSchedule])
+@pytest.mark.parametrize(
+    "ours", [MemProfilerCLI, ExtendedPyTorchProfiler, CyclicSchedule, MemProfilerCallback, MixinModule]
+)
 def test_every_private_override_is_pinned(ours):
     # GIVEN our subclasses of Lightning classes
     overrides = []

@@ -13,9 +13,10 @@ release that renames or re-signs any of them. The range tested is ``lightning`` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.cli import LightningArgumentParser
+if TYPE_CHECKING:  # lightning.pytorch.cli pulls in jsonargparse: only the CLI needs it at run time
+    from lightning.pytorch.cli import LightningArgumentParser
 
 #: Private functions and methods used, by dotted path, with the parameter names relied on.
 PINNED: dict[str, tuple[str, ...]] = {
@@ -50,6 +51,7 @@ PINNED: dict[str, tuple[str, ...]] = {
     "lightning.pytorch.profilers.pytorch.PyTorchProfiler._delete_profilers": ("self",),
     "lightning.pytorch.profilers.profiler.Profiler._stats_to_str": ("self", "stats"),
     "lightning.pytorch.profilers.pytorch.ScheduleWrapper._step": ("self",),
+    "lightning.pytorch.callbacks.callback.Callback._generate_state_key": ("self", "kwargs"),
 }
 
 #: Private instance attributes read or written, by the dotted path of the class that sets them.
@@ -66,6 +68,7 @@ PINNED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_stage",
         "_register",
     ),
+    "lightning.pytorch.core.module.LightningModule": ("_trainer",),
     "lightning.pytorch.profilers.pytorch.ScheduleWrapper": (
         "_schedule",
         "_current_action",
@@ -114,6 +117,16 @@ def subcommand_parser(cli: Any, name: str | None) -> LightningArgumentParser:
 def config_value(cli: Any, config: Any, key: str) -> Any:
     """``config[key]`` of the current subcommand, as Lightning reads its own keys."""
     return cli._get(config, key)
+
+
+def state_key(callback: Any, **kwargs: Any) -> str:
+    """The callback's checkpoint state key, made of its class name and ``kwargs`` as Lightning makes them."""
+    return callback._generate_state_key(**kwargs)
+
+
+def attached_trainer(module: Any) -> Any:
+    """The Trainer ``module`` is attached to, or ``None`` (the public ``trainer`` raises then)."""
+    return getattr(module, "_trainer", None)
 
 
 def model_instantiator(cli: Any, wrap: Callable[[Any], Any]) -> tuple[Any, type]:

@@ -18,6 +18,7 @@ from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ConfigError, MemProfilerWarning
+from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 from memprofiler.output.remote import is_url
@@ -65,7 +66,7 @@ class MemProfilerCallback(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(save_dir=self.config.save_dir)
+        return compat.state_key(self, save_dir=self.config.save_dir)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -1,13 +1,14 @@
 # Two commands set everything up on a fresh machine with only Python and pip:
 #   make demo   -> .venv, torch, memprofiler, then the demo run on CPU
 #   make test   -> the same with dev extras, then pytest
+#   make docs   -> the documentation site in site/, built offline with warnings as errors
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 
-.PHONY: venv install install-dev demo test lint typecheck bench clean
+.PHONY: venv install install-dev install-docs demo test docs lint typecheck bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +30,13 @@ $(VENV)/.installed-dev: pyproject.toml $(PACKER) $(VENV)/.torch
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed
 
+$(VENV)/.installed-docs: pyproject.toml $(PACKER) $(VENV)/.torch
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $@ $(VENV)/.installed
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+install-docs: $(VENV)/.installed-docs
 
 demo: install
 	$(PY) examples/demo.py fit --config configs/demo.yaml
@@ -44,16 +50,21 @@ demo-fsdp: install
 test: install-dev
 	$(PY) -m pytest -q
 
+# The config reference and each subcommand's usage are generated from the code at build time
+# (tools/mkdocs_hooks.py); mkdocs.yml sets strict, so a broken link or anchor fails the build.
+docs: install-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 lint: install-dev
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/mypy
 
 bench: install
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info lightning_logs src/memprofiler/*.so
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info lightning_logs src/memprofiler/*.so
 
 .PHONY: bench-snapshot
 bench-snapshot: install

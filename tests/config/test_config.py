@@ -186,14 +186,14 @@ _STATE = "with a `memprofiler.collectors.module_hooks.HookState`"
             "pre_forward",
             "`memory_hooks.pre_forward_hooks[0]`: `ancestor_hooks.pre_forward(module, *args, **kwargs)` "
             "looks like a finetuning-scheduler hook (module first): memprofiler calls it as "
-            f"`hook(state, module, args)` {_STATE} as the first argument; see the README's migration table",
+            f"`hook(state, module, args)` {_STATE} as the first argument; see docs/migration.md",
         ),
         (
             "post_forward_hooks",
             "post_forward",
             "`memory_hooks.post_forward_hooks[0]`: `ancestor_hooks.post_forward(module, *args, **kwargs)` "
             "looks like a finetuning-scheduler hook (module first): memprofiler calls it as "
-            f"`hook(state, module, args, output)` {_STATE} as the first argument; see the README's migration table",
+            f"`hook(state, module, args, output)` {_STATE} as the first argument; see docs/migration.md",
         ),
         (
             "reset_state_hooks",

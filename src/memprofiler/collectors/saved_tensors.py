@@ -31,7 +31,7 @@ learns of a holder's death through a weak reference with a callback; the C one c
 holders per storage in the holders themselves, pays no interpreter frame per saved tensor, and
 makes nothing per saved tensor that the cyclic garbage collector tracks.
 
-Cost inside the window (CPU, 1 thread, same FLOPs): see the README's overhead section and
+Cost inside the window (CPU, 1 thread, same FLOPs): see docs/performance.md and
 ``benchmarks/results/scaling_cpu.json``.
 """
 

@@ -79,7 +79,7 @@ def check_hook_signature(fn: Callable[..., Any], field_name: str, key: str) -> N
         raise ConfigError(
             key,
             f"`{name}` looks like a finetuning-scheduler hook (module first): {fix} as the first "
-            "argument; see the README's migration table",
+            "argument; see docs/migration.md",
         )
 
 

@@ -85,7 +85,7 @@ class MemProfilerConfig:
     track_fsdp_mem: bool = False
     """Track FSDP2 memory per module with ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``
     during the functions of collection type ``module_mem``. The window runs from the start of the call to
-    the end of the step (backward and optimizer step included; see the README). Writes
+    the end of the step (backward and optimizer step included; see docs/guides/fsdp.md). Writes
     ``fsdp_mem_rank_{rank}_{fn}_{call}.log``/``.yaml`` and ``fsdp.peak.*`` snapshot keys."""
     fsdp_mem_tracker_root_module: str = ""
     """Dotted path, from the profiled module (the LightningModule), of the ``fully_shard``-ed module

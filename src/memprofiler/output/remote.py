@@ -3,7 +3,7 @@
 Each file goes to the store as one whole object (a single PUT, atomic on object stores), never
 appended to in place. The run directory is claimed with a conditional create of its manifest
 where the filesystem supports one (S3's ``If-None-Match``); elsewhere the claim is a check then
-a write, which two jobs starting in the same second could both pass (see the README). The
+a write, which two jobs starting in the same second could both pass (see docs/guides/cluster.md). The
 protocol's own package (``s3fs``, ``gcsfs``, ``adlfs``) is imported only for a remote
 ``save_dir``, so the core imports without any of them.
 """

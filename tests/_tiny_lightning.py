@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning.pytorch as pl
 import torch
 from torch import nn
@@ -53,3 +55,17 @@ class TinyModel(pl.LightningModule):
             torch.randn(self.n_samples, 16, generator=gen), torch.randn(self.n_samples, 1, generator=gen)
         )
         return DataLoader(data, batch_size=8)
+
+
+def quiet_trainer(root: Any, profiler: Any, steps: int, callbacks: list[Any] | None = None) -> pl.Trainer:
+    """A CPU Trainer writing under ``root`` with no logger, checkpoints, summary or progress bar."""
+    return pl.Trainer(
+        default_root_dir=root,
+        max_steps=steps,
+        profiler=profiler,
+        callbacks=callbacks or [],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+    )

@@ -46,8 +46,16 @@ MEMORY_SUMMARY_YAML = "memory_summary.yaml"
 #: Per-rank Chrome trace of memory counters and ``{fn}.{call}`` spans.
 MEMORY_TRACE_JSON = "memory_trace_rank_{rank}.json"
 #: ExtendedPyTorchProfiler trace, one per schedule cycle. ``{worker}.{span}.pt.trace.json`` is
-#: the name TensorBoard's torch-tb-profiler plugin discovers; the worker is stage and rank.
+#: the name ``torch.profiler.tensorboard_trace_handler`` gives (worker = stage and rank), which
+#: ``memprofiler report`` and Perfetto read.
 PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
+#: Memory by category (parameter, optimizer state, input, activation, gradient, temporary,
+#: autograd detail) over one profiler cycle, from torch's memory profiler; written beside that
+#: cycle's trace when ``record_shapes``, ``profile_memory`` and ``with_stack`` are all on.
+PROFILER_MEMORY_CATEGORIES_JSON = "{stage}_rank_{rank}.{cycle}.memory_categories.json"
+#: ExtendedPyTorchProfiler per-rank step timeline of the whole run: a span per Lightning hook
+#: and data-loader wait, host-metric counters (``memprofiler merge-traces`` folds it in).
+STEP_TIMELINE_JSON = "step_timeline_rank_{rank}.json"
 #: ExtendedPyTorchProfiler per-rank summary table.
 PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
 
@@ -64,6 +72,11 @@ RUN_VERSION_DIR = "version_{n}"
 #: First line of every YAML file memprofiler writes. A file that starts with it must end with a
 #: block-end line; one that does not is cut (copied partially, or killed mid-append).
 YAML_HEADER = "#memprofiler-yaml v1"
+#: Second line of a per-rank stats YAML: the id of the run (the manifest's ``run_id``) that
+#: wrote it, so ``report`` refuses to put two runs' ranks together. Files without it still read.
+RUN_ID_LINE = "#memprofiler-run {run_id}"
+#: Where a per-rank memory trace keeps the same id: ``otherData[TRACE_RUN_ID_KEY]``.
+TRACE_RUN_ID_KEY = "memprofiler_run_id"
 #: Written after every block of top-level entries: ``#memprofiler-end entries=<n>``, ``n`` the
 #: number of top-level keys in the file up to this line. Files appended in blocks (the stats
 #: YAML) hold one per block; the last line of an intact file is one. A reader keeps what lies

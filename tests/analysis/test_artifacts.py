@@ -22,7 +22,15 @@ SAMPLE = {
     "cycle": "4",
 }
 #: layout constants that are not file names.
-NOT_FILES = {"SNAPSHOT_KEY", "DEFAULT_SUBDIR", "RUN_VERSION_DIR", "YAML_HEADER", "YAML_BLOCK_END"}
+NOT_FILES = {
+    "SNAPSHOT_KEY",
+    "DEFAULT_SUBDIR",
+    "RUN_VERSION_DIR",
+    "YAML_HEADER",
+    "YAML_BLOCK_END",
+    "RUN_ID_LINE",
+    "TRACE_RUN_ID_KEY",
+}
 
 
 def _file_templates() -> dict[str, str]:

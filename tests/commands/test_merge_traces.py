@@ -58,7 +58,7 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
         "memory_trace_rank_0.json",
         "memory_trace_rank_1.json",
     ]
-    assert sorted(p.name for p in ddp_run.glob("*.pt.trace.json")) == [
+    assert sorted(p.name for p in save_dir.glob("*.pt.trace.json")) == [
         "fit_rank_0.1.pt.trace.json",
         "fit_rank_1.1.pt.trace.json",
     ]
@@ -71,7 +71,9 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
     events = merged["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}
     for rank in (0, 1):
-        spans = sorted(e["name"] for e in events if e["pid"] == rank and e["ph"] == "X")
+        spans = sorted(
+            e["name"] for e in events if e["pid"] == rank and e["ph"] == "X" and e.get("cat") == "memprofiler"
+        )
         assert spans == ["training_step.3", "training_step.4"]
         names = [e["args"]["name"] for e in events if e["pid"] == rank and e.get("name") == "process_name"]
         assert names == [f"rank {rank}"]
@@ -82,7 +84,7 @@ def test_two_rank_run_merges_into_one_trace_with_both_pids(ddp_run, capsys):
     assert abs(s0["ts"] - s1["ts"]) < 5e6  # within 5 s, on the microsecond scale
     # AND each rank's profiler trace carries its own memory spans
     for rank in (0, 1):
-        trace = json.loads((ddp_run / f"fit_rank_{rank}.1.pt.trace.json").read_text())
+        trace = json.loads((save_dir / f"fit_rank_{rank}.1.pt.trace.json").read_text())
         assert sorted(
             e["name"] for e in trace["traceEvents"] if e.get("cat") == "memprofiler" and e["ph"] == "X"
         ) == [

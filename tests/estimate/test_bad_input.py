@@ -58,3 +58,45 @@ def test_fake_failure_names_op_and_module_and_real_tensors_work(how, line):
     est = estimate_memory(model, x, optimizer=SGD, fake=False, device="cpu")
     assert est.resident["parameters"] == 2 * 4 * (16 + 4)
     assert est.fake is False
+
+
+@pytest.mark.parametrize(
+    "factory,got",
+    [
+        (lambda ps: None, "None"),
+        (lambda ps: torch.optim.AdamW, "the class `AdamW`"),
+        (lambda ps: {}, "a dict"),
+    ],
+)
+def test_an_optimizer_factory_that_returns_no_optimizer_is_one_line(factory, got):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^`optimizer`: the factory returned {got}, not a torch.optim.Optimizer; return an instance "
+        r"built from the parameters it is given, e.g. `lambda ps: torch.optim.AdamW\(ps, lr=1e-4\)`$",
+    ):
+        estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), optimizer=factory)
+
+
+def test_a_batch_of_the_wrong_shape_names_the_module_and_the_shapes(capfd):
+    # GIVEN a batch with 5 features for a model whose `body` takes 4
+    model = nn.Sequential()
+    model.add_module("body", nn.Sequential(nn.Linear(4, 3)))
+    model.add_module("head", nn.Linear(3, 2))
+    # WHEN estimated THEN one line names the innermost module, its class and its input shapes
+    with pytest.raises(ConfigError) as err:
+        estimate_memory(model, torch.randn(2, 5), optimizer=SGD)
+    assert str(err.value) == (
+        "`batch`: module `body.0` (Linear) failed on inputs of shape [2, 5]: a and b must have same "
+        "reduction dim, but got [2, 5] X [4, 3]; make the batch's shapes fit the model (`fit` would "
+        "stop here too)"
+    )
+    # AND torch's multi-line log of the failing meta kernel is not printed
+    assert "failed while attempting to run meta" not in capfd.readouterr().err
+
+
+def test_an_error_outside_any_forward_is_left_as_it_is():
+    def loss_fn(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).sum() + torch.ones(3).sum() * torch.ones(2, 2)  # not a scalar
+
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+        estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), optimizer=SGD, loss_fn=loss_fn)

@@ -101,3 +101,53 @@ def test_auto_without_device_memory_is_one_line_and_exit_code_2(tmp_path, capsys
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "`estimate.batch_size`: `auto` needs `--estimate.device_memory` (e.g. 80GiB)" in err
+
+
+class FrozenFirst(Tiny):
+    """The fine-tuning set-up: the first layer frozen."""
+
+    def __init__(self, batch_size: int = 8) -> None:
+        super().__init__(batch_size)
+        self.net[0].requires_grad_(False)
+
+
+class ReturnsAClass(Tiny):
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW
+
+
+def test_a_frozen_layer_has_no_gradient_or_optimizer_state(tmp_path):
+    # GIVEN the fit config of a model whose first layer is frozen
+    MemProfilerCLI(
+        FrozenFirst,
+        args=[
+            *("estimate", "--trainer.strategy", "ddp", "--estimate.world_size", "2"),
+            "--estimate.save_dir",
+            str(tmp_path),
+        ],
+        save_config_callback=None,
+    )
+    (row,) = yaml.safe_load((tmp_path / layout.MEMORY_ESTIMATE_YAML).read_text())["estimates"]
+    trainable = 4 * (H * O + O)
+    # THEN all parameters are held; gradients, buckets and AdamW state only for the head
+    assert row["resident"] == {
+        "parameters": PARAM_BYTES,
+        "buffers": 0,
+        "gradients": trainable,
+        "optimizer_state": 2 * trainable + 2 * 4,
+    }
+    assert row["by_category"]["ddp_buckets"] == trainable
+
+
+def test_configure_optimizers_returning_a_class_is_one_line_and_exit_code_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        MemProfilerCLI(
+            ReturnsAClass, args=["estimate", "--estimate.save_dir", str(tmp_path)], save_config_callback=None
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "`model.configure_optimizers`: returned the class `AdamW`, not an optimizer; estimate needs a "
+        "torch.optim.Optimizer" in err
+    )
+    assert "Traceback" not in err

@@ -277,3 +277,22 @@ def test_a_renamed_key_in_the_group_names_its_new_name(tmp_path, capsys):
     path = _config(tmp_path, {"memprofiler": {"fsdp_mem_tracker_units": "KiB"}})
     line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
     assert line == "`memprofiler.fsdp_mem_tracker_units`: renamed: use `module_mem_units`"
+
+
+def test_an_unknown_trace_template_field_exits_2_with_one_line_before_training(tmp_path, capsys):
+    # GIVEN the shipped profiler config with a file name template using a field that does not exist
+    args = [
+        "fit",
+        "--config",
+        str(Path(__file__).resolve().parents[2] / "configs" / "profiler.yaml"),
+        "--trainer.profiler.init_args.trace_files",
+        '{"filename": "rank{rank}.{step}.pt.trace.json"}',
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    # WHEN the CLI starts THEN one line names the dotted key, the field and the allowed ones
+    line = _exit_2_line(tmp_path, capsys, args)
+    assert line == (
+        "`trainer.profiler.init_args.trace_files.filename`: unknown field {step} in "
+        "'rank{rank}.{step}.pt.trace.json'; allowed: {run_name}, {rank}, {local_rank}, {node_rank}, "
+        "{world_size}, {stage}, {epoch}, {batch}, {cycle}"
+    )

@@ -15,24 +15,12 @@ import yaml
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
+from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _trainer(tmp_path: Path, profiler: Any, steps: int, callbacks: list[Any] | None = None) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        max_steps=steps,
-        profiler=profiler,
-        callbacks=callbacks or [],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-    )
 
 
 def _memprofiler(**extra: Any) -> MemProfilerCallback:
@@ -69,8 +57,8 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     # WHEN training runs
     trainer.fit(TinyModel())
     # THEN one valid trace with ProfilerStep#2 and #3 is written under the per-rank name
-    trace_file = tmp_path / "fit_rank_0.1.pt.trace.json"
-    assert sorted(p.name for p in tmp_path.glob("*.pt.trace.json")) == [trace_file.name]
+    trace_file = tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json"
+    assert sorted(p.name for p in (tmp_path / "memprofiler").glob("*.pt.trace.json")) == [trace_file.name]
     trace = _load(trace_file)
     steps = _named(trace, "ProfilerStep#")
     assert sorted(steps) == ["ProfilerStep#2", "ProfilerStep#3"]
@@ -88,7 +76,7 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     # AND every counter sits inside the profiled span and carries the snapshot's value
     lo = min(s["ts"] for s in steps.values())
     hi = max(s["ts"] + s["dur"] for s in steps.values())
-    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C"]
+    counters = [e for e in trace["traceEvents"] if e.get("ph") == "C" and e.get("cat") == "memprofiler"]
     assert {c["name"] for c in counters} == {"rss", "rss_peak", "saved_tensors.unique_bytes"}
     assert all(lo <= c["ts"] <= hi for c in counters)
     peaks = sorted(c["args"]["bytes"] for c in counters if c["name"] == "rss_peak")
@@ -97,7 +85,7 @@ def test_trace_holds_profiler_steps_and_memory_counters_of_the_same_calls(tmp_pa
     start = stats["0.training_step.3.start"]["rss"]
     assert spans["training_step.3"]["args"]["rss_peak"] - start >= 0.9 * STEP_ALLOC_BYTES
     # AND the summary table went to the per-rank text file
-    summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
+    summary = (tmp_path / "memprofiler" / "fit_rank_0_summary.txt").read_text()
     assert "cycle 1 of fit" in summary and "ProfilerStep*" in summary
     # AND teardown left nothing behind: no helper callback, no module hooks
     assert not [cb for cb in trainer.callbacks if type(cb).__name__ == "_FlushOnException"]
@@ -111,14 +99,14 @@ def test_repeat_two_gives_two_trace_cycles(tmp_path):
     # WHEN training runs past both cycles
     trainer.fit(TinyModel())
     # THEN each cycle has its own trace with its own step and its own memory span
-    files = sorted(p.name for p in tmp_path.glob("*.pt.trace.json"))
+    files = sorted(p.name for p in (tmp_path / "memprofiler").glob("*.pt.trace.json"))
     assert files == ["fit_rank_0.1.pt.trace.json", "fit_rank_0.2.pt.trace.json"]
-    first, second = (_load(tmp_path / f) for f in files)
+    first, second = (_load(tmp_path / "memprofiler" / f) for f in files)
     assert sorted(_named(first, "ProfilerStep#")) == ["ProfilerStep#2"]
     assert sorted(_named(second, "ProfilerStep#")) == ["ProfilerStep#5"]
     assert sorted(_memory_spans(first)) == ["training_step.3"]
     assert sorted(_memory_spans(second)) == ["training_step.6"]
-    summary = (tmp_path / "fit_rank_0_summary.txt").read_text()
+    summary = (tmp_path / "memprofiler" / "fit_rank_0_summary.txt").read_text()
     assert "cycle 1 of fit" in summary and "cycle 2 of fit" in summary
 
 
@@ -132,14 +120,14 @@ def test_crash_mid_cycle_still_writes_trace_and_summary(tmp_path):
     with pytest.raises(RuntimeError, match="injected failure in training call 5"):
         trainer.fit(model)
     # THEN the cycle in progress is on disk: a valid trace with the completed steps' memory
-    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    trace = _load(tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json")
     assert {"ProfilerStep#2", "ProfilerStep#3"} <= set(_named(trace, "ProfilerStep#"))
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4", "training_step.5"]
     # AND the per-rank memory trace holds the same completed calls
     memory = _load(tmp_path / "memprofiler" / "memory_trace_rank_0.json")
     assert sorted(_memory_spans(memory)) == ["training_step.3", "training_step.4", "training_step.5"]
     # AND the summary, and the module-name hooks are gone from the model
-    assert "ProfilerStep*" in (tmp_path / "fit_rank_0_summary.txt").read_text()
+    assert "ProfilerStep*" in (tmp_path / "memprofiler" / "fit_rank_0_summary.txt").read_text()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
@@ -205,7 +193,7 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     # AND memory followed it: calls 3 and 4, inside the one trace written
     stats = yaml.safe_load((tmp_path / "memprofiler" / "rank_0_memory_stats.yaml").read_text())
     assert sorted({k.rsplit(".", 1)[0] for k in stats}) == ["0.training_step.3", "0.training_step.4"]
-    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    trace = _load(tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json")
     assert sorted(_memory_spans(trace)) == ["training_step.3", "training_step.4"]
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"])  # Kineto's own memory events
 
@@ -229,10 +217,10 @@ def test_validate_stage_steps_on_validation_step(tmp_path):
     # WHEN validation runs
     _trainer(tmp_path, prof, steps=-1, callbacks=[cb]).validate(TinyValModel())
     # THEN the stage's step drives the schedule: validation calls 3 and 4 in steps 2 and 3
-    trace = _load(tmp_path / "validate_rank_0.1.pt.trace.json")
+    trace = _load(tmp_path / "memprofiler" / "validate_rank_0.1.pt.trace.json")
     assert sorted(_named(trace, "ProfilerStep#")) == ["ProfilerStep#2", "ProfilerStep#3"]
     assert sorted(_memory_spans(trace)) == ["validation_step.3", "validation_step.4"]
-    assert "cycle 1 of validate" in (tmp_path / "validate_rank_0_summary.txt").read_text()
+    assert "cycle 1 of validate" in (tmp_path / "memprofiler" / "validate_rank_0_summary.txt").read_text()
 
 
 @pytest.mark.parametrize(
@@ -290,13 +278,55 @@ def test_follow_profiler_rejects_the_short_form():
         ScheduleConfig(follow_profiler=True, warmup_iters=2)
 
 
+def test_traces_and_memory_categories_are_read_back_by_the_profiler_views(tmp_path):
+    # GIVEN the extended profiler with the options torch's memory categories need
+    from memprofiler.analysis.profiler_views import build_views
+
+    prof = ExtendedPyTorchProfiler(
+        schedule_cfg={"wait": 1, "warmup": 1, "active": 2},
+        profile_memory=True,
+        record_shapes=True,
+        with_stack=True,
+    )
+    # WHEN 5 training steps run (steps 2 and 3 profiled)
+    _trainer(tmp_path, prof, steps=5).fit(TinyModel())
+    # THEN the categories file lies beside the trace
+    cats = tmp_path / "fit_rank_0.1.memory_categories.json"
+    assert cats in prof.written_files and cats.is_file()
+    views = build_views([tmp_path])
+    assert views is not None
+    (view,) = views.traces
+    assert view.rank == 0 and [s.step for s in view.steps] == ["ProfilerStep#2", "ProfilerStep#3"]
+    # AND the 64 MiB scratch tensor of every step is attributed to aten::ones
+    stats = {s.name: s for s in view.devices[0].stats}
+    assert stats["aten::ones"].calls == 2
+    assert stats["aten::ones"].alloc_size == 2 * STEP_ALLOC_BYTES
+    # AND the category timeline peaks with that tensor live, parameters and gradients classified
+    (cpu,) = view.categories
+    params = sum(p.numel() * p.element_size() for p in TinyModel().parameters())
+    assert cpu.peak_by_category["parameter"] == params
+    assert cpu.peak_by_category["gradient"] == params
+    assert STEP_ALLOC_BYTES in [b for *_, b in cpu.live_at_peak]
+    assert cpu.peak_bytes == sum(cpu.peak_by_category.values()) >= STEP_ALLOC_BYTES + 2 * params
+    # on the trace's clock: the category peak is the memory view's peak
+    assert cpu.peak_ms == pytest.approx(view.devices[0].memory.peak_ms, abs=0.01)
+    # AND Lightning's module names label the module view
+    assert {"net (Sequential)", "net.0 (Linear)", "net.2 (Linear)"} <= {m.name for m in view.modules}
+
+
+def test_memory_categories_are_skipped_without_the_options_they_need(tmp_path):
+    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2}, profile_memory=True)
+    _trainer(tmp_path, prof, steps=5).fit(TinyModel())
+    assert not list(tmp_path.glob("*.memory_categories.json"))
+
+
 def test_trace_names_and_content_load_in_torch_tb_profiler(tmp_path):
     """Runs where the plugin is installed (it is not a dependency): its own loader must parse our files."""
     consts = pytest.importorskip("torch_tb_profiler.consts")
     data_mod = pytest.importorskip("torch_tb_profiler.profiler.data")
     prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
     _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()]).fit(TinyModel())
-    path = tmp_path / "fit_rank_0.1.pt.trace.json"
+    path = tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json"
     match = consts.WORKER_PATTERN.match(path.name)
     assert match is not None and match.group(1) == "fit_rank_0" and match.group(2) == ".1"
     assert consts.NODE_PROCESS_PATTERN.match("fit_rank_0").group(2) == "0"  # process = rank
@@ -321,7 +351,7 @@ def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkey
         trainer.fit(TinyModel())
     assert trainer.global_step == 5
     # AND Kineto's own trace is on disk, valid, without our events
-    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    trace = _load(tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json")
     assert sorted(_named(trace, "ProfilerStep#")) == ["ProfilerStep#2", "ProfilerStep#3"]
     assert not _memory_spans(trace)
 
@@ -347,7 +377,7 @@ def test_cuda_kernels_and_cuda_memory_counters_share_one_trace(tmp_path):
     # WHEN training runs
     trainer.fit(TinyModel())
     # THEN kernels and our CUDA counters are in the same trace, counters inside the steps
-    trace = _load(tmp_path / "fit_rank_0.1.pt.trace.json")
+    trace = _load(tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json")
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
     steps = _named(trace, "ProfilerStep#")
     lo = min(s["ts"] for s in steps.values())
@@ -372,3 +402,31 @@ def test_a_run_shorter_than_the_schedule_ends_cleanly(tmp_path):
     # THEN it finished normally, with no trace to write
     assert model.calls == 3
     assert not list(tmp_path.glob("*.pt.trace.json"))
+
+
+def test_memory_categories_follow_the_traces_gzip_and_retention(tmp_path):
+    # GIVEN three cycles with memory categories on, gzip, and only the newest cycle kept
+    from memprofiler.analysis.profiler_views import build_views
+
+    prof = ExtendedPyTorchProfiler(
+        schedule_cfg={"wait": 1, "warmup": 1, "active": 2, "repeat": 3},
+        profile_memory=True,
+        record_shapes=True,
+        with_stack=True,
+        trace_files={"use_gzip": True, "num_traces_to_keep": 1},
+    )
+    # WHEN the three cycles run
+    _trainer(tmp_path, prof, steps=13).fit(TinyModel())
+    # THEN only the last cycle's trace and categories remain, both gzip
+    assert sorted(p.name for p in tmp_path.glob("fit_rank_0.*")) == [
+        "fit_rank_0.3.memory_categories.json.gz",
+        "fit_rank_0.3.pt.trace.json.gz",
+    ]
+    # AND the report reads the gzipped categories beside the gzipped trace
+    views = build_views([tmp_path])
+    assert views is not None
+    (view,) = views.traces
+    (cpu,) = view.categories
+    params = sum(p.numel() * p.element_size() for p in TinyModel().parameters())
+    assert cpu.peak_by_category["parameter"] == params
+    assert STEP_ALLOC_BYTES in [b for *_, b in cpu.live_at_peak]

@@ -48,9 +48,43 @@ def test_clean():
         [
             "memory_leak: saved_tensors = 16.00 KiB (16,384) saved for backward by graphs still alive after "
             "the test (3 tensors), over budget 0 B (0); saved by: net.1 8.00 KiB, net.3 8.00 KiB; "
-            "held by: list `kept` in module test_graphs",
+            "held by: list `test_graphs.kept`",
         ]
     )
+
+
+def test_holders_are_named_by_module_and_class_attribute(inner):
+    # GIVEN a loss kept under a key of a dict that a helper module holds as a global, and one in
+    # a list that a test class holds as a class attribute
+    inner.pytester.makepyfile(helpers="CACHE = {}\n")
+    inner.write(
+        "test_held",
+        """
+import helpers
+
+@pytest.mark.memory_leak()
+def test_in_helper_dict():
+    helpers.CACHE["last"] = MLP()(torch.randn(8, 256)).sum()
+
+class TestHeld:
+    keep = []
+
+    @pytest.mark.memory_leak()
+    def test_in_class_list(self):
+        TestHeld.keep.append(MLP()(torch.randn(8, 256)).sum())
+""",
+    )
+    # WHEN the suite runs
+    result = inner.run()
+    # THEN each holder is named as the user wrote it, not as `dict key 'last'`
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "memory_leak: saved_tensors = 16.00 KiB * held by: dict `helpers.CACHE`, key 'last'",
+            "memory_leak: saved_tensors = 16.00 KiB * held by: list `TestHeld.keep` (class attribute)",
+        ]
+    )
+    assert "dict key 'last'" not in result.stdout.str()
 
 
 def test_graph_budget_allows_a_known_cache(inner):

@@ -21,6 +21,7 @@ import yaml
 
 from _ranks import launch
 from memprofiler import layout
+from memprofiler.analysis.run_ids import stats_run_id
 from memprofiler.collectors.mem_report import fmt_value, parse_log_values
 
 pytestmark = pytest.mark.slow
@@ -49,6 +50,11 @@ def _assert_summary_matches_rank_files(save_dir: Path) -> dict[str, Any]:
     assert summary["ranks"] == [0, 1]
     assert summary["missing_ranks"] == []
     per_rank = {r: _load(save_dir / layout.MEMORY_STATS_YAML.format(rank=r)) for r in range(WORLD)}
+    # every rank's file carries rank 0's run id (posted through the process group's store)
+    run_id = _load(save_dir / layout.RUN_MANIFEST)["run_id"]
+    assert [stats_run_id(save_dir / layout.MEMORY_STATS_YAML.format(rank=r)) for r in range(WORLD)] == [
+        run_id
+    ] * WORLD
     checked = 0
     for r, snaps in per_rank.items():
         for key in snaps:

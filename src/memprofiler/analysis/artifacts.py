@@ -22,6 +22,7 @@ from typing import Any
 
 from memprofiler import layout
 from memprofiler.analysis import safe_pickle
+from memprofiler.analysis.run_ids import check_one_run, stats_run_id
 from memprofiler.analysis.stats_stream import iter_stats
 from memprofiler.analysis.yaml_read import Cut, read_yaml
 from memprofiler.errors import ArtifactError
@@ -66,11 +67,20 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "trace": name_pattern(layout.MEMORY_TRACE_JSON),
     "profiler_trace": name_pattern(layout.PROFILER_TRACE_JSON),
     "profiler_summary": name_pattern(layout.PROFILER_SUMMARY_TXT),
+    "profiler_memory_categories": name_pattern(layout.PROFILER_MEMORY_CATEGORIES_JSON),
+    "step_timeline": name_pattern(layout.STEP_TIMELINE_JSON),
     "estimate": name_pattern(layout.MEMORY_ESTIMATE_YAML),
 }
 #: Kinds the report reads (traces are for ``merge-traces``, the estimate for
 #: ``analysis.estimate``), and that mark a directory as a run.
-_READ = frozenset(NAME_PATTERNS) - {"trace", "profiler_trace", "profiler_summary", "estimate"}
+_READ = frozenset(NAME_PATTERNS) - {
+    "trace",
+    "profiler_trace",
+    "profiler_summary",
+    "profiler_memory_categories",
+    "step_timeline",
+    "estimate",
+}
 
 
 def parse_name(name: str) -> tuple[str, dict[str, str]] | None:
@@ -140,6 +150,8 @@ class RunArtifacts:
     """Files cut after their last block-end: only their verified entries were read."""
     selection: str | None = None
     """When the directory given held several runs: which one was read and how to pick another."""
+    run_ids: dict[str, str | None] = field(default_factory=dict)
+    """File -> the run id it carries (stats YAML, manifest): :func:`run_ids.check_one_run` input."""
     stats_files: dict[int, Path] = field(default_factory=dict)
     """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
     reads it a block at a time."""
@@ -266,6 +278,9 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
     ooms: dict[tuple[int, int], OomRecord] = {}
     for path in chosen.files:
         _add(run, path, reports, ooms, streamed)
+    if chosen.manifest is not None:
+        run.run_ids[str(chosen.path / layout.RUN_MANIFEST)] = str(chosen.manifest.get("run_id") or "") or None
+    check_one_run(run.run_ids.items())
     run.reports = sorted(reports.values(), key=lambda r: (r.kind, r.rank, r.fn, r.call))
     run.ooms = sorted(ooms.values(), key=lambda o: (o.rank, o.n))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
@@ -284,6 +299,8 @@ def _add(
     kind, f = parsed
     if kind in ("stats_yaml", "stats_pickle"):
         rank = int(f["rank"])
+        if kind == "stats_yaml":
+            run.run_ids[str(path)] = stats_run_id(path)
         if streamed and kind == "stats_yaml":
             run.stats_files[rank] = path
             return

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from memprofiler.analysis.artifacts import RunArtifacts
+from memprofiler.analysis.run_ids import check_one_run
 from memprofiler.errors import ArtifactError
 
 T = TypeVar("T")
@@ -51,6 +52,7 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
     """
     if len(runs) == 1:
         return runs[0][1]
+    check_one_run((f, i) for _, run in runs for f, i in run.run_ids.items())
     merged = RunArtifacts(root=runs[0][1].root)
     merge_rank_maps([(name, dict.fromkeys(run.ranks)) for name, run in runs])  # each rank once
     merged.stats = merge_rank_maps([(name, run.stats) for name, run in runs])

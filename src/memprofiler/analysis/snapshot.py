@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memprofiler.analysis import safe_pickle
+from memprofiler.analysis.snapshot_frames import NO_STACK, PYTHON, frame_kind, frame_text, readable
 from memprofiler.errors import ArtifactError
 
 #: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
@@ -41,8 +42,6 @@ _RESERVE = ("segment_alloc", "segment_map")
 _RELEASE = ("segment_free", "segment_unmap")
 #: Actions whose ``size`` enters a running total.
 _SIZED = frozenset(("alloc", "free_completed", *_RESERVE, *_RELEASE))
-#: Stack-group label for blocks allocated before the trace whose stack the snapshot lacks.
-NO_STACK = "(no stack recorded)"
 #: Python frames shown per stack group.
 STACK_DEPTH = 8
 
@@ -415,12 +414,16 @@ def _requested(block: Mapping[str, Any]) -> int:
 
 
 def _format_frames(frames: Any) -> tuple[str, ...]:
-    """Python frames, innermost first, as ``name (file:line)``; C++ frames only if no Python ones."""
+    """The readable frames, innermost first, as ``name (file:line)``.
+
+    Python frames when there are any; otherwise the C++ frames that are not allocator,
+    unwinder, dispatcher or interpreter internals (see :mod:`snapshot_frames`), so a gradient
+    made by the autograd engine shows its backward function rather than ``torch::unwind``.
+    """
     if not frames:
         return ()
-    py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
-    chosen = py or list(frames)
-    return tuple(
-        f"{f.get('name', '?')} ({os.path.basename(str(f.get('filename', '?')))}:{f.get('line', '?')})"
-        for f in chosen[:STACK_DEPTH]
-    )
+    shown = readable(frames)
+    kinds = [frame_kind(str(f.get("name", "")), str(f.get("filename", ""))) for f in shown]
+    if any(k & PYTHON for k in kinds):
+        shown = [f for f, k in zip(shown, kinds, strict=False) if k & PYTHON]
+    return tuple(frame_text(f) for f in shown[:STACK_DEPTH])

@@ -2,25 +2,32 @@
 
 Done after the run, from the files, so it never blocks training (Composer's merged-trace
 idea, applied to the memory timeline). The input is each rank's
-``memory_trace_rank_{rank}.json`` and, on request, the extended profiler's
-``{stage}_rank_{rank}.{cycle}.pt.trace.json`` files. Timestamps are moved onto the earliest
+``memory_trace_rank_{rank}.json``, the extended profiler's ``step_timeline_rank_{rank}.json``
+(hooks, data-loader waits, host metrics) where present and, on request, its per-cycle
+``*.pt.trace.json`` traces (gzip ones too; the rank is read from the name or the file). Timestamps are moved onto the earliest
 file's ``baseTimeNanoseconds``, so ranks line up on the shared wall clock.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
+import math
 import re
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memprofiler.analysis.run_ids import check_one_run, trace_run_id
 from memprofiler.errors import ArtifactError
+from memprofiler.output.step_timeline import CATEGORIES as STEP_CATEGORIES
 from memprofiler.output.timeline import CATEGORY
 
 _MEMORY_FILE = re.compile(r"^memory_trace_rank_(\d+)\.json$")
-_PROFILER_FILE = re.compile(r"^.+_rank_(\d+)\.\d+\.pt\.trace\.json$")
+_STEP_FILE = re.compile(r"^step_timeline_rank_(\d+)\.json$")
+_PROFILER_FILE = re.compile(r"^.+_rank_(\d+)\.\d+\.pt\.trace\.json(\.gz)?$")
 #: Process metadata the merge writes itself, so every rank is named the same way.
 _PROCESS_META = ("process_name", "process_labels", "process_sort_index")
 #: Flow-event phases: their ids are only unique within one file.
@@ -36,18 +43,7 @@ def find_rank_traces(run_dir: str | Path) -> dict[int, Path]:
         ArtifactError: ``run_dir`` is missing, holds no trace, or holds one rank twice.
     """
     root = _check_dir(run_dir)
-    found: dict[int, Path] = {}
-    for path in sorted(root.rglob("memory_trace_rank_*.json")):
-        match = _MEMORY_FILE.match(path.name)
-        if match is None:
-            continue
-        rank = int(match.group(1))
-        if rank in found:
-            raise ArtifactError(
-                f"rank {rank} has two traces, {str(found[rank])!r} and {str(path)!r}; "
-                "point DIR at a single run's directory"
-            )
-        found[rank] = path
+    found = _one_per_rank(root, "memory_trace_rank_*.json", _MEMORY_FILE, "traces")
     if not found:
         raise ArtifactError(
             f"no memory_trace_rank_*.json under {str(root)!r}; run with `dump_memory_trace: true`"
@@ -56,13 +52,48 @@ def find_rank_traces(run_dir: str | Path) -> dict[int, Path]:
 
 
 def find_profiler_traces(run_dir: str | Path) -> dict[int, list[Path]]:
-    """Map rank -> the extended profiler's ``*_rank_{rank}.{cycle}.pt.trace.json`` under ``run_dir``."""
+    """Map rank -> the extended profiler's ``*.pt.trace.json[.gz]`` traces under ``run_dir``.
+
+    The rank comes from the default name (``{stage}_rank_{rank}.{cycle}``), else from the
+    ``memprofiler.rank`` the profiler writes into every trace (custom ``filename`` templates).
+    """
+    root = _check_dir(run_dir)
     found: dict[int, list[Path]] = {}
-    for path in sorted(_check_dir(run_dir).rglob("*.pt.trace.json")):
+    paths = sorted([*root.rglob("*.pt.trace.json"), *root.rglob("*.pt.trace.json.gz")])
+    for path in paths:
         match = _PROFILER_FILE.match(path.name)
-        if match is not None:
-            found.setdefault(int(match.group(1)), []).append(path)
+        rank = int(match.group(1)) if match is not None else _written_rank(path)
+        if rank is not None:
+            found.setdefault(rank, []).append(path)
     return found
+
+
+def find_step_timelines(run_dir: str | Path) -> dict[int, Path]:
+    """Map rank -> ``step_timeline_rank_{rank}.json`` under ``run_dir`` (empty when none)."""
+    return _one_per_rank(_check_dir(run_dir), "step_timeline_rank_*.json", _STEP_FILE, "step timelines")
+
+
+def _one_per_rank(root: Path, glob: str, name: re.Pattern[str], what: str) -> dict[int, Path]:
+    """Rank -> the file under ``root`` whose name ``name`` matches (group 1: the rank)."""
+    found: dict[int, Path] = {}
+    for path in sorted(root.rglob(glob)):
+        match = name.match(path.name)
+        if match is None:
+            continue
+        rank = int(match.group(1))
+        if rank in found:
+            raise ArtifactError(
+                f"rank {rank} has two {what}, {str(found[rank])!r} and {str(path)!r}; "
+                "point DIR at a single run's directory"
+            )
+        found[rank] = path
+    return found
+
+
+def _written_rank(path: Path) -> int | None:
+    meta = _load(path).get("memprofiler")
+    rank = meta.get("rank") if isinstance(meta, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
 
 def _check_dir(run_dir: str | Path) -> Path:
@@ -74,8 +105,9 @@ def _check_dir(run_dir: str | Path) -> Path:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raw = path.read_bytes()
+        data = json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"{str(path)!r} is not a readable JSON trace ({err})") from None
     except RecursionError:
         raise ArtifactError(f"{str(path)!r} is refused: nested too deep for a Chrome trace") from None
@@ -84,21 +116,52 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def _base(data: dict[str, Any]) -> int:
-    return int(data.get("baseTimeNanoseconds", 0) or 0)
+def _base(data: dict[str, Any], path: Path) -> int:
+    """The file's ``baseTimeNanoseconds`` (0 when absent).
+
+    Raises:
+        ArtifactError: it is not a non-negative integer (one line naming the file and the field).
+    """
+    if "baseTimeNanoseconds" not in data:
+        return 0
+    value = data["baseTimeNanoseconds"]
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArtifactError(
+            f"{str(path)!r}: `baseTimeNanoseconds` is {value!r}; it must be a non-negative integer "
+            "(nanoseconds of the trace's clock): regenerate the file or remove the field"
+        )
+    return value
 
 
-def _moved(events: Iterable[Any], rank: int, shift_us: float, skip_memory: bool) -> Iterable[dict[str, Any]]:
-    for event in events:
+def _ts(value: Any, path: Path, index: int) -> float:
+    """An event's ``ts`` as a finite float, or one line naming the file, the event and the field."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            number = float(value)
+    if number is None or not math.isfinite(number):
+        raise ArtifactError(
+            f"{str(path)!r}: `traceEvents[{index}].ts` is {value!r}; it must be a finite number of "
+            "microseconds: regenerate the file or remove that event"
+        )
+    return number
+
+
+def _moved(
+    events: Iterable[Any], rank: int, shift_us: float, skip: frozenset[str], path: Path
+) -> Iterable[dict[str, Any]]:
+    for index, event in enumerate(events):
         if not isinstance(event, dict):
             continue
         if event.get("ph") == "M" and event.get("name") in _PROCESS_META:
             continue
-        if skip_memory and event.get("cat") == CATEGORY:
-            continue  # the profiler trace's copy of the memory events; the memory trace has them
+        if event.get("cat") in skip:
+            continue  # the profiler trace's copy of events a whole-run file of the rank holds
         moved = dict(event, pid=rank)
         if "ts" in moved:
-            moved["ts"] = float(moved["ts"]) + shift_us
+            moved["ts"] = _ts(moved["ts"], path, index) + shift_us
         if moved.get("ph") in _FLOW_PHASES and "id" in moved:
             moved["id"] = _flow_id(rank, moved["id"])
         yield moved
@@ -122,31 +185,40 @@ def _flow_id(rank: int, flow_id: Any) -> Any:
 
 
 def merge_rank_traces(
-    traces: dict[int, Path], profiler_traces: dict[int, list[Path]] | None = None
+    traces: dict[int, Path],
+    profiler_traces: dict[int, list[Path]] | None = None,
+    step_timelines: dict[int, Path] | None = None,
 ) -> dict[str, Any]:
     """Load and merge per-rank traces; every event's ``pid`` becomes its rank.
 
     Args:
         traces: rank -> memory trace, from :func:`find_rank_traces`.
         profiler_traces: rank -> extended-profiler traces to fold in (operators, kernels);
-            their own copies of the memory events are dropped.
+            their own copies of the memory events (and of the step timeline's, where
+            ``step_timelines`` has the rank) are dropped.
+        step_timelines: rank -> the extended profiler's whole-run step timeline.
 
     Raises:
         ArtifactError: a file is not valid JSON or not a Chrome trace.
     """
-    sources: dict[int, list[tuple[Path, dict[str, Any], bool]]] = {}
+    sources: dict[int, list[tuple[Path, dict[str, Any], frozenset[str]]]] = {}
+    none: frozenset[str] = frozenset()
     for rank, path in sorted(traces.items()):
-        sources[rank] = [(path, _load(path), False)]
+        sources[rank] = [(path, _load(path), none)]
+    check_one_run((str(p), trace_run_id(data)) for files in sources.values() for p, data, _ in files)
+    for rank, path in sorted((step_timelines or {}).items()):
+        sources.setdefault(rank, []).append((path, _load(path), none))
     for rank, paths in sorted((profiler_traces or {}).items()):
-        sources.setdefault(rank, []).extend((p, _load(p), True) for p in paths)
-    base = min(_base(data) for files in sources.values() for _, data, _ in files)
+        skip = frozenset({CATEGORY, *(STEP_CATEGORIES if rank in (step_timelines or {}) else ())})
+        sources.setdefault(rank, []).extend((p, _load(p), skip) for p in paths)
+    base = min(_base(data, path) for files in sources.values() for path, data, _ in files)
     events: list[dict[str, Any]] = []
     for rank, files in sources.items():
         events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
-        for _, data, is_profiler in files:
-            shift_us = (_base(data) - base) / 1000.0
-            events.extend(_moved(data["traceEvents"], rank, shift_us, skip_memory=is_profiler))
+        for path, data, skip in files:
+            shift_us = (_base(data, path) - base) / 1000.0
+            events.extend(_moved(data["traceEvents"], rank, shift_us, skip, path))
     return {
         "schemaVersion": 1,
         "displayTimeUnit": "ms",

@@ -44,14 +44,23 @@ class DiffCommand:
         parser.add_argument(
             "--no-missing", action="store_true", help="with --per-call: hide values found in only one run"
         )
+        parser.add_argument(
+            "--profiler",
+            action="store_true",
+            help="compare the profiler traces (*.pt.trace.json[.gz]) under RUN_A and RUN_B by operator "
+            "and module (implied when both are trace files)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.diff import diff_functions, diff_runs
         from memprofiler.analysis.estimate import diff_line
         from memprofiler.analysis.fs import named_as_given
+        from memprofiler.analysis.trace_events import is_trace_file
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
+        if args.profiler or (is_trace_file(args.run_a) and is_trace_file(args.run_b)):
+            return _profiler_diff(args)
         if line := diff_line(args.run_a, args.run_b):  # an estimate beside a measured run
             make_console().print(line, markup=False, highlight=False)
             return 0
@@ -81,3 +90,29 @@ class DiffCommand:
         shown = frows[: args.top] if args.top > 0 else frows
         render_function_diff(shown, unmatched, console, total=len(frows))
         return 0
+
+
+def _profiler_diff(args: argparse.Namespace) -> int:
+    """Operators and modules of run A's traces against run B's: time and memory deltas."""
+    from pathlib import Path
+
+    from memprofiler.analysis.profiler_diff import diff_views
+    from memprofiler.analysis.profiler_views import build_views
+    from memprofiler.errors import ArtifactError
+    from memprofiler.reporters.profiler_terminal import render_profiler_diff
+    from memprofiler.reporters.terminal import make_console
+
+    views = []
+    for given in (args.run_a, args.run_b):
+        v = build_views([Path(given)]) if Path(given).exists() else None
+        if v is None:
+            raise ArtifactError(
+                f"{given}: no *.pt.trace.json[.gz] found; pass a trace or the profiler's output directory"
+            )
+        views.append(v)
+    console = make_console()
+    for what, modules in (("operator", False), ("module", True)):
+        rows = diff_views(views[0], views[1], modules=modules)
+        if rows:
+            render_profiler_diff(rows[: args.top] if args.top > 0 else rows, what, console, total=len(rows))
+    return 0

@@ -9,7 +9,12 @@ from pathlib import Path
 
 from memprofiler.analysis.fs import is_url, localize, named_as_given
 from memprofiler.analysis.multi_run import merge_rank_maps
-from memprofiler.analysis.trace_merge import find_profiler_traces, find_rank_traces, merge_rank_traces
+from memprofiler.analysis.trace_merge import (
+    find_profiler_traces,
+    find_rank_traces,
+    find_step_timelines,
+    merge_rank_traces,
+)
 from memprofiler.errors import ArtifactError
 from memprofiler.output.writers import write_json
 
@@ -41,8 +46,8 @@ class MergeTracesCommand:
         parser.add_argument(
             "--with-profiler",
             action="store_true",
-            help="also fold in each rank's ExtendedPyTorchProfiler traces (*_rank_N.C.pt.trace.json): "
-            "operators and kernels under the same pid",
+            help="also fold in each rank's ExtendedPyTorchProfiler traces (*.pt.trace.json, .gz too): "
+            "operators and kernels under the same pid (step timelines are always folded in)",
         )
 
     def run(self, args: argparse.Namespace) -> int:
@@ -54,7 +59,8 @@ class MergeTracesCommand:
                 if args.with_profiler
                 else None
             )
-            merged = merge_rank_traces(traces, profiler)
+            steps = merge_rank_maps([(d, find_step_timelines(path)) for d, path in local])
+            merged = merge_rank_traces(traces, profiler, steps)
         first = args.dir[0]
         default_dir = Path(".") if any(is_url(d) for d in args.dir) else Path(first)
         output = args.output if args.output is not None else default_dir / DEFAULT_OUTPUT
@@ -64,5 +70,6 @@ class MergeTracesCommand:
             raise ArtifactError(f"{output}: cannot write the merged trace ({err.strerror or err})") from None
         n = sum(1 for e in merged["traceEvents"] if e.get("ph") != "M")
         extra = f", {sum(len(v) for v in profiler.values())} profiler trace(s)" if profiler else ""
+        extra += f", {len(steps)} step timeline(s)" if steps else ""
         print(f"merged {len(traces)} rank(s){extra} ({n} events) into {output}")
         return 0

@@ -1,10 +1,14 @@
 """``memprofiler report RUN_DIR [RUN_DIR ...] [-o report.html]``: terminal summary and a self-contained
-HTML report. A RUN_DIR may be a URL (``s3://...``); several (one per node) are merged by rank."""
+HTML report. A RUN_DIR may be a URL (``s3://...``); several (one per node) are merged by rank.
+Profiler traces (``*.pt.trace.json[.gz]``) under a RUN_DIR, given in its place or with
+``--traces`` get the profiler views (memory, operators, modules, steps, ranks)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memprofiler.commands._shared import (
     RUN_DIR_HELP,
@@ -14,6 +18,12 @@ from memprofiler.commands._shared import (
     load_many,
     warn_cuts,
 )
+from memprofiler.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from memprofiler.analysis.profiler_views import ProfilerViews
 
 
 class ReportCommand:
@@ -26,17 +36,30 @@ class ReportCommand:
         )
         add_html_output(parser, default="report.html in the run's save_dir; ./report.html for a URL")
         add_top(parser, 10, "rows in the top-N tables")
+        parser.add_argument(
+            "--traces",
+            action="append",
+            default=[],
+            metavar="PATH",
+            help="a profiler trace (*.pt.trace.json[.gz]) or a directory searched for them (repeatable); "
+            "traces under RUN_DIR are read anyway",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.estimate import estimate_only, report_line
         from memprofiler.analysis.fs import named_as_given
         from memprofiler.analysis.multi_run import report_root
-        from memprofiler.errors import ArtifactError
+        from memprofiler.analysis.trace_events import is_trace_file
         from memprofiler.output.writers import write_text
+        from memprofiler.reporters.explorer import explorer_pages
         from memprofiler.reporters.html import HtmlReporter
         from memprofiler.reporters.model import build_model
         from memprofiler.reporters.terminal import TerminalReporter, make_console
 
+        traces = [a for a in args.run_dir if is_trace_file(a)] + args.traces
+        args.run_dir = [a for a in args.run_dir if not is_trace_file(a)]
+        if not args.run_dir:
+            return _traces_only(args, traces)
         if len(args.run_dir) == 1 and estimate_only(args.run_dir[0]) is not None:
             # an estimate alone: its line, no run report
             make_console().print(report_line(args.run_dir[0], None), markup=False, highlight=False)
@@ -48,13 +71,72 @@ class ReportCommand:
         warn_cuts(self.name, run.cuts[found:])
         console = make_console()
         TerminalReporter(model, top=args.top).render(console)
+        views = _views([run.root, *traces], console, args.top)
         if len(args.run_dir) == 1 and (line := report_line(args.run_dir[0], model.run)):
             console.print(line, markup=False, highlight=False)
         if not args.no_html:
             out = Path(args.output) if args.output else report_root(args.run_dir, run) / "report.html"
             try:
-                write_text(out, HtmlReporter(model, top=args.top).render())
+                write_text(out, HtmlReporter(model, top=args.top, extra=_sections(views, args.top)).render())
+                for rel, page in explorer_pages(model, args.top):  # linked from the report
+                    write_text(out.parent / rel, page)
             except OSError as err:
                 raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
             console.print(f"HTML report: {out}", markup=False, highlight=False)
         return 0
+
+
+def _views(paths: Sequence[str | Path], console: Console, top: int) -> ProfilerViews | None:
+    """Read the traces under ``paths`` and print their views; ``None`` when there is none."""
+    from memprofiler.analysis.profiler_views import build_views
+    from memprofiler.reporters.profiler_terminal import ProfilerTerminalReporter
+
+    for p in paths:
+        if not Path(p).exists():
+            raise ArtifactError(
+                f"{p}: no such trace or directory; pass a *.pt.trace.json[.gz] or a directory"
+            )
+    views = build_views([Path(p) for p in paths])
+    if views is not None:
+        ProfilerTerminalReporter(views, top=top).render(console)
+    return views
+
+
+def _sections(views: ProfilerViews | None, top: int) -> str:
+    from memprofiler.reporters.profiler_html import profiler_sections
+
+    return profiler_sections(views, top=max(top, 30)) if views is not None else ""
+
+
+def _traces_only(args: argparse.Namespace, traces: Sequence[str]) -> int:
+    """A report of profiler traces given without a run directory."""
+    from memprofiler.output.writers import write_text
+    from memprofiler.reporters.profiler_html import profiler_page
+    from memprofiler.reporters.terminal import make_console
+
+    console = make_console()
+    views = _views(traces, console, args.top)
+    if views is None:
+        raise ArtifactError(
+            f"no *.pt.trace.json[.gz] under {', '.join(traces)}; pass the profiler's output directory"
+        )
+    if not args.no_html:
+        out = (
+            Path(args.output)
+            if args.output
+            else Path(traces[0]).parent / "report.html"
+            if is_file(traces[0])
+            else Path(traces[0]) / "report.html"
+        )
+        try:
+            write_text(
+                out, profiler_page(views, f"memprofiler report: {', '.join(traces)}", top=max(args.top, 30))
+            )
+        except OSError as err:
+            raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
+        console.print(f"HTML report: {out}", markup=False, highlight=False)
+    return 0
+
+
+def is_file(p: str) -> bool:
+    return Path(p).is_file()

@@ -1,4 +1,5 @@
-"""``memprofiler snapshot FILE.pickle [--html out.html]``: peaks, live stacks, fragmentation, OOMs."""
+"""``memprofiler snapshot FILE.pickle [--html out.html]``: peaks, live stacks, fragmentation, OOMs;
+``--html`` writes the allocation explorer (one offline page)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ class SnapshotCommand:
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("file", metavar="FILE.pickle", help="allocator snapshot pickle (a path or a URL)")
         parser.add_argument(
-            "--html", metavar="OUT", default=None, help="also write a self-contained HTML page"
+            "--html",
+            metavar="OUT",
+            default=None,
+            help="also write the allocation explorer: one self-contained, offline HTML page",
         )
         parser.add_argument(
             "--top", type=int, default=10, help="stack groups and segments to show (default: 10)"
@@ -23,8 +27,7 @@ class SnapshotCommand:
         from memprofiler.analysis.snapshot import analyze, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
-        from memprofiler.reporters.html_snapshot import render_snapshot_page
-        from memprofiler.reporters.model import SnapshotEntry
+        from memprofiler.reporters.explorer import build_explorer
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
         with named_as_given():
@@ -34,9 +37,7 @@ class SnapshotCommand:
         render_snapshot(analysis, console, top=args.top, segments=args.top)
         if args.html:
             try:
-                write_text(
-                    args.html, render_snapshot_page(SnapshotEntry(args.file, args.file, analysis), args.top)
-                )
+                write_text(args.html, build_explorer(snapshot, args.file, analysis, args.top))
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
             console.print(f"HTML: {args.html}", markup=False, highlight=False)

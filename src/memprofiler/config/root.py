@@ -19,6 +19,7 @@ from memprofiler.config.cuda import AllocatorHistoryConfig, OomConfig
 from memprofiler.config.hooks import MemoryHooksConfig
 from memprofiler.config.schedule import CollectFuncsConfig, ScheduleConfig
 from memprofiler.errors import ConfigError
+from memprofiler.output.urls import check_dir
 from memprofiler.units import MEM_UNITS
 
 
@@ -132,6 +133,8 @@ class MemProfilerConfig:
                     setattr(self, f.name, build_dataclass(nested, value))
                 except ConfigError as err:
                     raise err.prefixed(f.name) from None
+        if self.save_dir:
+            check_dir(self.save_dir, "save_dir")
         if self.rss_peak_method not in ("auto", "clear_refs", "sampler"):
             raise ConfigError(
                 "rss_peak_method", f"got {self.rss_peak_method!r}; allowed: auto, clear_refs, sampler"

@@ -32,6 +32,7 @@ from memprofiler.core.run_files import RunFiles
 from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
+from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.run_dir import RunManifest
 from memprofiler.output.timeline import MemoryTimeline
 
@@ -145,6 +146,13 @@ class MemProfiler:
         """Where this run writes: resolved once, at :meth:`setup` (for a remote ``save_dir``, the
         local staging directory whose files each flush uploads to :attr:`run_url`)."""
         return self._files.save_dir
+
+    @property
+    def mirror(self) -> RemoteMirror | None:
+        """The uploader of a remote ``save_dir`` (set at :meth:`setup`); ``None`` when local.
+
+        Files other writers put under :attr:`save_dir` go up with the run's own."""
+        return self._files.mirror
 
     @property
     def run_url(self) -> str:

@@ -24,6 +24,7 @@ import yaml
 from memprofiler import layout
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core import run_setup, summary
+from memprofiler.output import urls
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.remote import is_url, local_path
 from memprofiler.output.run_dir import RunManifest, write_manifest
@@ -65,6 +66,7 @@ class RunFiles:
         #: changes it (:meth:`record`, :meth:`merge_late`, eviction after a flush).
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.warn = warn
+        urls.check_dir(chosen, "save_dir")
         #: A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local.
         self.save_url: str | None = os.fspath(chosen) if is_url(chosen) else None
         #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``
@@ -91,6 +93,8 @@ class RunFiles:
     def claim(self) -> None:
         """Claim the run directory, the same on every rank (one line on failure)."""
         if self.save_url is not None:
+            if urls.in_process(self.save_url):  # the API may read it back before exit; say so
+                self.warn(f"`save_dir` {urls.in_process_message(self.save_url)} (read them before then)")
             run, self.manifest = run_setup.claim_remote_run_dir(self.save_url, self.rank, self.warn)
             staging = Path(tempfile.mkdtemp(prefix=f"memprofiler-rank{self.rank}-"))
             self.requested = self.save_dir = staging
@@ -99,9 +103,10 @@ class RunFiles:
             atexit.register(self.mirror.cleanup)
         else:
             self.save_dir, self.manifest = run_setup.claim_run_dir(self.requested, self.rank, self.warn)
-        self.stats = StatsFile(self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank))
+        run_id = run_setup.share_run_id(self.rank, self.manifest) or None
+        self.stats = StatsFile(self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank), run_id)
         if self.config.dump_memory_trace:
-            self.timeline = MemoryTimeline(self.rank)
+            self.timeline = MemoryTimeline(self.rank, run_id)
 
     # ------------------------------------------------------------------ bookkeeping
     def record(self, key: str, metrics: dict[str, Any]) -> None:

@@ -109,6 +109,12 @@ def claim_remote_run_dir(
     return run, manifest
 
 
+def share_run_id(rank: int, manifest: RunManifest | None) -> str | None:
+    """The run id every rank writes into its files: rank 0's manifest's, posted like the
+    directory (``None`` on a rank with no process group to ask through)."""
+    return _agree("run_id", rank, lambda: manifest.run_id if manifest is not None else "")
+
+
 def _from_rank0(store: object | None, key: str) -> str | None:
     if store is None:
         return None

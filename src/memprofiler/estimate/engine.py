@@ -17,14 +17,22 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import strategies
-from memprofiler.estimate.failures import ModuleStack, fake_errors, fake_failure
+from memprofiler.estimate import strategies, ties
+from memprofiler.estimate.failures import (
+    ModuleStack,
+    fake_errors,
+    fake_failure,
+    quiet_meta_failures,
+    shape_failure,
+)
+from memprofiler.estimate.notes import model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
 from memprofiler.estimate.tracker import Ledger, new_tracker
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]
+OPTIMIZER_EXAMPLE = "`lambda ps: torch.optim.AdamW(ps, lr=1e-4)`"
 
 
 def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -72,9 +80,11 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
+    tied = ties.find_ties(model)
     model.to_empty(device=device)
     if dtype != torch.float32:
         model.to(dtype)
+    ties.restore_ties(tied)
 
 
 def _to_fake(batch: Any, mode: Any, device: str) -> Any:
@@ -104,6 +114,7 @@ def estimate(
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
     where, notes = run_device(device, fake)
+    notes += model_notes(model)
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
     with pg:
@@ -123,11 +134,9 @@ def estimate(
             if optimizer_of_model is not None:  # LightningModule.configure_optimizers
                 opt = optimizer_of_model(model)
             elif optimizer is not None:
-                opt = optimizer(model.parameters())
+                opt = _checked_optimizer(optimizer(model.parameters()))
             else:
-                raise ConfigError(
-                    "optimizer", "pass a callable, e.g. `lambda ps: torch.optim.AdamW(ps, lr=1e-4)`"
-                )
+                raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
             tracker = new_tracker(fsdp, model, opt)
             led: Ledger = tracker.ledger
             if fsdp:
@@ -170,6 +179,26 @@ def estimate(
     )
 
 
+def _checked_optimizer(opt: Any) -> torch.optim.Optimizer:
+    """``opt`` when the factory returned an optimizer; else one line naming ``optimizer``."""
+    if isinstance(opt, torch.optim.Optimizer):
+        return opt
+    raise ConfigError(
+        "optimizer",
+        f"the factory returned {describe(opt)}, not a torch.optim.Optimizer; return an instance built "
+        f"from the parameters it is given, e.g. {OPTIMIZER_EXAMPLE}",
+    )
+
+
+def describe(obj: Any) -> str:
+    """``None``, ``the class `AdamW```, or ``a dict``: what a user's callable returned."""
+    if obj is None:
+        return "None"
+    if isinstance(obj, type):
+        return f"the class `{obj.__name__}`"
+    return f"a {type(obj).__name__}"
+
+
 def _one_step(
     model: nn.Module,
     batch: Any,
@@ -183,7 +212,7 @@ def _one_step(
     tracker.reset_mod_stats()
     saved.reset()
     tracker.phase = "forward"
-    with ModuleStack(model) as stack:
+    with ModuleStack(model) as stack, quiet_meta_failures():
         try:
             with saved, strategies.autocast(precision, where):
                 loss = loss_fn(model, batch)
@@ -191,10 +220,12 @@ def _one_step(
             opt.step()
         except fake_errors() as err:
             raise fake_failure(err, stack.innermost()) from None
-        except RuntimeError as err:
-            if "fake impl" not in str(err) and "Meta kernel" not in str(err):
+        except (RuntimeError, IndexError) as err:
+            if "fake impl" in str(err) or "Meta kernel" in str(err):
+                raise fake_failure(err, stack.innermost()) from None
+            if not stack.stack:  # outside any module's forward: not the batch's doing
                 raise
-            raise fake_failure(err, stack.innermost()) from None
+            raise shape_failure(err, stack.innermost(), *stack.innermost_inputs()) from None
     tracker.mark_optimizer_state(opt)
     resident = _resident(model, opt)
     opt.zero_grad()

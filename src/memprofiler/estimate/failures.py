@@ -2,14 +2,20 @@
 
 An op that needs tensor data (``.item()``), has a data-dependent output shape
 (``nonzero``) or has no fake kernel (a custom op) cannot run on fake tensors; the user gets
-the op, the module whose forward ran it, and the way out: real tensors on CPU.
+the op, the module whose forward ran it, and the way out: real tensors on CPU. Any other
+error in a module's forward (a batch whose shapes do not fit the model) names the module and
+the shapes of its inputs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import nn
 
 from memprofiler.errors import ConfigError
@@ -42,23 +48,63 @@ def fake_failure(err: BaseException, module: str) -> ConfigError:
     )
 
 
+def shape_failure(err: BaseException, module: str, kind: str, shapes: list[list[int]]) -> ConfigError:
+    """A module's forward raised on the batch (most often shapes that do not fit the model)."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    got = ", ".join(str(s) for s in shapes) or "no tensors"
+    return ConfigError(
+        "batch",
+        f"module `{module}` ({kind}) failed on inputs of shape {got}: {first.rstrip('.')}; make the "
+        "batch's shapes fit the model (`fit` would stop here too)",
+    )
+
+
+class _DropMetaFailureLog(logging.Filter):
+    """Drops fake tensors' multi-line log of a failing meta kernel; the error is re-raised anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+@contextlib.contextmanager
+def quiet_meta_failures() -> Iterator[None]:
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    drop = _DropMetaFailureLog()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 class ModuleStack:
-    """The modules whose forward is running; left as it was when a forward raises."""
+    """The modules whose forward is running, with their inputs' shapes; left as it was when a
+    forward raises."""
 
     def __init__(self, root: nn.Module) -> None:
         self._labels = {id(m): name or "(root)" for name, m in root.named_modules()}
         self.stack: list[str] = []
+        self._kinds: list[str] = []
+        self._shapes: list[list[list[int]]] = []
         self._handles: list[Any] = []
 
     def innermost(self) -> str:
         return self.stack[-1] if self.stack else "(outside forward)"
 
+    def innermost_inputs(self) -> tuple[str, list[list[int]]]:
+        """The innermost running module's class name and the shapes of its tensor inputs."""
+        return (self._kinds[-1], self._shapes[-1]) if self.stack else ("", [])
+
     def _push(self, module: nn.Module, args: Any) -> None:
         self.stack.append(self._labels.get(id(module), type(module).__name__))
+        self._kinds.append(type(module).__name__)
+        self._shapes.append([list(a.shape) for a in args if isinstance(a, torch.Tensor)])
 
     def _pop(self, module: nn.Module, args: Any, out: Any) -> None:
         if self.stack:
             self.stack.pop()
+            self._kinds.pop()
+            self._shapes.pop()
 
     def __enter__(self) -> ModuleStack:
         mod = nn.modules.module

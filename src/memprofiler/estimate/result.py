@@ -11,6 +11,7 @@ NOT_MODELLED = (
     "allocator fragmentation across streams, expandable_segments, max_split_size_mb",
     "tensor and pipeline parallelism",
     "memory of torch.compile'd graphs and CUDA graphs",
+    "scratch a kernel allocates inside itself (not an op's output, e.g. convolution_backward's copies)",
 )
 
 

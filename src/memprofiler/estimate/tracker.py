@@ -86,6 +86,16 @@ def _nbytes(winfo: Any) -> int:
     return int(winfo.size * winfo.element_size)
 
 
+class _NoHook:
+    """Stands in for the gradient hooks torch's tracker cannot put on a frozen parameter."""
+
+    def remove(self) -> None:
+        return
+
+
+_NO_HOOKS = (_NoHook(), _NoHook())
+
+
 def _make(base: type[MemTracker]) -> Any:
     class _Tracked(base):  # type: ignore[valid-type, misc]
         ledger: Ledger
@@ -128,6 +138,18 @@ def _make(base: type[MemTracker]) -> Any:
                     "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
                 )
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _track_module_params_and_buffers(
+            self, module: torch.nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            # torch's MemTracker hooks every parameter's gradient and raises on a frozen one
+            # (``requires_grad=False``), which has no gradient to count: mark it hooked.
+            hooks = self._param_to_grad_hook_handles
+            for p in module.parameters():
+                if not p.requires_grad and hooks.get(p, None) is None:
+                    hooks[p] = _NO_HOOKS
+            counted: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks)
+            return counted
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for

@@ -17,10 +17,11 @@ from memprofiler import layout
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core.profiler import MemProfiler
-from memprofiler.errors import ConfigError, MemProfilerWarning
+from memprofiler.errors import ArtifactError, ConfigError, MemProfilerWarning
 from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
+from memprofiler.output import urls
 from memprofiler.output.remote import is_url
 
 
@@ -28,6 +29,7 @@ def default_save_dir(trainer: pl.Trainer) -> Path | str:
     """``<trainer.log_dir or default_root_dir>/memprofiler``; a URL when that is remote (``s3://...``),
     as Lightning's loggers follow a remote ``default_root_dir``."""
     base = trainer.log_dir or trainer.default_root_dir
+    urls.check_dir(base, "trainer.default_root_dir")
     if is_url(base):
         return f"{str(base).rstrip('/')}/{layout.DEFAULT_SUBDIR}"
     return Path(base) / layout.DEFAULT_SUBDIR
@@ -91,10 +93,16 @@ class MemProfilerCallback(Callback):
                 summary_collective=True,
                 listeners=[LoggerListener(trainer)] if config.log_metrics else [],
             )
-            self.profiler.setup()
+            try:
+                self.profiler.setup()
+            except ArtifactError as err:
+                raise _name_default_root_dir(err, config) from None
             extended = _extended_profiler(trainer)
-            if extended is not None and self.profiler.timeline is not None:
-                extended.add_memory_timeline(self.profiler.timeline)
+            if extended is not None:
+                # One save_dir for everything: the traces go to this run's directory (and store).
+                extended.use_run_dir(self.profiler.save_dir, self.profiler.mirror)
+                if self.profiler.timeline is not None:
+                    extended.add_memory_timeline(self.profiler.timeline)
         else:
             # A later stage (validate, test) of the same Trainer; it binds its module at its
             # start hook.
@@ -198,6 +206,18 @@ class MemProfilerCallback(Callback):
     def _step_end(self) -> None:
         if self.profiler is not None:
             self.profiler.step_end()
+
+
+def _name_default_root_dir(err: ArtifactError, config: MemProfilerConfig) -> ArtifactError:
+    """``err`` about the default ``save_dir``, saying it comes from ``trainer.default_root_dir``."""
+    text = str(err)
+    if config.save_dir or not text.startswith("`save_dir`"):
+        return err
+    return ArtifactError(
+        "`save_dir` (unset: under `trainer.default_root_dir`)"
+        + text[len("`save_dir`") :]
+        + "; or set `save_dir`"
+    )
 
 
 def refuse_second_profiler(callbacks: list[Callback], own: MemProfilerCallback | None) -> None:

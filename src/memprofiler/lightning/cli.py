@@ -14,7 +14,6 @@ code 2, before any model or trainer is built.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
@@ -22,9 +21,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
-from memprofiler.errors import ArtifactError
+from memprofiler.errors import MemProfilerError
 from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.callback import MemProfilerCallback
+from memprofiler.lightning.cli_checks import check_save_dirs
 from memprofiler.lightning.cli_parser import (
     GROUP,
     MemProfilerArgumentParser,
@@ -32,9 +32,6 @@ from memprofiler.lightning.cli_parser import (
     group_is_used,
 )
 from memprofiler.lightning.estimate import EstimateSubcommand
-from memprofiler.output import remote
-from memprofiler.output.remote import RemoteDir, is_url
-from memprofiler.output.run_dir import check_writable
 
 
 class MemProfilerCLI(EstimateSubcommand, LightningCLI):
@@ -69,20 +66,19 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
         if problem is not None:
             fail(str(problem))
             return
-        value = cfg.get(GROUP)
-        if value is None or not self._use_group:
-            return
-        cfg = MemProfilerConfig.from_any(_to_dict(value))
-        if cfg.enabled and cfg.save_dir:
-            try:
-                if is_url(cfg.save_dir):
-                    remote.check_writable(
-                        RemoteDir.from_url(cfg.save_dir, key=f"{GROUP}.save_dir"), key=f"{GROUP}.save_dir"
-                    )
-                else:
-                    check_writable(Path(cfg.save_dir).expanduser(), key=f"{GROUP}.save_dir")
-            except ArtifactError as err:
-                fail(str(err))
+        problem_dir = check_save_dirs(cfg, self._use_group)
+        if problem_dir is not None:
+            fail(problem_dir)
+
+    @override
+    def _run_subcommand(self, subcommand: str) -> None:
+        # A user's mistake found once the classes exist (an FSDP root module that is not there,
+        # a store that refuses us mid-set-up): one line and exit code 2, not a traceback.
+        try:
+            super()._run_subcommand(subcommand)
+        except MemProfilerError as err:
+            parser = compat.subcommand_parser(self, subcommand)
+            getattr(parser, "fail", parser.error)(" ".join(str(err).split()))
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -20,9 +20,14 @@ from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
+from memprofiler.config._build import build_dataclass
 from memprofiler.config.keys import check_path
+from memprofiler.config.timeline import TimelineConfig
+from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.errors import ConfigError
+from memprofiler.lightning import cli_messages
 from memprofiler.lightning.callback import MemProfilerCallback, two_profilers_message
+from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 
 GROUP = "memprofiler"
 
@@ -70,6 +75,9 @@ def rewrite_message(message: str, ex: BaseException | None) -> str | None:
         better = _yaml_file_message(ex, path)
         if better is not None:
             return better
+    better = cli_messages.better_message(message)
+    if better is not None:
+        return better
     if "Problems parsing config" in message and "<unicode string>" in message:
         return " ".join(message.replace('"<unicode string>"', "the config").split())
     for pattern in (_UNKNOWN_OPTION, _UNRECOGNIZED):
@@ -108,6 +116,9 @@ def check_profiler_entries(cfg: Any, use_group: bool = True) -> ConfigError | No
     ``memprofiler_cfg``. Returns the first error, with its full dotted key, or one for a second
     enabled profiler; ``None`` when all is well.
     """
+    problem = check_extended_profiler(cfg)
+    if problem is not None:
+        return problem
     enabled: list[str] = []
     for key, value, origin in _entries(cfg, use_group):
         try:
@@ -118,6 +129,23 @@ def check_profiler_entries(cfg: Any, use_group: bool = True) -> ConfigError | No
             enabled.append(origin)
     if len(enabled) > 1:
         return ConfigError("", two_profilers_message(enabled[0], enabled[1]))
+    return None
+
+
+def check_extended_profiler(cfg: Any) -> ConfigError | None:
+    """The first bad ``trace_files`` / ``timeline`` field of an ``ExtendedPyTorchProfiler`` in
+    ``trainer.profiler`` (an unknown template field, say), with its full dotted key."""
+    profiler = _get(cfg, "trainer.profiler")
+    if not _is_subclass(_get(profiler, "class_path"), ExtendedPyTorchProfiler):
+        return None
+    for name, cls in (("trace_files", TraceFilesConfig), ("timeline", TimelineConfig)):
+        value = _get(profiler, f"init_args.{name}")
+        if value is None:
+            continue
+        try:
+            build_dataclass(cls, _to_dict(value), f"trainer.profiler.init_args.{name}")
+        except ConfigError as err:
+            return err
     return None
 
 
@@ -157,6 +185,10 @@ def _entries(cfg: Any, use_group: bool) -> Iterator[tuple[str, Any, str]]:
 
 
 def _is_profiler_callback(class_path: Any) -> bool:
+    return _is_subclass(class_path, MemProfilerCallback)
+
+
+def _is_subclass(class_path: Any, base: type) -> bool:
     if not isinstance(class_path, str):
         return False
     module_name, _, name = class_path.rpartition(".")
@@ -164,7 +196,7 @@ def _is_profiler_callback(class_path: Any) -> bool:
         cls = getattr(sys.modules.get(module_name) or __import__(module_name, fromlist=[name]), name)
     except (ImportError, AttributeError, ValueError):
         return False
-    return isinstance(cls, type) and issubclass(cls, MemProfilerCallback)
+    return isinstance(cls, type) and issubclass(cls, base)
 
 
 def _get(obj: Any, dotted: str) -> Any:

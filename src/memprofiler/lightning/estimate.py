@@ -28,6 +28,7 @@ from memprofiler.estimate import engine, strategies
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.lightning import _compat as compat
+from memprofiler.output import remote, urls
 from memprofiler.units import parse_size
 
 GROUP = "estimate"
@@ -197,7 +198,10 @@ def _optimizer_of(model: nn.Module) -> torch.optim.Optimizer:
         elif isinstance(opts, (list, tuple)) and opts:
             opts = opts[0]
         else:
-            raise ConfigError("model.configure_optimizers", "returned no optimizer; estimate needs one")
+            raise ConfigError(
+                "model.configure_optimizers",
+                f"returned {engine.describe(opts)}, not an optimizer; estimate needs a torch.optim.Optimizer",
+            )
     return opts
 
 
@@ -231,6 +235,7 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
     precision = _precision(trainer_cfg)
     memory = int(parse_size(opts.device_memory, f"{GROUP}.device_memory")) if opts.device_memory else None
     reserve = int(parse_size(opts.reserve, f"{GROUP}.reserve"))
+    urls.check_dir(opts.save_dir or "", f"{GROUP}.save_dir")
     model, data = cli.model, cli.datamodule
 
     def one(bs: int | None) -> MemoryEstimate:
@@ -260,10 +265,11 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
     else:
         sizes: list[int | None] = list(opts.batch_size) if opts.batch_size else [None]
         results = [one(bs) for bs in sizes]
-    save_dir = Path(opts.save_dir or _memprofiler_save_dir(cfg_init) or "memprofiler").expanduser()
+    target = opts.save_dir or _memprofiler_save_dir(cfg_init) or "memprofiler"
+    save_dir = remote.staged(target, Path(target).expanduser())
     path = write_estimates(save_dir, results, memory, reserve, auto=opts.batch_size == "auto")
     print(render_table(results, memory, reserve))
-    print(f"written: {path}")
+    print(f"written: {remote.publish(path, target, f'{GROUP}.save_dir')}")
     return results
 
 

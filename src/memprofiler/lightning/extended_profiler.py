@@ -12,9 +12,16 @@ What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
 * Activities are chosen automatically (CPU, plus CUDA when available); the deprecated
   ``use_cuda`` is dropped, so jsonargparse's default for it warns about nothing.
 * Each rank writes its summary table to ``{stage}_rank_{rank}_summary.txt`` and one Chrome
-  trace per cycle to ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, the names TensorBoard's
-  torch-tb-profiler plugin loads. Memory counters of a :class:`~memprofiler.MemProfilerCallback`
-  in the same Trainer are merged into the trace.
+  trace per cycle, by default ``{stage}_rank_{rank}.{cycle}.pt.trace.json``, which ``memprofiler
+  report`` summarises (operator, module and memory views) and Perfetto shows as a timeline.
+  With ``record_shapes``, ``profile_memory`` and ``with_stack`` on, memory by category goes to
+  ``{stage}_rank_{rank}.{cycle}.memory_categories.json`` beside it. ``trace_files`` sets folder and name templates,
+  gzip, how many cycles to keep and overwriting (:mod:`memprofiler.output.trace_files`). With a
+  :class:`~memprofiler.MemProfilerCallback` in the same Trainer the files go to its run
+  directory (remote ones included) and its memory counters are merged into the trace.
+* ``timeline``: a span per Lightning hook of every step, the data-loader waits and host
+  metrics sampled on an interval, merged into each trace and written for the whole run to
+  ``step_timeline_rank_{rank}.json`` (:mod:`memprofiler.output.step_timeline`).
 * Trace and summary are also written when training raises: Lightning only calls
   ``describe()`` on success, so the profiler adds a small callback that flushes it from
   ``on_exception``.
@@ -37,20 +44,42 @@ from torch.profiler import ProfilerAction
 from typing_extensions import override
 
 from memprofiler import layout
+from memprofiler.config._build import build_dataclass
+from memprofiler.config.timeline import TimelineConfig
+from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
+from memprofiler.lightning.memory_categories import CATEGORIES, write_category_timeline
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
+from memprofiler.lightning.trace_output import (
+    OutputDir,
+    TraceOutput,
+    action_track,
+    resolve_output_dir,
+    run_fields,
+)
+from memprofiler.output.mirror import RemoteMirror
+from memprofiler.output.step_timeline import HOOKS, StepTimeline
 from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
-from memprofiler.output.writers import atomic_write_bytes, write_text
+from memprofiler.output.trace_files import TRACE, TraceCycle
+from memprofiler.output.writers import write_text
 
 _DEPRECATED_KWARGS = ("use_cuda", "use_cpu", "use_device")
 
 
 class _FlushOnException(Callback):
-    """Writes the profiler's trace and summary from ``on_exception`` (Lightning skips ``describe``)."""
+    """Resolves the profiler's output once every callback is set up (memprofiler's run directory
+    is known then), and writes its trace and summary from ``on_exception`` (Lightning skips
+    ``describe``)."""
 
     def __init__(self, profiler: ExtendedPyTorchProfiler) -> None:
         self._profiler = weakref.ref(profiler)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        profiler = self._profiler()
+        if profiler is not None:
+            profiler.prepare_output(trainer)
 
     @override
     def on_exception(
@@ -59,6 +88,10 @@ class _FlushOnException(Callback):
         profiler = self._profiler()
         if profiler is not None:
             profiler.flush_after_exception()
+
+
+#: Prefix of the Lightning actions of :class:`_FlushOnException`'s hooks.
+_OWN_CALLBACK = f"[Callback]{_FlushOnException.__qualname__}."
 
 
 class ExtendedPyTorchProfiler(PyTorchProfiler):
@@ -81,13 +114,19 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         record_module_names: label operators with the module that ran them.
         group_by_input_shapes: group summary rows by input shapes (needs ``record_shapes``).
         table_kwargs: more ``EventList.table`` arguments.
+        trace_files: :class:`~memprofiler.config.trace_files.TraceFilesConfig` fields: ``folder``
+            and ``filename`` templates, ``use_gzip``, ``num_traces_to_keep``, ``overwrite``,
+            ``run_name``. Templates are checked here: an unknown field raises.
+        timeline: :class:`~memprofiler.config.timeline.TimelineConfig` fields: ``enabled``,
+            ``hooks``, ``dataloader``, ``host_interval_s``, ``host_metrics``, ``max_events``.
         **profiler_kwargs: passed to ``torch.profiler.profile`` (``record_shapes``,
             ``profile_memory``, ``with_stack``, ``activities``...). ``use_cuda``/``use_cpu``
             are dropped: activities are chosen automatically.
 
     Raises:
-        ConfigError: a bad ``schedule_cfg``, ``max_name_column_width`` or ``step_functions``,
-            or ``schedule`` given as well as ``schedule_cfg``.
+        ConfigError: a bad ``schedule_cfg``, ``max_name_column_width``, ``step_functions``,
+            ``trace_files`` or ``timeline``, or ``schedule`` given as well as ``schedule_cfg``;
+            at set-up, a trace folder holding an earlier run's traces without ``overwrite``.
         MisconfigurationException: an unknown ``sort_by_key`` (Lightning's check).
 
     Example:
@@ -99,6 +138,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                 init_args:
                   schedule_cfg: {wait: 1, warmup: 1, active: 2, repeat: 2}
                   max_name_column_width: 100
+                  trace_files: {use_gzip: true, num_traces_to_keep: 2}
+                  timeline: {host_interval_s: 1.0, host_metrics: [cpu, rss]}
     """
 
     AVAILABLE_SORT_KEYS = PyTorchProfiler.AVAILABLE_SORT_KEYS | {
@@ -124,6 +165,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         record_module_names: bool = True,
         group_by_input_shapes: bool = False,
         table_kwargs: dict[str, Any] | None = None,
+        trace_files: dict[str, Any] | None = None,
+        timeline: dict[str, Any] | None = None,
         **profiler_kwargs: Any,
     ) -> None:
         # Warn-once state of this profiler (every process warns: the old warnings were not rank-gated).
@@ -159,6 +202,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                     f"ExtendedPyTorchProfiler: `{name}` is deprecated and ignored; activities are automatic"
                 )
         self.schedule_cfg = build_schedule_config(schedule_cfg)
+        self.trace_files_cfg = _build(TraceFilesConfig, trace_files, "trace_files")
+        self.timeline_cfg = _build(TimelineConfig, timeline, "timeline")
         sched = self.schedule_cfg
         profiler_kwargs["schedule"] = torch.profiler.schedule(
             skip_first=sched.skip_first, wait=sched.wait, warmup=sched.warmup, active=sched.active,
@@ -189,12 +234,56 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._flusher: _FlushOnException | None = None
         self._trainer_ref: weakref.ReferenceType[pl.Trainer] | None = None
         self._closed = False
+        self._explicit_dirpath = dirpath
+        self._run_dir: OutputDir | None = None
+        self._output: TraceOutput | None = None
+        tl = self.timeline_cfg
+        #: Hook spans, data-loader waits and host samples of every step (``None`` when off).
+        self.step_timeline = StepTimeline(max_spans=tl.max_events) if tl.enabled else None
+        self._record_hooks = tl.enabled and tl.hooks
+        self._record_data = tl.enabled and tl.dataloader
+        self._tracks: dict[str, str] = {}
 
     # ----------------------------------------------------------------- wiring
     def add_memory_timeline(self, timeline: MemoryTimeline) -> None:
         """Merge ``timeline``'s events into every trace this profiler writes from now on."""
         if timeline not in self._timelines:
             self._timelines.append(timeline)
+
+    def use_run_dir(self, save_dir: Path, mirror: RemoteMirror | None) -> None:
+        """Write traces into a memprofiler run directory (uploaded by ``mirror`` when remote),
+        unless ``dirpath`` was given."""
+        self._run_dir = OutputDir(Path(save_dir), mirror)
+
+    @property
+    def trace_output(self) -> TraceOutput | None:
+        """Where this stage's trace cycles go (set before training starts)."""
+        return self._output
+
+    def prepare_output(self, trainer: pl.Trainer) -> None:
+        """Resolve the output directory and file names, refuse a used trace folder, start the
+        host sampler. Called once every callback is set up, before training.
+
+        Raises:
+            ConfigError: the trace folder already holds traces and ``overwrite`` is false, or
+                the name templates do not tell the ranks of a multi-process run apart.
+        """
+        if self._output is not None and self._output.sampler is not None:
+            self._output.sampler.stop()
+        out = resolve_output_dir(self._explicit_dirpath, self._run_dir, self.dirpath, self._warn)
+        self._output = None
+        if out is None:
+            return
+        fields = run_fields(trainer, self.rank, self._stage_name, self.trace_files_cfg.run_name)
+        if self.step_timeline is not None:
+            self.step_timeline.rank = self.rank
+        output = TraceOutput(
+            self.trace_files_cfg, self.timeline_cfg, out, fields, self.step_timeline, self._warn
+        )
+        output.files.check_unique_per_rank()
+        output.files.check_overwrite(exclude=set(self._written))
+        self._output = output
+        output.start()
 
     @property
     def rank(self) -> int:
@@ -248,10 +337,18 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._warn(
                 f"ExtendedPyTorchProfiler could not tabulate cycle {self._cycle}: {err!r}", all_ranks=True
             )
-        if not self._export_to_chrome or self.dirpath is None:
+        output = self._output
+        if not self._export_to_chrome or output is None:
             return
         try:
-            self._written.append(self._export_trace(prof, Path(self.dirpath)))
+            cycle = self._trace_cycle(prof, output)
+            # Companion files of this cycle go through `output.files.write_bytes(kind, cycle, ...)`
+            # (or `path_for` + `written`), so gzip and retention treat them as the trace.
+            self._written.append(self._export_trace(prof, output, cycle))
+            self._written += write_category_timeline(
+                prof, lambda data: output.files.write_bytes(CATEGORIES, cycle, data), self._warn
+            )
+            output.dump_timeline()
         except Exception as err:
             self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
@@ -261,39 +358,47 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
         return str(data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs))
 
-    def _export_trace(self, prof: torch.profiler.profile, dirpath: Path) -> Path:
-        stage = self._stage_name
-        path = dirpath / layout.PROFILER_TRACE_JSON.format(stage=stage, rank=self.rank, cycle=self._cycle)
-        dirpath.mkdir(parents=True, exist_ok=True)
-        tmp = dirpath / f".{path.name}.{os.getpid()}.tmp"
+    def _trace_cycle(self, prof: torch.profiler.profile, output: TraceOutput) -> TraceCycle:
+        """The cycle being written, with its ``{epoch}`` and ``{batch}``."""
+        trainer = self._trainer_ref() if self._trainer_ref is not None else None
+        epoch = int(trainer.current_epoch) if trainer is not None else 0
+        # torch has counted the step that closed the cycle: the trace's last is step_num - 1.
+        return output.files.cycle(self._cycle, epoch=epoch, batch=max(int(prof.step_num) - 1, 0))
+
+    def _export_trace(self, prof: torch.profiler.profile, output: TraceOutput, cycle: TraceCycle) -> Path:
+        files = output.files
+        files.folder.mkdir(parents=True, exist_ok=True)
+        tmp = files.folder / f".kineto.{os.getpid()}.{self._cycle}.tmp"  # dot: never uploaded
         try:
             prof.export_chrome_trace(str(tmp))
-            if not (any(len(t) for t in self._timelines) and self._write_merged(tmp, path)):
-                os.replace(tmp, path)
+            data = self._merged(tmp.read_bytes(), cycle)
         finally:
             tmp.unlink(missing_ok=True)
-        return path
+        return files.write_bytes(TRACE, cycle, data)
 
-    def _write_merged(self, kineto_file: Path, path: Path) -> bool:
-        """Write Kineto's trace plus our memory events to ``path``; on failure keep Kineto's alone."""
+    def _merged(self, kineto: bytes, cycle: TraceCycle) -> bytes:
+        """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone."""
         try:
-            trace = json.loads(kineto_file.read_text())
+            trace = json.loads(kineto)
+            pid = os.getpid()  # Kineto draws CPU events under this process's pid: our rows join them
             for timeline in self._timelines:
-                # Kineto draws CPU events under this process's pid: memory rows join them.
-                merge_into_trace(trace, timeline, pid=os.getpid())
-            atomic_write_bytes(path, json.dumps(trace).encode())
-            return True
+                merge_into_trace(trace, timeline, pid=pid)
+            if self.step_timeline is not None:
+                self.step_timeline.merge_into(trace, pid=pid)
+            trace["memprofiler"] = {"rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
+            return json.dumps(trace).encode()
         except (ValueError, TypeError, KeyError) as err:
             self._warn(
                 f"ExtendedPyTorchProfiler wrote trace cycle {self._cycle} without memory events: {err!r}"
             )
-            return False
+            return kineto
 
     def _write_summary(self, text: str) -> None:
-        if not text or self.dirpath is None:
+        output = self._output
+        if not text or output is None:
             return
         stage = self._stage_name
-        path = Path(self.dirpath) / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
+        path = output.files.root / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
         self._written.append(write_text(path, text + os.linesep))
 
     @override
@@ -305,16 +410,28 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if not self._profiler_kwargs.get("enabled", True):
             return ""
         self._delete_profilers()
-        if not self._tables:
-            return ""
-        stats = {f"cycle {cycle} of {self._stage_name}": table for cycle, table in self._tables}
-        text = self._stats_to_str(stats)
+        text = ""
+        if self._tables:
+            stats = {f"cycle {cycle} of {self._stage_name}": table for cycle, table in self._tables}
+            text = self._stats_to_str(stats)
         try:
             self._write_summary(text)
         except OSError as err:
             self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
         self._tables = []
+        self._finish_output()
         return text
+
+    def _finish_output(self) -> None:
+        """Stop the sampler, write the step timeline, push a remote store; never raises."""
+        output = self._output
+        if output is None:
+            return
+        try:
+            if not output.finish():
+                self._warn("ExtendedPyTorchProfiler: not every trace file reached the remote store")
+        except Exception as err:
+            self._warn(f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True)
 
     @override
     def _cache_functions_events(self) -> None:
@@ -341,12 +458,27 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         # `profile()`: do not start a new profiler (and module hooks) that nothing would close.
         if self._closed:
             return
+        timeline = self.step_timeline
+        if timeline is not None:
+            track = self._tracks.get(action_name)
+            if track is None:
+                # The profiler's own helper callback is no hook of the user's: leave it out.
+                own = action_name.startswith(_OWN_CALLBACK)
+                track = self._tracks[action_name] = "" if own else action_track(action_name)
+            if track and (self._record_hooks if track == HOOKS else self._record_data):
+                timeline.begin(action_name, track)
         if self._idle():
             # Between windows nothing is recorded: skip the per-action `record_function` and
             # keep the per-module forward hooks off, so the profiler costs ~nothing there.
             self._remove_module_hooks()
             return
         super().start(action_name)
+
+    @override
+    def stop(self, action_name: str) -> None:
+        if self.step_timeline is not None:
+            self.step_timeline.end(action_name)
+        super().stop(action_name)
 
     def _idle(self) -> bool:
         prof = self.profiler
@@ -362,6 +494,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if not hasattr(self, "_closed"):  # an instance whose __init__ raised
             return
         super().teardown(stage=stage)
+        if self._output is not None and self._output.sampler is not None:
+            self._output.sampler.stop()
         trainer = self._trainer_ref() if self._trainer_ref is not None else None
         if trainer is not None and self._flusher is not None and self._flusher in _callbacks(trainer):
             _callbacks(trainer).remove(self._flusher)
@@ -372,6 +506,20 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         # Lightning's `__del__` reads attributes an instance whose __init__ raised lacks.
         if hasattr(self, "_closed"):
             super().__del__()
+
+
+def _build(cls: Any, given: Any, key: str) -> Any:
+    if given is None:
+        return cls()
+    if isinstance(given, cls):
+        return given
+    if not isinstance(given, Mapping):
+        raise ConfigError(key, f"got {given!r}; expected a mapping of {cls.__name__} fields")
+    return build_dataclass(cls, given, key)
+
+
+def _plain(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if isinstance(v, (str, int, float)) and k != "cycle"}
 
 
 def _default_sort_key(profiler_kwargs: Mapping[str, Any]) -> str:

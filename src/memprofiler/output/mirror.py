@@ -68,6 +68,8 @@ class RemoteMirror:
         self.lock = threading.Lock()
         self._warn = warn
         self._uploaded: dict[str, _Signature] = {}
+        #: Files deleted locally whose objects are still to be deleted from the store.
+        self._deleted: set[str] = set()
         self._cond = threading.Condition()
         self._requested = 0  # sync() calls so far
         self._done = 0  # the last request whose upload pass has finished
@@ -98,6 +100,17 @@ class RemoteMirror:
                 return True
             done = self._cond.wait_for(lambda: self._done >= ticket, timeout=FINAL_TIMEOUT_S)
             return done and self._ok
+
+    def remove(self, rel: str) -> None:
+        """Delete ``rel`` from the staging directory now and from the store at the next upload.
+
+        For files a writer retires (old trace cycles); never raises for a file already gone.
+        """
+        with self.lock:
+            (self.local / rel).unlink(missing_ok=True)
+            self._uploaded.pop(rel, None)
+            self._deleted.add(rel)
+        self.sync()
 
     def _changed(self) -> dict[str, tuple[bytes, _Signature]]:
         out: dict[str, tuple[bytes, _Signature]] = {}
@@ -140,17 +153,42 @@ class RemoteMirror:
                 self.remote.put(rel, data)
             except Exception as err:
                 ok = False
-                self.failures += 1
-                if not self._warned:
-                    self._warned = True
-                    self._warn(
-                        f"could not write {rel} to {self.remote.url} ({type(err).__name__}: {err}); "
-                        f"training goes on, the store keeps the last upload that reached it, later "
-                        f"flushes retry and a local copy is in {self.local}; {fix_hint(self.remote.url)}"
-                    )
+                self._failed(
+                    f"could not write {rel} to {self.remote.url} ({type(err).__name__}: {err}); "
+                    f"training goes on, the store keeps the last upload that reached it, later "
+                    f"flushes retry and a local copy is in {self.local}"
+                )
                 continue
             self.puts += 1
             self._uploaded[rel] = sig
+        return self._delete_retired() and ok
+
+    def _failed(self, message: str) -> None:
+        """Count a failed store operation; warn about the first one only."""
+        self.failures += 1
+        if not self._warned:
+            self._warned = True
+            self._warn(f"{message}; {fix_hint(self.remote.url)}")
+
+    def _delete_retired(self) -> bool:
+        """Delete the objects of files removed with :meth:`remove`; a failure is retried later."""
+        with self.lock:
+            retired = sorted(self._deleted)
+        ok = True
+        for rel in retired:
+            try:
+                self.remote.fs.rm_file(self.remote.path(rel))
+            except FileNotFoundError:
+                pass
+            except Exception as err:
+                ok = False
+                self._failed(
+                    f"could not delete {rel} from {self.remote.url} ({type(err).__name__}: {err}); "
+                    "later flushes retry"
+                )
+                continue
+            with self.lock:
+                self._deleted.discard(rel)
         return ok
 
     def cleanup(self) -> None:

@@ -65,6 +65,23 @@ def read_hint(url: str) -> str:
     return fix_hint(url, "reading")
 
 
+def list_hint(url: str) -> str:
+    """The permission that lets the credentials list a directory, per protocol."""
+    proto = url.split("://", 1)[0].lower()
+    if proto in ("s3", "s3a"):
+        return (
+            "allow `s3:ListBucket` on the bucket to these credentials, or choose a `save_dir` they may list"
+        )
+    if proto in ("gs", "gcs"):
+        return "grant `storage.objects.list` on the bucket to these credentials, or choose a `save_dir` they may list"
+    return "allow these credentials to list the location, or choose one they may list"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
 @dataclass(frozen=True)
 class RemoteDir:
     """A directory on an fsspec filesystem: ``fs`` and the path inside it, plus the URL asked for.
@@ -77,6 +94,8 @@ class RemoteDir:
     url: str
     fs: Any
     root: str
+    #: The config key or option that named this directory, for messages.
+    key: str = "save_dir"
 
     @classmethod
     def from_url(cls, url: str, key: str = "save_dir") -> RemoteDir:
@@ -96,10 +115,10 @@ class RemoteDir:
             ) from None
         except (ValueError, TypeError) as err:
             raise ArtifactError(f"`{key}` {url!r} is not a URL fsspec understands ({err})") from None
-        return cls(url=url.rstrip("/"), fs=fs, root=str(root).rstrip("/"))
+        return cls(url=url.rstrip("/"), fs=fs, root=str(root).rstrip("/"), key=key)
 
     def child(self, name: str) -> RemoteDir:
-        return RemoteDir(url=f"{self.url}/{name}", fs=self.fs, root=f"{self.root}/{name}")
+        return RemoteDir(url=f"{self.url}/{name}", fs=self.fs, root=f"{self.root}/{name}", key=self.key)
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -125,13 +144,23 @@ class RemoteDir:
         return True
 
     def names(self) -> list[str]:
-        """Base names directly under this directory; empty when it does not exist."""
+        """Base names directly under this directory; empty when it does not exist.
+
+        Raises:
+            ArtifactError: the credentials may not list it (one line naming the key and the fix).
+        """
         try:
-            entries = self.fs.ls(self.root, detail=False, refresh=True)
+            try:
+                entries = self.fs.ls(self.root, detail=False, refresh=True)
+            except TypeError:  # filesystems without a listing cache take no `refresh`
+                entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return []
-        except TypeError:  # filesystems without a listing cache take no `refresh`
-            entries = self.fs.ls(self.root, detail=False)
+        except PermissionError as err:
+            raise ArtifactError(
+                f"`{self.key}` {self.url!r} can be written but not listed ({_first_line(err)}); memprofiler "
+                f"lists it to find a run directory no other run holds: {list_hint(self.url)}"
+            ) from None
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
 
@@ -186,7 +215,7 @@ def claim(requested: RemoteDir, manifest_yaml: bytes) -> RemoteDir:
     Raises:
         ArtifactError: the store refuses writes under ``requested``.
     """
-    check_writable(requested)
+    check_writable(requested, requested.key)
     run, n = requested, 1
     while holds_run(run) or not run.create(layout.RUN_MANIFEST, manifest_yaml):
         run, n = requested.child(layout.RUN_VERSION_DIR.format(n=n)), n + 1
@@ -200,3 +229,28 @@ def follow(requested: RemoteDir, rank: int) -> RemoteDir:
         if not holds_run(run, rank=rank):
             return run
     raise AssertionError("unreachable")  # the last candidate is always empty
+
+
+def staged(target: str, local: Path) -> Path:
+    """Where to write a file bound for ``target``: ``local`` itself, or a fresh local staging
+    directory when ``target`` is a URL (:func:`publish` then uploads from it)."""
+    if not is_url(target):
+        return local
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="memprofiler-stage-"))
+
+
+def publish(path: Path, target: str, key: str) -> str:
+    """Upload ``path`` (written under :func:`staged`) to the URL ``target`` as one whole object;
+    a local ``target`` is left as is. Returns where the file now is.
+
+    Raises:
+        ArtifactError: the store refuses it (one line naming ``key``, the URL and the fix).
+    """
+    if not is_url(target):
+        return str(path)
+    where = RemoteDir.from_url(target, key=key)
+    check_writable(where, key)
+    where.put(path.name, path.read_bytes())
+    return f"{where.url}/{path.name}"

@@ -138,7 +138,7 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def claim(requested: Path, manifest: RunManifest) -> Path:
+def claim(requested: Path, manifest: RunManifest, key: str = "save_dir") -> Path:
     """Rank 0: the first of ``requested``, ``requested/version_1``, ... that holds no run, claimed
     by creating its manifest exclusively.
 
@@ -146,7 +146,7 @@ def claim(requested: Path, manifest: RunManifest) -> Path:
         ArtifactError: the directory cannot be created or written.
     """
     for path in candidates(requested):
-        check_writable(path)
+        check_writable(path, key)
         if holds_run(path):
             continue
         try:

@@ -179,8 +179,11 @@ class StatsFile:
         path: the file.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, run_id: str | None = None) -> None:
         self.path = path
+        #: Written under the header (``layout.RUN_ID_LINE``); ``None``: a rank that never
+        #: learned it (no process group to ask rank 0 through).
+        self.run_id = run_id
         self._written: set[str] = set()
         self._order: list[str] = []
         self._started = False
@@ -206,7 +209,10 @@ class StatsFile:
         if not self._started or self._order == [] or any(k in self._written for k in changed):
             order = [k for k in self._order if k in snapshots] + new
             body = "".join(entry_yaml(k, snapshots[k]) for k in order) or "{}\n"
-            atomic_write_bytes(self.path, f"{layout.YAML_HEADER}\n{body}{block_end(len(order))}".encode())
+            head = f"{layout.YAML_HEADER}\n" + (
+                f"{layout.RUN_ID_LINE.format(run_id=self.run_id)}\n" if self.run_id else ""
+            )
+            atomic_write_bytes(self.path, f"{head}{body}{block_end(len(order))}".encode())
             self._started = True
             self._order = order
             self._written = set(order)

@@ -75,8 +75,10 @@ class MemoryTimeline:
         >>> timeline.dump(save_dir)  # memory_trace_rank_0.json
     """
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, run_id: str | None = None) -> None:
         self.rank = rank
+        #: The run's id, kept in ``otherData`` so ``merge-traces`` can tell two runs apart.
+        self.run_id = run_id
         self._marks: list[_Mark] = []
         # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
         self._rendered: list[str] = []
@@ -201,7 +203,7 @@ class MemoryTimeline:
             "displayTimeUnit": "ms",
             "baseTimeNanoseconds": base,
             "traceEvents": events,
-            "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
+            "otherData": self._other_data(),
         }
 
     def to_json(self) -> str:
@@ -265,9 +267,14 @@ class MemoryTimeline:
         self._rendered, self._rendered_n, self._rendered_base = [], 0, None
         self._render_starts = {}
 
+    def _other_data(self) -> dict[str, Any]:
+        other: dict[str, Any] = {"memprofiler_rank": self.rank, "os_pid": os.getpid()}
+        if self.run_id:
+            other[layout.TRACE_RUN_ID_KEY] = self.run_id
+        return other
+
     def _tail(self) -> str:
-        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
-        return f'], "otherData": {other}}}'
+        return f'], "otherData": {json.dumps(self._other_data())}}}'
 
 
 def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:
@@ -277,18 +284,23 @@ def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int |
     belong to other trace cycles and are left out.
     """
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
+    span = trace_span_ns(trace)
+    if span is None:
+        return 0
+    added = timeline.events(pid, base_ns=base, start_ns=span[0], end_ns=span[1])
+    if added:
+        trace["traceEvents"].extend(timeline.metadata(pid) + added)
+    return len(added)
+
+
+def trace_span_ns(trace: dict[str, Any]) -> tuple[int, int] | None:
+    """A Chrome trace's span on the epoch clock: first ``X`` event's start to last one's end."""
+    base = int(trace.get("baseTimeNanoseconds", 0) or 0)
     bounds = [
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0) or 0))
         for e in trace.get("traceEvents", [])
         if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
     ]
     if not bounds:
-        return 0
-    lo_us = min(b[0] for b in bounds)
-    hi_us = max(b[1] for b in bounds)
-    added = timeline.events(
-        pid, base_ns=base, start_ns=base + int(lo_us * 1000), end_ns=base + int(hi_us * 1000)
-    )
-    if added:
-        trace["traceEvents"].extend(timeline.metadata(pid) + added)
-    return len(added)
+        return None
+    return base + int(min(b[0] for b in bounds) * 1000), base + int(max(b[1] for b in bounds) * 1000)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,6 +21,17 @@ if TYPE_CHECKING:
 #: ``workeroutput`` key under which a ``pytest-xdist`` worker hands its figures to the controller.
 WORKER_KEY = "memprofiler_snapshots"
 _UNSET: Any = object()
+
+
+def _check_out_dir(value: str) -> None:
+    """``--memprofiler-dir`` checked before any test runs: a usage error of one line."""
+    from memprofiler.errors import MemProfilerError
+    from memprofiler.pytest_plugin.results import check_out_dir
+
+    try:
+        check_out_dir(value)
+    except MemProfilerError as err:
+        raise pytest.UsageError(" ".join(str(err).split())) from None
 
 
 def _skip(reason: str) -> BaseException:
@@ -42,8 +54,27 @@ class MemoryBudgetPlugin:
 
         self.config = config
         self.out_dir: str | None = config.getoption("memprofiler_dir")
-        # Resolved now: a test may change the working directory before the files are written.
-        self._out_root = os.path.abspath(os.path.expanduser(self.out_dir)) if self.out_dir else None
+        self._out_root: str | None = None
+        if self.out_dir:
+            from memprofiler.output.remote import is_url
+
+            if not hasattr(config, "workerinput"):  # the controller checks, before any test runs
+                _check_out_dir(self.out_dir)
+            # Resolved now: a test may change the working directory before the files are written.
+            local = not is_url(self.out_dir)
+            self._out_root = os.path.abspath(os.path.expanduser(self.out_dir)) if local else self.out_dir
+        #: Why nothing was written at the end (the directory refused us), for the summary.
+        self._write_error: str | None = None
+        #: xdist: the controller's spool directory; a worker's own spool file.
+        self._spool_dir: str | None = None
+        self._spool: Path | None = None
+        spool_dir = getattr(config, "workerinput", {}).get("memprofiler_spool")
+        if spool_dir:
+            from memprofiler.pytest_plugin.spool import spool_file
+
+            self._spool = spool_file(spool_dir, str(config.workerinput["workerid"]))  # type: ignore[attr-defined]
+        #: xdist: one line per worker that died, saying what was recovered and what was lost.
+        self._worker_losses: list[str] = []
         self.budgets: dict[str, MarkerBudgets] = {}
         self._usage_errors: dict[str, str] = {}
         #: Snapshot key -> metrics of every measured test body (and, on the xdist controller,
@@ -117,6 +148,7 @@ class MemoryBudgetPlugin:
         cuda = self.cuda()
         meter = BodyMeter(self.host(), cuda, leak=budgets.leak is not None)
         n = self._calls[item.nodeid] = self._calls.get(item.nodeid, 0) + 1
+        self._spool_append({"running": item.nodeid})
         try:
             meter.start(item.nodeid, n)
             try:
@@ -146,14 +178,56 @@ class MemoryBudgetPlugin:
     def _record(self, nodeid: str, n: int, start: dict[str, Any], end: dict[str, Any]) -> None:
         from memprofiler.layout import snapshot_key
 
-        self.snapshots[snapshot_key(0, nodeid, n, "start")] = start
-        self.snapshots[snapshot_key(0, nodeid, n, "end")] = end
+        pair = {snapshot_key(0, nodeid, n, "start"): start, snapshot_key(0, nodeid, n, "end"): end}
+        self.snapshots.update(pair)
+        self._spool_append({"snapshots": pair})
+
+    def _spool_append(self, record: dict[str, Any]) -> None:
+        if self._spool is None:
+            return
+        from memprofiler.output.writers import to_plain
+        from memprofiler.pytest_plugin.spool import append
+
+        try:
+            append(self._spool, to_plain(record))
+        except OSError:  # the spool is a safety net: a full disk must not fail the test
+            self._spool = None
 
     # ----------------------------------------------------------------- output
     @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """``pytest-xdist`` controller: give each worker a spool file for its figures."""
+        if self.out_dir is None:
+            return
+        if self._spool_dir is None:
+            import tempfile
+
+            self._spool_dir = tempfile.mkdtemp(prefix="memprofiler-xdist-")
+        node.workerinput["memprofiler_spool"] = self._spool_dir
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """``pytest-xdist`` controller: take a finished worker's figures."""
-        self.snapshots.update(getattr(node, "workeroutput", {}).get(WORKER_KEY, {}))
+        """``pytest-xdist`` controller: take a finished worker's figures, or a dead one's spool."""
+        output = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+        if output is not None:
+            self.snapshots.update(output)
+            return
+        if self._spool_dir is None:
+            return
+        from memprofiler.pytest_plugin.spool import recover, spool_file
+
+        worker = str(getattr(node, "workerinput", {}).get("workerid", getattr(node.gateway, "id", "?")))
+        found = recover(spool_file(self._spool_dir, worker))
+        self.snapshots.update(found.snapshots)
+        lost = (
+            f"`{found.unfinished}` was being measured and has no figures"
+            if found.unfinished
+            else "no measured test was running"
+        )
+        self._worker_losses.append(
+            f"memprofiler: xdist worker {worker} went down; the figures of the {found.tests} tests it had "
+            f"measured were recovered from its spool; {lost}"
+        )
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         worker_output = getattr(self.config, "workeroutput", None)
@@ -162,18 +236,34 @@ class MemoryBudgetPlugin:
 
             worker_output[WORKER_KEY] = to_plain(self.snapshots)
             return
+        if self._spool_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._spool_dir, ignore_errors=True)
         if self._out_root is None or not self.snapshots:
             return
+        from memprofiler.errors import MemProfilerError
         from memprofiler.pytest_plugin.results import write_run
 
         status = "crashed" if exitstatus == pytest.ExitCode.INTERRUPTED else "finished"
-        self._written = write_run(self._out_root, self.snapshots, self._started, status)
+        try:
+            self._written = write_run(self._out_root, self.snapshots, self._started, status)
+        except MemProfilerError as err:  # said in the summary, as one line; the tests' outcomes stand
+            self._write_error = " ".join(str(err).split())
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.out_dir is None or hasattr(self.config, "workerinput"):
             return
+        for line in self._worker_losses:
+            terminalreporter.write_line(line, yellow=True)
         written = getattr(self, "_written", None)
-        if written is not None:
+        if self._write_error is not None:
+            terminalreporter.write_line(
+                f"memprofiler: figures of {len(self.snapshots) // 2} measured tests NOT written: "
+                f"{self._write_error}",
+                red=True,
+            )
+        elif written is not None:
             terminalreporter.write_line(
                 f"memprofiler: figures of {len(self.snapshots) // 2} measured tests in {written} "
                 "(read with `memprofiler report` / `memprofiler diff`)"

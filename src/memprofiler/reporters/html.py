@@ -15,6 +15,7 @@ from typing import Any
 
 from memprofiler.analysis.artifacts import is_number
 from memprofiler.reporters import svg
+from memprofiler.reporters.explorer import explorer_relpath
 from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.html_cells import (
     auto_cell,
@@ -44,9 +45,11 @@ class HtmlReporter:
         >>> Path("report.html").write_text(HtmlReporter(model).render())  # doctest: +SKIP
     """
 
-    def __init__(self, model: ReportModel, top: int = 10) -> None:
+    def __init__(self, model: ReportModel, top: int = 10, extra: str = "") -> None:
         self.model = model
         self.top = top
+        self.extra = extra
+        """More sections (HTML), after the run's: the profiler views."""
 
     def render(self) -> str:
         run = self.model.run
@@ -59,6 +62,7 @@ class HtmlReporter:
             self._reports_section(),
             self._snapshots_section(),
             self._oom_section(),
+            self.extra,
         ]
         return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s))
 
@@ -259,8 +263,10 @@ class HtmlReporter:
         if not self.model.snapshots:
             return ""
         out = ["<h2 id='snapshots'>Allocator history</h2>"]
-        for entry in self.model.snapshots:
+        for k, entry in enumerate(self.model.snapshots):
+            href = escape(explorer_relpath(k, entry.path), quote=True)
             out.append(snapshot_html(entry, self.top))
+            out.append(f"<p><a class='explorer' href='{href}'>Open in the allocation explorer</a></p>")
         return "\n".join(out)
 
     def _oom_section(self) -> str:

@@ -1,4 +1,4 @@
-"""The HTML of one allocator snapshot: on its own page (``memprofiler snapshot --html``) or in a run's report."""
+"""The HTML of one allocator snapshot: in a run's report, and the summary tables under its explorer."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from html import escape
 
 from memprofiler.analysis.snapshot import SnapshotAnalysis
 from memprofiler.reporters import svg
-from memprofiler.reporters.html_cells import b, bytes_cell, page, table
+from memprofiler.reporters.html_cells import b, bytes_cell, table
 from memprofiler.reporters.model import SnapshotEntry
 from memprofiler.units import format_bytes
 
@@ -91,10 +91,3 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
             table(["device", "address", "size", "allocated", "free", "largest free", "fragmentation"], rows)
         )
     return "\n".join(out)
-
-
-def render_snapshot_page(entry: SnapshotEntry, top: int = 10) -> str:
-    """A standalone page for ``memprofiler snapshot --html``."""
-    return page(
-        f"allocator snapshot: {entry.path}", f"<h1>Allocator snapshot</h1>{snapshot_html(entry, top)}"
-    )

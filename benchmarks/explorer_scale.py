@@ -1,0 +1,252 @@
+"""The allocation explorer at scale: conversion time against a bare ``pickle.load``, HTML size,
+peak RSS, and first paint and redraw times in headless Chromium.
+
+A synthetic trace in torch's ``_snapshot()`` layout: training steps whose forward allocates
+activations (1-64 MiB) freed in reverse in the backward, short-lived temporaries, and
+parameters allocated before the trace; each entry has its own list of fresh frame dicts
+(two allocator-internal C++ frames, four Python ones, ~200 distinct stacks), as torch writes.
+
+Each variant runs in a fresh subprocess (so peak RSS is its own), in random order, with an
+A/A pair of the bare load as the noise floor::
+
+    MALLOC_ARENA_MAX=1 python benchmarks/explorer_scale.py --entries 1000000 --rounds 2 \
+        --out benchmarks/results/explorer_scale.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _emit import emit
+
+MiB = 1 << 20
+
+
+def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
+    rng = random.Random(seed)
+    files = [f"/home/user/project/model_{k}.py" for k in range(20)]
+    stacks = [
+        [
+            ("torch::unwind::unwind()", "??", 0),
+            (
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
+                "CUDACachingAllocator.cpp",
+                0,
+            ),
+            ("linear", "/venv/lib/python3.11/site-packages/torch/nn/functional.py", 100 + k % 7),
+            (f"layer_{k}", files[k % 20], 10 + k),
+            ("forward", files[(k * 7) % 20], 50 + k % 13),
+            ("training_step", "/home/user/project/train.py", 80),
+        ]
+        for k in range(200)
+    ]
+
+    def frames(k: int) -> list[dict[str, Any]]:
+        return [{"name": n, "filename": f, "line": ln} for n, f, ln in stacks[k]]
+
+    trace: list[dict[str, Any]] = []
+    addr = 1 << 40
+    t = 1_700_000_000_000_000
+    while len(trace) < entries:
+        live = []
+        for _ in range(rng.randint(50, 400)):  # forward
+            addr += 64 * MiB
+            size = rng.choice((1, 2, 4, 8, 16, 64)) * MiB - rng.randint(0, 4096)
+            k = rng.randrange(200)
+            trace.append(
+                {
+                    "action": "alloc",
+                    "addr": addr,
+                    "size": size,
+                    "stream": 0,
+                    "time_us": t,
+                    "frames": frames(k),
+                }
+            )
+            live.append((addr, size, k))
+            t += 3
+            if rng.random() < 0.5:  # a temporary
+                tmp = addr + 32 * MiB
+                trace.append(
+                    {
+                        "action": "alloc",
+                        "addr": tmp,
+                        "size": 512 * 1024,
+                        "stream": 0,
+                        "time_us": t,
+                        "frames": frames(k),
+                    }
+                )
+                trace.append(
+                    {
+                        "action": "free_completed",
+                        "addr": tmp,
+                        "size": 512 * 1024,
+                        "stream": 0,
+                        "time_us": t + 1,
+                        "frames": frames(k),
+                    }
+                )
+                t += 2
+        for a, size, k in reversed(live):  # backward
+            trace.append(
+                {
+                    "action": "free_requested",
+                    "addr": a,
+                    "size": size,
+                    "stream": 0,
+                    "time_us": t,
+                    "frames": frames(k),
+                }
+            )
+            trace.append(
+                {
+                    "action": "free_completed",
+                    "addr": a,
+                    "size": size,
+                    "stream": 0,
+                    "time_us": t + 1,
+                    "frames": frames(k),
+                }
+            )
+            t += 2
+    del trace[entries:]
+    # keep it consistent: what the cut left allocated stays alive at the end
+    alive: dict[int, int] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            alive[e["addr"]] = e["size"]
+        elif e["action"] == "free_completed":
+            alive.pop(e["addr"], None)
+    blocks = [
+        {"address": a, "size": s, "requested_size": s, "state": "active_allocated", "frames": []}
+        for a, s in alive.items()
+    ]
+    blocks.append(
+        {
+            "address": 1 << 39,
+            "size": 2048 * MiB,
+            "requested_size": 2048 * MiB,
+            "state": "active_allocated",
+            "frames": [],
+        }
+    )
+    segment = {"device": 0, "address": 1 << 39, "total_size": 1 << 42, "stream": 0, "blocks": blocks}
+    return {"segments": [segment], "device_traces": [trace]}
+
+
+CHILD = {
+    "load": "import pickle,sys; pickle.load(open(sys.argv[1],'rb'))",
+    "convert": (
+        "import sys; from memprofiler.__main__ import main; "
+        "assert main(['snapshot', sys.argv[1], '--html', sys.argv[2], '--top', '5']) == 0"
+    ),
+}
+
+
+def run_child(kind: str, pickle_path: Path, html: Path) -> tuple[float, float]:
+    code = (
+        "import resource,time,sys,io,contextlib; t=time.perf_counter()\n"
+        f"with contextlib.redirect_stdout(io.StringIO()):\n    exec({CHILD[kind]!r})\n"
+        "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(pickle_path), str(html)], check=True, capture_output=True, text=True
+    ).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+BROWSER = """
+async () => {
+  const X = window.mpExplorer, n = X.view[1], out = [];
+  for (let k = 0; k < 20; k++) {
+    const span = n / Math.pow(2, k % 10), a = (n - span) * ((k * 37) % 100) / 100;
+    X.setView(a, a + span); out.push(X.redraw());
+  }
+  return {first: X.firstPaintMs, redraws: out, drawn: X.drawn};
+}
+"""
+
+
+def browser_times(html: Path) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from browser import open_page, skip_reason
+
+    if skip_reason():
+        return {"skipped": skip_reason()}
+    with open_page(html, wait_ms=0) as view:
+        view.page.wait_for_function("window.mpExplorer && window.mpExplorer.ready", timeout=120_000)
+        r = view.eval(BROWSER)
+    r["redraw_median_ms"] = statistics.median(r["redraws"])
+    r["redraw_max_ms"] = max(r["redraws"])
+    r["errors"] = view.errors
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--entries", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--generate", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.generate:
+        with open(args.generate, "wb") as f:
+            pickle.dump(synthetic(args.entries), f, protocol=4)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "trace.pickle"
+        html = Path(tmp) / "trace.html"
+        t = time.perf_counter()
+        # In its own process: Linux keeps a process's peak RSS across fork and exec, so the
+        # children timed below must not be forked from one that held the whole trace.
+        subprocess.run(
+            [sys.executable, __file__, "--generate", str(src), "--entries", str(args.entries)], check=True
+        )
+        made = time.perf_counter() - t
+        variants = ["load", "load_aa", "convert"] * args.rounds
+        random.Random(1).shuffle(variants)
+        times: dict[str, list[float]] = {}
+        rss: dict[str, list[float]] = {}
+        for v in variants:
+            secs, mib = run_child("load" if v == "load_aa" else v, src, html)
+            times.setdefault(v, []).append(secs)
+            rss.setdefault(v, []).append(mib)
+        load, conv = min(times["load"]), min(times["convert"])
+        result = {
+            "benchmark": "explorer_scale",
+            "host": "2-CPU shared VM, no GPU; each variant a fresh subprocess; best of rounds",
+            "entries": args.entries,
+            "pickle_mb": round(src.stat().st_size / 1e6, 1),
+            "generate_s": round(made, 1),
+            "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
+            "peak_rss_mib": {k: round(max(v)) for k, v in rss.items()},
+            "aa_ratio": round(min(times["load_aa"]) / load, 3),
+            "convert_over_load": round(conv / load, 3),
+            "html_mb": round(html.stat().st_size / 1e6, 2),
+            "targets": {
+                "convert_over_load": "<= 2",
+                "html_mb": "<= 25 (1M entries)",
+                "first_paint_ms": "< 2000",
+                "redraw_ms": "< 50",
+                "peak_rss_5M": "< 3 GiB",
+            },
+            "browser": browser_times(html),
+        }
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MALLOC_ARENA_MAX", "1")
+    main()

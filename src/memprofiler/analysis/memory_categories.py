@@ -1,0 +1,133 @@
+"""Read a ``*.memory_categories.json`` (memory by category over a profiler cycle) and find its peak.
+
+The file is written at run time by :mod:`memprofiler.lightning.memory_categories`; this side
+reads it without torch: the stacked series per category, the peak of their sum, and the
+tensors live at the peak.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memprofiler.errors import ArtifactError
+
+FORMAT = "memprofiler-memory-categories"
+#: Points a stacked chart keeps at most; a longer series keeps each bin's highest total.
+SERIES_POINTS = 600
+#: Tensors listed as live at the peak, largest first.
+LIVE_AT_PEAK = 25
+
+
+@dataclass
+class CategoryTimeline:
+    """Memory by category on one device over one cycle."""
+
+    source: Path
+    device: str
+    categories: list[str]
+    times_ms: list[float]
+    """Milliseconds from ``t0_us`` (pre-existing tensors at 0)."""
+    stacks: list[list[int]]
+    """``stacks[k][c]``: bytes of category ``c`` live after the events at ``times_ms[k]``."""
+    peak_bytes: int
+    peak_ms: float
+    peak_by_category: dict[str, int]
+    live_at_peak: list[tuple[int, int, str, int]]
+    """``(tensor id, version, category, bytes)`` of the largest tensors live at the peak."""
+    t0_us: float
+
+
+def read_category_file(path: str | Path, t0_us: float | None = None) -> list[CategoryTimeline]:
+    """One :class:`CategoryTimeline` per device in ``path``.
+
+    Args:
+        path: a ``*.memory_categories.json``.
+        t0_us: time zero on the trace's clock (the trace's first event), so times match the
+            trace's memory view; default the file's earliest event.
+
+    Raises:
+        ArtifactError: the file is unreadable or not in the expected format.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:
+        raise ArtifactError(f"{p}: not a readable memory categories file ({err})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("devices"), dict):
+        raise ArtifactError(
+            f"{p}: not a {FORMAT} file; it is written by memprofiler's ExtendedPyTorchProfiler"
+        )
+    cats = [str(c) for c in doc.get("categories", [])]
+    return [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
+
+
+def _timeline(p: Path, device: str, cats: list[str], rows: Any, t0_us: float | None) -> CategoryTimeline:
+    try:
+        events = sorted(
+            ((int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows), key=lambda e: e[0]
+        )
+    except (TypeError, ValueError, IndexError):
+        raise ArtifactError(f"{p}: device {device}: malformed event row") from None
+    real = [e[0] for e in events if e[0] >= 0]
+    t0 = t0_us if t0_us is not None else (min(real) if real else 0.0)
+    sizes = [0] * len(cats)
+    times: list[float] = []
+    stacks: list[list[int]] = []
+    for t, delta, _tid, _ver, cat in events:
+        when = 0.0 if t < 0 else round((t - t0) / 1000.0, 6)
+        if not times or when != times[-1]:
+            times.append(when)
+            stacks.append(list(sizes))
+        if 0 <= cat < len(cats):
+            sizes[cat] += delta
+        stacks[-1] = list(sizes)
+    totals = [sum(s) for s in stacks]
+    peak_k = max(range(len(totals)), key=lambda k: (totals[k], -k)) if totals else 0
+    peak = totals[peak_k] if totals else 0
+    peak_at = times[peak_k] if times else 0.0
+    live = _live_at(events, t0, peak_at, cats)
+    return CategoryTimeline(
+        source=p,
+        device=device,
+        categories=cats,
+        times_ms=times,
+        stacks=stacks,
+        peak_bytes=max(peak, 0),
+        peak_ms=peak_at,
+        peak_by_category={c: stacks[peak_k][i] for i, c in enumerate(cats)} if stacks else {},
+        live_at_peak=live,
+        t0_us=t0,
+    )
+
+
+def _live_at(
+    events: list[tuple[int, int, int, int, int]], t0: float, at_ms: float, cats: list[str]
+) -> list[tuple[int, int, str, int]]:
+    live: dict[tuple[int, int], tuple[int, int]] = {}
+    for t, delta, tid, ver, cat in events:
+        when = 0.0 if t < 0 else round((t - t0) / 1000.0, 6)
+        if when > at_ms:
+            break
+        if delta > 0:
+            live[(tid, ver)] = (cat, delta)
+        else:
+            live.pop((tid, ver), None)
+    rows = [
+        (tid, ver, cats[c] if 0 <= c < len(cats) else "unknown", b) for (tid, ver), (c, b) in live.items()
+    ]
+    return sorted(rows, key=lambda r: (-r[3], r[0], r[1]))[:LIVE_AT_PEAK]
+
+
+def thinned(tl: CategoryTimeline, points: int = SERIES_POINTS) -> tuple[list[float], list[list[int]]]:
+    """At most ``points`` of ``tl``'s series, each bin represented by its highest total (the peak kept)."""
+    n = len(tl.times_ms)
+    if n <= points:
+        return tl.times_ms, tl.stacks
+    size = -(-n // points)
+    keep = [max(range(k, min(k + size, n)), key=lambda i: sum(tl.stacks[i])) for k in range(0, n, size)]
+    return [tl.times_ms[i] for i in keep], [tl.stacks[i] for i in keep]

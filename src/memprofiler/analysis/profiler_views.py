@@ -1,0 +1,210 @@
+"""Every profiler view of a set of traces, shaped once for the terminal and the HTML report.
+
+For each ``*.pt.trace.json[.gz]``: the memory view per device (curve, allocation pairs,
+per-operator statistics and, for the page's range selection, the events in compact form),
+the memory-by-category timeline written beside it, operators, modules and the step
+breakdown. Across ranks: computation, communication and overlap, and the slowest rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memprofiler import layout
+from memprofiler.analysis.memory_categories import CategoryTimeline, read_category_file
+from memprofiler.analysis.profiler_memory import (
+    DeviceMemory,
+    MemPair,
+    MemStat,
+    device_memory,
+    memory_stats,
+    ms,
+    pairs,
+)
+from memprofiler.analysis.profiler_ops import Nesting, OpRow, module_rows, nest, op_rows
+from memprofiler.analysis.profiler_steps import RankRow, StepRow, rank_row, steps
+from memprofiler.analysis.trace_events import OP, Trace, find_traces, is_trace_file, read_trace
+from memprofiler.errors import ArtifactError
+
+#: Memory events of one device the page carries for range selection; beyond it the page
+#: shows the whole-trace tables only (the terminal and the tables are unaffected).
+RANGE_EVENTS = 20_000
+
+
+@dataclass
+class DeviceView:
+    memory: DeviceMemory
+    pairs: list[MemPair]
+    stats: list[MemStat]
+    range_data: dict[str, Any] | None
+    """Compact events for the page's range selection; ``None`` past :data:`RANGE_EVENTS`."""
+
+
+@dataclass
+class TraceView:
+    """The views of one trace file."""
+
+    path: Path
+    rank: int | None
+    events: int
+    devices: list[DeviceView]
+    ops: list[OpRow]
+    modules: list[OpRow]
+    steps: list[StepRow]
+    categories: list[CategoryTimeline]
+    has_device_time: bool
+    rank_row: RankRow | None = None
+
+    @property
+    def title(self) -> str:
+        return self.path.name
+
+
+@dataclass
+class ProfilerViews:
+    """The views of every trace of a run (or given on the command line)."""
+
+    traces: list[TraceView] = field(default_factory=list)
+    ranks: list[RankRow] = field(default_factory=list)
+    """One row per rank, when traces of two or more ranks are present."""
+
+    @property
+    def slowest(self) -> RankRow | None:
+        return max(self.ranks, key=lambda r: (r.step_us, -r.rank)) if len(self.ranks) > 1 else None
+
+
+def categories_path(trace_path: Path) -> Path:
+    """``x.pt.trace.json[.gz]`` -> ``x.memory_categories.json[.gz]`` beside it (the gzipped
+    name when only that one exists)."""
+    name = trace_path.name.removesuffix(".gz").removesuffix(".pt.trace.json")
+    plain = trace_path.with_name(name + layout.PROFILER_MEMORY_CATEGORIES_JSON.rsplit("}", 1)[-1])
+    gzipped = plain.with_name(plain.name + ".gz")
+    return gzipped if not plain.exists() and gzipped.exists() else plain
+
+
+def trace_view(path: Path) -> TraceView:
+    """Read and summarise one trace (and its memory categories file, if any).
+
+    Raises:
+        ArtifactError: the trace or its categories file is unreadable.
+    """
+    trace = read_trace(path)
+    nesting = nest(trace)
+    devices = []
+    for dm in device_memory(trace):
+        all_pairs = pairs(trace, nesting, dm)
+        rdata = range_data(trace, nesting, dm, all_pairs) if len(dm.events) <= RANGE_EVENTS else None
+        devices.append(DeviceView(dm, all_pairs, memory_stats(trace, nesting, dm), rdata))
+    cats = categories_path(path)
+    step_rows = steps(trace)
+    view = TraceView(
+        path=path,
+        rank=trace.rank,
+        events=trace.events,
+        devices=devices,
+        ops=op_rows(trace, nesting),
+        modules=module_rows(trace, nesting),
+        steps=step_rows,
+        categories=read_category_file(cats, _wall_start(trace)) if cats.is_file() else [],
+        has_device_time=len(trace.device.ts) > 0,
+    )
+    view.rank_row = rank_row(trace.rank or 0, trace, step_rows)
+    return view
+
+
+def range_data(trace: Trace, nesting: Nesting, dm: DeviceMemory, all_pairs: list[MemPair]) -> dict[str, Any]:
+    """What the page's script needs to recompute the memory tables over a selected range.
+
+    ``names``: operator names; ``stacks``: name indexes open at an event, innermost first;
+    ``events``: ``[ms, bytes, stack]``; ``calls``: name index -> call start times (ms) of
+    the operators in a stack; ``pairs``: ``[operator, size, alloc ms, release ms]``.
+    """
+    h = trace.host
+    names: dict[int, int] = {}
+    stacks: dict[tuple[int, ...], int] = {}
+    events = []
+    for t, b, j in dm.events:
+        key = tuple(
+            names.setdefault(n, len(names)) for n in dict.fromkeys(h.name[s] for s in nesting.mem_ops[j])
+        )
+        events.append([t, b, stacks.setdefault(key, len(stacks))])
+    calls: dict[int, list[float]] = {}
+    for i in range(len(h.ts)):
+        if h.kind[i] == OP and (k := names.get(h.name[i])) is not None:
+            calls.setdefault(k, []).append(ms(trace, h.ts[i]))
+    return {
+        "names": [trace.names[n] for n in names],
+        "stacks": [list(s) for s in stacks],
+        "events": events,
+        "calls": [sorted(calls.get(k, [])) for k in range(len(names))],
+        "pairs": [[p.op, p.size, p.alloc_ms, p.release_ms] for p in all_pairs],
+    }
+
+
+def traces_in(paths: Iterable[Path]) -> list[Path]:
+    """The trace files among ``paths`` and under the directories among them, each once, in order."""
+    out: list[Path] = []
+    for p in paths:
+        found = find_traces(p) if p.is_dir() else [p] if is_trace_file(p) else []
+        out += [f for f in found if f not in out]
+    return out
+
+
+def build_views(paths: Sequence[Path]) -> ProfilerViews | None:
+    """The views of every trace in ``paths`` (files, or directories searched recursively);
+    ``None`` when there is none.
+
+    Raises:
+        ArtifactError: a trace is unreadable.
+    """
+    files = traces_in(paths)
+    if not files:
+        return None
+    views = ProfilerViews([trace_view(f) for f in files])
+    by_rank: dict[int, list[TraceView]] = {}
+    for i, v in enumerate(views.traces):
+        by_rank.setdefault(v.rank if v.rank is not None else i, []).append(v)
+    if len(by_rank) > 1:
+        views.ranks = [_sum_ranks(r, vs) for r, vs in sorted(by_rank.items())]
+    return views
+
+
+def _sum_ranks(rank: int, views: list[TraceView]) -> RankRow:
+    rows = [v.rank_row for v in views if v.rank_row is not None]
+    if not rows:
+        raise ArtifactError(f"rank {rank}: no trace summarised")
+    return RankRow(
+        rank=rank,
+        source=rows[0].source,
+        step_us=sum(r.step_us for r in rows),
+        computation_us=sum(r.computation_us for r in rows),
+        communication_us=sum(r.communication_us for r in rows),
+        overlap_us=sum(r.overlap_us for r in rows),
+        other_us=sum(r.other_us for r in rows),
+    )
+
+
+def merged_rows(views: Iterable[TraceView], modules: bool = False) -> dict[str, OpRow]:
+    """Operator (or module) rows of several traces summed by name (for ``diff``)."""
+    out: dict[str, OpRow] = {}
+    for v in views:
+        for r in v.modules if modules else v.ops:
+            m = out.setdefault(r.name, OpRow(r.name))
+            m.calls += r.calls
+            m.host_self_us += r.host_self_us
+            m.host_total_us += r.host_total_us
+            m.device_self_us += r.device_self_us
+            m.device_total_us += r.device_total_us
+            m.self_alloc_bytes += r.self_alloc_bytes
+            m.alloc_bytes += r.alloc_bytes
+            m.self_increase += r.self_increase
+            m.increase += r.increase
+    return out
+
+
+def _wall_start(trace: Trace) -> float | None:
+    """The trace's time zero on the memory profiler's clock (µs), when the trace gives its base."""
+    return trace.start + trace.base_ns / 1000 if trace.base_ns else None

@@ -1,0 +1,132 @@
+"""Which frames of an allocator stack a user can read: internal C++ frames hidden, own code first.
+
+torch records each allocation's stack innermost first, mixing C++ frames (the unwinder, the
+caching allocator, tensor factories, the dispatcher, the CPython interpreter) with Python
+frames. A GPU capture's stack starts with ``torch::unwind::unwind()``,
+``CapturedTraceback::gather`` and ``CUDACachingAllocator::malloc``: true for every block, so
+they say nothing. Here each frame gets a kind:
+
+- ``PYTHON``: a ``.py`` file; ``USER`` as well when it is outside site-packages and the
+  standard library (the user's own code, which labels a block);
+- ``INTERNAL``: a C++ frame of the unwinder, allocator, tensor factories, dispatcher glue or
+  interpreter, hidden unless all frames are asked for;
+- ``CPP``: any other C++ frame (an operator's kernel, the autograd engine's backward
+  functions), shown after the Python frames.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PYTHON = 1
+USER = 2
+INTERNAL = 4
+CPP = 8
+
+#: Label of a block whose stack the snapshot lacks.
+NO_STACK = "(no stack recorded)"
+
+# Names of C++ frames no user acts on. Anchored at the start of the demangled name.
+_INTERNAL_CPP = re.compile(
+    "|".join(
+        (
+            # the unwinder that captured the stack
+            r"torch::unwind::",
+            r"torch::CapturedTraceback",
+            r"torch::cuda::\(anonymous namespace\)::gather",
+            # the caching allocator and tensor storage
+            r"c10::cuda::",
+            r"c10::CachingAllocator",
+            r"c10::(Storage|Tensor)Impl::",
+            r"c10::intrusive_ptr<",
+            r"c10::.*Allocator",
+            r"at::(TensorBase )?at::detail::_?empty",
+            r"at::detail::",
+            r"at::native::(_?empty|resize)",
+            r"at::(cuda::)?(empty|resize)",
+            r"THPVariable_subclass_(clear|dealloc)",
+            # dispatcher glue between an operator call and its kernel
+            r"c10::impl::",
+            r"c10::Dispatcher",
+            r"c10::OperatorHandle",
+            r"c10::(Boxed)?KernelFunction",
+            r"c10::BoxedKernel",
+            r"at::_ops::",
+            r"at::\(anonymous namespace\)::(\(anonymous namespace\)::)?(wrapper_|create_out|structured_)",
+            r"at::autocast::",
+            r"at::TensorIterator",
+            r"at::meta::",
+            r"(void )?at::meta::",
+            r"torch::autograd::VariableType::",
+            r"torch::ADInplaceOrView::",
+            r"torch::autograd::impl::",
+            # the CPython interpreter and process start
+            r"_?Py",
+            r"py(run|main)_",
+            r"(method|cfunction|vectorcall|slot_tp|object_vacall|call_function|run_eval_code|run_mod|_start$|__libc_)",
+        )
+    )
+)
+# Python files that are not the user's own code: installed packages, the standard library.
+_LIBRARY_PY = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[\d.]*/|^<)")
+_ARGS = re.compile(r"\(.*\)(\s*(const|\[clone [^]]*\]))*\s*$")
+
+
+def frame_kind(name: str, filename: str) -> int:
+    """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``)."""
+    if filename.endswith(".py"):
+        return PYTHON if _LIBRARY_PY.search(filename) else PYTHON | USER
+    return INTERNAL if _INTERNAL_CPP.match(name) else CPP
+
+
+def short_name(name: str, kind: int) -> str:
+    """A C++ name without its argument list (``at::native::einsum``); Python names unchanged."""
+    if kind & PYTHON:
+        return name
+    short = _ARGS.sub("", name)
+    return short or name
+
+
+def frame_text(frame: Mapping[str, Any], kind: int | None = None) -> str:
+    """``name (file:line)`` for a Python frame, the short C++ name (and file, when known) otherwise."""
+    name = str(frame.get("name", "?"))
+    filename = str(frame.get("filename", "?"))
+    if kind is None:
+        kind = frame_kind(name, filename)
+    if kind & PYTHON:
+        return f"{name} ({os.path.basename(filename)}:{frame.get('line', '?')})"
+    base = os.path.basename(filename)
+    short = short_name(name, kind)
+    return f"{short} ({base})" if base and base != "??" else short
+
+
+def readable(frames: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
+    """The frames shown by default: Python frames first, then the C++ frames that are not internal.
+
+    Both keep their innermost-first order. A stack of internal frames only is returned whole,
+    so that something is always shown.
+    """
+    if not frames:
+        return []
+    py: list[Mapping[str, Any]] = []
+    cpp: list[Mapping[str, Any]] = []
+    for f in frames:
+        kind = frame_kind(str(f.get("name", "")), str(f.get("filename", "")))
+        if kind & PYTHON:
+            py.append(f)
+        elif not kind & INTERNAL:
+            cpp.append(f)
+    return py + cpp if py or cpp else list(frames)
+
+
+def label_index(kinds: Sequence[int]) -> int:
+    """Which frame labels a block: the first of the user's code, else the first Python frame,
+    else the first C++ frame that is not internal, else the first frame; ``-1`` for no frames."""
+    for want in (USER, PYTHON, CPP):
+        for i, k in enumerate(kinds):
+            if k & want:
+                return i
+    return 0 if kinds else -1

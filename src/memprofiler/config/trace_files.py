@@ -1,0 +1,93 @@
+"""Where the extended profiler's per-cycle traces go, what they are called and how many stay."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+
+from memprofiler.errors import ConfigError
+
+#: Fields a ``folder`` template may use: fixed for the whole run.
+FOLDER_FIELDS = ("run_name", "rank", "local_rank", "node_rank", "world_size", "stage")
+#: Fields a ``filename`` template may use: the folder's plus those of the cycle being written.
+#: ``batch`` is the last profiler step in the trace (``ProfilerStep#{batch}``, 0-based: the
+#: training call ``batch + 1``), ``epoch`` the epoch it ran in, ``cycle`` counts traces from 1.
+FILENAME_FIELDS = (*FOLDER_FIELDS, "epoch", "batch", "cycle")
+#: The suffix of a gzip-compressed trace; Perfetto and TensorBoard read ``.pt.trace.json.gz``.
+GZIP_SUFFIX = ".gz"
+
+
+def template_fields(template: str) -> list[str]:
+    """The ``{field}`` names of a ``str.format`` template, in order (``{{`` escapes skipped)."""
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as err:
+        raise ValueError(f"is not a valid template ({err})") from None
+
+
+def check_template(key: str, template: str, allowed: tuple[str, ...]) -> None:
+    """Refuse a template that names a field outside ``allowed`` (or a positional/indexed one).
+
+    Raises:
+        ConfigError: one line naming ``key``, the bad field and the allowed ones.
+    """
+    try:
+        names = template_fields(template)
+    except ValueError as err:
+        raise ConfigError(key, f"{template!r} {err}") from None
+    listed = ", ".join("{" + f + "}" for f in allowed)
+    for name in names:
+        if name not in allowed:
+            shown = "{" + name + "}" if name else "{}"
+            raise ConfigError(key, f"unknown field {shown} in {template!r}; allowed: {listed}")
+
+
+@dataclass
+class TraceFilesConfig:
+    """The extended profiler's trace files: names, compression, retention, overwriting.
+
+    Every file of a trace cycle (the Chrome trace and any companion written beside it) follows
+    these rules; the folder is relative to the output directory (memprofiler's ``save_dir``
+    when a :class:`~memprofiler.MemProfilerCallback` runs, else ``dirpath`` / the Trainer's
+    log dir).
+    """
+
+    folder: str = ""
+    """Folder of the traces under the output directory, a template over ``{run_name}``,
+    ``{rank}``, ``{local_rank}``, ``{node_rank}``, ``{world_size}``, ``{stage}``; ``""`` for the
+    output directory itself."""
+    filename: str = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
+    """Trace file name, a template over the folder's fields plus ``{epoch}``, ``{batch}`` and
+    ``{cycle}``. Keep the ``.pt.trace.json`` ending for TensorBoard's torch-tb-profiler."""
+    use_gzip: bool = False
+    """Write every trace file gzip-compressed, with ``.gz`` appended to its name."""
+    num_traces_to_keep: int = -1
+    """Trace cycles to keep; older cycles' files are deleted as new ones are written, locally
+    and in a remote ``save_dir``. ``-1`` keeps all."""
+    overwrite: bool = False
+    """Allow the trace folder to already hold ``*.pt.trace.json*`` files from an earlier run
+    (they may be overwritten). If false, such a folder is refused when training starts."""
+    run_name: str | None = None
+    """``{run_name}``; default: the Trainer logger's ``{name}_{version}``, or ``run``."""
+
+    def __post_init__(self) -> None:
+        check_template("folder", self.folder, FOLDER_FIELDS)
+        check_template("filename", self.filename, FILENAME_FIELDS)
+        if not self.filename.strip() or self.filename.endswith("/"):
+            raise ConfigError("filename", f"got {self.filename!r}; give a file name template")
+        if self.folder.startswith("/"):
+            raise ConfigError(
+                "folder", f"got {self.folder!r}; give a folder relative to the output directory"
+            )
+        if self.num_traces_to_keep == 0 or self.num_traces_to_keep < -1:
+            raise ConfigError(
+                "num_traces_to_keep",
+                f"got {self.num_traces_to_keep}; give -1 (keep all) or a count >= 1",
+            )
+
+    @property
+    def trace_filename(self) -> str:
+        """``filename`` with ``.gz`` appended when ``use_gzip`` (and not already there)."""
+        if self.use_gzip and not self.filename.endswith(GZIP_SUFFIX):
+            return self.filename + GZIP_SUFFIX
+        return self.filename

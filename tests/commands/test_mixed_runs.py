@@ -1,0 +1,104 @@
+"""``report`` and ``merge-traces`` refuse rank files of two different runs put together; every
+per-rank file carries its run's id (older files without one still read)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+from memprofiler import MemProfiler, layout
+from memprofiler.__main__ import main
+from memprofiler.analysis.run_ids import stats_run_id
+from memprofiler.output.stats_file import StatsFile
+from memprofiler.output.timeline import MemoryTimeline
+
+CONFIG = {
+    "schedule": {"wait": 0, "warmup": 0, "active": 1, "repeat": 2},
+    "collect_funcs": {"default": ["step"]},
+}
+
+
+def _real_run(save_dir: Path) -> MemProfiler:
+    model = nn.Linear(8, 4)
+    with MemProfiler(CONFIG, save_dir=save_dir, rank=0) as prof:
+        for _ in range(2):
+            with prof.profile("step", module=model):
+                model(torch.randn(2, 8)).sum()
+    return prof
+
+
+def _rank_files(d: Path, rank: int, run_id: str | None) -> None:
+    """Rank ``rank``'s stats YAML and memory trace as the profiler writes them, under run ``run_id``."""
+    d.mkdir(parents=True, exist_ok=True)
+    snapshots = {f"{rank}.step.1.{p}": {"rss": 1000 + rank} for p in ("start", "end")}
+    StatsFile(d / layout.MEMORY_STATS_YAML.format(rank=rank), run_id).flush(snapshots, list(snapshots))
+    timeline = MemoryTimeline(rank, run_id)
+    timeline.dump(d)
+
+
+def test_a_real_run_writes_its_manifest_id_into_every_rank_file(tmp_path):
+    # GIVEN a real run
+    prof = _real_run(tmp_path / "run")
+    run_id = yaml.safe_load((tmp_path / "run" / layout.RUN_MANIFEST).read_text())["run_id"]
+    # THEN the stats YAML and the memory trace carry the manifest's run id
+    assert stats_run_id(tmp_path / "run" / layout.MEMORY_STATS_YAML.format(rank=0)) == run_id
+    trace = json.loads((tmp_path / "run" / layout.MEMORY_TRACE_JSON.format(rank=0)).read_text())
+    assert trace["otherData"][layout.TRACE_RUN_ID_KEY] == run_id
+    # AND the stats still load as before: the id line is a comment
+    stats = yaml.safe_load((tmp_path / "run" / layout.MEMORY_STATS_YAML.format(rank=0)).read_text())
+    assert list(stats) == [f"0.step.{c}.{p}" for c in (1, 2) for p in ("start", "end")]
+    assert prof.save_dir == tmp_path / "run"
+
+
+def test_report_refuses_two_runs_node_directories(tmp_path, capsys):
+    # GIVEN node directories of two different runs: rank 0 of run aaa, rank 1 of run bbb
+    _rank_files(tmp_path / "node0", 0, "aaa111")
+    _rank_files(tmp_path / "node1", 1, "bbb222")
+    # WHEN report reads them as one run's nodes
+    code = main(["report", str(tmp_path / "node0"), str(tmp_path / "node1"), "--no-html"])
+    # THEN one line names a file of each run and the fix, exit code 2
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert f"{str(tmp_path / 'node0' / 'rank_0_memory_stats.yaml')!r} is from run aaa111 but " in err
+    assert f"{str(tmp_path / 'node1' / 'rank_1_memory_stats.yaml')!r} from run bbb222" in err
+    assert "pass the directories of one run" in err
+
+
+def test_report_refuses_two_runs_files_in_one_directory(tmp_path, capsys):
+    # GIVEN one directory holding rank 0 of one run and rank 1 copied in from another
+    _rank_files(tmp_path / "run", 0, "aaa111")
+    _rank_files(tmp_path / "run", 1, "bbb222")
+    # WHEN report reads it THEN the same refusal
+    assert main(["report", str(tmp_path / "run"), "--no-html"]) == 2
+    assert "is from run aaa111 but" in capsys.readouterr().err
+
+
+def test_merge_traces_refuses_two_runs(tmp_path, capsys):
+    _rank_files(tmp_path / "node0", 0, "aaa111")
+    _rank_files(tmp_path / "node1", 1, "bbb222")
+    assert (
+        main(
+            ["merge-traces", str(tmp_path / "node0"), str(tmp_path / "node1"), "-o", str(tmp_path / "m.json")]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "memory_trace_rank_0.json' is from run aaa111 but" in err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_one_runs_files_and_older_files_without_an_id_still_merge(tmp_path, capsys):
+    # GIVEN rank 0 and 1 of one run, and rank 2 written before files carried an id
+    _rank_files(tmp_path / "node0", 0, "aaa111")
+    _rank_files(tmp_path / "node1", 1, "aaa111")
+    _rank_files(tmp_path / "node2", 2, None)
+    dirs = [str(tmp_path / f"node{i}") for i in range(3)]
+    # WHEN merged THEN both commands succeed with every rank
+    assert main(["merge-traces", *dirs, "-o", str(tmp_path / "m.json")]) == 0
+    merged = json.loads((tmp_path / "m.json").read_text())
+    assert merged["otherData"]["memprofiler_ranks"] == [0, 1, 2]
+    assert main(["report", *dirs, "--no-html"]) == 0

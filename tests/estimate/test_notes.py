@@ -1,0 +1,43 @@
+"""An estimate's notes name what an op-level count cannot see for the model at hand."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.notes import CONV_SCRATCH, HF_CHECKPOINTING
+
+SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+
+
+def test_a_convolution_gets_the_kernel_scratch_note():
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten())
+    est = estimate_memory(conv, torch.randn(1, 3, 6, 6), optimizer=SGD, device="cpu")
+    assert CONV_SCRATCH in est.notes and HF_CHECKPOINTING not in est.notes
+    assert "convolution_backward makes a contiguous copy" in CONV_SCRATCH
+    mlp = estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), optimizer=SGD, device="cpu")
+    assert mlp.notes == []
+    assert any("scratch a kernel allocates inside itself" in n for n in mlp.not_modelled)
+
+
+def test_transformers_gradient_checkpointing_gets_the_attention_mask_note():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.gradient_checkpointing_enable()
+    ids = torch.randint(0, 64, (2, 8))
+    est = estimate_memory(
+        model, ids, optimizer=SGD, loss_fn=lambda m, b: m(input_ids=b, labels=b).loss, device="cpu", steps=1
+    )
+    assert est.notes == [HF_CHECKPOINTING]
+    assert "batch x seq^2 mask" in HF_CHECKPOINTING

@@ -25,6 +25,11 @@ CONSUMERS = [
     "pytest_plugin/verdict.py",
 ]
 NAMES = frozenset(metrics.ALL) | {p.rstrip(".") for p in metrics.TRACKER_PEAK_PREFIXES}
+#: The step timeline's host sampler and its config, with the host metric names besides. Their
+#: groups (``cpu``, ``memory``) are ordinary words elsewhere (a collection type, a device), so
+#: only these modules are held to them.
+HOST_CONSUMERS = ["config/timeline.py", "core/host_sampler.py"]
+HOST_NAMES = NAMES | frozenset(metrics.HOST_GROUPS) | frozenset(metrics.HOST_TRACKS)
 
 
 def _not_metric_names(tree: ast.AST) -> set[int]:
@@ -42,13 +47,13 @@ def _not_metric_names(tree: ast.AST) -> set[int]:
     return out
 
 
-def _spelled_out(path: Path) -> list[str]:
+def _spelled_out(path: Path, names: frozenset[str] = NAMES) -> list[str]:
     tree = ast.parse(path.read_text())
     skip = _not_metric_names(tree)
     return [
         f"{path.relative_to(SRC)}:{node.lineno}: {node.value!r}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and id(node) not in skip and node.value in NAMES
+        if isinstance(node, ast.Constant) and id(node) not in skip and node.value in names
     ]
 
 
@@ -72,6 +77,24 @@ def test_the_module_names_metrics_only_through_the_vocabulary(module):
     # THEN it spells no metric name of its own, and it uses the vocabulary
     assert _spelled_out(path) == []
     assert _imports_the_vocabulary(path)
+
+
+@pytest.mark.parametrize("module", HOST_CONSUMERS)
+def test_the_host_sampler_names_its_metrics_only_through_the_vocabulary(module):
+    # GIVEN the step timeline's host sampler or its config
+    path = SRC / module
+    # THEN it spells no host group or track name of its own, and it uses the vocabulary
+    assert _spelled_out(path, HOST_NAMES) == []
+    assert _imports_the_vocabulary(path)
+
+
+def test_the_sampler_draws_every_host_track_of_the_vocabulary_once():
+    from memprofiler.config.timeline import HOST_METRICS
+    from memprofiler.core.host_sampler import TRACKS
+
+    assert tuple(TRACKS) == HOST_METRICS == metrics.HOST_GROUPS
+    drawn = [track for group in TRACKS.values() for track in group]
+    assert sorted(drawn) == sorted(metrics.HOST_TRACKS)
 
 
 def test_the_trackers_write_the_vocabularys_prefixes():

@@ -1,5 +1,6 @@
-"""Names of the metrics in a snapshot. One place, so the collectors that write them and every
-reader (the logger, the pytest markers, the timeline, the estimate reader, the report) agree.
+"""Names of the metrics in a snapshot, and of the host metrics the step timeline samples. One
+place, so the collectors that write them and every reader (the logger, the pytest markers, the
+timeline, the estimate reader, the report, the host sampler and its config) agree.
 
 ``tests/test_metrics_vocabulary.py`` fails when one of those modules spells a name here as a
 string of its own.
@@ -36,7 +37,36 @@ TRACKER_PEAK_PREFIXES = (FSDP_PEAK_PREFIX, MODULE_MEM_PEAK_PREFIX)
 FSDP_PEAK_TOTAL = FSDP_PEAK_PREFIX + "total"
 MODULE_MEM_PEAK_TOTAL = MODULE_MEM_PEAK_PREFIX + "total"
 
-#: Every name above, for the test that keeps the readers on this vocabulary.
+#: Host metric groups the step timeline's sampler reads (``timeline.host_metrics``); ``rss`` is
+#: :data:`RSS`, this process's resident size.
+HOST_CPU = "cpu"
+HOST_MEMORY = "memory"
+HOST_DISK = "disk"
+HOST_NETWORK = "network"
+HOST_GROUPS: tuple[str, ...] = (HOST_CPU, HOST_MEMORY, HOST_DISK, HOST_NETWORK, RSS)
+#: The sampler's counter tracks, as named in the trace and ``step_timeline_rank_N.json``.
+HOST_CPU_PERCENT = "host.cpu_percent"
+PROCESS_CPU_PERCENT = "process.cpu_percent"
+HOST_MEMORY_USED = "host.memory_used"
+HOST_MEMORY_PERCENT = "host.memory_percent"
+HOST_DISK_READ = "host.disk_read"
+HOST_DISK_WRITE = "host.disk_write"
+HOST_NET_SENT = "host.net_sent"
+HOST_NET_RECV = "host.net_recv"
+PROCESS_RSS = "process.rss"
+HOST_TRACKS: tuple[str, ...] = (
+    HOST_CPU_PERCENT,
+    PROCESS_CPU_PERCENT,
+    HOST_MEMORY_USED,
+    HOST_MEMORY_PERCENT,
+    HOST_DISK_READ,
+    HOST_DISK_WRITE,
+    HOST_NET_SENT,
+    HOST_NET_RECV,
+    PROCESS_RSS,
+)
+
+#: Every snapshot metric name above, for the test that keeps the readers on this vocabulary.
 ALL: tuple[str, ...] = (
     RSS,
     VMS,

@@ -98,3 +98,86 @@ def test_installed_lightning_is_in_the_supported_range():
     (req,) = [Requirement(d) for d in deps if Requirement(d).name == "lightning"]
     assert req.specifier.contains(lightning.__version__), (str(req), lightning.__version__)
     assert any(s.operator == "<" for s in req.specifier), "the supported range needs an upper bound"
+
+
+class _RecordingProfiler(lightning.pytorch.profilers.Profiler):
+    """Every profiler action Lightning starts, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actions: list[str] = []
+
+    def start(self, action_name: str) -> None:
+        self.actions.append(action_name)
+
+    def stop(self, action_name: str) -> None:
+        pass
+
+    def summary(self) -> str:
+        return ""
+
+
+class _Marker(lightning.pytorch.Callback):
+    def on_train_start(self, trainer, pl_module):
+        pass
+
+
+def test_lightning_names_its_profiler_actions_as_the_shims_read_them(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from memprofiler.lightning.trace_output import action_track
+    from memprofiler.output.step_timeline import DATA
+
+    # GIVEN a Trainer whose profiler records every action, through fit (with its sanity check),
+    # validate, test and predict
+    profiler = _RecordingProfiler()
+    trainer = lightning.pytorch.Trainer(
+        default_root_dir=tmp_path,
+        max_steps=2,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        limit_test_batches=1,
+        limit_predict_batches=1,
+        num_sanity_val_steps=1,
+        profiler=profiler,
+        callbacks=[_Marker()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = BoringModel()
+    trainer.fit(model)
+    trainer.validate(model, verbose=False)
+    trainer.test(model, verbose=False)
+    trainer.predict(model)
+    actions = set(profiler.actions)
+    # THEN each loop's wait for a batch is one the shims (and the step timeline's data row) know
+    waits = {a for a in actions if a.endswith("_next")}
+    assert waits == {
+        _compat.TRAIN_DATALOADER_WAIT,
+        "[_EvaluationLoop].val_next",
+        "[_EvaluationLoop].test_next",
+        "[_PredictionLoop].predict_next",
+    }
+    assert {a for a in actions if _compat.is_dataloader_wait(a)} == waits
+    assert {a for a in actions if action_track(a) == DATA} == waits
+    # AND a callback's hooks are actions under its state key
+    prefix = _compat.callback_action_prefix(_Marker().state_key)
+    assert f"{prefix}on_train_start" in actions
+
+
+def test_lightnings_trace_annotations_are_the_prefixes_the_trace_readers_use():
+    from lightning.pytorch.profilers import pytorch as pl_pytorch
+
+    from memprofiler.analysis import profiler_steps, trace_events
+
+    # GIVEN the source of Lightning's PyTorchProfiler, which names the trace annotations
+    source = inspect.getsource(pl_pytorch)
+    # THEN it still prefixes actions and module spans as the shims say
+    assert f'record_function("{_compat.TRACE_ACTION_PREFIX}" + action_name)' in source
+    assert f'record_function("{_compat.TRACE_MODULE_PREFIX}" + record_name)' in source
+    # AND the torch-free trace readers' copies are the same
+    assert trace_events.LIGHTNING_ACTION_PREFIX == _compat.TRACE_ACTION_PREFIX
+    assert trace_events.LIGHTNING_MODULE_PREFIX == _compat.TRACE_MODULE_PREFIX
+    assert _compat.TRACE_ACTION_PREFIX + _compat.TRAIN_DATALOADER_WAIT in profiler_steps.DATA_LOADING

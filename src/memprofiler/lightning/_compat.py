@@ -6,7 +6,9 @@ run that recorded nothing. The code here calls private names for those, and the 
 ``cli.py``, ``estimate.py``, ``extended_profiler.py`` and ``profiler_schedule.py`` replace private
 methods. :data:`PINNED` lists each name with the parameters relied on and
 :data:`PINNED_ATTRIBUTES` the private attributes read or written; the test fails on a Lightning
-release that renames or re-signs any of them. The range tested is ``lightning`` in
+release that renames or re-signs any of them. The names Lightning gives its profiler actions
+(a callback's hook, the wait for a batch) and its trace annotations are private too: they are
+here, and the test runs a Trainer to check them. The range tested is ``lightning`` in
 ``pyproject.toml``.
 """
 
@@ -67,6 +69,11 @@ PINNED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "_export_to_chrome",
         "_stage",
         "_register",
+        "_schedule",
+        "_group_by_input_shapes",
+        "_sort_by_key",
+        "_row_limit",
+        "_table_kwargs",
     ),
     "lightning.pytorch.core.module.LightningModule": ("_trainer",),
     "lightning.pytorch.profilers.pytorch.ScheduleWrapper": (
@@ -76,6 +83,28 @@ PINNED_ATTRIBUTES: dict[str, tuple[str, ...]] = {
         "num_step",
     ),
 }
+
+#: The profiler actions around the wait for the next batch, by the loops' own names:
+#: ``[_TrainingEpochLoop].train_dataloader_next``, ``[_EvaluationLoop].val_next`` (validation and
+#: the sanity check), ``.test_next``, ``[_PredictionLoop].predict_next``.
+TRAIN_DATALOADER_WAIT = "[_TrainingEpochLoop].train_dataloader_next"
+_DATALOADER_WAIT_ENDINGS = ("].train_dataloader_next", "].val_next", "].test_next", "].predict_next")
+#: Prefixes of the ``record_function`` annotations Lightning's ``PyTorchProfiler`` puts in a
+#: trace: each profiler action (``[pl][profile]`` + action) and each module's forward
+#: (``[pl][module]`` + ``module type: name``). ``memprofiler.analysis`` reads traces without
+#: Lightning: the test checks its copies equal these.
+TRACE_ACTION_PREFIX = "[pl][profile]"
+TRACE_MODULE_PREFIX = "[pl][module]"
+
+
+def callback_action_prefix(state_key: str) -> str:
+    """How the profiler actions of a callback's hooks begin: ``[Callback]{state_key}.``."""
+    return f"[Callback]{state_key}."
+
+
+def is_dataloader_wait(action_name: str) -> bool:
+    """Whether a profiler action is a loop's wait for its next batch (train, val, test, predict)."""
+    return action_name.startswith("[") and action_name.endswith(_DATALOADER_WAIT_ENDINGS)
 
 
 def short_description(component: object) -> str | None:

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from memprofiler import memprofilable
-from memprofiler.cli import MemProfilerCLI
+from memprofiler.lightning.cli import MemProfilerCLI
 
 
 class RandomTokens(Dataset[torch.Tensor]):

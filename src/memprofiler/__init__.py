@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from memprofiler.core.profiler import MemProfiler
     from memprofiler.estimate import MemoryEstimate, estimate_memory
     from memprofiler.lightning.callback import MemProfilerCallback
+    from memprofiler.lightning.cli import MemProfilerCLI
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
     from memprofiler.lightning.mixin import ProfilerHooksMixin
 
@@ -27,6 +28,7 @@ _LAZY = {
     "MemProfiler": "memprofiler.core.profiler",
     "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
+    "MemProfilerCLI": "memprofiler.lightning.cli",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
     "estimate_memory": "memprofiler.estimate",
     "MemoryEstimate": "memprofiler.estimate",
@@ -46,6 +48,7 @@ __all__ = [
     "ConfigError",
     "ExtendedPyTorchProfiler",
     "MemProfiler",
+    "MemProfilerCLI",
     "MemProfilerCallback",
     "MemProfilerConfig",
     "MemProfilerError",

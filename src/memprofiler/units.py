@@ -8,9 +8,9 @@ import re
 from memprofiler.errors import ConfigError
 
 #: The one unit table: binary units by name, smallest first. Formatting walks it, parsing and
-#: the config's ``fsdp_mem_tracker_units`` are derived from it.
+#: the config's ``module_mem_units`` are derived from it.
 BINARY_UNITS: dict[str, int] = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
-#: Units of the module-wise tracker's ``.log`` reports (``fsdp_mem_tracker_units``).
+#: Units of the module-wise tracker's ``.log`` reports (``module_mem_units``).
 MEM_UNITS: dict[str, int] = {u: BINARY_UNITS[u] for u in ("B", "KiB", "MiB", "GiB")}
 #: Parsing, case-insensitive: the binary units, ``K``/``M``/``G``/``T`` alone as binary (as in
 #: ``ulimit`` and most memory tools), and the decimal ``KB``/``MB``/``GB``/``TB``.

@@ -406,8 +406,7 @@ def test_lightning_trainer_writes_pickles_of_the_collected_steps(tmp_path):
     # GIVEN the callback with history on for steps 2-3, over the fake allocator
     fake = FakeCudaBackend()
     cfg = {"schedule": {"warmup": 1, "active": 2}, "cuda_allocator_history": True}
-    cb = MemProfilerCallback(cfg)
-    cb.profiler = MemProfiler(cfg, save_dir=tmp_path / "mp", rank=0, cuda=fake)
+    cb = MemProfilerCallback({**cfg, "save_dir": str(tmp_path / "mp")}, cuda=fake)
     # WHEN five steps train
     step_trainer(tmp_path, [cb], 5).fit(_Steps(fake))
     # THEN steps 2 and 3 have start/end pickles; recording ran from step 1 to the end of step 3

@@ -128,7 +128,7 @@ def test_several_collected_calls_in_a_row_and_every_optimizer(world1, tmp_path):
     cfg = {
         "track_fsdp_mem": True,
         "fsdp_mem_tracker_root_module": "model",
-        "fsdp_mem_track_module_depth": 3,  # Holder(1).model(2).0(3)
+        "module_mem_depth": 3,  # Holder(1).model(2).0(3)
         "schedule": {"warmup": 1, "active": 3},
         "enable_saved_tensors_hooks": False,
     }
@@ -188,8 +188,8 @@ def test_tabulate_renders_tables_with_the_yaml_numbers(world1, tmp_path):
     cfg = {
         "track_fsdp_mem": True,
         "fsdp_mem_tracker_root_module": "model",
-        "fsdp_mem_tracker_tabulate": True,
-        "fsdp_mem_tracker_units": "B",
+        "module_mem_tabulate": True,
+        "module_mem_units": "B",
         "enable_saved_tensors_hooks": False,
     }
     prof = MemProfiler(cfg, save_dir=tmp_path)
@@ -255,7 +255,7 @@ def test_lightning_model_parallel_window_covers_backward_and_optimizer_step(worl
     _cb, model = _fit(
         tmp_path,
         fsdp_mem_tracker_root_module="model",
-        fsdp_mem_track_module_depth=3,
+        module_mem_depth=3,
         schedule={"warmup": 1, "active": 3},
     )
     pb = _param_bytes(model.model)

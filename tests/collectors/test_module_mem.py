@@ -81,7 +81,7 @@ def test_window_includes_backward_and_optimizer_step(tmp_path):
 
 def test_analytic_breakdown_per_module_and_only_in_the_window(tmp_path):
     # GIVEN calls 2 and 3 collected
-    cb, model = _fit(tmp_path, schedule={"warmup": 1, "active": 2}, fsdp_mem_tracker_units="KiB")
+    cb, model = _fit(tmp_path, schedule={"warmup": 1, "active": 2}, module_mem_units="KiB")
     pb = _pb(model)
     n_params = len(list(model.parameters()))
     # THEN the tracker's mode is active inside collected calls only
@@ -117,7 +117,7 @@ def test_analytic_breakdown_per_module_and_only_in_the_window(tmp_path):
 
 
 def test_depth_limits_the_modules_reported(tmp_path):
-    _fit(tmp_path, fsdp_mem_track_module_depth=3)
+    _fit(tmp_path, module_mem_depth=3)
     report = _report(tmp_path / "module_mem_rank_0_training_step_2.yaml")
     assert list(report["modules"]) == ["TinyLM.net", "TinyLM.net.0", "TinyLM.net.1", "TinyLM.net.2"]
     # snapshots are of the whole tracked memory at each module's boundaries, not per module
@@ -182,8 +182,8 @@ def test_a_raising_call_closes_the_tracker_and_keeps_its_report(tmp_path):
     ("cfg", "key"),
     [
         ({"track_module_mem": True, "track_fsdp_mem": True}, "track_module_mem"),
-        ({"fsdp_mem_tracker_units": "MB"}, "fsdp_mem_tracker_units"),
-        ({"fsdp_mem_track_module_depth": -1}, "fsdp_mem_track_module_depth"),
+        ({"module_mem_units": "MB"}, "module_mem_units"),
+        ({"module_mem_depth": -1}, "module_mem_depth"),
     ],
 )
 def test_bad_tracker_options_name_the_key(cfg, key):

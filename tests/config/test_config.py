@@ -28,9 +28,9 @@ def test_defaults_follow_the_ancestor_names():
 
 
 def test_default_names_join_every_collection_type():
-    cfg = MemProfilerConfig.from_any({"collect_funcs": {"default": ["a"], "cpu": ["b"], "fsdp": ["c"]}})
+    cfg = MemProfilerConfig.from_any({"collect_funcs": {"default": ["a"], "cpu": ["b"], "module_mem": ["c"]}})
     assert cfg.collect_funcs.funcs_for("cpu") == {"a", "b"}
-    assert cfg.collect_funcs.funcs_for("fsdp") == {"a", "c"}
+    assert cfg.collect_funcs.funcs_for("module_mem") == {"a", "c"}
     assert cfg.collect_funcs.funcs_for("cuda") == {"a"}
     assert cfg.collect_funcs.all_funcs() == {"a", "b", "c"}
 
@@ -116,7 +116,37 @@ def test_unknown_key_of_the_callback_dict_names_the_key_and_a_close_match():
         MemProfilerCallback({"collect_funcs": {"defualt": ["training_step"]}})
     assert str(info.value) == (
         "`collect_funcs.defualt`: unknown key; did you mean `default`? "
-        "allowed keys here: cpu, cuda, cuda_allocator_history, default, fsdp"
+        "allowed keys here: cpu, cuda, cuda_allocator_history, default, module_mem"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "old", "new"),
+    [
+        ({"collect_funcs": {"fsdp": ["c"]}}, "collect_funcs.fsdp", "collect_funcs.module_mem"),
+        ({"fsdp_mem_track_module_depth": 3}, "fsdp_mem_track_module_depth", "module_mem_depth"),
+        ({"fsdp_mem_tracker_units": "KiB"}, "fsdp_mem_tracker_units", "module_mem_units"),
+        ({"fsdp_mem_tracker_tabulate": True}, "fsdp_mem_tracker_tabulate", "module_mem_tabulate"),
+    ],
+)
+def test_the_module_wise_trackers_old_key_names_are_read_with_one_warning(data, old, new):
+    # GIVEN a config written with a key named before the module-wise tracker's keys were renamed
+    # WHEN it is read THEN one line names the old key and the new one, and the value is kept
+    with pytest.warns(FutureWarning) as caught:
+        cfg = MemProfilerConfig.from_any(data)
+    assert [str(w.message) for w in caught] == [f"memprofiler: config key `{old}` is deprecated; use `{new}`"]
+    assert cfg == MemProfilerConfig.from_any(
+        {"collect_funcs": {"module_mem": ["c"]}}
+        if "collect_funcs" in data
+        else {new: next(iter(data.values()))}
+    )
+
+
+def test_an_old_key_beside_its_new_name_is_refused():
+    with pytest.raises(ConfigError) as info:
+        MemProfilerConfig.from_any({"fsdp_mem_tracker_units": "KiB", "module_mem_units": "B"})
+    assert str(info.value) == (
+        "`fsdp_mem_tracker_units`: renamed to `module_mem_units`, which is given too; keep only `module_mem_units`"
     )
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from memprofiler import layout
-from memprofiler.cli import MemProfilerCLI
+from memprofiler.lightning.cli import MemProfilerCLI
 
 D, H, O = 32, 64, 4
 PARAM_BYTES = 4 * (D * H + H + H * O + O)

@@ -165,13 +165,28 @@ def test_a_disabled_second_callback_is_allowed(tmp_path):
 
 
 def test_mixin_fit_then_validate_on_one_trainer_is_one_profiler(tmp_path):
-    # GIVEN a mixin module: each stage asks it for its callbacks again
-    model = MixinModel(memprofiler_cfg={"schedule": {"warmup": 0, "active": 1}, "save_dir": str(tmp_path)})
+    # GIVEN a mixin module collecting every training and validation call: each stage asks it
+    # for its callbacks again
+    cfg = {
+        "schedule": {"warmup": 0, "active": 10},
+        "collect_funcs": {"default": ["training_step", "validation_step"]},
+        "save_dir": str(tmp_path),
+    }
+    model = MixinModel(memprofiler_cfg=cfg)
     trainer = make_trainer(tmp_path, [], limit_val_batches=2)
-    # WHEN fit and then validate run on one Trainer THEN neither is refused
+    # WHEN fit (6 training, 2 validation calls) and then validate (2 more) run on one Trainer
     trainer.fit(model)
+    (fit_cb,) = [cb for cb in trainer.callbacks if isinstance(cb, MemProfilerCallback)]
+    fit_profiler = fit_cb.profiler
     trainer.validate(model, verbose=False)
-    assert "0.training_step.1.end" in load_stats(tmp_path)
+    # THEN the Trainer holds the same single callback and profiler in both stages
+    (validate_cb,) = [cb for cb in trainer.callbacks if isinstance(cb, MemProfilerCallback)]
+    assert validate_cb is fit_cb
+    assert validate_cb.profiler is fit_profiler
+    # AND validate's calls continue the fit's count in the same file (a second profiler would
+    # restart at call 1 and overwrite it)
+    calls = [("training_step", c) for c in range(1, 7)] + [("validation_step", c) for c in range(1, 5)]
+    assert list(load_stats(tmp_path)) == [f"0.{fn}.{c}.{p}" for fn, c in calls for p in ("start", "end")]
 
 
 def test_mixin_config_plus_a_trainer_callback_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import yaml
 
 from conftest import load_stats
 from memprofiler import MemProfilerCallback, ProfilerHooksMixin
-from memprofiler.cli import MemProfilerCLI
+from memprofiler.lightning.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import DemoGPT
@@ -230,11 +230,53 @@ def test_bad_mixin_config_is_one_line_with_the_full_key(tmp_path, capsys):
 
 
 def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
+    import os
+    import shlex
+    import subprocess
+
     from demo import memprofiler_command
 
-    command = memprofiler_command()
-    head = command.split()[0]
-    assert command == "memprofiler" or Path(head).exists()
+    # GIVEN the command the demo prints after a run, and a run directory to read
+    save = tmp_path / "out"
+    path = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": 0, "active": 2}, "save_dir": str(save)}})
+    MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    # WHEN it is run as printed, with `report` on that directory
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [*shlex.split(memprofiler_command()), "report", str(save), "--no-html"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    # THEN it is the memprofiler command: it summarises the run's two collected calls
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[0] == f"memprofiler run {save}  ranks: 0"
+    rows = [line.split("│")[1:4] for line in done.stdout.splitlines() if "│ training_step" in line]
+    assert [[cell.strip() for cell in row] for row in rows] == [
+        ["0", "training_step", "1"],
+        ["0", "training_step", "2"],
+    ]
+
+
+def test_the_old_import_path_warns_and_gives_the_same_class():
+    import importlib
+
+    import memprofiler
+
+    sys.modules.pop("memprofiler.cli", None)
+    with pytest.warns(
+        DeprecationWarning, match=r"`memprofiler\.cli` is deprecated; import `MemProfilerCLI` from"
+    ):
+        old = importlib.import_module("memprofiler.cli")
+    assert old.MemProfilerCLI is MemProfilerCLI is memprofiler.MemProfilerCLI
+
+
+def test_a_renamed_key_in_the_group_names_its_new_name(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"fsdp_mem_tracker_units": "KiB"}})
+    line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
+    assert line == "`memprofiler.fsdp_mem_tracker_units`: renamed: use `module_mem_units`"
 
 
 def test_an_unknown_trace_template_field_exits_2_with_one_line_before_training(tmp_path, capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from memprofiler.cli import MemProfilerCLI
+from memprofiler.lightning.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import DemoGPT
@@ -123,7 +123,7 @@ def test_a_missing_fsdp_root_module_is_one_line_exit_2(tmp_path, capsys):
     config = {
         "track_fsdp_mem": True,
         "fsdp_mem_tracker_root_module": "nope.x",
-        "collect_funcs": {"fsdp": ["training_step"]},
+        "collect_funcs": {"module_mem": ["training_step"]},
         "save_dir": str(tmp_path / "out"),
     }
     path = _config(tmp_path, {}, _callback(config))

@@ -163,7 +163,7 @@ def test_summary_table_honours_name_width_and_sort_key(tmp_path):
 
 def test_yaml_config_runs_through_lightning_cli(tmp_path):
     # GIVEN the shipped profiler config on top of a tiny model
-    from memprofiler.cli import MemProfilerCLI
+    from memprofiler.lightning.cli import MemProfilerCLI
 
     extra = tmp_path / "extra.yaml"
     extra.write_text("trainer:\n  profiler:\n    dict_kwargs: {profile_memory: true}\n")

@@ -31,7 +31,7 @@ def test_call_rows_merge_start_and_end():
     [row] = model.calls
     assert (row.rank, row.fn, row.call) == (0, "model.encode", 2)  # dotted function names survive
     assert (row.rss_start, row.rss_end, row.rss_peak, row.rss_peak_delta) == (100, 150, 400, 300)
-    assert row.cuda_allocated_peak == 7 and row.fsdp == {"activation": 3}
+    assert row.cuda_allocated_peak == 7 and row.tracker_peaks == {"activation": 3}
     assert model.top_saved_modules(1) == [("b", 9, "rank 0 model.encode #2")]
 
 

@@ -94,8 +94,7 @@ def assert_complete_record(save_dir: Path, done_steps: int, failed_step: int | N
 def test_exception_mid_run_leaves_valid_files_of_the_earlier_steps(tmp_path):
     # GIVEN every step collected, history and the flight recorder on, step 5 raising
     fake = FakeCudaBackend()
-    cb = MemProfilerCallback(CONFIG)
-    cb.profiler = MemProfiler(CONFIG, save_dir=tmp_path / "mp", rank=0, cuda=fake)
+    cb = MemProfilerCallback({**CONFIG, "save_dir": str(tmp_path / "mp")}, cuda=fake)
     # WHEN training runs into the failure
     with pytest.raises(RuntimeError, match="injected failure in step 5"):
         step_trainer(tmp_path, [cb], 8).fit(FailingModel(fake, fail_at=5))
@@ -144,8 +143,7 @@ from test_crash_capture import CONFIG, FailingModel
 
 root = Path(sys.argv[1])
 fake = FakeCudaBackend()
-cb = MemProfilerCallback(CONFIG)
-cb.profiler = MemProfiler(CONFIG, save_dir=root / "mp", rank=0, cuda=fake)
+cb = MemProfilerCallback({**CONFIG, "save_dir": str(root / "mp")}, cuda=fake)
 try:
     step_trainer(root, [cb], 8).fit(FailingModel(fake, fail_at=3, how="sigterm"))
 except SIGTERMException:

@@ -292,7 +292,7 @@ def _worker(scenario: str, out: str) -> None:  # pragma: no cover - runs in the 
     if scenario == "ddp":
         cfg = {
             "track_module_mem": True,
-            "fsdp_mem_tracker_units": "KiB",
+            "module_mem_units": "KiB",
             "schedule": {"warmup": 1, "active": 2},
         }
         save_dir = root / "ddp"
@@ -313,8 +313,8 @@ def _worker(scenario: str, out: str) -> None:  # pragma: no cover - runs in the 
         cfg = {
             "track_fsdp_mem": True,
             "fsdp_mem_tracker_root_module": "model",
-            "fsdp_mem_track_module_depth": 3,
-            "fsdp_mem_tracker_units": "KiB",
+            "module_mem_depth": 3,
+            "module_mem_units": "KiB",
             "schedule": {"warmup": 1, "active": 3},
         }
         save_dir = root / "fsdp"

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler import layout
+from memprofiler import layout, metrics
 from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.analysis.gc_pause import gc_paused
 
@@ -101,7 +101,7 @@ def diff_runs(
 
 
 #: Host metrics whose change is compared with the run-to-run noise.
-NOISY_PREFIXES = ("rss", "vms")
+NOISY_PREFIXES = (metrics.RSS, metrics.VMS)
 NOISE_RULE = (
     "noise = the larger spread of the metric across the function's calls in either run "
     "(interquartile range; full range with 2-3 calls)"

@@ -10,14 +10,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from memprofiler import layout
+from memprofiler import layout, metrics
 from memprofiler.analysis.artifacts import RunArtifacts, read_yaml
 from memprofiler.errors import ArtifactError
 from memprofiler.units import format_bytes
 
 #: Measured figures an estimate compares with, best first: the CUDA allocator's peak, then the
 #: module-wise trackers' peaks (CPU runs), which count the same tensors the estimate does.
-MEASURED_KEYS = ("allocated_bytes.all.peak", "fsdp.peak.total", "module_mem.peak.total")
+MEASURED_KEYS = (metrics.CUDA_ALLOCATED_PEAK, metrics.FSDP_PEAK_TOTAL, metrics.MODULE_MEM_PEAK_TOTAL)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,14 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from memprofiler.analysis.trace_events import ANNOTATION, MODULE, OP, Trace
+from memprofiler.analysis.trace_events import (
+    ANNOTATION,
+    LIGHTNING_MODULE_PREFIX,
+    MODULE,
+    MODULE_PREFIXES,
+    OP,
+    Trace,
+)
 
 #: Factory operators the memory events table names with their caller, ``caller (aten::empty)``.
 _FACTORIES = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_"})
@@ -82,7 +89,7 @@ def is_module(trace: Trace, span: int) -> bool:
     h = trace.host
     if h.kind[span] != MODULE:
         return False
-    return not trace.modules_from_lightning or trace.names[h.name[span]].startswith("[pl][module]")
+    return not trace.modules_from_lightning or trace.names[h.name[span]].startswith(LIGHTNING_MODULE_PREFIX)
 
 
 def _sweep(seq: list[tuple[float, int, float, int]], trace: Trace, out: Nesting) -> None:
@@ -227,7 +234,7 @@ def module_rows(trace: Trace, nesting: Nesting) -> list[OpRow]:
 
 def module_name(span: str) -> str:
     """``[pl][module]torch.nn.modules.linear.Linear: layer.0`` -> ``layer.0 (Linear)``."""
-    for prefix in ("[pl][module]", "nn.Module: "):
+    for prefix in MODULE_PREFIXES:
         if span.startswith(prefix):
             rest = span[len(prefix) :]
             cls, sep, path = rest.partition(": ")

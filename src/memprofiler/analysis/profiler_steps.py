@@ -11,12 +11,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from memprofiler.analysis.profiler_ops import annotation_spans
-from memprofiler.analysis.trace_events import KERNEL, MEMCPY, MEMSET, OP, STEP, Trace
+from memprofiler.analysis.trace_events import KERNEL, LIGHTNING_ACTION_PREFIX, MEMCPY, MEMSET, OP, STEP, Trace
 
 #: Categories of the step breakdown, in priority order.
 STEP_PARTS = ("kernel", "memcpy", "memset", "runtime", "data loading", "host compute", "other")
 #: Annotation names of data loading: torch's DataLoader iterator and Lightning's fetch.
-_DATA_LOADING = ("enumerate(DataLoader)", "[pl][profile][_TrainingEpochLoop].train_dataloader_next")
+#: (Lightning's name: checked against ``memprofiler.lightning._compat`` by ``tests/lightning/test_compat.py``.)
+DATA_LOADING = (
+    "enumerate(DataLoader)",
+    LIGHTNING_ACTION_PREFIX + "[_TrainingEpochLoop].train_dataloader_next",
+)
 #: Host operators of a collective (gloo/NCCL process groups, c10d functional collectives).
 _COMM_OPS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "_c10d_functional::")
 
@@ -96,7 +100,7 @@ def steps(trace: Trace) -> list[StepRow]:
         union((d.ts[k], d.ts[k] + d.dur[k]) for k in range(len(d.ts)) if d.kind[k] == MEMCPY),
         union((d.ts[k], d.ts[k] + d.dur[k]) for k in range(len(d.ts)) if d.kind[k] == MEMSET),
         union((t, t + du) for t, du in zip(*trace.runtime, strict=False)),
-        union(annotation_spans(trace, _DATA_LOADING)),
+        union(annotation_spans(trace, DATA_LOADING)),
         union((h.ts[i], h.ts[i] + h.dur[i]) for i in range(len(h.ts)) if h.kind[i] == OP),
     ]
     out = []

@@ -32,8 +32,13 @@ KERNEL, MEMCPY, MEMSET = 0, 1, 2
 _DEVICE_CATS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 #: c10 ``DeviceType`` numbers a ``[memory]`` event's ``Device Type`` holds.
 _DEVICE_TYPES = {0: "CPU", 1: "GPU", 12: "XPU", 13: "MPS", 20: "PrivateUse1"}
-#: Lightning's module spans (``record_module_names``) and torch's (``with_modules`` / ``with_stack``).
-_MODULE_PREFIXES = ("[pl][module]", "nn.Module: ")
+#: Lightning's annotations in a trace: each profiler action, and each module's forward
+#: (``record_module_names``). Lightning's private naming: ``tests/lightning/test_compat.py``
+#: checks these equal ``memprofiler.lightning._compat``'s (this package does not import Lightning).
+LIGHTNING_ACTION_PREFIX = "[pl][profile]"
+LIGHTNING_MODULE_PREFIX = "[pl][module]"
+#: Lightning's module spans and torch's (``with_modules`` / ``with_stack``).
+MODULE_PREFIXES = (LIGHTNING_MODULE_PREFIX, "nn.Module: ")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"_rank_(\d+)\.")
 _RANK_IN_HEADER = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
@@ -209,7 +214,7 @@ def read_trace(path: str | Path) -> Trace:
     if trace.events == 0:
         raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
     trace.start = 0.0 if start == float("inf") else start
-    trace.modules_from_lightning = any(n.startswith("[pl][module]") for n in trace.names)
+    trace.modules_from_lightning = any(n.startswith(LIGHTNING_MODULE_PREFIX) for n in trace.names)
     return trace
 
 
@@ -242,7 +247,7 @@ def _add_span(trace: Trace, ev: dict[str, Any], ts: float) -> None:
     if cat == "cpu_op":
         kind = OP
     elif cat == "user_annotation":
-        kind = STEP if _STEP.match(name) else MODULE if name.startswith(_MODULE_PREFIXES) else ANNOTATION
+        kind = STEP if _STEP.match(name) else MODULE if name.startswith(MODULE_PREFIXES) else ANNOTATION
     elif cat == "python_function" and name.startswith("nn.Module: "):
         kind = MODULE
     else:

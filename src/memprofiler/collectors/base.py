@@ -37,6 +37,14 @@ class CallContext:
         return (self.fn_name, self.call)
 
 
+class Warn(Protocol):
+    """The profiler's warn-once, given to a collector when it is built (``collectors/registry.py``)."""
+
+    def __call__(self, message: str, all_ranks: bool = False) -> None:
+        """Warn once per profiler, on rank zero unless ``all_ranks``."""
+        ...
+
+
 class ProfilerView(Protocol):
     """What a collector may see of the profiler: given to :meth:`Collector.bind` at set-up."""
 
@@ -57,10 +65,6 @@ class ProfilerView(Protocol):
 
     def call_counts(self) -> Mapping[str, int]:
         """Calls counted so far, per ``@memprofilable`` function."""
-        ...
-
-    def warn(self, message: str, all_ranks: bool = False) -> None:
-        """Warn once per profiler, on rank zero unless ``all_ranks``."""
         ...
 
 

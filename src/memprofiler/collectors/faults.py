@@ -9,8 +9,7 @@ switched off for the rest of the run with one warning naming it, and training go
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from memprofiler.collectors.base import Warn
 from memprofiler.errors import log
 
 
@@ -30,7 +29,7 @@ class HookFaults:
         ['memory hook `rss_pre_forward`']
     """
 
-    def __init__(self, warn: Callable[[str], None]) -> None:
+    def __init__(self, warn: Warn) -> None:
         self._warn = warn
         self.off: set[str] = set()
 
@@ -46,6 +45,6 @@ class HookFaults:
         )
 
 
-def no_warn(message: str) -> None:
+def no_warn(message: str, all_ranks: bool = False) -> None:
     """A stand-in warn function for collectors built outside a profiler (tests, benchmarks)."""
     log.warning("memprofiler: %s", message)

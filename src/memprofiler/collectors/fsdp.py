@@ -26,6 +26,8 @@ from typing import Any
 from torch import nn
 
 from memprofiler import layout
+from memprofiler.collectors.base import Warn
+from memprofiler.collectors.faults import no_warn
 from memprofiler.collectors.tracker_window import TrackerCollector
 from memprofiler.errors import ConfigError
 
@@ -138,9 +140,9 @@ class FSDPMemCollector(TrackerCollector):
 
     Args:
         root_path: ``fsdp_mem_tracker_root_module``.
-        depth: ``fsdp_mem_track_module_depth``.
-        units: ``fsdp_mem_tracker_units``.
-        tabulate: ``fsdp_mem_tracker_tabulate``.
+        depth: ``module_mem_depth``.
+        units: ``module_mem_units``.
+        tabulate: ``module_mem_tabulate``.
     """
 
     name = "fsdp"
@@ -149,9 +151,14 @@ class FSDPMemCollector(TrackerCollector):
     report_name = layout.FSDP_MEM_REPORT
 
     def __init__(
-        self, root_path: str = "", depth: int = 2, units: str = "MiB", tabulate: bool = False
+        self,
+        root_path: str = "",
+        depth: int = 2,
+        units: str = "MiB",
+        tabulate: bool = False,
+        warn: Warn = no_warn,
     ) -> None:
-        super().__init__(depth=depth, units=units, tabulate=tabulate)
+        super().__init__(depth=depth, units=units, tabulate=tabulate, warn=warn)
         self.root_path = root_path
 
     def _resolve(self, module: nn.Module | None) -> nn.Module:

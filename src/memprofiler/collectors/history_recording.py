@@ -16,9 +16,9 @@ largest size planned, which a later holder can use without a resize.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from memprofiler.collectors.base import Warn
 from memprofiler.collectors.cuda_backend import CudaBackend
 
 _CONTEXT_ORDER = (None, "state", "alloc", "all")
@@ -54,7 +54,7 @@ class HistoryRecording:
         >>> rec.release("window:training_step")  # the last holder: recording stops
     """
 
-    def __init__(self, backend: CudaBackend, warn: Callable[[str], None]) -> None:
+    def __init__(self, backend: CudaBackend, warn: Warn) -> None:
         self._backend = backend
         self._warn = warn
         self._holders: dict[str, HistoryOptions] = {}

@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from memprofiler import metrics
 from memprofiler.collectors.base import BaseCollector, CallContext
 
 _CLEAR_REFS = "/proc/self/clear_refs"
@@ -96,12 +97,16 @@ class HostCollector(BaseCollector):
         self._begin_peak()
         mem = self._proc.memory_info()
         ctx.scratch["host.rss_start"] = mem.rss
-        return {"rss": mem.rss, "vms": mem.vms}
+        return {metrics.RSS: mem.rss, metrics.VMS: mem.vms}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
         mem = self._proc.memory_info()
         peak = self._end_peak(mem.rss)
-        return {"rss": mem.rss, "vms": mem.vms, "rss_peak": max(peak, ctx.scratch.get("host.rss_start", 0))}
+        return {
+            metrics.RSS: mem.rss,
+            metrics.VMS: mem.vms,
+            metrics.RSS_PEAK: max(peak, ctx.scratch.get("host.rss_start", 0)),
+        }
 
     def close(self) -> None:
         if self._sampler is not None:

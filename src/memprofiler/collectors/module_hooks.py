@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 from torch import nn
 
-from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler.collectors.base import BaseCollector, CallContext, Warn
 from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import ModuleStack
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
@@ -93,7 +93,7 @@ class ModuleHooksCollector(BaseCollector):
         save_attrs: Sequence[str],
         retain_for: frozenset[str],
         saved_tensors: SavedTensorsCollector | None,
-        warn: Callable[[str], None] = no_warn,
+        warn: Warn = no_warn,
     ) -> None:
         self._pre, self._post, self._reset = list(pre), list(post), list(reset)
         self._save_attrs = list(save_attrs)

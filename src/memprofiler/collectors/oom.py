@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from memprofiler import layout
-from memprofiler.collectors.base import BaseCollector, ProfilerView
+from memprofiler.collectors.base import BaseCollector, ProfilerView, Warn
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.errors import log
@@ -62,7 +62,7 @@ class OomRecorder(BaseCollector):
         recording: HistoryRecording | None,
         options: HistoryOptions,
         max_dumps: int,
-        warn: Callable[[str], None],
+        warn: Warn,
     ) -> None:
         self._backend = backend
         self._recording = recording
@@ -138,12 +138,11 @@ class OomRecorder(BaseCollector):
             return self._record(info)
         except Exception as err:
             log.debug("OOM record failed", exc_info=True)
-            if self._profiler is not None:
-                # Every rank: a rank that failed to write its record must say so itself.
-                self._profiler.warn(
-                    f"could not write the OOM record ({err!r}); training's own error is unchanged",
-                    all_ranks=True,
-                )
+            # Every rank: a rank that failed to write its record must say so itself.
+            self._warn(
+                f"could not write the OOM record ({err!r}); training's own error is unchanged",
+                all_ranks=True,
+            )
             return []
 
     def _record(self, info: dict[str, Any]) -> list[Path]:

@@ -5,11 +5,10 @@ Adding a collector means adding it here; no other collector changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
-from memprofiler.collectors.base import Collector
+from memprofiler.collectors.base import Collector, Warn
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
 from memprofiler.collectors.fsdp import FSDPMemCollector
@@ -30,9 +29,7 @@ class Registered:
     collector: Collector
 
 
-def build_collectors(
-    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
-) -> list[Registered]:
+def build_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> list[Registered]:
     """Instantiate the collectors ``cfg`` enables, in start order (they end in reverse).
 
     Collection types whose capability is missing (no CUDA) are warned about once and
@@ -43,14 +40,13 @@ def build_collectors(
     # The module-wise trackers come first: their dispatch mode stays entered until the end of
     # the step, so it must sit below any mode another collector pushes and pops within the call.
     if cfg.track_fsdp_mem or cfg.track_module_mem:
-        depth, units = cfg.fsdp_mem_track_module_depth, cfg.fsdp_mem_tracker_units
-        tabulate = cfg.fsdp_mem_tracker_tabulate
+        depth, units, tabulate = cfg.module_mem_depth, cfg.module_mem_units, cfg.module_mem_tabulate
         tracker: Collector = (
-            FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate)
+            FSDPMemCollector(cfg.fsdp_mem_tracker_root_module, depth, units, tabulate, warn)
             if cfg.track_fsdp_mem
-            else ModuleMemCollector(depth, units, tabulate)
+            else ModuleMemCollector(depth, units, tabulate, warn)
         )
-        out.append(Registered(cfg.collect_funcs.funcs_for("fsdp"), tracker))
+        out.append(Registered(cfg.collect_funcs.funcs_for("module_mem"), tracker))
     # Allocator-history snapshots are large dumps: start them before, and end them after, the
     # collectors that measure the call (host peak RSS, CUDA stats), which must not see them.
     out.extend(_history_collectors(cfg, cuda, warn))
@@ -90,9 +86,7 @@ def build_collectors(
     return out
 
 
-def _history_collectors(
-    cfg: MemProfilerConfig, cuda: CudaBackend, warn: Callable[[str], None]
-) -> list[Registered]:
+def _history_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> list[Registered]:
     """Allocator history and the OOM flight recorder, sharing one recording owner."""
     out: list[Registered] = []
     if not (cfg.cuda_allocator_history or cfg.oom.enabled):

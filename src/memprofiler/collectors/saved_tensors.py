@@ -46,7 +46,8 @@ from weakref import ref
 import torch
 from torch import nn
 
-from memprofiler.collectors.base import BaseCollector, CallContext
+from memprofiler import metrics
+from memprofiler.collectors.base import BaseCollector, CallContext, Warn
 from memprofiler.collectors.faults import HookFaults, no_warn
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME, ModuleStack, module_labels
 
@@ -299,7 +300,7 @@ class SavedTensorsCollector(BaseCollector):
 
     name = "saved_tensors"
 
-    def __init__(self, warn: Callable[[str], None] = no_warn, compiled: bool = True) -> None:
+    def __init__(self, warn: Warn = no_warn, compiled: bool = True) -> None:
         self._compiled = compiled
         # Storage (its C object) -> a parameter or buffer on it. Keyed by storage object, not
         # address: FSDP2 frees unsharded parameters after each block (the storage object lives
@@ -414,10 +415,10 @@ class SavedTensorsCollector(BaseCollector):
         finally:
             self._release()
         return {
-            "saved_tensors.unique_bytes": unique,
-            "saved_tensors.packed_bytes": self.packed_bytes,
-            "saved_tensors.count": self.count,
-            "saved_tensors.by_module": dict(sorted(by_module.items(), key=itemgetter(1), reverse=True)),
+            metrics.SAVED_UNIQUE: unique,
+            metrics.SAVED_PACKED: self.packed_bytes,
+            metrics.SAVED_COUNT: self.count,
+            metrics.SAVED_BY_MODULE: dict(sorted(by_module.items(), key=itemgetter(1), reverse=True)),
         }
 
     def _release(self) -> None:

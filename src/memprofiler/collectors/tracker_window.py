@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from memprofiler.collectors import mem_report
-from memprofiler.collectors.base import BaseCollector, CallContext, CallId, Metrics, ProfilerView
+from memprofiler.collectors.base import BaseCollector, CallContext, CallId, Metrics, ProfilerView, Warn
+from memprofiler.collectors.faults import no_warn
 from memprofiler.output.writers import write_text, write_yaml
 
 WINDOW_TEXT = (
@@ -62,8 +63,11 @@ class TrackerCollector(BaseCollector):
     prefix = "tracker"
     report_name = ""
 
-    def __init__(self, depth: int = 2, units: str = "MiB", tabulate: bool = False) -> None:
+    def __init__(
+        self, depth: int = 2, units: str = "MiB", tabulate: bool = False, warn: Warn = no_warn
+    ) -> None:
         self.depth = depth
+        self._warn = warn
         self.units = units
         self.tabulate = tabulate
         self.root: nn.Module | None = None
@@ -150,8 +154,7 @@ class TrackerCollector(BaseCollector):
         notes = []
         if getattr(tracker, "repeated_forward", False):
             notes.append(REPEATED_FORWARD_NOTE)
-            if self._view is not None:
-                self._view.warn(f"{self.name}: {REPEATED_FORWARD_NOTE}")
+            self._warn(f"{self.name}: {REPEATED_FORWARD_NOTE}")
         if failed:
             notes.append(f"`{ctx.fn_name}` raised; the report covers the call up to the error")
         report = {

@@ -1,7 +1,7 @@
 """One module per ``memprofiler`` subcommand. Each only parses, validates and delegates.
 
 A command is a class with ``name``, ``help``, ``prepare_parser(parser)`` and
-``run(args) -> int``. Register it in :data:`COMMANDS` (``memprofiler.__main__`` builds the
+``run(args) -> int``. Register it in :func:`all_commands` (``memprofiler.__main__`` builds the
 parser from it).
 """
 

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
-from memprofiler.config.keys import unknown_key
+from memprofiler.config.keys import renamed, unknown_key
 from memprofiler.errors import ConfigError
 
 T = TypeVar("T")
@@ -92,6 +92,8 @@ def build_dataclass(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> 
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            name = renamed(cls, str(name), key, data)
         if name not in fields:
             raise unknown_key(cls, str(name), key)
         kwargs[name] = _coerce(value, hints[name], key)

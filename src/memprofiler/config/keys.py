@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from collections.abc import Sequence
+import warnings
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from memprofiler.errors import ConfigError
@@ -33,6 +34,35 @@ ANCESTOR_HINTS: dict[tuple[str, str], str] = {
 }
 
 
+#: Keys renamed by memprofiler itself, by (dataclass name, old key): the new key. The old one is
+#: still read from mappings and YAML, with a warning naming both.
+RENAMED: dict[tuple[str, str], str] = {
+    ("MemProfilerConfig", "fsdp_mem_track_module_depth"): "module_mem_depth",
+    ("MemProfilerConfig", "fsdp_mem_tracker_units"): "module_mem_units",
+    ("MemProfilerConfig", "fsdp_mem_tracker_tabulate"): "module_mem_tabulate",
+    ("CollectFuncsConfig", "fsdp"): "module_mem",
+}
+
+
+def renamed(cls: type, name: str, key: str, given: Collection[Any]) -> str:
+    """The current name of key ``name`` of ``cls`` (at dotted ``key``): itself, or its new name
+    with a one-line :class:`FutureWarning` naming both.
+
+    Raises:
+        ConfigError: the old and the new key are both in ``given``.
+    """
+    new = RENAMED.get((cls.__name__, name))
+    if new is None:
+        return name
+    new_key = key[: len(key) - len(name)] + new
+    if new in given:
+        raise ConfigError(key, f"renamed to `{new_key}`, which is given too; keep only `{new_key}`")
+    warnings.warn(
+        f"memprofiler: config key `{key}` is deprecated; use `{new_key}`", FutureWarning, stacklevel=4
+    )
+    return new
+
+
 def unknown_key(cls: type, name: str, key: str) -> ConfigError:
     """The error for key ``name`` that dataclass ``cls`` lacks, reported at dotted ``key``.
 
@@ -45,6 +75,9 @@ def unknown_key(cls: type, name: str, key: str) -> ConfigError:
     hint = ANCESTOR_HINTS.get((cls.__name__, name))
     if hint is not None:
         return ConfigError(key, hint)
+    new = RENAMED.get((cls.__name__, name))
+    if new is not None:  # where the old name cannot be read (the `memprofiler:` group of the CLI)
+        return ConfigError(key, f"renamed: use `{new}`")
     close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
     guess = f"did you mean `{close[0]}`? " if close else ""
     return ConfigError(key, f"unknown key; {guess}allowed keys here: {', '.join(allowed)}")

@@ -85,23 +85,23 @@ class MemProfilerConfig:
     """The OOM flight recorder."""
     track_fsdp_mem: bool = False
     """Track FSDP2 memory per module with ``torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker``
-    during the functions of collection type ``fsdp``. The window runs from the start of the call to
+    during the functions of collection type ``module_mem``. The window runs from the start of the call to
     the end of the step (backward and optimizer step included; see docs/guides/fsdp.md). Writes
     ``fsdp_mem_rank_{rank}_{fn}_{call}.log``/``.yaml`` and ``fsdp.peak.*`` snapshot keys."""
     fsdp_mem_tracker_root_module: str = ""
     """Dotted path, from the profiled module (the LightningModule), of the ``fully_shard``-ed module
     to track; ``""`` means the profiled module itself."""
-    fsdp_mem_track_module_depth: int = 2
+    module_mem_depth: int = 2
     """Deepest module level shown in the module-wise snapshots. Levels count from the profiled
     module (the LightningModule is 1, ``model`` under it 2, ``model.blocks.0`` 4)."""
-    fsdp_mem_tracker_units: str = "MiB"
+    module_mem_units: str = "MiB"
     """Units of the human-readable ``.log`` reports: ``B``, ``KiB``, ``MiB`` or ``GiB``. The ``.yaml``
     reports and snapshot keys are always in bytes."""
-    fsdp_mem_tracker_tabulate: bool = False
+    module_mem_tabulate: bool = False
     """Render the ``.log`` reports as tables instead of one line per category."""
     track_module_mem: bool = False
     """Track memory per module without FSDP, with ``torch.distributed._tools.mem_tracker.MemTracker``
-    (CPU and CUDA), during the functions of collection type ``fsdp``. Same window and report layout
+    (CPU and CUDA), during the functions of collection type ``module_mem``. Same window and report layout
     as ``track_fsdp_mem``, named ``module_mem_rank_...``, with ``module_mem.peak.*`` snapshot keys.
     Costs about 9x a step while collecting (8.8x measured on CPU, a 122-module residual MLP
     in a Lightning Trainer); nothing outside the window."""
@@ -147,15 +147,13 @@ class MemProfilerConfig:
             raise ConfigError("flush_interval_s", f"got {self.flush_interval_s}; must be > 0 seconds")
         if self.rss_sample_interval_ms <= 0:
             raise ConfigError("rss_sample_interval_ms", f"got {self.rss_sample_interval_ms}; must be > 0")
-        if self.fsdp_mem_tracker_units not in MEM_UNITS:
+        if self.module_mem_units not in MEM_UNITS:
             raise ConfigError(
-                "fsdp_mem_tracker_units",
-                f"got {self.fsdp_mem_tracker_units!r}; allowed: {', '.join(MEM_UNITS)}",
+                "module_mem_units",
+                f"got {self.module_mem_units!r}; allowed: {', '.join(MEM_UNITS)}",
             )
-        if self.fsdp_mem_track_module_depth < 0:
-            raise ConfigError(
-                "fsdp_mem_track_module_depth", f"got {self.fsdp_mem_track_module_depth}; must be >= 0"
-            )
+        if self.module_mem_depth < 0:
+            raise ConfigError("module_mem_depth", f"got {self.module_mem_depth}; must be >= 0")
         if self.track_fsdp_mem and self.track_module_mem:
             raise ConfigError(
                 "track_module_mem",

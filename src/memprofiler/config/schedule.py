@@ -8,7 +8,7 @@ from typing import ClassVar
 from memprofiler.errors import ConfigError
 
 #: Collection types a function can be registered for in ``collect_funcs``.
-COLLECT_TYPES = ("cpu", "cuda", "cuda_allocator_history", "fsdp")
+COLLECT_TYPES = ("cpu", "cuda", "cuda_allocator_history", "module_mem")
 
 
 @dataclass
@@ -93,8 +93,8 @@ class CollectFuncsConfig:
     """Extra functions for ``torch.cuda.memory_stats()``."""
     cuda_allocator_history: list[str] = field(default_factory=list)
     """Extra functions for CUDA allocator-history pickles."""
-    fsdp: list[str] = field(default_factory=list)
-    """Extra functions for FSDP2 memory tracking."""
+    module_mem: list[str] = field(default_factory=list)
+    """Extra functions for the module-wise trackers (``track_fsdp_mem``, ``track_module_mem``)."""
 
     def funcs_for(self, collect_type: str) -> frozenset[str]:
         """Return the functions collected by ``collect_type``, ``default`` included."""

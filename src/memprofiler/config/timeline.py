@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memprofiler import metrics
 from memprofiler.errors import ConfigError
 
 #: Host metrics the sampler can read, one or more counter tracks each:
 #: ``cpu`` (system and process CPU %), ``memory`` (system used bytes and %), ``disk`` (read and
 #: write bytes/s), ``network`` (sent and received bytes/s), ``rss`` (this process's RSS).
-HOST_METRICS = ("cpu", "memory", "disk", "network", "rss")
+HOST_METRICS = metrics.HOST_GROUPS
 
 
 @dataclass

@@ -20,15 +20,16 @@ from types import TracebackType
 
 import psutil
 
+from memprofiler import metrics as vocab
 from memprofiler.config.timeline import HOST_METRICS
 
 #: Counter tracks per metric group, as drawn in the trace: ``track -> unit`` (the args key).
 TRACKS: dict[str, dict[str, str]] = {
-    "cpu": {"host.cpu_percent": "percent", "process.cpu_percent": "percent"},
-    "memory": {"host.memory_used": "bytes", "host.memory_percent": "percent"},
-    "disk": {"host.disk_read": "bytes_per_s", "host.disk_write": "bytes_per_s"},
-    "network": {"host.net_sent": "bytes_per_s", "host.net_recv": "bytes_per_s"},
-    "rss": {"process.rss": "bytes"},
+    vocab.HOST_CPU: {vocab.HOST_CPU_PERCENT: "percent", vocab.PROCESS_CPU_PERCENT: "percent"},
+    vocab.HOST_MEMORY: {vocab.HOST_MEMORY_USED: "bytes", vocab.HOST_MEMORY_PERCENT: "percent"},
+    vocab.HOST_DISK: {vocab.HOST_DISK_READ: "bytes_per_s", vocab.HOST_DISK_WRITE: "bytes_per_s"},
+    vocab.HOST_NETWORK: {vocab.HOST_NET_SENT: "bytes_per_s", vocab.HOST_NET_RECV: "bytes_per_s"},
+    vocab.RSS: {vocab.PROCESS_RSS: "bytes"},
 }
 
 Sample = tuple[int, dict[str, float]]
@@ -128,23 +129,28 @@ class HostSampler:
         return sample
 
     def _read(self, group: str, t_ns: int) -> dict[str, float]:
-        if group == "cpu":
+        if group == vocab.HOST_CPU:
             return {
-                "host.cpu_percent": psutil.cpu_percent(interval=None),
-                "process.cpu_percent": self._proc.cpu_percent(interval=None),
+                vocab.HOST_CPU_PERCENT: psutil.cpu_percent(interval=None),
+                vocab.PROCESS_CPU_PERCENT: self._proc.cpu_percent(interval=None),
             }
-        if group == "memory":
+        if group == vocab.HOST_MEMORY:
             vm = psutil.virtual_memory()
-            return {"host.memory_used": float(vm.total - vm.available), "host.memory_percent": vm.percent}
-        if group == "rss":
-            return {"process.rss": float(self._proc.memory_info().rss)}
-        if group == "disk":
+            return {
+                vocab.HOST_MEMORY_USED: float(vm.total - vm.available),
+                vocab.HOST_MEMORY_PERCENT: vm.percent,
+            }
+        if group == vocab.RSS:
+            return {vocab.PROCESS_RSS: float(self._proc.memory_info().rss)}
+        if group == vocab.HOST_DISK:
             disk = psutil.disk_io_counters()
             if disk is None:
                 raise OSError("no disk counters on this host")
-            return self._rates(t_ns, {"host.disk_read": disk.read_bytes, "host.disk_write": disk.write_bytes})
+            return self._rates(
+                t_ns, {vocab.HOST_DISK_READ: disk.read_bytes, vocab.HOST_DISK_WRITE: disk.write_bytes}
+            )
         net = psutil.net_io_counters()
-        return self._rates(t_ns, {"host.net_sent": net.bytes_sent, "host.net_recv": net.bytes_recv})
+        return self._rates(t_ns, {vocab.HOST_NET_SENT: net.bytes_sent, vocab.HOST_NET_RECV: net.bytes_recv})
 
     def _rates(self, t_ns: int, totals: dict[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,10 @@ from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.run_dir import RunManifest
 from memprofiler.output.timeline import MemoryTimeline
+
+
+def _deprecated(what: str, instead: str) -> None:
+    warnings.warn(f"{what} is deprecated; pass {instead} instead", DeprecationWarning, stacklevel=3)
 
 
 def detect_rank() -> int:
@@ -65,6 +70,18 @@ class MemProfiler:
         default_save_dir: where to write when neither ``save_dir`` nor ``config.save_dir`` is
             given (the Lightning callback passes ``<trainer.log_dir>/memprofiler``); else
             ``./memprofiler``.
+        module: the profiled model, when it exists already; else give it to :meth:`bind`.
+        step_fn: returns the training step, for crash records (the Lightning callback passes
+            ``lambda: trainer.global_step``).
+        summary_collective: every rank is known to reach :meth:`teardown` together (the
+            Lightning callback): the cross-rank summary then meets in collectives. Otherwise
+            (plain loops, Fabric, a profiler on some ranks only) ranks post to the process
+            group's store and rank 0 waits a bounded time: nothing can hang.
+        listeners: called with every :class:`~memprofiler.output.events.SnapshotEvent` (see
+            :meth:`add_listener`).
+
+    Everything the profiler holds comes in here, except the model when it is prepared later
+    (wrapped, sharded, its optimizers made): that comes by :meth:`bind`.
 
     Raises:
         ConfigError: the config is invalid (names the dotted key).
@@ -89,15 +106,19 @@ class MemProfiler:
         rank: int | None = None,
         cuda: CudaBackend | None = None,
         default_save_dir: str | os.PathLike[str] | None = None,
+        module: nn.Module | None = None,
+        step_fn: Callable[[], int] | None = None,
+        summary_collective: bool = False,
+        listeners: Sequence[Listener] = (),
     ) -> None:
         self.config = MemProfilerConfig.from_any(config)
         self._rank = detect_rank() if rank is None else rank
         chosen = save_dir or self.config.save_dir or default_save_dir or layout.DEFAULT_SUBDIR
-        self.snapshots: dict[str, dict[str, Any]] = {}
-        self.module: nn.Module | None = None
+        self._module = module
+        self._attached: nn.Module | None = None  # the first module attached, if none is given
         self.optimizers: list[torch.optim.Optimizer] = []
         self.warn = Warner(self._rank)
-        self._files = RunFiles(self.config, self._rank, chosen, self.snapshots, self.warn)
+        self._files = RunFiles(self.config, self._rank, chosen, self.warn, summary_collective)
         self._cuda = cuda or default_backend()
         self._calls: dict[str, int] = {}
         self._finished: set[str] = set()
@@ -111,9 +132,8 @@ class MemProfiler:
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
         self._dump_after_step = False
-        self._listeners: list[Listener] = []
-        #: Returns the training step for crash records (the Lightning callback sets it).
-        self.step_fn: Callable[[], int] | None = None
+        self._listeners: list[Listener] = list(listeners)
+        self._step_fn = step_fn
         self._sigterm = SigtermDump(lambda: self.record_crash(SystemExit("SIGTERM")))
 
     # ----------------------------------------------------------------- the view collectors get
@@ -160,23 +180,43 @@ class MemProfiler:
         return self._files.evicted
 
     @property
+    def snapshots(self) -> dict[str, dict[str, Any]]:
+        """The snapshots recorded and not yet dropped from memory, by key (see
+        ``max_snapshots_in_memory``)."""
+        return self._files.snapshots
+
+    @property
+    def module(self) -> nn.Module | None:
+        """The profiled model: given to the constructor or :meth:`bind`, else the first module
+        :meth:`attach` saw."""
+        return self._module if self._module is not None else self._attached
+
+    @property
     def summary_collective(self) -> bool:
-        """Whether every rank is known to reach :meth:`teardown` together (the Lightning
-        callback sets it): the cross-rank summary then meets in collectives. Otherwise (plain
-        loops, Fabric, a profiler on some ranks only) ranks post to the process group's store and
-        rank 0 waits a bounded time: nothing can hang."""
+        """Whether the cross-rank summary meets in collectives (see the constructor)."""
         return self._files.summary_collective
 
     @summary_collective.setter
     def summary_collective(self, value: bool) -> None:
+        _deprecated("setting `MemProfiler.summary_collective`", "`MemProfiler(summary_collective=...)`")
         self._files.summary_collective = value
+
+    @property
+    def step_fn(self) -> Callable[[], int] | None:
+        """Returns the training step for crash records (see the constructor)."""
+        return self._step_fn
+
+    @step_fn.setter
+    def step_fn(self, fn: Callable[[], int] | None) -> None:
+        _deprecated("setting `MemProfiler.step_fn`", "`MemProfiler(step_fn=...)`")
+        self._step_fn = fn
 
     def current_step(self) -> int | None:
         """The training step from ``step_fn``, or ``None`` when unknown."""
-        if self.step_fn is None:
+        if self._step_fn is None:
             return None
         try:
-            return int(self.step_fn())
+            return int(self._step_fn())
         except Exception:
             return None
 
@@ -200,18 +240,21 @@ class MemProfiler:
     def setup(self, module: nn.Module | None = None) -> MemProfiler:
         """Claim the run directory and build the collectors. Idempotent.
 
+        Args:
+            module: shorthand for ``bind(module)`` first (the optimizers already bound stay).
+
         Raises:
             ArtifactError: ``save_dir`` cannot be created or written.
         """
         if module is not None:
-            self.module = module
+            self._module = module
         if self._is_setup or not self.enabled:
             return self
         self._files.claim()
         self._collectors = CollectorSet(build_collectors(self.config, self._cuda, self.warn), self.warn)
         self._collected_funcs = self.config.collect_funcs.all_funcs()
         if self._files.timeline is not None:
-            self.add_listener(self._files.timeline.on_snapshot)
+            self._listeners.insert(0, self._files.timeline.on_snapshot)  # the trace sees events first
         self._is_setup = True
         self._collectors.bind(self)
         return self
@@ -231,7 +274,7 @@ class MemProfiler:
                 or not ``fully_shard``-ed); the message names the key and the fix.
         """
         if module is not None:
-            self.module = module
+            self._module = module
         self.optimizers = list(optimizers)
         if self._is_setup:
             self._collectors.bind_model(self.module, self.optimizers)
@@ -267,8 +310,8 @@ class MemProfiler:
         """
         if self.enabled:
             object.__setattr__(obj, ATTACH_ATTR, Attachment(self))
-            if isinstance(obj, nn.Module) and self.module is None:
-                self.module = obj
+            if isinstance(obj, nn.Module) and self._attached is None:
+                self._attached = obj
 
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(event)`` with a :class:`~memprofiler.output.events.SnapshotEvent` after
@@ -425,8 +468,7 @@ class MemProfiler:
 
     def _record(self, ctx: CallContext, phase: Phase, metrics: dict[str, Any], t_ns: int) -> None:
         key = layout.snapshot_key(self._rank, ctx.fn_name, ctx.call, phase)
-        self.snapshots[key] = metrics
-        self._files.recorded(key)
+        self._files.record(key, metrics)
         self._notify(SnapshotEvent(key, self._rank, ctx.fn_name, ctx.call, phase, t_ns, metrics))
 
     def _notify(self, event: SnapshotEvent) -> None:

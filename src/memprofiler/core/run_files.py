@@ -46,8 +46,10 @@ class RunFiles:
         config: the profiler's config.
         rank: global rank.
         chosen: ``save_dir`` as asked for: a path or an fsspec URL.
-        snapshots: the profiler's snapshot mapping (shared, not copied).
         warn: the profiler's warn-once.
+        summary_collective: every rank is known to reach the end together: the cross-rank
+            summary then meets in collectives. Otherwise ranks post to the process group's store
+            and rank 0 waits at most ``SUMMARY_WAIT_S``: nothing can hang.
     """
 
     def __init__(
@@ -55,12 +57,14 @@ class RunFiles:
         config: MemProfilerConfig,
         rank: int,
         chosen: str | os.PathLike[str],
-        snapshots: dict[str, dict[str, Any]],
         warn: Callable[..., None],
+        summary_collective: bool = False,
     ) -> None:
         self.config = config
         self.rank = rank
-        self.snapshots = snapshots
+        #: Every snapshot recorded and not yet dropped from memory, by key. Only this object
+        #: changes it (:meth:`record`, :meth:`merge_late`, eviction after a flush).
+        self.snapshots: dict[str, dict[str, Any]] = {}
         self.warn = warn
         urls.check_dir(chosen, "save_dir")
         #: A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local.
@@ -77,10 +81,7 @@ class RunFiles:
         self.timeline: MemoryTimeline | None = None
         #: Snapshots dropped from memory after they reached the stats file.
         self.evicted = 0
-        #: Whether every rank is known to reach the end together (the Lightning callback sets
-        #: it): the summary then meets in collectives. Otherwise ranks post to the process
-        #: group's store and rank 0 waits at most ``SUMMARY_WAIT_S``: nothing can hang.
-        self.summary_collective = False
+        self.summary_collective = summary_collective
         self._summaries = 0
         self._pickle_cache = SnapshotCache()
         self._unflushed: list[str] = []
@@ -108,8 +109,9 @@ class RunFiles:
             self.timeline = MemoryTimeline(self.rank, run_id)
 
     # ------------------------------------------------------------------ bookkeeping
-    def recorded(self, key: str) -> None:
-        """A new snapshot ``key`` is in :attr:`snapshots`."""
+    def record(self, key: str, metrics: dict[str, Any]) -> None:
+        """Keep the new snapshot ``key`` for the next flush."""
+        self.snapshots[key] = metrics
         if self.config.dump_memorystats_pickle:
             self._pickle_cache.touch(key)
         self._unflushed.append(key)

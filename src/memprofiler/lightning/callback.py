@@ -14,9 +14,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from memprofiler import layout
+from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.config import MemProfilerConfig
 from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerWarning
+from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 from memprofiler.output import urls
@@ -42,6 +44,7 @@ class MemProfilerCallback(Callback):
 
     Args:
         config: a :class:`~memprofiler.MemProfilerConfig` or a mapping of its fields.
+        cuda: the CUDA seam of the profiler it builds (tests pass a fake); the real one by default.
 
     Raises:
         ConfigError: on a bad config, when the callback is built.
@@ -51,8 +54,11 @@ class MemProfilerCallback(Callback):
         >>> trainer = Trainer(callbacks=[MemProfilerCallback({"schedule": {"active": 2}})])  # doctest: +SKIP
     """
 
-    def __init__(self, config: MemProfilerConfig | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, config: MemProfilerConfig | Mapping[str, Any] | None = None, *, cuda: CudaBackend | None = None
+    ) -> None:
         self.config = MemProfilerConfig.from_any(config)
+        self._cuda = cuda
         #: Where this callback came from, for the message that refuses a second profiler.
         #: ``MemProfilerCLI`` and ``ProfilerHooksMixin`` set their own.
         self.origin = "a `MemProfilerCallback` in `trainer.callbacks`"
@@ -62,7 +68,7 @@ class MemProfilerCallback(Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(save_dir=self.config.save_dir)
+        return compat.state_key(self, save_dir=self.config.save_dir)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -77,16 +83,20 @@ class MemProfilerCallback(Callback):
         if self.profiler is None:
             config = _follow_profiler_schedule(self.config, trainer)
             self.profiler = MemProfiler(
-                config, default_save_dir=default_save_dir(trainer), rank=trainer.global_rank
+                config,
+                default_save_dir=default_save_dir(trainer),
+                rank=trainer.global_rank,
+                cuda=self._cuda,
+                module=pl_module,
+                step_fn=lambda: trainer.global_step,
+                # Every rank runs the Trainer's teardown together: the summary may use collectives.
+                summary_collective=True,
+                listeners=[LoggerListener(trainer)] if config.log_metrics else [],
             )
-            # Every rank runs the Trainer's teardown together: the summary may use collectives.
-            self.profiler.summary_collective = True
             try:
-                self.profiler.setup(pl_module)
+                self.profiler.setup()
             except ArtifactError as err:
                 raise _name_default_root_dir(err, config) from None
-            if config.log_metrics:
-                self.profiler.add_listener(LoggerListener(trainer))
             extended = _extended_profiler(trainer)
             if extended is not None:
                 # One save_dir for everything: the traces go to this run's directory (and store).
@@ -94,9 +104,10 @@ class MemProfilerCallback(Callback):
                 if self.profiler.timeline is not None:
                     extended.add_memory_timeline(self.profiler.timeline)
         else:
-            self.profiler.setup(pl_module)  # a later stage (validate, test) of the same Trainer
+            # A later stage (validate, test) of the same Trainer; it binds its module at its
+            # start hook.
+            self.profiler.setup()
         self.profiler.attach(pl_module)
-        self.profiler.step_fn = lambda: trainer.global_step
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

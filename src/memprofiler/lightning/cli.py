@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from memprofiler.config import MemProfilerConfig
 from memprofiler.errors import MemProfilerError
+from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.callback import MemProfilerCallback
 from memprofiler.lightning.cli_checks import check_save_dirs
 from memprofiler.lightning.cli_parser import (
@@ -58,7 +59,7 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
     def before_instantiate_classes(self) -> None:
         super().before_instantiate_classes()
         cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
-        parser = self._parser(self.subcommand)
+        parser = compat.subcommand_parser(self, self.subcommand)
         fail = getattr(parser, "fail", parser.error)
         self._use_group = group_is_used(cfg, parser.get_defaults().get(GROUP))
         problem = check_profiler_entries(cfg, self._use_group)
@@ -76,12 +77,12 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except MemProfilerError as err:
-            parser = self._parser(subcommand)
+            parser = compat.subcommand_parser(self, subcommand)
             getattr(parser, "fail", parser.error)(" ".join(str(err).split()))
 
     @override
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        value = self._get(self.config_init, GROUP)
+        value = compat.config_value(self, self.config_init, GROUP)
         if value is not None and getattr(self, "_use_group", True):
             cfg = MemProfilerConfig.from_any(
                 _to_dict(value) if not isinstance(value, MemProfilerConfig) else value

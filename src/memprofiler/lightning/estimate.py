@@ -27,6 +27,7 @@ from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.estimate import engine, strategies
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.result import MemoryEstimate
+from memprofiler.lightning import _compat as compat
 from memprofiler.output import remote, urls
 from memprofiler.units import parse_size
 
@@ -75,36 +76,29 @@ class EstimateSubcommand:
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         sub = parser.add_subcommands()
         cli: Any = self
-        cli._subcommand_parsers = {}
+        compat.start_subcommands(cli)
         trainer_class = cli.trainer_class
         for name in self.subcommands():
             help_ = "Estimate one rank's peak memory of the fit config, on fake tensors (no GPU)."
             if name == GROUP:
                 sp = cli.init_parser(**{"description": help_, **kwargs.get(name, {})})
-                cli._add_arguments(sp)
+                compat.add_arguments(cli, sp)
                 sp.add_dataclass_arguments(EstimateConfig, GROUP)
-                cli._subcommand_method_arguments[name] = {}
+                compat.register_subcommand(cli, name, sp, method_arguments={})
             else:
-                from lightning.pytorch.cli import _get_short_description
-
-                help_ = _get_short_description(getattr(trainer_class, name)) or name
-                sp = cli._prepare_subcommand_parser(
-                    trainer_class, name, **{"description": help_, **kwargs.get(name, {})}
+                help_ = compat.short_description(getattr(trainer_class, name)) or name
+                sp = compat.prepare_subcommand_parser(
+                    cli, trainer_class, name, **{"description": help_, **kwargs.get(name, {})}
                 )
-            cli._subcommand_parsers[name] = sp
+                compat.register_subcommand(cli, name, sp)
             sub.add_subcommand(name, sp, help=help_)
 
     def _add_instantiators(self) -> None:
         super()._add_instantiators()  # type: ignore[misc]
         if self.subcommand == GROUP:
-            from lightning.pytorch.cli import _get_module_type, _InstantiatorFn
-
             cli: Any = self
-            self.parser.add_instantiator(
-                _OnMeta(_InstantiatorFn(cli=cli, key="model")),
-                _get_module_type(cli._model_class),
-                subclasses=cli.subclass_mode_model,
-            )
+            instantiator, model_type = compat.model_instantiator(cli, _OnMeta)
+            self.parser.add_instantiator(instantiator, model_type, subclasses=cli.subclass_mode_model)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # No Trainer for an estimate: it would check devices this machine does not have.
@@ -118,7 +112,7 @@ class EstimateSubcommand:
                 run_estimate(self)
             except MemProfilerError as err:  # the user's mistake: one line, exit code 2
                 cli: Any = self
-                cli._parser(GROUP).error(str(err))
+                compat.subcommand_parser(cli, GROUP).error(str(err))
             return
         super()._run_subcommand(subcommand)  # type: ignore[misc]
 

@@ -49,6 +49,7 @@ from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
+from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.memory_categories import CATEGORIES, write_category_timeline
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
 from memprofiler.lightning.trace_output import (
@@ -91,7 +92,7 @@ class _FlushOnException(Callback):
 
 
 #: Prefix of the Lightning actions of :class:`_FlushOnException`'s hooks.
-_OWN_CALLBACK = f"[Callback]{_FlushOnException.__qualname__}."
+_OWN_CALLBACK = compat.callback_action_prefix(_FlushOnException.__qualname__)  # its state_key
 
 
 class ExtendedPyTorchProfiler(PyTorchProfiler):

@@ -8,16 +8,17 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from memprofiler import metrics as vocab
 from memprofiler.output.events import SnapshotEvent
 
 #: Prefix of every logged name: ``memprofiler/{fn}/{metric}``.
 PREFIX = "memprofiler"
 #: Figures logged when present in the ``end`` snapshot (bytes).
 HEADLINE_METRICS = (
-    "rss_peak",
-    "saved_tensors.unique_bytes",
-    "allocated_bytes.all.peak",
-    "reserved_bytes.all.peak",
+    vocab.RSS_PEAK,
+    vocab.SAVED_UNIQUE,
+    vocab.CUDA_ALLOCATED_PEAK,
+    vocab.CUDA_RESERVED_PEAK,
 )
 
 
@@ -26,7 +27,7 @@ def headline_figures(metrics: Mapping[str, Any]) -> dict[str, float]:
     ``module_mem.peak.*``) included."""
     out: dict[str, float] = {}
     for name, value in metrics.items():
-        wanted = name in HEADLINE_METRICS or name.startswith(("fsdp.peak.", "module_mem.peak."))
+        wanted = name in HEADLINE_METRICS or name.startswith(vocab.TRACKER_PEAK_PREFIXES)
         if wanted and isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = float(value)
     return out

@@ -8,6 +8,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from memprofiler.config import MemProfilerConfig
+from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.callback import MemProfilerCallback, refuse_second_profiler
 
 
@@ -40,7 +41,7 @@ class ProfilerHooksMixin:
         base = parent() if parent is not None else []
         callbacks = list(base) if isinstance(base, (list, tuple)) else [base]
         if self.memprofiler_cfg is not None and self.memprofiler_cfg.enabled:
-            trainer = getattr(self, "_trainer", None)
+            trainer = compat.attached_trainer(self)
             held = list(getattr(trainer, "callbacks", []))
             # One callback per Trainer for every stage: a fresh one for `validate` after `fit`
             # would start a new profiler and overwrite the fit's files. Ours is the one built

@@ -21,19 +21,18 @@ import lightning.pytorch as pl
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.core.host_sampler import HostSampler
+from memprofiler.lightning import _compat as compat
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.remote import RemoteDir, is_url, local_path
 from memprofiler.output.step_timeline import DATA, HOOKS, StepTimeline
 from memprofiler.output.trace_files import TraceFiles
 
-#: Lightning's action around ``next(data_fetcher)``: ``[_TrainingEpochLoop].train_dataloader_next``
-#: (``val_``, ``test_``, ``predict_`` likewise). It times exactly the wait for one batch.
-DATALOADER_ACTION_SUFFIX = "_dataloader_next"
-
 
 def action_track(action_name: str) -> str:
-    """The timeline row of a Lightning profiler action."""
-    return DATA if action_name.endswith(DATALOADER_ACTION_SUFFIX) else HOOKS
+    """The timeline row of a Lightning profiler action: a loop's action around
+    ``next(data_fetcher)`` (``[_TrainingEpochLoop].train_dataloader_next``,
+    ``[_EvaluationLoop].val_next``, ...) times exactly the wait for one batch."""
+    return DATA if compat.is_dataloader_wait(action_name) else HOOKS
 
 
 def run_name(trainer: pl.Trainer, given: str | None) -> str:

@@ -22,19 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
+from memprofiler import metrics as vocab
 from memprofiler.output.events import SnapshotEvent
 from memprofiler.output.writers import rewrite_tail, write_text
 
 #: Counter track -> snapshot metric it draws. A track appears only where its metric exists
 #: (``rss_peak`` and saved-tensor bytes exist at ``end`` only, CUDA tracks only with CUDA).
 COUNTER_TRACKS: dict[str, str] = {
-    "rss": "rss",
-    "rss_peak": "rss_peak",
-    "cuda.allocated": "allocated_bytes.all.current",
-    "cuda.reserved": "reserved_bytes.all.current",
-    "cuda.allocated_peak": "allocated_bytes.all.peak",
-    "cuda.reserved_peak": "reserved_bytes.all.peak",
-    "saved_tensors.unique_bytes": "saved_tensors.unique_bytes",
+    vocab.RSS: vocab.RSS,
+    vocab.RSS_PEAK: vocab.RSS_PEAK,
+    "cuda.allocated": vocab.CUDA_ALLOCATED,
+    "cuda.reserved": vocab.CUDA_RESERVED,
+    "cuda.allocated_peak": vocab.CUDA_ALLOCATED_PEAK,
+    "cuda.reserved_peak": vocab.CUDA_RESERVED_PEAK,
+    vocab.SAVED_UNIQUE: vocab.SAVED_UNIQUE,
 }
 #: Category of every event memprofiler adds, so viewers can filter them.
 CATEGORY = "memprofiler"

@@ -10,6 +10,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
+from memprofiler import metrics
 from memprofiler.analysis.budget import Limit
 from memprofiler.errors import ConfigError
 from memprofiler.units import CUDA_MEMORY_STATS, parse_size
@@ -19,12 +20,12 @@ LEAK_MARKER = "memory_leak"
 
 #: Short keyword names for the three budgets most tests want; any other keyword is a metric name.
 ALIASES: dict[str, str] = {
-    "rss_peak": "rss_peak",
-    "saved_tensors": "saved_tensors.unique_bytes",
-    "cuda_peak": "allocated_bytes.all.peak",
+    metrics.RSS_PEAK: metrics.RSS_PEAK,
+    "saved_tensors": metrics.SAVED_UNIQUE,
+    "cuda_peak": metrics.CUDA_ALLOCATED_PEAK,
 }
-HOST_METRICS = ("rss", "vms", "rss_peak")
-SAVED_METRICS = ("saved_tensors.unique_bytes", "saved_tensors.packed_bytes", "saved_tensors.count")
+HOST_METRICS = (metrics.RSS, metrics.VMS, metrics.RSS_PEAK)
+SAVED_METRICS = (metrics.SAVED_UNIQUE, metrics.SAVED_PACKED, metrics.SAVED_COUNT)
 BY_MODULE = "saved_tensors.by_module."
 #: The flat ``torch.cuda.memory_stats()`` names: known without a device, so a CUDA budget is
 #: checked for typos on a CPU-only machine too.

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from memprofiler import metrics as vocab
 from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.cuda_stats import CudaStatsCollector
@@ -19,7 +20,7 @@ from memprofiler.collectors.host import HostCollector
 from memprofiler.pytest_plugin.holders import holders
 from memprofiler.pytest_plugin.tracking import BodySavedTensors
 
-_CUDA_CURRENT = "allocated_bytes.all.current"
+_CUDA_CURRENT = vocab.CUDA_ALLOCATED
 
 
 @dataclass

@@ -6,6 +6,7 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from memprofiler import metrics
 from memprofiler.analysis.artifacts import flatten_metrics
 from memprofiler.pytest_plugin.markers import BUDGET_MARKER, BY_MODULE, LEAK_MARKER, MarkerBudgets
 from memprofiler.units import format_bytes, format_value
@@ -15,7 +16,7 @@ TOP_MODULES = 3
 #: Host figures are budgeted as growth over the test's start, so a budget does not depend on
 #: what earlier tests left in the process: ``rss_peak`` over the start RSS, as ``memprofiler
 #: report``'s "peak delta".
-_GROWTH_BASE = {"rss_peak": "rss", "rss": "rss", "vms": "vms"}
+_GROWTH_BASE = {metrics.RSS_PEAK: metrics.RSS, metrics.RSS: metrics.RSS, metrics.VMS: metrics.VMS}
 
 
 class LeakFigures(Protocol):
@@ -63,7 +64,7 @@ def check(
         cuda: whether a CUDA device was measured.
     """
     values = budget_values(start, end)
-    saved = end.get("saved_tensors.by_module") or {}
+    saved = end.get(metrics.SAVED_BY_MODULE) or {}
     tail = f"; top modules by saved bytes: {top_modules(saved)}"
     lines: list[str] = []
     unchecked: list[str] = []

@@ -1,1 +1,1 @@
-"""One module per output format; each only renders a :class:`~memprofiler.reporters.model.ReportModel`."""
+"""The report: its model (``model.py``, with the per-call figures declared in ``figures.py``), one module per output format rendering a :class:`~memprofiler.reporters.model.ReportModel`, the profiler views' renderers (``profiler_*.py``) and the allocation explorer page (``explorer*.py``)."""

@@ -16,6 +16,7 @@ from typing import Any
 from memprofiler.analysis.artifacts import is_number
 from memprofiler.reporters import svg
 from memprofiler.reporters.explorer import explorer_relpath
+from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.html_cells import (
     auto_cell,
     bytes_cell,
@@ -25,17 +26,11 @@ from memprofiler.reporters.html_cells import (
     value_cell,
 )
 from memprofiler.reporters.html_snapshot import snapshot_html
-from memprofiler.reporters.model import FIGURES, CallRow, ReportModel, binned, breakdown_rank, report_tables
+from memprofiler.reporters.model import CallRow, ReportModel, binned, breakdown_rank, report_tables
 from memprofiler.units import format_bytes
 
-#: The per-call charts: title, and the figure (see ``model.FIGURES``) each shows.
-_CALL_CHARTS = [
-    ("host RSS peak", "rss peak"),
-    ("host RSS peak above call start", "peak - start"),
-    ("CUDA allocated peak", "cuda alloc peak"),
-    ("CUDA reserved peak", "cuda reserved peak"),
-    ("saved-tensor bytes (unique)", "saved unique"),
-]
+#: The per-call charts: title, and the figure each shows (see ``figures.CALL_FIGURES``).
+_CALL_CHARTS = [(f.chart, f) for f in CALL_FIGURES if f.chart]
 _SAVED_NOTE = (
     "Bytes per module are each module's own share: every saved tensor is counted once, under "
     "the innermost module running when autograd saved it, so a parent's figure leaves out its "
@@ -91,14 +86,13 @@ class HtmlReporter:
         head = "<h2 id='calls'>Per-call memory by rank</h2>"
         if not calls:
             return head + "<p>No collected calls in the per-rank stats.</p>"
-        get = dict(FIGURES)
         out = [head]
         if not self.model.aggregated:
-            for title, fig in _CALL_CHARTS:
+            for title, figure in _CALL_CHARTS:
                 rows = [
                     (f"{c.label} · rank {c.rank}", float(v), c.rank)
                     for c in calls
-                    if (v := get[fig](c)) is not None
+                    if (v := c.value(figure)) is not None
                 ]
                 if rows:
                     out.append(svg.hbar_chart(rows, format_bytes, title))
@@ -109,15 +103,15 @@ class HtmlReporter:
             f"<p>{len(calls):,} collected calls: shown per function (median, and min to max over its calls), "
             f"then the {min(self.top_calls, len(calls))} calls with the highest RSS peak.</p>"
         )
-        for title, fig in _CALL_CHARTS:
+        for title, figure in _CALL_CHARTS:
             rows = [
-                (f"{f.fn} · rank {f.rank} ({f.calls:,} calls)", f.bands[fig].mid, f.rank)
+                (f"{f.fn} · rank {f.rank} ({f.calls:,} calls)", f.bands[figure.name].mid, f.rank)
                 for f in funcs
-                if fig in f.bands
+                if figure.name in f.bands
             ]
             if rows:
                 out.append(svg.hbar_chart(rows, format_bytes, f"{title}, median per function"))
-        figs = [fig for fig, _ in FIGURES if any(fig in f.bands for f in funcs)]
+        figs = [g.name for g in BANDED if any(g.name in f.bands for f in funcs)]
         cols = ["rank", "function", "calls"] + [
             f"{fig} {s}" for fig in figs for s in ("min", "median", "max")
         ]
@@ -142,11 +136,7 @@ class HtmlReporter:
     def _across_calls_section(self) -> str:
         present = [
             (title, fig)
-            for title, fig in (
-                ("host RSS peak", "rss peak"),
-                ("CUDA allocated peak", "cuda alloc peak"),
-                ("CUDA reserved peak", "cuda reserved peak"),
-            )
+            for title, fig in ((f.across, f.name) for f in CALL_FIGURES if f.across)
             if self.model.calls.has(fig)
         ]
         if not present:
@@ -223,7 +213,7 @@ class HtmlReporter:
 
     def _reports_section(self) -> str:
         reps = self.model.run.reports
-        cats, fsdp = self.model.fsdp_rows()
+        cats, fsdp = self.model.tracker_rows()
         if not reps and not fsdp:
             return ""
         out = ["<h2 id='modules'>FSDP and module-wise memory</h2>"]
@@ -309,24 +299,10 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:
-    has_cuda = any(c.cuda_allocated_peak is not None for c in calls)
-    cols = ["rank", "function", "call", "rss start", "rss end", "rss peak", "peak - start"]
-    if has_cuda:
-        cols += ["cuda alloc peak", "cuda reserved peak"]
-    cols += ["saved unique", "saved packed"]
+    figs = table_figures(calls)
+    cols = ["rank", "function", "call", *[fig.name for fig in figs]]
     rows = []
     for c in calls:
-        row: list[Any] = [
-            str(c.rank),
-            c.fn,
-            str(c.call),
-            bytes_cell(c.rss_start),
-            bytes_cell(c.rss_end),
-            bytes_cell(c.rss_peak),
-            bytes_cell(c.rss_peak_delta),
-        ]
-        if has_cuda:
-            row += [bytes_cell(c.cuda_allocated_peak), bytes_cell(c.cuda_reserved_peak)]
-        row += [bytes_cell(c.saved_unique), bytes_cell(c.saved_packed)]
+        row: list[Any] = [str(c.rank), c.fn, str(c.call), *[bytes_cell(c.value(fig)) for fig in figs]]
         rows.append(row)
     return table(cols, rows, filterable=True)

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unmatched
 from memprofiler.analysis.snapshot import SnapshotAnalysis
-from memprofiler.reporters.model import FIGURES, CallRow, ReportModel
+from memprofiler.reporters.figures import BANDED, table_figures
+from memprofiler.reporters.model import CallRow, ReportModel
 from memprofiler.units import format_bytes, format_value
 
 
@@ -54,7 +55,7 @@ class TerminalReporter:
         else:
             self._calls(console)
         self._modules(console)
-        self._fsdp(console)
+        self._tracker_peaks(console)
         self._summary(console)
         self._reports(console)
         for entry in self.model.snapshots:
@@ -62,7 +63,7 @@ class TerminalReporter:
 
     def _functions(self, console: Console) -> None:
         funcs = self.model.functions()
-        figs = [fig for fig, _ in FIGURES if fig != "rss end" and any(fig in f.bands for f in funcs)]
+        figs = [g.name for g in BANDED if g.band_in_terminal and any(g.name in f.bands for f in funcs)]
         t = Table(title=f"{len(self.model.calls):,} collected calls per function: median (min - max)")
         for col in ("rank", "function", "calls", *figs):
             t.add_column(col, justify="left" if col == "function" else "right")
@@ -86,28 +87,13 @@ class TerminalReporter:
             console.print("no collected calls in the per-rank stats")
             return
         t = Table(title=title or "Collected calls (peaks that matter)")
-        for col in ("rank", "function", "call", "rss start", "rss end", "rss peak", "peak - start"):
+        for col in ("rank", "function", "call"):
             t.add_column(col, justify="left" if col == "function" else "right")
-        has_cuda = any(c.cuda_allocated_peak is not None for c in calls)
-        if has_cuda:
-            t.add_column("cuda alloc peak", justify="right")
-            t.add_column("cuda reserved peak", justify="right")
-        t.add_column("saved unique", justify="right")
-        t.add_column("saved packed", justify="right")
+        figs = table_figures(calls)
+        for fig in figs:
+            t.add_column(fig.name, justify="right")
         for c in calls:
-            row = [
-                str(c.rank),
-                escape(c.fn),
-                str(c.call),
-                format_bytes(c.rss_start),
-                format_bytes(c.rss_end),
-                format_bytes(c.rss_peak),
-                format_bytes(c.rss_peak_delta),
-            ]
-            if has_cuda:
-                row += [format_bytes(c.cuda_allocated_peak), format_bytes(c.cuda_reserved_peak)]
-            row += [format_bytes(c.saved_unique), format_bytes(c.saved_packed)]
-            t.add_row(*row)
+            t.add_row(str(c.rank), escape(c.fn), str(c.call), *[format_bytes(c.value(fig)) for fig in figs])
         console.print(t)
 
     def _modules(self, console: Console) -> None:
@@ -122,8 +108,8 @@ class TerminalReporter:
             t.add_row(escape(mod), format_bytes(b), escape(where))
         console.print(t)
 
-    def _fsdp(self, console: Console) -> None:
-        cats, rows = self.model.fsdp_rows()
+    def _tracker_peaks(self, console: Console) -> None:
+        cats, rows = self.model.tracker_rows()
         if not rows:
             return
         t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")

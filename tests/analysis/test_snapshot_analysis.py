@@ -235,7 +235,9 @@ def test_random_realistic_trace_peak_matches_generator_truth(seed):
 
 _FIXTURES = Path(__file__).parents[1] / "fixtures"
 _REAL = sorted(
-    p for p in _FIXTURES.glob("*.pickle") if p.name.startswith("gpu_") or any(k in p.name for k in ("alloc", "oom", "snapshot"))
+    p
+    for p in _FIXTURES.glob("*.pickle")
+    if p.name.startswith("gpu_") or any(k in p.name for k in ("alloc", "oom", "snapshot"))
 )
 
 

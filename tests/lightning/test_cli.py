@@ -296,3 +296,27 @@ def test_an_unknown_trace_template_field_exits_2_with_one_line_before_training(t
         "'rank{rank}.{step}.pt.trace.json'; allowed: {run_name}, {rank}, {local_rank}, {node_rank}, "
         "{world_size}, {stage}, {epoch}, {batch}, {cycle}"
     )
+
+
+def test_the_shipped_profiler_config_turns_on_memory_by_category_from_yaml(tmp_path):
+    # GIVEN configs/profiler.yaml, whose profile_memory / record_shapes / with_stack are named
+    # arguments of ExtendedPyTorchProfiler (LightningCLI cannot pass **kwargs from YAML)
+    path = _config(tmp_path, {})
+    args = ["fit", "--config", str(path), "--config"]
+    args += [str(Path(__file__).resolve().parents[2] / "configs" / "profiler.yaml")]
+    args += ["--trainer.limit_train_batches=5", f"--memprofiler.save_dir={tmp_path / 'mem'}"]
+    # WHEN the CLI trains
+    cli = MemProfilerCLI(DemoGPT, args=args)
+    # THEN torch's profiler ran with the three options and the categories file lies beside the trace
+    kwargs = cli.trainer.profiler._profiler_kwargs
+    assert (kwargs["profile_memory"], kwargs["record_shapes"], kwargs["with_stack"]) == (True, True, True)
+    names = sorted(p.name for p in (tmp_path / "mem").glob("fit_rank_0.*"))
+    assert names == ["fit_rank_0.1.memory_categories.json", "fit_rank_0.1.pt.trace.json"]
+
+
+def test_a_profiler_option_that_is_not_a_bool_is_one_line(tmp_path):
+    from memprofiler import ExtendedPyTorchProfiler
+    from memprofiler.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="`profile_memory`: got 'yes'; expected true or false"):
+        ExtendedPyTorchProfiler(profile_memory="yes")  # type: ignore[arg-type]

@@ -120,9 +120,16 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             ``run_name``. Templates are checked here: an unknown field raises.
         timeline: :class:`~memprofiler.config.timeline.TimelineConfig` fields: ``enabled``,
             ``hooks``, ``dataloader``, ``host_interval_s``, ``host_metrics``, ``max_events``.
-        **profiler_kwargs: passed to ``torch.profiler.profile`` (``record_shapes``,
-            ``profile_memory``, ``with_stack``, ``activities``...). ``use_cuda``/``use_cpu``
-            are dropped: activities are chosen automatically.
+        record_shapes: record operators' input shapes (the operator view's shapes column).
+        profile_memory: record every allocation and release (the report's memory view).
+        with_stack: record Python stacks. With ``record_shapes`` and ``profile_memory`` too,
+            memory by category (parameters, optimizer state, activations, gradients...) is
+            written beside each trace.
+        with_flops: estimate FLOPs of matrix multiplications and convolutions.
+        **profiler_kwargs: more ``torch.profiler.profile`` arguments (``activities``,
+            ``with_modules``...), from Python only: a LightningCLI config sets the named
+            arguments above. ``use_cuda``/``use_cpu`` are dropped: activities are chosen
+            automatically.
 
     Raises:
         ConfigError: a bad ``schedule_cfg``, ``max_name_column_width``, ``step_functions``,
@@ -138,6 +145,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                 class_path: memprofiler.ExtendedPyTorchProfiler
                 init_args:
                   schedule_cfg: {wait: 1, warmup: 1, active: 2, repeat: 2}
+                  profile_memory: true
+                  record_shapes: true
+                  with_stack: true
                   max_name_column_width: 100
                   trace_files: {use_gzip: true, num_traces_to_keep: 2}
                   timeline: {host_interval_s: 1.0, host_metrics: [cpu, rss]}
@@ -168,6 +178,10 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         table_kwargs: dict[str, Any] | None = None,
         trace_files: dict[str, Any] | None = None,
         timeline: dict[str, Any] | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        with_flops: bool = False,
         **profiler_kwargs: Any,
     ) -> None:
         # Warn-once state of this profiler (every process warns: the old warnings were not rank-gated).
@@ -202,6 +216,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                 self._warn(
                     f"ExtendedPyTorchProfiler: `{name}` is deprecated and ignored; activities are automatic"
                 )
+        for name, value in (
+            ("record_shapes", record_shapes),
+            ("profile_memory", profile_memory),
+            ("with_stack", with_stack),
+            ("with_flops", with_flops),
+        ):
+            if not isinstance(value, bool):
+                raise ConfigError(name, f"got {value!r}; expected true or false")
+            profiler_kwargs[name] = value
         self.schedule_cfg = build_schedule_config(schedule_cfg)
         self.trace_files_cfg = _build(TraceFilesConfig, trace_files, "trace_files")
         self.timeline_cfg = _build(TimelineConfig, timeline, "timeline")

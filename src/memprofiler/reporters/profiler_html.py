@@ -130,10 +130,10 @@ def _memory_html(dv: DeviceView, key: str) -> str:
         f"({format_bytes(dm.peak_allocated)}), {format_bytes(dm.peak_reserved)} reserved at most. ",
         "Drag across the chart to select a range.</p>"
         if dv.range_data is not None
-        else f"Over {len(dm.events):,} events: the tables cover the whole trace (no range selection).</p>",
+        else f"Over {dm.event_count:,} events: the tables cover the whole trace (no range selection).</p>",
         "<button type='button' class='reset'>whole trace</button>" if dv.range_data is not None else "",
-        f"<h5>Memory events ({len(dv.pairs):,} allocations and releases)</h5>",
-        _pairs_table(dv.pairs),
+        f"<h5>Memory events ({dv.pair_count:,} allocations and releases)</h5>",
+        _pairs_table(dv.pairs, dv.pair_count),
         "<h5>Memory statistics per operator</h5>",
         _table(_MEM_STAT_COLS, [_stat_row(s) for s in dv.stats], attrs=" data-kind='stats'"),
     ]
@@ -144,10 +144,10 @@ def _memory_html(dv: DeviceView, key: str) -> str:
     return "\n".join(out)
 
 
-def _pairs_table(pairs: list[MemPair]) -> str:
+def _pairs_table(pairs: list[MemPair], count: int) -> str:
     shown = sorted(pairs, key=lambda p: -p.size)[:PAIR_ROWS]
     rows = [_pair_row(p) for p in shown]
-    more = len(pairs) - len(shown)
+    more = count - len(shown)
     note = (
         f"<p class='muted more'>{more:,} smaller ones not shown.</p>"
         if more > 0

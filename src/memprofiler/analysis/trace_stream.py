@@ -1,0 +1,686 @@
+"""Summarise a profiler trace in one streaming pass, in bounded memory.
+
+:func:`memprofiler.analysis.trace_events.read_trace` keeps every event the views use and
+:func:`memprofiler.analysis.profiler_ops.nest` places them afterwards: memory grows with the
+trace. Here each event is folded into the views' totals as it is read, and only what must be
+held is held:
+
+- per thread, the spans still open (a stack) and a small reorder heap (:data:`REORDER`
+  events) that puts the thread's events back in time order;
+- per device, the allocations not yet released (by address), a reorder heap, the
+  :data:`~memprofiler.analysis.profiler_views.RANGE_EVENTS` first memory events for the
+  page's range selection and the :data:`PAIRS_KEPT` largest allocation / release pairs;
+- per operator, module, device and call path, one row of totals;
+- the busy periods of each step category (merged intervals, 16 bytes each).
+
+The memory curve (24 bytes a memory event) and the operators' ``External id`` (24 bytes an
+operator) go to temporary files, read back once at the end: the curve to thin it to
+:data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points, the ids to give each kernel
+to the operator that launched it. Every figure equals the in-memory path's; a trace whose
+events are too far out of time order within a thread (more than :data:`REORDER` events) or a
+device raises :class:`Unordered`, and the caller reads it the in-memory way instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import tempfile
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memprofiler.analysis.profiler_memory import CURVE_POINTS, DeviceMemory, MemPair, MemStat
+from memprofiler.analysis.profiler_ops import _FACTORIES, OpRow, module_name
+from memprofiler.analysis.profiler_steps import (
+    _COMM_OPS,
+    _DATA_LOADING,
+    STEP_PARTS,
+    Interval,
+    RankRow,
+    StepRow,
+    intersect,
+    length,
+    subtract,
+    union,
+)
+from memprofiler.analysis.trace_events import (
+    _DEVICE_CATS,
+    _DEVICE_TYPES,
+    _MODULE_PREFIXES,
+    _STEP,
+    KERNEL,
+    _header,
+    _int,
+    _shapes_text,
+    iter_events,
+)
+from memprofiler.errors import ArtifactError
+
+#: Events a thread's (or device's) reorder heap holds before releasing the earliest.
+REORDER = 4096
+#: Allocation / release pairs kept per device (the largest); the rest are counted.
+PAIRS_KEPT = 20_000
+#: Memory events per device kept for the page's range selection (beyond: none).
+RANGE_KEPT = 20_000
+#: Operator call times kept for the range selection, all operators together (beyond: none).
+CALLS_KEPT = 500_000
+
+_OP, _MOD = 0, 1
+_CHUNK = 65536
+
+
+class Unordered(Exception):
+    """The trace is too far out of time order to stream; read it the in-memory way."""
+
+
+class Relabel(Exception):
+    """Lightning's module spans appeared after torch's were swept: read again knowing it."""
+
+
+class _Intervals:
+    """A union of intervals, merged as they come when they come in order (16 bytes each)."""
+
+    __slots__ = ("e", "s")
+
+    def __init__(self) -> None:
+        self.s: array[float] = array("d")
+        self.e: array[float] = array("d")
+
+    def add(self, s: float, e: float) -> None:
+        if e <= s:
+            return
+        if self.s and self.s[-1] <= s <= self.e[-1]:
+            if e > self.e[-1]:
+                self.e[-1] = e
+            return
+        self.s.append(s)
+        self.e.append(e)
+
+    def spans(self) -> list[Interval]:
+        return union(zip(self.s, self.e, strict=True))
+
+
+class _Spill:
+    """Fixed-width records (int64 ``q`` or float64 ``d``) appended to a temporary file in chunks."""
+
+    def __init__(self, width: int, code: str = "q") -> None:
+        self.width = width
+        self.code = code
+        self.buf: array[Any] = array(code)
+        self.count = 0
+        fd, name = tempfile.mkstemp(prefix="memprofiler-trace-", suffix=".bin")
+        self.file = os.fdopen(fd, "w+b")
+        os.unlink(name)
+
+    def add(self, *values: Any) -> None:
+        self.buf.extend(values)
+        self.count += 1
+        if len(self.buf) >= _CHUNK * self.width:
+            self.buf.tofile(self.file)
+            del self.buf[:]
+
+    def read(self) -> Any:
+        """Yield the records back, chunk by chunk, as flat arrays."""
+        self.buf.tofile(self.file)
+        del self.buf[:]
+        self.file.seek(0)
+        size = _CHUNK * self.width
+        while True:
+            chunk: array[Any] = array(self.code)
+            with contextlib.suppress(EOFError):
+                chunk.fromfile(self.file, size)
+            if not chunk:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class _Device:
+    label: str
+    heap: list[tuple[Any, ...]] = field(default_factory=list)
+    last: tuple[float, int] = (float("-inf"), -1)
+    curve: _Spill = field(default_factory=lambda: _Spill(2))
+    """``(allocated, reserved)`` of each memory event, in time order."""
+    times: _Spill = field(default_factory=lambda: _Spill(1, "d"))
+    count: int = 0
+    peak: tuple[int, float] = (-1, 0.0)
+    peak_reserved: int = 0
+    open: dict[int, tuple[int, int, float]] = field(default_factory=dict)
+    pairs: list[tuple[Any, ...]] = field(default_factory=list)
+    """Heap of the :data:`PAIRS_KEPT` largest pairs: ``(size, rank key, label, alloc, release)``."""
+    pair_count: int = 0
+    emitted: int = 0
+    kept: list[tuple[float, int, int, tuple[int, ...]]] | None = field(default_factory=list)
+    """``(ts, bytes, event index, names open)`` of the first :data:`RANGE_KEPT` events."""
+    stats: dict[int, MemStat] = field(default_factory=dict)
+
+
+@dataclass
+class _Thread:
+    heap: list[tuple[Any, ...]] = field(default_factory=list)
+    last: tuple[float, int, float, int] = (float("-inf"), 0, 0.0, -1)
+    stack: list[list[Any]] = field(default_factory=list)
+    """Open spans, outermost first: ``[kind, name, dur, end, child time, ext, seq, ops, mods]``."""
+    ops: _Intervals = field(default_factory=_Intervals)
+    comm: _Intervals = field(default_factory=_Intervals)
+
+
+@dataclass
+class Summary:
+    """Everything the views of one trace need, folded in one pass."""
+
+    path: Path
+    rank: int | None
+    base_ns: int
+    events: int = 0
+    start: float = 0.0
+    names: list[str] = field(default_factory=list)
+    devices: list[tuple[DeviceMemory, list[MemPair], int, list[MemStat], dict[str, Any] | None]] = field(
+        default_factory=list
+    )
+    """Per device: the memory view, the kept pairs, how many pairs there are, the statistics
+    and the range-selection data (``None`` past :data:`RANGE_KEPT` events)."""
+    ops: list[OpRow] = field(default_factory=list)
+    modules: list[OpRow] = field(default_factory=list)
+    steps: list[StepRow] = field(default_factory=list)
+    rank_row: RankRow | None = None
+    has_device_time: bool = False
+
+
+class _Reader:
+    def __init__(self, path: Path, lightning: bool) -> None:
+        self.path = path
+        self.lightning = lightning
+        self.torch_modules_seen = False
+        self.names: list[str] = []
+        self.ix: dict[str, int] = {}
+        self.threads: dict[tuple[Any, Any], _Thread] = {}
+        self.devices: list[_Device] = []
+        self.dev_ix: dict[str, int] = {}
+        self.ops: dict[int, OpRow] = {}
+        self.mods: dict[int, OpRow] = {}
+        self.shapes: dict[int, Counter[int]] = {}
+        self.calls: dict[int, array[float]] | None = {}
+        self.calls_kept = 0
+        self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        self.ext = _Spill(3)  # (External id, file order, chain)
+        self.kernels: dict[int, float] = {}
+        self.device_kind = [_Intervals(), _Intervals(), _Intervals()]
+        self.comm_kernels = _Intervals()
+        self.compute_kernels = _Intervals()
+        self.runtime = _Intervals()
+        self.loading = _Intervals()
+        self.step_windows: list[tuple[str, float, float]] = []
+        self.any_device = False
+        self.start = float("inf")
+        self.end = float("-inf")
+        self.events = 0
+        self.mem_index = 0
+
+    def intern(self, text: str) -> int:
+        i = self.ix.get(text)
+        if i is None:
+            i = self.ix[text] = len(self.names)
+            self.names.append(text)
+        return i
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self) -> None:
+        seq = 0
+        for ev in iter_events(self.path):
+            self.events += 1
+            ts = ev.get("ts")
+            if not isinstance(ts, (int, float)):
+                continue
+            ph = ev.get("ph")
+            ts = float(ts)
+            if ph != "M" and ts < self.start:
+                self.start = ts
+            if ph == "X":
+                seq += 1
+                self._span(ev, ts, seq)
+            elif ph == "i" and ev.get("name") == "[memory]":
+                self._memory(ev, ts)
+        for key in list(self.threads):
+            th = self.threads[key]
+            while th.heap:
+                self._sweep(th, heapq.heappop(th.heap))
+            self._close(th, float("inf"), 0)
+        for d in self.devices:
+            while d.heap:
+                self._device_event(d, heapq.heappop(d.heap))
+
+    def _thread(self, ev: dict[str, Any]) -> _Thread:
+        key = (ev.get("pid"), ev.get("tid"))
+        th = self.threads.get(key)
+        if th is None:
+            th = self.threads[key] = _Thread()
+        return th
+
+    def _span(self, ev: dict[str, Any], ts: float, seq: int) -> None:
+        cat = ev.get("cat")
+        name = str(ev.get("name", ""))
+        d = ev.get("dur")
+        dur = float(d) if isinstance(d, (int, float)) else 0.0
+        end = ts + dur
+        if cat in _DEVICE_CATS:
+            self.any_device = True
+            self.end = max(self.end, end)
+            kind = _DEVICE_CATS[cat]
+            self.device_kind[kind].add(ts, end)
+            if kind == KERNEL:
+                low = name.lower()
+                comm = "nccl" in low or "rccl" in low
+                (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
+            a = ev.get("args")
+            e = _int(a.get("External id")) if isinstance(a, dict) else -1
+            self.kernels[e] = self.kernels.get(e, 0.0) + dur
+            return
+        if cat in ("cuda_runtime", "cuda_driver"):
+            self.runtime.add(ts, end)
+            return
+        if cat == "cpu_op":
+            kind = _OP
+        elif cat == "user_annotation":
+            self.end = max(self.end, end)
+            if _STEP.match(name):
+                self.step_windows.append((name, ts, end))
+                return
+            if not name.startswith(_MODULE_PREFIXES):
+                if name.startswith(_DATA_LOADING):
+                    self.loading.add(ts, end)
+                return
+            kind = _MOD
+        elif cat == "python_function" and name.startswith("nn.Module: "):
+            kind = _MOD
+        else:
+            return
+        self.end = max(self.end, end)
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        n = self.intern(name)
+        if kind == _MOD:
+            if name.startswith("[pl][module]"):
+                if not self.lightning:
+                    if self.torch_modules_seen:
+                        raise Relabel
+                    self.lightning = True
+            else:
+                self.torch_modules_seen = True
+                if self.lightning:
+                    return
+        th = self._thread(ev)
+        if kind == _OP:
+            dims = args.get("Input Dims")
+            if isinstance(dims, list):
+                c = self.shapes.get(n)
+                if c is None:
+                    c = self.shapes[n] = Counter()
+                c[self.intern(_shapes_text(dims))] += 1
+            if self.calls is not None:
+                calls = self.calls.get(n)
+                if calls is None:
+                    calls = self.calls[n] = array("d")
+                calls.append(ts)
+                self.calls_kept += 1
+                if self.calls_kept > CALLS_KEPT:
+                    self.calls = None
+            (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
+        item = (ts, 0, -dur, seq, kind, n, _int(args.get("External id")))
+        self._push(th, item)
+
+    def _push(self, th: _Thread, item: tuple[Any, ...]) -> None:
+        heapq.heappush(th.heap, item)
+        if len(th.heap) > REORDER:
+            self._sweep(th, heapq.heappop(th.heap))
+
+    def _memory(self, ev: dict[str, Any], ts: float) -> None:
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        nbytes = _int(args.get("Bytes"), 0)
+        if nbytes == 0:
+            return
+        dtype, did = _int(args.get("Device Type"), 0), _int(args.get("Device Id"))
+        label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
+        label = label if dtype == 0 else f"{label}{max(did, 0)}"
+        dev = self.dev_ix.get(label)
+        if dev is None:
+            dev = self.dev_ix[label] = len(self.devices)
+            self.devices.append(_Device(label))
+        j = self.mem_index
+        self.mem_index += 1
+        payload = (
+            dev,
+            nbytes,
+            _int(args.get("Addr"), 0) % (1 << 63),
+            _int(args.get("Total Allocated"), 0),
+            _int(args.get("Total Reserved"), 0),
+        )
+        self._push(self._thread(ev), (ts, 1, 0.0, j, payload))
+
+    # -- the per-thread sweep (as profiler_ops.nest, one item at a time) -------------------
+
+    def _close(self, th: _Thread, t: float, what: int) -> None:
+        stack = th.stack
+        while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
+            kind, n, dur, _, child, *_ = stack.pop()
+            rows = self.ops if kind == _OP else self.mods
+            r = rows.get(n)
+            if r is None:
+                label = self.names[n]
+                r = rows[n] = OpRow(label if kind == _OP else module_name(label))
+            r.calls += 1
+            r.host_total_us += dur
+            r.host_self_us += max(0.0, dur - child)
+
+    def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
+        key = item[:4]
+        if key < th.last:
+            raise Unordered
+        th.last = key
+        t, what = item[0], item[1]
+        self._close(th, t, what)
+        stack = th.stack
+        if what == 0:
+            _, _, negdur, seq, kind, n, ext = item
+            dur = -negdur
+            op_parent = mod_parent = None
+            for s in reversed(stack):
+                if op_parent is None and s[0] == _OP:
+                    op_parent = s
+                if mod_parent is None and s[0] == _MOD:
+                    mod_parent = s
+            if kind == _OP and op_parent is not None:
+                op_parent[4] += dur
+            if kind == _MOD and mod_parent is not None:
+                mod_parent[4] += dur
+            if kind == _OP and ext >= 0:
+                ops = tuple(s[1] for s in reversed(stack) if s[0] == _OP)
+                below = next((k for k, s in enumerate(stack) if s[0] == _OP), len(stack))
+                mods = tuple(s[1] for s in stack[:below] if s[0] == _MOD)
+                chain = (n, *ops), mods
+                c = self.chains.get(chain)
+                if c is None:
+                    c = self.chains[chain] = len(self.chains)
+                self.ext.add(ext, seq, c)
+            stack.append([kind, n, dur, t + dur, 0.0])
+            return
+        _, _, _, j, (dev, b, addr, allocated, reserved) = item
+        op_spans = [s for s in reversed(stack) if s[0] == _OP]
+        names = tuple(dict.fromkeys(s[1] for s in op_spans))
+        d = self.devices[dev]
+        for k, n in enumerate(names):
+            r = self.ops[n] if n in self.ops else self.ops.setdefault(n, OpRow(self.names[n]))
+            st = d.stats.get(n)
+            if st is None:
+                st = d.stats[n] = MemStat(self.names[n])
+            r.increase += b
+            st.increase += b
+            if b > 0:
+                r.alloc_bytes += b
+                st.alloc_count += 1
+                st.alloc_size += b
+            if k == 0:
+                r.self_increase += b
+                st.self_increase += b
+                if b > 0:
+                    r.self_alloc_bytes += b
+                    st.self_alloc_count += 1
+                    st.self_alloc_size += b
+        first = True
+        for s in reversed(stack):
+            if s[0] != _MOD:
+                continue
+            m = self.mods.get(s[1])
+            if m is None:
+                m = self.mods[s[1]] = OpRow(module_name(self.names[s[1]]))
+            m.increase += b
+            m.alloc_bytes += max(b, 0)
+            if first:
+                m.self_increase += b
+                m.self_alloc_bytes += max(b, 0)
+                first = False
+        label = -1
+        if op_spans:
+            inner = self.names[op_spans[0][1]]
+            if inner in _FACTORIES and len(op_spans) > 1:
+                label = self.intern(f"{self.names[op_spans[1][1]]} ({inner})")
+            else:
+                label = op_spans[0][1]
+        heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, names))
+        if len(d.heap) > REORDER:
+            self._device_event(d, heapq.heappop(d.heap))
+
+    # -- per device, in time order ----------------------------------------------------------
+
+    def _device_event(self, d: _Device, item: tuple[Any, ...]) -> None:
+        t, j, b, addr, allocated, reserved, label, names = item
+        if (t, j) < d.last:
+            raise Unordered
+        d.last = (t, j)
+        d.curve.add(allocated, reserved)
+        d.times.add(t)
+        d.count += 1
+        if allocated > d.peak[0]:
+            d.peak = (allocated, t)
+        d.peak_reserved = max(d.peak_reserved, reserved)
+        if d.kept is not None:
+            d.kept.append((t, b, j, names))
+            if len(d.kept) > RANGE_KEPT:
+                d.kept = None
+        if b > 0:
+            if addr in d.open:
+                lab, size, a = d.open.pop(addr)
+                self._pair(d, lab, size, a, None)
+            d.open[addr] = (label, b, t)
+        else:
+            got = d.open.pop(addr, None)
+            if got is None:
+                self._pair(d, label, -b, None, t)
+            else:
+                self._pair(d, got[0], got[1], got[2], t)
+
+    def _pair(self, d: _Device, label: int, size: int, alloc: float | None, release: float | None) -> None:
+        # The pair's place in the table's order (by allocation time, unpaired releases last,
+        # then in the order the pairs were made), negated so that the heap's root is the
+        # pair shown last.
+        order = (
+            -(alloc is None),
+            -(alloc or 0.0),
+            -(float("-inf") if release is None else release),
+            -d.emitted,
+        )
+        d.emitted += 1
+        d.pair_count += 1
+        entry = (size, order, label, alloc, release)
+        if len(d.pairs) < PAIRS_KEPT:
+            heapq.heappush(d.pairs, entry)
+        elif entry > d.pairs[0]:
+            heapq.heapreplace(d.pairs, entry)
+
+
+def summarise(path: str | Path) -> Summary:
+    """Read ``path`` once and fold it into every view's figures.
+
+    Raises:
+        ArtifactError: the file is missing, unreadable, or holds no ``traceEvents``.
+        Unordered: the trace's events are too far out of time order to stream.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
+    try:
+        rank, base = _header(p)
+    except (OSError, EOFError) as err:
+        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+    try:
+        r = _Reader(p, lightning=False)
+        r.read()
+    except Relabel:
+        r = _Reader(p, lightning=True)
+        r.read()
+    if r.events == 0:
+        raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
+    out = Summary(path=p, rank=rank, base_ns=base, events=r.events, names=r.names)
+    out.start = 0.0 if r.start == float("inf") else r.start
+    out.has_device_time = r.any_device
+    _device_time(r)
+    out.ops = sorted(r.ops.values(), key=lambda x: (-x.host_self_us, x.name))
+    for n, counts in r.shapes.items():
+        r.ops[n].shapes = [(r.names[s], c) for s, c in counts.most_common(3)]
+    out.modules = sorted(r.mods.values(), key=lambda x: (-x.host_total_us, x.name))
+    out.devices = [_device_view(r, d, out.start) for d in r.devices]
+    out.steps = _steps(r, out.start)
+    out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
+    r.ext.close()
+    return out
+
+
+def _device_time(r: _Reader) -> None:
+    """Give each kernel's time to the operator with its ``External id`` (the first one read)."""
+    if not r.kernels:
+        return
+    best: dict[int, tuple[int, int]] = {}
+    for chunk in r.ext.read():
+        for k in range(0, len(chunk), 3):
+            e = chunk[k]
+            if e in r.kernels:
+                got = best.get(e)
+                if got is None or chunk[k + 1] < got[0]:
+                    best[e] = (chunk[k + 1], chunk[k + 2])
+    chains = list(r.chains)
+    for e, (_, c) in best.items():
+        dur = r.kernels[e]
+        ops, mods = chains[c]
+        r.ops[ops[0]].device_self_us += dur
+        for n in ops:
+            r.ops[n].device_total_us += dur
+        for k, n in enumerate(mods):
+            if k == len(mods) - 1:
+                r.mods[n].device_self_us += dur
+            r.mods[n].device_total_us += dur
+
+
+def _ms(start: float, ts: float) -> float:
+    return round((ts - start) / 1000.0, 6)
+
+
+def _device_view(
+    r: _Reader, d: _Device, start: float
+) -> tuple[DeviceMemory, list[MemPair], int, list[MemStat], dict[str, Any] | None]:
+    for addr_entry in d.open.values():
+        r_lab, size, a = addr_entry
+        r._pair(d, r_lab, size, a, None)
+    d.open.clear()
+    curve = _thin_spill(d, start)
+    dm = DeviceMemory(
+        device=d.label,
+        curve=curve,
+        peak_allocated=d.peak[0],
+        peak_ms=_ms(start, d.peak[1]),
+        peak_reserved=d.peak_reserved,
+        events=[(_ms(start, t), b, j) for t, b, j, _ in d.kept] if d.kept is not None else [],
+        event_count=d.count,
+    )
+    d.curve.close()
+
+    def label(i: int) -> str:
+        return "-" if i < 0 else r.names[i]
+
+    kept = sorted(d.pairs, key=lambda e: e[1], reverse=True)
+    pairs = [
+        MemPair(
+            label(lab),
+            size,
+            None if a is None else _ms(start, a),
+            None if rel is None else _ms(start, rel),
+        )
+        for size, _, lab, a, rel in kept
+    ]
+    stats = sorted(d.stats.values(), key=lambda s: (-s.increase, -s.alloc_size, s.name))
+    for s in stats:
+        row = r.ops.get(r.ix[s.name])
+        s.calls = row.calls if row is not None else 0
+    rdata = None
+    if d.kept is not None and r.calls is not None and d.pair_count == len(pairs):
+        names: dict[int, int] = {}
+        stacks: dict[tuple[int, ...], int] = {}
+        events = []
+        for t, b, _, key in d.kept:
+            ids = tuple(names.setdefault(n, len(names)) for n in key)
+            events.append([_ms(start, t), b, stacks.setdefault(ids, len(stacks))])
+        rdata = {
+            "names": [r.names[n] for n in names],
+            "stacks": [list(s) for s in stacks],
+            "events": events,
+            "calls": [sorted(_ms(start, t) for t in r.calls.get(n, ())) for n in names],
+            "pairs": [[p.op, p.size, p.alloc_ms, p.release_ms] for p in pairs],
+        }
+    return dm, pairs, d.pair_count, stats, rdata
+
+
+def _thin_spill(d: _Device, start: float) -> list[tuple[float, int, int]]:
+    """The curve back from its temporary files, thinned as ``profiler_memory._thin`` does."""
+    size = 1 if d.count <= CURVE_POINTS else -(-d.count // CURVE_POINTS)
+    out: list[tuple[float, int, int]] = []
+    best: tuple[float, int, int] | None = None
+    k = 0
+    for times, values in zip(d.times.read(), d.curve.read(), strict=True):
+        for i, t in enumerate(times):
+            p = (_ms(start, t), values[2 * i], values[2 * i + 1])
+            if best is None or p[1] > best[1]:
+                best = p
+            k += 1
+            if k == size:
+                out.append(best)
+                best, k = None, 0
+    if best is not None:
+        out.append(best)
+    d.times.close()
+    d.curve.close()
+    return out
+
+
+def _steps(r: _Reader, start: float) -> list[StepRow]:
+    """As :func:`memprofiler.analysis.profiler_steps.steps`, from the merged busy periods."""
+    windows = r.step_windows or [("whole trace", start, max(r.end, start))]
+    ops = union(s for th in r.threads.values() for s in (*th.ops.spans(), *th.comm.spans()))
+    sources = [*(u.spans() for u in r.device_kind), r.runtime.spans(), r.loading.spans(), ops]
+    out = []
+    for name, s, e in sorted(windows, key=lambda w: w[1]):
+        left = [(s, e)]
+        parts: dict[str, float] = {}
+        for part, spans in zip(STEP_PARTS, sources, strict=False):
+            mine = intersect(left, spans)
+            parts[part] = length(mine)
+            left = subtract(left, mine)
+        parts["other"] = length(left)
+        out.append(StepRow(name, e - s, parts))
+    return out
+
+
+def _rank_row(rank: int, r: _Reader, step_rows: list[StepRow], start: float) -> RankRow:
+    """As :func:`memprofiler.analysis.profiler_steps.rank_row`."""
+    if r.any_device:
+        source = "device"
+        comp, comm = r.compute_kernels.spans(), r.comm_kernels.spans()
+    else:
+        source = "host"
+        comm = union(s for th in r.threads.values() for s in th.comm.spans())
+        comp = union(s for th in r.threads.values() for s in subtract(th.ops.spans(), th.comm.spans()))
+    windows = union((s, e) for _, s, e in r.step_windows) or [
+        (start, start + sum(x.total_us for x in step_rows))
+    ]
+    comp, comm = intersect(comp, windows), intersect(comm, windows)
+    both = intersect(comp, comm)
+    step_us = length(windows)
+    c, m, o = length(comp), length(comm), length(both)
+    return RankRow(rank, source, step_us, c - o, m - o, o, max(0.0, step_us - (c + m - o)))

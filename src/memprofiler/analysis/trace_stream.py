@@ -70,6 +70,8 @@ RANGE_KEPT = 20_000
 CALLS_KEPT = 500_000
 
 _OP, _MOD = 0, 1
+#: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
+_WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
 _CHUNK = 65536
 
 
@@ -207,6 +209,7 @@ class _Reader:
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
+        self.shape_ids: dict[str, int] = {}
         self.calls: dict[int, array[float]] | None = {}
         self.calls_kept = 0
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
@@ -234,21 +237,31 @@ class _Reader:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self) -> None:
-        seq = 0
+        seq = events = 0
+        start = self.start
+        span, memory = self._span, self._memory
+        wanted = _WANTED
         for ev in iter_events(self.path):
-            self.events += 1
+            events += 1
             ts = ev.get("ts")
-            if not isinstance(ts, (int, float)):
+            if ts.__class__ is not float and not isinstance(ts, (int, float)):
                 continue
             ph = ev.get("ph")
-            ts = float(ts)
-            if ph != "M" and ts < self.start:
-                self.start = ts
             if ph == "X":
+                if ts < start:
+                    start = float(ts)
                 seq += 1
-                self._span(ev, ts, seq)
-            elif ph == "i" and ev.get("name") == "[memory]":
-                self._memory(ev, ts)
+                cat = ev.get("cat")
+                if cat in wanted or (
+                    cat == "python_function" and str(ev.get("name", "")).startswith("nn.Module: ")
+                ):
+                    span(ev, cat, float(ts), seq)
+            elif ph != "M":
+                if ts < start:
+                    start = float(ts)
+                if ph == "i" and ev.get("name") == "[memory]":
+                    memory(ev, float(ts))
+        self.events, self.start = events, start
         for key in list(self.threads):
             th = self.threads[key]
             while th.heap:
@@ -265,8 +278,7 @@ class _Reader:
             th = self.threads[key] = _Thread()
         return th
 
-    def _span(self, ev: dict[str, Any], ts: float, seq: int) -> None:
-        cat = ev.get("cat")
+    def _span(self, ev: dict[str, Any], cat: Any, ts: float, seq: int) -> None:
         name = str(ev.get("name", ""))
         d = ev.get("dur")
         dur = float(d) if isinstance(d, (int, float)) else 0.0
@@ -324,7 +336,11 @@ class _Reader:
                 c = self.shapes.get(n)
                 if c is None:
                     c = self.shapes[n] = Counter()
-                c[self.intern(_shapes_text(dims))] += 1
+                raw = repr(dims)  # the same dims give the same text: convert each once
+                sid = self.shape_ids.get(raw)
+                if sid is None:
+                    sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
+                c[sid] += 1
             if self.calls is not None:
                 calls = self.calls.get(n)
                 if calls is None:
@@ -357,12 +373,13 @@ class _Reader:
             self.devices.append(_Device(label))
         j = self.mem_index
         self.mem_index += 1
+        addr, allocated, reserved = args.get("Addr"), args.get("Total Allocated"), args.get("Total Reserved")
         payload = (
             dev,
             nbytes,
-            _int(args.get("Addr"), 0) % (1 << 63),
-            _int(args.get("Total Allocated"), 0),
-            _int(args.get("Total Reserved"), 0),
+            (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
+            allocated if allocated.__class__ is int else _int(allocated, 0),
+            reserved if reserved.__class__ is int else _int(reserved, 0),
         )
         self._push(self._thread(ev), (ts, 1, 0.0, j, payload))
 
@@ -392,30 +409,36 @@ class _Reader:
         if what == 0:
             _, _, negdur, seq, kind, n, ext = item
             dur = -negdur
-            op_parent = mod_parent = None
-            for s in reversed(stack):
-                if op_parent is None and s[0] == _OP:
-                    op_parent = s
-                if mod_parent is None and s[0] == _MOD:
-                    mod_parent = s
-            if kind == _OP and op_parent is not None:
-                op_parent[4] += dur
-            if kind == _MOD and mod_parent is not None:
-                mod_parent[4] += dur
-            if kind == _OP and ext >= 0:
-                ops = tuple(s[1] for s in reversed(stack) if s[0] == _OP)
-                below = next((k for k, s in enumerate(stack) if s[0] == _OP), len(stack))
-                mods = tuple(s[1] for s in stack[:below] if s[0] == _MOD)
-                chain = (n, *ops), mods
-                c = self.chains.get(chain)
-                if c is None:
-                    c = self.chains[chain] = len(self.chains)
-                self.ext.add(ext, seq, c)
-            stack.append([kind, n, dur, t + dur, 0.0])
+            if stack:
+                top = stack[-1]
+                ops, kmods, op_parent, mod_parent, mods = top[5], top[6], top[7], top[8], top[9]
+            else:
+                ops, kmods, op_parent, mod_parent, mods = (), (), None, None, ()
+            entry: list[Any] = [kind, n, dur, t + dur, 0.0]
+            if kind == _OP:
+                if op_parent is not None:
+                    op_parent[4] += dur
+                ops = (n, *ops)
+                if ext >= 0:
+                    c = self.chains.get((ops, kmods))
+                    if c is None:
+                        c = self.chains[ops, kmods] = len(self.chains)
+                    self.ext.add(ext, seq, c)
+                entry += (ops, kmods, entry, mod_parent, mods, None)
+            else:
+                if mod_parent is not None:
+                    mod_parent[4] += dur
+                entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
+            stack.append(entry)
             return
         _, _, _, j, (dev, b, addr, allocated, reserved) = item
-        op_spans = [s for s in reversed(stack) if s[0] == _OP]
-        names = tuple(dict.fromkeys(s[1] for s in op_spans))
+        top = stack[-1] if stack else None
+        if top is None:
+            ops, mods, names = (), (), ()
+        else:
+            ops, mods, names = top[5], top[9], top[10]
+            if names is None:
+                names = top[10] = tuple(dict.fromkeys(ops))
         d = self.devices[dev]
         for k, n in enumerate(names):
             r = self.ops[n] if n in self.ops else self.ops.setdefault(n, OpRow(self.names[n]))
@@ -435,26 +458,22 @@ class _Reader:
                     r.self_alloc_bytes += b
                     st.self_alloc_count += 1
                     st.self_alloc_size += b
-        first = True
-        for s in reversed(stack):
-            if s[0] != _MOD:
-                continue
-            m = self.mods.get(s[1])
+        for k, mn in enumerate(mods):
+            m = self.mods.get(mn)
             if m is None:
-                m = self.mods[s[1]] = OpRow(module_name(self.names[s[1]]))
+                m = self.mods[mn] = OpRow(module_name(self.names[mn]))
             m.increase += b
             m.alloc_bytes += max(b, 0)
-            if first:
+            if k == 0:
                 m.self_increase += b
                 m.self_alloc_bytes += max(b, 0)
-                first = False
         label = -1
-        if op_spans:
-            inner = self.names[op_spans[0][1]]
-            if inner in _FACTORIES and len(op_spans) > 1:
-                label = self.intern(f"{self.names[op_spans[1][1]]} ({inner})")
+        if ops:
+            inner = self.names[ops[0]]
+            if inner in _FACTORIES and len(ops) > 1:
+                label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
-                label = op_spans[0][1]
+                label = ops[0]
         heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, names))
         if len(d.heap) > REORDER:
             self._device_event(d, heapq.heappop(d.heap))

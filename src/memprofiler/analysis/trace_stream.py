@@ -432,13 +432,13 @@ class _Reader:
             stack.append(entry)
             return
         _, _, _, j, (dev, b, addr, allocated, reserved) = item
-        top = stack[-1] if stack else None
-        if top is None:
+        if not stack:
             ops, mods, names = (), (), ()
         else:
-            ops, mods, names = top[5], top[9], top[10]
+            inner = stack[-1]
+            ops, mods, names = inner[5], inner[9], inner[10]
             if names is None:
-                names = top[10] = tuple(dict.fromkeys(ops))
+                names = inner[10] = tuple(dict.fromkeys(ops))
         d = self.devices[dev]
         for k, n in enumerate(names):
             r = self.ops[n] if n in self.ops else self.ops.setdefault(n, OpRow(self.names[n]))

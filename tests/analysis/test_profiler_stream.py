@@ -1,0 +1,110 @@
+"""The streamed views (bounded memory) equal the held ones, and what they keep is bounded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from memprofiler.analysis import trace_stream
+from memprofiler.analysis.profiler_views import build_views, held_trace_view, trace_view
+from memprofiler.reporters.profiler_html import profiler_page
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    path = tmp_path_factory.mktemp("stream") / "s_rank_0.1.pt.trace.json"
+    acts = [ProfilerActivity.CPU]
+    with profile(
+        activities=acts, record_shapes=True, profile_memory=True, with_stack=True, with_modules=True
+    ) as p:
+        for _ in range(STEPS):
+            with record_function("ProfilerStep#manual"):
+                scratch = torch.ones(2**16)
+                del scratch
+                model(x).sum().backward()
+    p.export_chrome_trace(str(path))
+    return path
+
+
+def _same(a, b):
+    assert [(d.memory, d.pairs, d.pair_count, d.stats, d.range_data) for d in a.devices] == [
+        (d.memory, d.pairs, d.pair_count, d.stats, d.range_data) for d in b.devices
+    ]
+    for x, y in ((a.ops, b.ops), (a.modules, b.modules)):
+        assert [r.name for r in x] == [r.name for r in y]
+        for r, s in zip(x, y, strict=True):
+            assert (r.calls, r.alloc_bytes, r.self_alloc_bytes, r.increase, r.self_increase, r.shapes) == (
+                s.calls, s.alloc_bytes, s.self_alloc_bytes, s.increase, s.self_increase, s.shapes
+            )  # fmt: skip
+            for f in ("host_self_us", "host_total_us", "device_self_us", "device_total_us"):
+                assert getattr(r, f) == pytest.approx(getattr(s, f), rel=1e-12, abs=1e-9)
+    assert [(s.step, s.total_us) for s in a.steps] == [(s.step, s.total_us) for s in b.steps]
+    for s, t in zip(a.steps, b.steps, strict=True):
+        assert s.parts == pytest.approx(t.parts)
+    assert (a.events, a.has_device_time, a.rank_row) == (b.events, b.has_device_time, b.rank_row)
+
+
+@pytest.mark.parametrize(
+    "name", ["cpu", "kineto_cuda_worker0.pt.trace.json", "kineto_cuda_worker1.pt.trace.json"]
+)
+def test_streamed_views_equal_the_held_ones(cpu_trace, name):
+    path = cpu_trace if name == "cpu" else FIXTURES / name
+    trace_stream.summarise(path)  # streams: no Unordered
+    _same(trace_view(path), held_trace_view(path))
+
+
+def test_a_trace_out_of_time_order_is_read_the_held_way(cpu_trace, tmp_path, monkeypatch):
+    # GIVEN the same trace with its events reversed, and a reorder heap of 8 events
+    data = json.loads(cpu_trace.read_text())
+    data["traceEvents"].reverse()
+    rev = tmp_path / "r_rank_0.1.pt.trace.json"
+    rev.write_text(json.dumps(data))
+    monkeypatch.setattr(trace_stream, "REORDER", 8)
+    with pytest.raises(trace_stream.Unordered):
+        trace_stream.summarise(rev)
+    # THEN the views fall back to the held path and show the same figures
+    _same(trace_view(rev), held_trace_view(rev))
+
+
+def test_kept_pairs_and_range_events_are_bounded(cpu_trace, monkeypatch):
+    full = trace_view(cpu_trace).devices[0]
+    assert full.range_data is not None and full.pair_count == len(full.pairs) > 10
+    # WHEN the streamed reader may keep 10 pairs and 10 range events
+    monkeypatch.setattr(trace_stream, "PAIRS_KEPT", 10)
+    monkeypatch.setattr(trace_stream, "RANGE_KEPT", 10)
+    small = trace_view(cpu_trace).devices[0]
+    # THEN it keeps the 10 largest pairs, in the table's order, and counts them all
+    assert small.pair_count == full.pair_count
+    largest = sorted(full.pairs, key=lambda p: -p.size)[:10]
+    assert sorted(small.pairs, key=lambda p: -p.size) == largest
+    assert small.pairs == [p for p in full.pairs if p in largest]
+    # AND it drops the range selection, the statistics and curve unchanged
+    assert small.range_data is None and small.memory.events == []
+    assert small.memory.event_count == len(full.memory.events)
+    assert (small.stats, small.memory.curve) == (full.stats, full.memory.curve)
+    # AND the page says how many pairs there are and how many it does not show
+    views = build_views([cpu_trace])
+    assert views is not None
+    html = profiler_page(views, "t")
+    assert f"Memory events ({full.pair_count:,} allocations and releases)" in html
+    assert f"Over {full.memory.event_count:,} events" in html
+
+
+def test_curve_is_thinned_as_the_held_path_thins_it(cpu_trace, monkeypatch):
+    import memprofiler.analysis.profiler_memory as pm
+
+    monkeypatch.setattr(pm, "CURVE_POINTS", 7)
+    monkeypatch.setattr(trace_stream, "CURVE_POINTS", 7)
+    a, b = trace_view(cpu_trace).devices[0].memory, held_trace_view(cpu_trace).devices[0].memory
+    assert len(a.curve) <= 7 and a.curve == b.curve
+    assert (a.peak_allocated, a.peak_ms, a.peak_reserved) == (b.peak_allocated, b.peak_ms, b.peak_reserved)

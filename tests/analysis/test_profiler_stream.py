@@ -108,3 +108,10 @@ def test_curve_is_thinned_as_the_held_path_thins_it(cpu_trace, monkeypatch):
     a, b = trace_view(cpu_trace).devices[0].memory, held_trace_view(cpu_trace).devices[0].memory
     assert len(a.curve) <= 7 and a.curve == b.curve
     assert (a.peak_allocated, a.peak_ms, a.peak_reserved) == (b.peak_allocated, b.peak_ms, b.peak_reserved)
+
+
+def test_kernels_joined_in_small_batches_give_the_same_device_time(monkeypatch):
+    path = FIXTURES / "kineto_cuda_worker0.pt.trace.json"
+    monkeypatch.setattr(trace_stream, "_JOIN", 1)
+    _same(trace_view(path), held_trace_view(path))
+    assert any(r.device_self_us > 0 for r in trace_view(path).ops)

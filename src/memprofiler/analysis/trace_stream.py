@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from memprofiler.analysis.profiler_memory import CURVE_POINTS, DeviceMemory, MemPair, MemStat
 from memprofiler.analysis.profiler_ops import _FACTORIES, OpRow, module_name
 from memprofiler.analysis.profiler_steps import (
@@ -70,6 +72,8 @@ RANGE_KEPT = 20_000
 CALLS_KEPT = 500_000
 
 _OP, _MOD = 0, 1
+#: Kernels joined to their operators at a time.
+_JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
 _WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
 _CHUNK = 65536
@@ -214,7 +218,8 @@ class _Reader:
         self.calls_kept = 0
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         self.ext = _Spill(3)  # (External id, file order, chain)
-        self.kernels: dict[int, float] = {}
+        self.kernel_ext = _Spill(1)
+        self.kernel_dur = _Spill(1, "d")
         self.device_kind = [_Intervals(), _Intervals(), _Intervals()]
         self.comm_kernels = _Intervals()
         self.compute_kernels = _Intervals()
@@ -294,7 +299,9 @@ class _Reader:
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
             a = ev.get("args")
             e = _int(a.get("External id")) if isinstance(a, dict) else -1
-            self.kernels[e] = self.kernels.get(e, 0.0) + dur
+            if e >= 0:
+                self.kernel_ext.add(e)
+                self.kernel_dur.add(dur)
             return
         if cat in ("cuda_runtime", "cuda_driver"):
             self.runtime.add(ts, end)
@@ -564,21 +571,25 @@ def summarise(path: str | Path) -> Summary:
 
 
 def _device_time(r: _Reader) -> None:
-    """Give each kernel's time to the operator with its ``External id`` (the first one read)."""
-    if not r.kernels:
-        return
-    best: dict[int, tuple[int, int]] = {}
-    for chunk in r.ext.read():
-        for k in range(0, len(chunk), 3):
-            e = chunk[k]
-            if e in r.kernels:
-                got = best.get(e)
-                if got is None or chunk[k + 1] < got[0]:
-                    best[e] = (chunk[k + 1], chunk[k + 2])
-    chains = list(r.chains)
-    for e, (_, c) in best.items():
-        dur = r.kernels[e]
-        ops, mods = chains[c]
+    """Give each kernel's time to the operator with its ``External id`` (the first one read).
+
+    Both sides come back from their temporary files in batches of :data:`_JOIN` kernels, so
+    that the join holds one batch (and one chunk of operators) at a time.
+    """
+    chain_time = np.zeros(len(r.chains))
+    batch: list[tuple[Any, Any]] = []
+    for ext, dur in zip(r.kernel_ext.read(), r.kernel_dur.read(), strict=True):
+        batch.append((np.frombuffer(ext, dtype=np.int64), np.frombuffer(dur, dtype=np.float64)))
+        if sum(len(e) for e, _ in batch) >= _JOIN:
+            _join(r, batch, chain_time)
+            batch = []
+    if batch:
+        _join(r, batch, chain_time)
+    r.kernel_ext.close()
+    r.kernel_dur.close()
+    for (ops, mods), dur in zip(r.chains, chain_time.tolist(), strict=True):
+        if not dur:
+            continue
         r.ops[ops[0]].device_self_us += dur
         for n in ops:
             r.ops[n].device_total_us += dur
@@ -586,6 +597,31 @@ def _device_time(r: _Reader) -> None:
             if k == len(mods) - 1:
                 r.mods[n].device_self_us += dur
             r.mods[n].device_total_us += dur
+
+
+def _join(r: _Reader, batch: list[tuple[Any, Any]], chain_time: Any) -> None:
+    ext = np.concatenate([e for e, _ in batch])
+    dur = np.concatenate([d for _, d in batch])
+    uniq, inv = np.unique(ext, return_inverse=True)
+    total = np.bincount(inv, weights=dur, minlength=len(uniq))
+    first = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
+    chain = np.full(len(uniq), -1, dtype=np.int64)
+    # (External id, file order, chain) of each operator; the operator read first wins, as in
+    # the held path: its file order in a first pass, its chain in a second.
+    for second in (False, True):
+        for rows in r.ext.read():
+            a = np.frombuffer(rows, dtype=np.int64).reshape(-1, 3)
+            pos = np.searchsorted(uniq, a[:, 0])
+            hit = pos < len(uniq)
+            hit[hit] = uniq[pos[hit]] == a[hit, 0]
+            pos, a = pos[hit], a[hit]
+            if second:
+                won = a[:, 1] == first[pos]
+                chain[pos[won]] = a[won, 2]
+            else:
+                np.minimum.at(first, pos, a[:, 1])
+    ok = chain >= 0
+    np.add.at(chain_time, chain[ok], total[ok])
 
 
 def _ms(start: float, ts: float) -> float:

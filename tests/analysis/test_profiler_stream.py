@@ -88,16 +88,24 @@ def test_kept_pairs_and_range_events_are_bounded(cpu_trace, monkeypatch):
     largest = sorted(full.pairs, key=lambda p: -p.size)[:10]
     assert sorted(small.pairs, key=lambda p: -p.size) == largest
     assert small.pairs == [p for p in full.pairs if p in largest]
-    # AND it drops the range selection, the statistics and curve unchanged
-    assert small.range_data is None and small.memory.events == []
-    assert small.memory.event_count == len(full.memory.events)
+    # AND its range selection works on bins of events, the statistics and curve unchanged
+    assert small.memory.events == [] and small.memory.event_count == len(full.memory.events)
     assert (small.stats, small.memory.curve) == (full.stats, full.memory.curve)
+    rd = small.range_data
+    assert rd is not None and "events" not in rd and rd["pairs_total"] == full.pair_count
+    # every event in exactly one bin: per bin and call path, bytes add up to the events'
+    times = [t for t, _, _ in full.memory.events]
+    assert sum(sum(1 for t in times if b[0] <= t <= b[1]) for b in rd["bins"]) == len(times)
+    assert sum(g[2] for g in rd["groups"]) == sum(b for _, b, _ in full.memory.events)
+    assert sum(g[3] for g in rd["groups"]) == sum(1 for _, b, _ in full.memory.events if b > 0)
     # AND the page says how many pairs there are and how many it does not show
     views = build_views([cpu_trace])
     assert views is not None
     html = profiler_page(views, "t")
     assert f"Memory events ({full.pair_count:,} allocations and releases)" in html
-    assert f"Over {full.memory.event_count:,} events" in html
+    assert f"over {full.memory.event_count:,} events, a range is widened to whole bins" in html
+    assert "(of the 10 largest allocations and releases)" in html
+    assert f"{full.pair_count - 10:,} smaller ones not shown" in html
 
 
 def test_curve_is_thinned_as_the_held_path_thins_it(cpu_trace, monkeypatch):

@@ -68,8 +68,11 @@ REORDER = 4096
 PAIRS_KEPT = 20_000
 #: Memory events per device kept for the page's range selection (beyond: none).
 RANGE_KEPT = 20_000
-#: Operator call times kept for the range selection, all operators together (beyond: none).
-CALLS_KEPT = 500_000
+#: Bins of a device's memory events past :data:`RANGE_KEPT`: the range selection then
+#: works on whole bins (per bin and call path: bytes, allocation count and size).
+RANGE_BINS = 2000
+#: (bin, call path) entries the page carries at most for one device (beyond: no range selection).
+RANGE_GROUPS = 100_000
 
 _OP, _MOD = 0, 1
 #: Kernels joined to their operators at a time.
@@ -152,8 +155,8 @@ class _Device:
     label: str
     heap: list[tuple[Any, ...]] = field(default_factory=list)
     last: tuple[float, int] = (float("-inf"), -1)
-    curve: _Spill = field(default_factory=lambda: _Spill(2))
-    """``(allocated, reserved)`` of each memory event, in time order."""
+    curve: _Spill = field(default_factory=lambda: _Spill(4))
+    """``(allocated, reserved, bytes, call path)`` of each memory event, in time order."""
     times: _Spill = field(default_factory=lambda: _Spill(1, "d"))
     count: int = 0
     peak: tuple[int, float] = (-1, 0.0)
@@ -163,8 +166,8 @@ class _Device:
     """Heap of the :data:`PAIRS_KEPT` largest pairs: ``(size, rank key, label, alloc, release)``."""
     pair_count: int = 0
     emitted: int = 0
-    kept: list[tuple[float, int, int, tuple[int, ...]]] | None = field(default_factory=list)
-    """``(ts, bytes, event index, names open)`` of the first :data:`RANGE_KEPT` events."""
+    kept: list[tuple[float, int, int, int]] | None = field(default_factory=list)
+    """``(ts, bytes, event index, call path)`` of the first :data:`RANGE_KEPT` events."""
     stats: dict[int, MemStat] = field(default_factory=dict)
 
 
@@ -214,8 +217,9 @@ class _Reader:
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
         self.shape_ids: dict[str, int] = {}
-        self.calls: dict[int, array[float]] | None = {}
-        self.calls_kept = 0
+        self.call_ts = _Spill(1, "d")
+        self.call_name = _Spill(1)
+        self.stack_ids: dict[tuple[int, ...], int] = {}
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         self.ext = _Spill(3)  # (External id, file order, chain)
         self.kernel_ext = _Spill(1)
@@ -348,14 +352,8 @@ class _Reader:
                 if sid is None:
                     sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
                 c[sid] += 1
-            if self.calls is not None:
-                calls = self.calls.get(n)
-                if calls is None:
-                    calls = self.calls[n] = array("d")
-                calls.append(ts)
-                self.calls_kept += 1
-                if self.calls_kept > CALLS_KEPT:
-                    self.calls = None
+            self.call_ts.add(ts)
+            self.call_name.add(n)
             (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
         item = (ts, 0, -dur, seq, kind, n, _int(args.get("External id")))
         self._push(th, item)
@@ -481,25 +479,28 @@ class _Reader:
                 label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
                 label = ops[0]
-        heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, names))
+        sid = self.stack_ids.get(names)
+        if sid is None:
+            sid = self.stack_ids[names] = len(self.stack_ids)
+        heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, sid))
         if len(d.heap) > REORDER:
             self._device_event(d, heapq.heappop(d.heap))
 
     # -- per device, in time order ----------------------------------------------------------
 
     def _device_event(self, d: _Device, item: tuple[Any, ...]) -> None:
-        t, j, b, addr, allocated, reserved, label, names = item
+        t, j, b, addr, allocated, reserved, label, sid = item
         if (t, j) < d.last:
             raise Unordered
         d.last = (t, j)
-        d.curve.add(allocated, reserved)
+        d.curve.add(allocated, reserved, b, sid)
         d.times.add(t)
         d.count += 1
         if allocated > d.peak[0]:
             d.peak = (allocated, t)
         d.peak_reserved = max(d.peak_reserved, reserved)
         if d.kept is not None:
-            d.kept.append((t, b, j, names))
+            d.kept.append((t, b, j, sid))
             if len(d.kept) > RANGE_KEPT:
                 d.kept = None
         if b > 0:
@@ -566,7 +567,8 @@ def summarise(path: str | Path) -> Summary:
     out.devices = [_device_view(r, d, out.start) for d in r.devices]
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
-    r.ext.close()
+    for sp in (r.ext, r.call_ts, r.call_name):
+        sp.close()
     return out
 
 
@@ -631,11 +633,10 @@ def _ms(start: float, ts: float) -> float:
 def _device_view(
     r: _Reader, d: _Device, start: float
 ) -> tuple[DeviceMemory, list[MemPair], int, list[MemStat], dict[str, Any] | None]:
-    for addr_entry in d.open.values():
-        r_lab, size, a = addr_entry
-        r._pair(d, r_lab, size, a, None)
+    for lab, size, a in d.open.values():
+        r._pair(d, lab, size, a, None)
     d.open.clear()
-    curve = _thin_spill(d, start)
+    curve, bins, groups = _read_curve(d, start, binned=d.kept is None)
     dm = DeviceMemory(
         device=d.label,
         curve=curve,
@@ -645,7 +646,6 @@ def _device_view(
         events=[(_ms(start, t), b, j) for t, b, j, _ in d.kept] if d.kept is not None else [],
         event_count=d.count,
     )
-    d.curve.close()
 
     def label(i: int) -> str:
         return "-" if i < 0 else r.names[i]
@@ -664,44 +664,132 @@ def _device_view(
     for s in stats:
         row = r.ops.get(r.ix[s.name])
         s.calls = row.calls if row is not None else 0
-    rdata = None
-    if d.kept is not None and r.calls is not None and d.pair_count == len(pairs):
-        names: dict[int, int] = {}
-        stacks: dict[tuple[int, ...], int] = {}
-        events = []
-        for t, b, _, key in d.kept:
-            ids = tuple(names.setdefault(n, len(names)) for n in key)
-            events.append([_ms(start, t), b, stacks.setdefault(ids, len(stacks))])
-        rdata = {
-            "names": [r.names[n] for n in names],
-            "stacks": [list(s) for s in stacks],
-            "events": events,
-            "calls": [sorted(_ms(start, t) for t in r.calls.get(n, ())) for n in names],
-            "pairs": [[p.op, p.size, p.alloc_ms, p.release_ms] for p in pairs],
+    stacks_of = list(r.stack_ids)
+    names: dict[int, int] = {}
+    stacks: dict[int, int] = {}
+
+    def stack(sid: int) -> int:
+        k = stacks.get(sid)
+        if k is None:
+            for n in stacks_of[sid]:
+                names.setdefault(n, len(names))
+            k = stacks[sid] = len(stacks)
+        return k
+
+    out: dict[str, Any]
+    if d.kept is not None and d.pair_count == len(pairs):
+        out = {"events": [[_ms(start, t), b, stack(sid)] for t, b, _, sid in d.kept]}
+        times: dict[int, list[float]] = {names[n]: [] for n in names}
+        for ts, n in _calls(r):
+            k = names.get(n)
+            if k is not None:
+                times[k].append(_ms(start, ts))
+        out["calls"] = [sorted(times[k]) for k in range(len(names))]
+    elif groups is not None:
+        out = {
+            "bins": bins,
+            "groups": [[g[0], stack(g[1]), g[2], g[3], g[4]] for g in groups],
+            "pairs_total": d.pair_count,
         }
+        out["calls"] = _call_slots(r, start, names, bins)
+    else:
+        return dm, pairs, d.pair_count, stats, None
+    rdata = {
+        "names": [r.names[n] for n in names],
+        "stacks": [[names[n] for n in stacks_of[sid]] for sid in stacks],
+        **out,
+        "pairs": [[p.op, p.size, p.alloc_ms, p.release_ms] for p in pairs],
+    }
     return dm, pairs, d.pair_count, stats, rdata
 
 
-def _thin_spill(d: _Device, start: float) -> list[tuple[float, int, int]]:
-    """The curve back from its temporary files, thinned as ``profiler_memory._thin`` does."""
+def _calls(r: _Reader) -> Any:
+    """``(ts, name)`` of every operator call, back from the temporary files."""
+    for ts, names in zip(r.call_ts.read(), r.call_name.read(), strict=True):
+        yield from zip(ts, names, strict=True)
+
+
+def _call_slots(
+    r: _Reader, start: float, names: dict[int, int], bins: list[list[float]]
+) -> list[list[list[int]]]:
+    """Per page name: ``[slot, calls]``; slot ``2i`` is inside bin ``i`` (between its first and
+    last event), ``2i + 1`` between bins ``i`` and ``i + 1``, -1 before the first bin."""
+    from bisect import bisect_right
+
+    firsts = [b[0] for b in bins]
+    counts: dict[tuple[int, int], int] = {}
+    for ts, n in _calls(r):
+        k = names.get(n)
+        if k is None:
+            continue
+        t = _ms(start, ts)
+        i = bisect_right(firsts, t) - 1
+        slot = -1 if i < 0 else 2 * i if t <= bins[i][1] else 2 * i + 1
+        counts[k, slot] = counts.get((k, slot), 0) + 1
+    out: list[list[list[int]]] = [[] for _ in names]
+    for (k, slot), c in sorted(counts.items()):
+        out[k].append([slot, c])
+    return out
+
+
+def _read_curve(
+    d: _Device, start: float, binned: bool
+) -> tuple[list[tuple[float, int, int]], list[list[float]], list[list[int]] | None]:
+    """The curve back from its temporary files, thinned as ``profiler_memory._thin`` does;
+    when ``binned``, also the events in about :data:`RANGE_BINS` bins (``[first ms, last ms]``;
+    events at the same time share a bin) and per bin and call path ``[bin, path, bytes,
+    allocation count, allocation size]`` (``None`` past :data:`RANGE_GROUPS`)."""
     size = 1 if d.count <= CURVE_POINTS else -(-d.count // CURVE_POINTS)
+    bsize = -(-d.count // RANGE_BINS)
     out: list[tuple[float, int, int]] = []
     best: tuple[float, int, int] | None = None
     k = 0
+    bins: list[list[float]] = []
+    groups: list[list[int]] | None = [] if binned else None
+    cur: dict[int, list[int]] = {}
+    in_bin = 0
     for times, values in zip(d.times.read(), d.curve.read(), strict=True):
-        for i, t in enumerate(times):
-            p = (_ms(start, t), values[2 * i], values[2 * i + 1])
+        for i, ts in enumerate(times):
+            t = _ms(start, ts)
+            p = (t, values[4 * i], values[4 * i + 1])
             if best is None or p[1] > best[1]:
                 best = p
             k += 1
             if k == size:
                 out.append(best)
                 best, k = None, 0
+            if groups is None:
+                continue
+            if not bins or (in_bin >= bsize and t != bins[-1][1]):
+                _flush(groups, cur, len(bins) - 1)
+                bins.append([t, t])
+                in_bin = 0
+            bins[-1][1] = t
+            in_bin += 1
+            b, sid = values[4 * i + 2], values[4 * i + 3]
+            g = cur.get(sid)
+            if g is None:
+                g = cur[sid] = [0, 0, 0]
+            g[0] += b
+            if b > 0:
+                g[1] += 1
+                g[2] += b
+            if len(groups) > RANGE_GROUPS:
+                groups = None
     if best is not None:
         out.append(best)
+    if groups is not None:
+        _flush(groups, cur, len(bins) - 1)
+        if len(groups) > RANGE_GROUPS:
+            groups = None
     d.times.close()
     d.curve.close()
-    return out
+    return out, bins, groups
+
+
+def _flush(groups: list[list[int]], cur: dict[int, list[int]], b: int) -> None:
+    groups.extend([b, sid, *g] for sid, g in cur.items())
+    cur.clear()
 
 
 def _steps(r: _Reader, start: float) -> list[StepRow]:

@@ -123,3 +123,29 @@ def test_kernels_joined_in_small_batches_give_the_same_device_time(monkeypatch):
     monkeypatch.setattr(trace_stream, "_JOIN", 1)
     _same(trace_view(path), held_trace_view(path))
     assert any(r.device_self_us > 0 for r in trace_view(path).ops)
+
+
+def test_host_communication_on_two_threads_splits_as_the_held_path(tmp_path):
+    # GIVEN a CPU-only trace: a collective inside an operator on thread 1, and one on thread 2
+    # overlapping thread 1's computation, in a 200 µs step
+    def op(name, tid, ts, dur, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": {}}
+
+    events = [
+        op("ProfilerStep#1", 1, 1000, 200, "user_annotation"),
+        op("aten::mm", 1, 1000, 100),
+        op("c10d::allreduce_", 1, 1050, 30),
+        op("aten::add", 1, 1150, 40),
+        op("gloo:all_reduce", 2, 1090, 60),
+        op("aten::copy_", 2, 1160, 30),
+    ]
+    path = tmp_path / "h_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    a, b = trace_view(path), held_trace_view(path)
+    _same(a, b)
+    # AND the figures are the analytic ones: comm 1050-1080 and 1090-1150, comp 1000-1050,
+    # 1080-1100 (less comm on its own thread), 1150-1190 and 1160-1190
+    r = a.rank_row
+    assert r is not None and r.source == "host"
+    assert (r.step_us, r.communication_us + r.overlap_us, r.computation_us + r.overlap_us) == (200, 90, 110)
+    assert r.overlap_us == 10  # 1090-1100: thread 1 computes while thread 2 communicates

@@ -44,9 +44,6 @@ from memprofiler.analysis.profiler_steps import (
     Interval,
     RankRow,
     StepRow,
-    intersect,
-    length,
-    subtract,
     union,
 )
 from memprofiler.analysis.trace_events import (
@@ -792,38 +789,100 @@ def _flush(groups: list[list[int]], cur: dict[int, list[int]], b: int) -> None:
     cur.clear()
 
 
+Sets = tuple[Any, Any]
+"""Merged, sorted intervals as two float64 arrays (starts, ends)."""
+
+
+def _merged(starts: Any, ends: Any) -> Sets:
+    """The union of intervals (touching ones merged, empty ones dropped), as ``union`` does."""
+    s, e = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return s, e
+    order = np.lexsort((e, s))
+    s, e = s[order], e[order]
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def _sets(u: _Intervals) -> Sets:
+    return _merged(np.frombuffer(u.s, dtype=np.float64), np.frombuffer(u.e, dtype=np.float64))
+
+
+def _or(*sets: Sets) -> Sets:
+    return _merged(np.concatenate([x[0] for x in sets]), np.concatenate([x[1] for x in sets]))
+
+
+def _covered(x: Sets, lo: float, hi: float) -> float:
+    """Length of ``x`` inside ``[lo, hi]``."""
+    s, e = x
+    i, j = np.searchsorted(e, lo, "right"), np.searchsorted(s, hi, "left")
+    if j <= i:
+        return 0.0
+    return float(np.sum(np.minimum(e[i:j], hi) - np.maximum(s[i:j], lo)))
+
+
+def _minus(a: Sets, b: Sets) -> Sets:
+    """``a`` less ``b``."""
+    if not len(a[0]) or not len(b[0]):
+        return a
+    pts = np.unique(np.concatenate([*a, *b]))
+    mid = (pts[:-1] + pts[1:]) / 2
+
+    def inside(x: Sets) -> Any:
+        k = np.searchsorted(x[0], mid, "right") - 1
+        return (k >= 0) & (mid < x[1][np.maximum(k, 0)])
+
+    keep = inside(a) & ~inside(b)
+    return _merged(pts[:-1][keep], pts[1:][keep])
+
+
 def _steps(r: _Reader, start: float) -> list[StepRow]:
-    """As :func:`memprofiler.analysis.profiler_steps.steps`, from the merged busy periods."""
+    """As :func:`memprofiler.analysis.profiler_steps.steps`, on the merged busy periods: the
+    part of a category is what the union of it and the categories before it covers of the
+    step, less what the union of those before it covers."""
     windows = r.step_windows or [("whole trace", start, max(r.end, start))]
-    ops = union(s for th in r.threads.values() for s in (*th.ops.spans(), *th.comm.spans()))
-    sources = [*(u.spans() for u in r.device_kind), r.runtime.spans(), r.loading.spans(), ops]
+    ops = _or(*(_sets(u) for th in r.threads.values() for u in (th.ops, th.comm)))
+    sources = [*(_sets(u) for u in r.device_kind), _sets(r.runtime), _sets(r.loading), ops]
+    cumulative = []
+    acc: Sets = (np.empty(0), np.empty(0))
+    for src in sources:
+        acc = _or(acc, src)
+        cumulative.append(acc)
     out = []
     for name, s, e in sorted(windows, key=lambda w: w[1]):
-        left = [(s, e)]
         parts: dict[str, float] = {}
-        for part, spans in zip(STEP_PARTS, sources, strict=False):
-            mine = intersect(left, spans)
-            parts[part] = length(mine)
-            left = subtract(left, mine)
-        parts["other"] = length(left)
+        before = 0.0
+        for part, cum in zip(STEP_PARTS, cumulative, strict=False):
+            now = _covered(cum, s, e)
+            parts[part] = now - before
+            before = now
+        parts["other"] = (e - s) - before
         out.append(StepRow(name, e - s, parts))
     return out
 
 
 def _rank_row(rank: int, r: _Reader, step_rows: list[StepRow], start: float) -> RankRow:
-    """As :func:`memprofiler.analysis.profiler_steps.rank_row`."""
+    """As :func:`memprofiler.analysis.profiler_steps.rank_row`, on the merged busy periods."""
     if r.any_device:
         source = "device"
-        comp, comm = r.compute_kernels.spans(), r.comm_kernels.spans()
+        comp, comm = _sets(r.compute_kernels), _sets(r.comm_kernels)
     else:
         source = "host"
-        comm = union(s for th in r.threads.values() for s in th.comm.spans())
-        comp = union(s for th in r.threads.values() for s in subtract(th.ops.spans(), th.comm.spans()))
-    windows = union((s, e) for _, s, e in r.step_windows) or [
-        (start, start + sum(x.total_us for x in step_rows))
-    ]
-    comp, comm = intersect(comp, windows), intersect(comm, windows)
-    both = intersect(comp, comm)
-    step_us = length(windows)
-    c, m, o = length(comp), length(comm), length(both)
+        threads = list(r.threads.values())
+        comm = _or(*(_sets(th.comm) for th in threads))
+        comp = _or(*(_minus(_sets(th.ops), _sets(th.comm)) for th in threads))
+    steps = [(s, e) for _, s, e in r.step_windows]
+    if not steps:
+        steps = [(start, start + sum(x.total_us for x in step_rows))]
+    windows = _merged([s for s, _ in steps], [e for _, e in steps])
+    step_us = float(np.sum(windows[1] - windows[0]))
+    both = _or(comp, comm)
+    c = sum(_covered(comp, s, e) for s, e in zip(*windows, strict=True))
+    m = sum(_covered(comm, s, e) for s, e in zip(*windows, strict=True))
+    o = c + m - sum(_covered(both, s, e) for s, e in zip(*windows, strict=True))
     return RankRow(rank, source, step_us, c - o, m - o, o, max(0.0, step_us - (c + m - o)))

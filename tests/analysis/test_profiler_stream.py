@@ -149,3 +149,24 @@ def test_host_communication_on_two_threads_splits_as_the_held_path(tmp_path):
     assert r is not None and r.source == "host"
     assert (r.step_us, r.communication_us + r.overlap_us, r.computation_us + r.overlap_us) == (200, 90, 110)
     assert r.overlap_us == 10  # 1090-1100: thread 1 computes while thread 2 communicates
+
+
+def test_lightning_module_spans_after_torch_ones_read_again_as_the_held_path(tmp_path):
+    # GIVEN torch's nn.Module span read before Lightning's span of the same module
+    def span(name, ts, dur, cat):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+
+    mem = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1012,
+           "args": {"Bytes": 512, "Addr": 64, "Total Allocated": 512, "Total Reserved": 0, "Device Type": 0}}  # fmt: skip
+    events = [
+        span("nn.Module: Linear_0", 1001, 40, "python_function"),
+        span("[pl][module]torch.nn.modules.linear.Linear: layer", 1000, 50, "user_annotation"),
+        span("aten::linear", 1010, 20, "cpu_op"),
+        mem,
+    ]
+    path = tmp_path / "m_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    a, b = trace_view(path), held_trace_view(path)
+    _same(a, b)
+    # THEN only Lightning's module is shown, with the 512 bytes allocated inside it
+    assert [(r.name, r.calls, r.alloc_bytes) for r in a.modules] == [("layer (Linear)", 1, 512)]

@@ -30,8 +30,9 @@ from memprofiler.analysis.trace_events import OP, Trace, find_traces, is_trace_f
 from memprofiler.analysis.trace_stream import Unordered, summarise
 from memprofiler.errors import ArtifactError
 
-#: Memory events of one device the page carries for range selection; beyond it the page
-#: shows the whole-trace tables only (the terminal and the tables are unaffected).
+#: Memory events of one device the page carries for range selection when the trace is held in
+#: memory; beyond it the page shows the whole-trace tables only (a streamed trace's page works
+#: on bins of events instead: :data:`~memprofiler.analysis.trace_stream.RANGE_BINS`).
 RANGE_EVENTS = 20_000
 
 

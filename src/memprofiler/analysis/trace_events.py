@@ -1,11 +1,13 @@
-"""Stream a PyTorch profiler (Kineto) Chrome trace into compact columns, in bounded memory.
+"""Stream a PyTorch profiler (Kineto) Chrome trace into compact columns, held in memory.
 
 A trace is read event by event with ``ijson`` (never ``json.load`` of the whole file, which
 takes about ten times the file's size in memory); plain and gzipped files alike. Only the
 events the profiler views use are kept, as typed arrays of about 50 bytes each:
 host spans (operators, annotations, ``nn.Module`` spans, ``ProfilerStep#N``), device spans
 (kernels, memcpy, memset), CUDA runtime calls and ``[memory]`` instant events. Python stack
-frames (``with_stack``), usually the bulk of a trace, are dropped.
+frames (``with_stack``), usually the bulk of a trace, are dropped. Memory grows with the
+trace: the views read it with :mod:`memprofiler.analysis.trace_stream` (bounded) and come
+here only for a trace too far out of time order to stream.
 """
 
 from __future__ import annotations

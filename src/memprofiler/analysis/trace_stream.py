@@ -5,20 +5,24 @@
 trace. Here each event is folded into the views' totals as it is read, and only what must be
 held is held:
 
-- per thread, the spans still open (a stack) and a small reorder heap (:data:`REORDER`
-  events) that puts the thread's events back in time order;
-- per device, the allocations not yet released (by address), a reorder heap, the
-  :data:`~memprofiler.analysis.profiler_views.RANGE_EVENTS` first memory events for the
-  page's range selection and the :data:`PAIRS_KEPT` largest allocation / release pairs;
-- per operator, module, device and call path, one row of totals;
-- the busy periods of each step category (merged intervals, 16 bytes each).
+- per thread, the spans still open (a stack) and a reorder heap of :data:`REORDER` events
+  that puts the thread's events back in time order; per device, the same for memory events;
+- per device, the allocations not yet released (by address), the :data:`PAIRS_KEPT` largest
+  allocation / release pairs (all are counted) and the first :data:`RANGE_KEPT` memory
+  events, for the page's range selection;
+- one row of totals per operator, module, device and call path;
+- the busy periods of each step category, merged as they come (16 bytes per gap between
+  busy periods: the one part that still grows with the trace).
 
-The memory curve (24 bytes a memory event) and the operators' ``External id`` (24 bytes an
-operator) go to temporary files, read back once at the end: the curve to thin it to
-:data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points, the ids to give each kernel
-to the operator that launched it. Every figure equals the in-memory path's; a trace whose
-events are too far out of time order within a thread (more than :data:`REORDER` events) or a
-device raises :class:`Unordered`, and the caller reads it the in-memory way instead.
+The memory curve, each memory event's bytes and call path, the operators' ``External id``
+and call times and the kernels' durations go to temporary files, read back at the end: the
+curve thinned to :data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points; past
+:data:`RANGE_KEPT` events, the events in :data:`RANGE_BINS` bins for a range selection on
+whole bins; kernels joined to the operators that launched them in numpy batches.
+
+Every figure equals the in-memory path's (float sums may differ in the last bits). A trace
+whose events are further out of time order than the reorder heap raises :class:`Unordered`,
+and the caller reads it the in-memory way instead.
 """
 
 from __future__ import annotations

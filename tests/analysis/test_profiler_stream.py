@@ -170,3 +170,18 @@ def test_lightning_module_spans_after_torch_ones_read_again_as_the_held_path(tmp
     _same(a, b)
     # THEN only Lightning's module is shown, with the 512 bytes allocated inside it
     assert [(r.name, r.calls, r.alloc_bytes) for r in a.modules] == [("layer (Linear)", 1, 512)]
+
+
+def test_spills_read_back_in_small_chunks_and_kernels_out_of_order(cpu_trace, tmp_path, monkeypatch):
+    # GIVEN temporary files written and read two records at a time
+    monkeypatch.setattr(trace_stream, "_CHUNK", 2)
+    _same(trace_view(cpu_trace), held_trace_view(cpu_trace))
+    # AND a CUDA-shaped trace whose kernels, memcpy and memset come in reverse time order
+    data = json.loads((FIXTURES / "kineto_cuda_worker0.pt.trace.json").read_text())
+    dev = [e for e in data["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    rest = [e for e in data["traceEvents"] if e not in dev]
+    data["traceEvents"] = rest + dev[::-1]
+    path = tmp_path / "k_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps(data))
+    trace_stream.summarise(path)  # streamed: device spans need no reordering
+    _same(trace_view(path), held_trace_view(path))

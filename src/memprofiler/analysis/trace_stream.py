@@ -32,7 +32,9 @@ import heapq
 import os
 import tempfile
 from array import array
+from bisect import bisect_right
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +47,8 @@ from memprofiler.analysis.profiler_steps import (
     _COMM_OPS,
     _DATA_LOADING,
     STEP_PARTS,
-    Interval,
     RankRow,
     StepRow,
-    union,
 )
 from memprofiler.analysis.trace_events import (
     _DEVICE_CATS,
@@ -56,6 +56,8 @@ from memprofiler.analysis.trace_events import (
     _MODULE_PREFIXES,
     _STEP,
     KERNEL,
+    MEMCPY,
+    MEMSET,
     _header,
     _int,
     _shapes_text,
@@ -92,26 +94,50 @@ class Relabel(Exception):
 
 
 class _Intervals:
-    """A union of intervals, merged as they come when they come in order (16 bytes each)."""
+    """A union of intervals, merged as they come when they come in order; the merged ones
+    go to a temporary file (16 bytes each), only the last is held."""
 
-    __slots__ = ("e", "s")
+    __slots__ = ("ce", "cs", "ordered", "spill")
 
     def __init__(self) -> None:
-        self.s: array[float] = array("d")
-        self.e: array[float] = array("d")
+        self.cs = self.ce = float("-inf")
+        self.spill: _Spill | None = None
+        self.ordered = True
 
     def add(self, s: float, e: float) -> None:
         if e <= s:
             return
-        if self.s and self.s[-1] <= s <= self.e[-1]:
-            if e > self.e[-1]:
-                self.e[-1] = e
+        ce = self.ce
+        if self.cs <= s <= ce:
+            if e > ce:
+                self.ce = e
             return
-        self.s.append(s)
-        self.e.append(e)
+        if ce > float("-inf"):
+            if s < self.cs:
+                self.ordered = False
+            if self.spill is None:
+                self.spill = _Spill(2, "d")
+            self.spill.add(self.cs, ce)
+        self.cs, self.ce = s, e
 
-    def spans(self) -> list[Interval]:
-        return union(zip(self.s, self.e, strict=True))
+    def stream(self) -> Iterator[tuple[float, float]]:
+        """The union, sorted and disjoint (an interval ends before the next starts)."""
+        if self.ce == float("-inf"):
+            return
+        if not self.ordered:  # read back whole and merged in memory
+            chunks = [np.frombuffer(c, dtype=np.float64) for c in self.spill.read()] if self.spill else []
+            flat = np.concatenate([*chunks, np.array([self.cs, self.ce])])
+            yield from zip(*(x.tolist() for x in _merged(flat[0::2], flat[1::2])), strict=True)
+            return
+        if self.spill is not None:
+            for chunk in self.spill.read():
+                it = iter(chunk)
+                yield from zip(it, it, strict=True)
+        yield self.cs, self.ce
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
 
 
 class _Spill:
@@ -297,8 +323,9 @@ class _Reader:
             self.any_device = True
             self.end = max(self.end, end)
             kind = _DEVICE_CATS[cat]
-            self.device_kind[kind].add(ts, end)
-            if kind == KERNEL:
+            if kind != KERNEL:
+                self.device_kind[kind].add(ts, end)
+            else:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
@@ -570,6 +597,11 @@ def summarise(path: str | Path) -> Summary:
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
     for sp in (r.ext, r.call_ts, r.call_name):
         sp.close()
+    for u in (*r.device_kind, r.compute_kernels, r.comm_kernels, r.runtime, r.loading):
+        u.close()
+    for th in r.threads.values():
+        th.ops.close()
+        th.comm.close()
     return out
 
 
@@ -715,8 +747,6 @@ def _call_slots(
 ) -> list[list[list[int]]]:
     """Per page name: ``[slot, calls]``; slot ``2i`` is inside bin ``i`` (between its first and
     last event), ``2i + 1`` between bins ``i`` and ``i + 1``, -1 before the first bin."""
-    from bisect import bisect_right
-
     firsts = [b[0] for b in bins]
     counts: dict[tuple[int, int], int] = {}
     for ts, n in _calls(r):
@@ -793,12 +823,8 @@ def _flush(groups: list[list[int]], cur: dict[int, list[int]], b: int) -> None:
     cur.clear()
 
 
-Sets = tuple[Any, Any]
-"""Merged, sorted intervals as two float64 arrays (starts, ends)."""
-
-
-def _merged(starts: Any, ends: Any) -> Sets:
-    """The union of intervals (touching ones merged, empty ones dropped), as ``union`` does."""
+def _merged(starts: Any, ends: Any) -> tuple[Any, Any]:
+    """The union of intervals (touching ones merged, empty ones dropped), sorted."""
     s, e = np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
     keep = e > s
     s, e = s[keep], e[keep]
@@ -813,80 +839,92 @@ def _merged(starts: Any, ends: Any) -> Sets:
     return s[idx], np.maximum.reduceat(e, idx)
 
 
-def _sets(u: _Intervals) -> Sets:
-    return _merged(np.frombuffer(u.s, dtype=np.float64), np.frombuffer(u.e, dtype=np.float64))
+def _bounds(label: int, spans: Iterable[tuple[float, float]]) -> Iterator[tuple[float, int, int]]:
+    for s, e in spans:
+        yield s, 1, label
+        yield e, -1, label
 
 
-def _or(*sets: Sets) -> Sets:
-    return _merged(np.concatenate([x[0] for x in sets]), np.concatenate([x[1] for x in sets]))
+def _segments(streams: list[tuple[int, _Intervals]]) -> Iterator[tuple[float, float, list[int]]]:
+    """Sweep the streams' boundaries in time order: each stretch ``(a, b, counts)`` between two
+    boundaries, with ``counts[label]`` the streams of that label covering it."""
+    counts = [0] * (max((lab for lab, _ in streams), default=-1) + 1)
+    prev = None
+    active = 0
+    for t, d, lab in heapq.merge(*(_bounds(lab, u.stream()) for lab, u in streams)):
+        if active and prev is not None and t > prev:
+            yield prev, t, counts
+        counts[lab] += d
+        active += d
+        prev = t
 
 
-def _covered(x: Sets, lo: float, hi: float) -> float:
-    """Length of ``x`` inside ``[lo, hi]``."""
-    s, e = x
-    i, j = np.searchsorted(e, lo, "right"), np.searchsorted(s, hi, "left")
-    if j <= i:
-        return 0.0
-    return float(np.sum(np.minimum(e[i:j], hi) - np.maximum(s[i:j], lo)))
+class _Windows:
+    """Overlap of a stretch with sorted windows (by bisection when they do not overlap)."""
 
+    def __init__(self, windows: list[tuple[float, float]]) -> None:
+        self.s = [w[0] for w in windows]
+        self.e = [w[1] for w in windows]
+        self.disjoint = all(self.e[k] <= self.s[k + 1] for k in range(len(windows) - 1))
 
-def _minus(a: Sets, b: Sets) -> Sets:
-    """``a`` less ``b``."""
-    if not len(a[0]) or not len(b[0]):
-        return a
-    pts = np.unique(np.concatenate([*a, *b]))
-    mid = (pts[:-1] + pts[1:]) / 2
-
-    def inside(x: Sets) -> Any:
-        k = np.searchsorted(x[0], mid, "right") - 1
-        return (k >= 0) & (mid < x[1][np.maximum(k, 0)])
-
-    keep = inside(a) & ~inside(b)
-    return _merged(pts[:-1][keep], pts[1:][keep])
+    def overlaps(self, a: float, b: float) -> Iterator[tuple[int, float]]:
+        k = bisect_right(self.e, a) if self.disjoint else 0
+        while k < len(self.s) and self.s[k] < b:
+            lo, hi = max(a, self.s[k]), min(b, self.e[k])
+            if hi > lo:
+                yield k, hi - lo
+            k += 1
 
 
 def _steps(r: _Reader, start: float) -> list[StepRow]:
-    """As :func:`memprofiler.analysis.profiler_steps.steps`, on the merged busy periods: the
-    part of a category is what the union of it and the categories before it covers of the
-    step, less what the union of those before it covers."""
-    windows = r.step_windows or [("whole trace", start, max(r.end, start))]
-    ops = _or(*(_sets(u) for th in r.threads.values() for u in (th.ops, th.comm)))
-    sources = [*(_sets(u) for u in r.device_kind), _sets(r.runtime), _sets(r.loading), ops]
-    cumulative = []
-    acc: Sets = (np.empty(0), np.empty(0))
-    for src in sources:
-        acc = _or(acc, src)
-        cumulative.append(acc)
+    """As :func:`memprofiler.analysis.profiler_steps.steps`, in one sweep over the busy
+    periods: each stretch goes to the first category (in priority order) busy in it."""
+    windows = sorted(r.step_windows or [("whole trace", start, max(r.end, start))], key=lambda w: w[1])
+    host = len(STEP_PARTS) - 2
+    streams = [(KERNEL, r.compute_kernels), (KERNEL, r.comm_kernels)]
+    streams += [(k, r.device_kind[k]) for k in (MEMCPY, MEMSET)] + [(3, r.runtime), (4, r.loading)]
+    streams += [(host, u) for th in r.threads.values() for u in (th.ops, th.comm)]
+    parts = [[0.0] * (len(STEP_PARTS) - 1) for _ in windows]
+    win = _Windows([(s, e) for _, s, e in windows])
+    for a, b, counts in _segments(streams):
+        first = next(k for k, c in enumerate(counts) if c)
+        for w, length in win.overlaps(a, b):
+            parts[w][first] += length
     out = []
-    for name, s, e in sorted(windows, key=lambda w: w[1]):
-        parts: dict[str, float] = {}
-        before = 0.0
-        for part, cum in zip(STEP_PARTS, cumulative, strict=False):
-            now = _covered(cum, s, e)
-            parts[part] = now - before
-            before = now
-        parts["other"] = (e - s) - before
-        out.append(StepRow(name, e - s, parts))
+    for (name, s, e), mine in zip(windows, parts, strict=True):
+        row = dict(zip(STEP_PARTS, mine, strict=False))
+        row["other"] = (e - s) - sum(mine)
+        out.append(StepRow(name, e - s, row))
     return out
 
 
 def _rank_row(rank: int, r: _Reader, step_rows: list[StepRow], start: float) -> RankRow:
-    """As :func:`memprofiler.analysis.profiler_steps.rank_row`, on the merged busy periods."""
+    """As :func:`memprofiler.analysis.profiler_steps.rank_row`, in one sweep: computation is
+    a thread's operators outside its own collectives (on the device: kernels other than
+    collectives), communication any collective."""
+    threads = list(r.threads.values())
     if r.any_device:
         source = "device"
-        comp, comm = _sets(r.compute_kernels), _sets(r.comm_kernels)
+        streams = [(0, r.compute_kernels), (1, r.comm_kernels)]
     else:
         source = "host"
-        threads = list(r.threads.values())
-        comm = _or(*(_sets(th.comm) for th in threads))
-        comp = _or(*(_minus(_sets(th.ops), _sets(th.comm)) for th in threads))
-    steps = [(s, e) for _, s, e in r.step_windows]
-    if not steps:
-        steps = [(start, start + sum(x.total_us for x in step_rows))]
-    windows = _merged([s for s, _ in steps], [e for _, e in steps])
-    step_us = float(np.sum(windows[1] - windows[0]))
-    both = _or(comp, comm)
-    c = sum(_covered(comp, s, e) for s, e in zip(*windows, strict=True))
-    m = sum(_covered(comm, s, e) for s, e in zip(*windows, strict=True))
-    o = c + m - sum(_covered(both, s, e) for s, e in zip(*windows, strict=True))
+        streams = [(2 * k + j, u) for k, th in enumerate(threads) for j, u in enumerate((th.ops, th.comm))]
+    steps = [(s, e) for _, s, e in r.step_windows] or [(start, start + sum(x.total_us for x in step_rows))]
+    ws, we = _merged([s for s, _ in steps], [e for _, e in steps])
+    win = _Windows(list(zip(ws.tolist(), we.tolist(), strict=True)))
+    c = m = o = 0.0
+    for a, b, counts in _segments(streams):
+        comp = (
+            any(counts[k] and not counts[k + 1] for k in range(0, len(counts), 2))
+            if source == "host"
+            else counts[0] > 0
+        )
+        comm = any(counts[k] for k in range(1, len(counts), 2)) if source == "host" else counts[1] > 0
+        if not (comp or comm):
+            continue
+        for _, length in win.overlaps(a, b):
+            c += length if comp else 0.0
+            m += length if comm else 0.0
+            o += length if comp and comm else 0.0
+    step_us = float(np.sum(we - ws))
     return RankRow(rank, source, step_us, c - o, m - o, o, max(0.0, step_us - (c + m - o)))

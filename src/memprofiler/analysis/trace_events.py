@@ -161,6 +161,20 @@ def _header(path: Path) -> tuple[int | None, int]:
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)
 
 
+def checked_header(p: Path) -> tuple[int | None, int]:
+    """The rank and ``baseTimeNanoseconds`` of trace file ``p`` (see :func:`_header`).
+
+    Raises:
+        ArtifactError: the file is missing or unreadable.
+    """
+    if not p.is_file():
+        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
+    try:
+        return _header(p)
+    except (OSError, EOFError) as err:
+        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+
+
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     """Each entry of ``traceEvents``, parsed one at a time.
 
@@ -188,12 +202,7 @@ def read_trace(path: str | Path) -> Trace:
         'ProfilerStep#2'
     """
     p = Path(path)
-    if not p.is_file():
-        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
-    try:
-        rank, base = _header(p)
-    except (OSError, EOFError) as err:
-        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+    rank, base = checked_header(p)
     trace = Trace(path=p, rank=rank, base_ns=base)
     start = float("inf")
     for ev in iter_events(p):

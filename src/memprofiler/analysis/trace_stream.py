@@ -58,9 +58,9 @@ from memprofiler.analysis.trace_events import (
     KERNEL,
     MEMCPY,
     MEMSET,
-    _header,
     _int,
     _shapes_text,
+    checked_header,
     iter_events,
 )
 from memprofiler.errors import ArtifactError
@@ -570,12 +570,7 @@ def summarise(path: str | Path) -> Summary:
         Unordered: the trace's events are too far out of time order to stream.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
-    try:
-        rank, base = _header(p)
-    except (OSError, EOFError) as err:
-        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+    rank, base = checked_header(p)
     try:
         r = _Reader(p, lightning=False)
         r.read()

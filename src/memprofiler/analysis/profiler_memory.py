@@ -58,7 +58,15 @@ class DeviceMemory:
     peak_ms: float
     peak_reserved: int
     events: list[tuple[float, int, int]]
-    """``(ms, bytes, event index)`` of every memory event, in time order."""
+    """``(ms, bytes, event index)`` of every memory event, in time order; when the trace was
+    streamed (:mod:`memprofiler.analysis.trace_stream`), only while the device has at most
+    :data:`~memprofiler.analysis.trace_stream.RANGE_KEPT` of them (else empty)."""
+    event_count: int = -1
+    """How many memory events the device has (``len(events)`` when not given)."""
+
+    def __post_init__(self) -> None:
+        if self.event_count < 0:
+            self.event_count = len(self.events)
 
 
 def ms(trace: Trace, ts: float) -> float:

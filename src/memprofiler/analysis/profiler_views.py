@@ -27,10 +27,12 @@ from memprofiler.analysis.profiler_memory import (
 from memprofiler.analysis.profiler_ops import Nesting, OpRow, module_rows, nest, op_rows
 from memprofiler.analysis.profiler_steps import RankRow, StepRow, rank_row, steps
 from memprofiler.analysis.trace_events import OP, Trace, find_traces, is_trace_file, read_trace
+from memprofiler.analysis.trace_stream import Unordered, summarise
 from memprofiler.errors import ArtifactError
 
-#: Memory events of one device the page carries for range selection; beyond it the page
-#: shows the whole-trace tables only (the terminal and the tables are unaffected).
+#: Memory events of one device the page carries for range selection when the trace is held in
+#: memory; beyond it the page shows the whole-trace tables only (a streamed trace's page works
+#: on bins of events instead: :data:`~memprofiler.analysis.trace_stream.RANGE_BINS`).
 RANGE_EVENTS = 20_000
 
 
@@ -41,6 +43,13 @@ class DeviceView:
     stats: list[MemStat]
     range_data: dict[str, Any] | None
     """Compact events for the page's range selection; ``None`` past :data:`RANGE_EVENTS`."""
+    pair_count: int = -1
+    """How many allocation / release pairs the device has: ``pairs`` holds the
+    :data:`~memprofiler.analysis.trace_stream.PAIRS_KEPT` largest when the trace was streamed."""
+
+    def __post_init__(self) -> None:
+        if self.pair_count < 0:
+            self.pair_count = len(self.pairs)
 
 
 @dataclass
@@ -86,7 +95,36 @@ def categories_path(trace_path: Path) -> Path:
 
 
 def trace_view(path: Path) -> TraceView:
-    """Read and summarise one trace (and its memory categories file, if any).
+    """Read and summarise one trace (and its memory categories file, if any), streaming it
+    (:func:`memprofiler.analysis.trace_stream.summarise`, bounded memory) unless its events
+    are too far out of time order, then holding it (:func:`held_trace_view`).
+
+    Raises:
+        ArtifactError: the trace or its categories file is unreadable.
+    """
+    try:
+        s = summarise(path)
+    except Unordered:
+        return held_trace_view(path)
+    cats = categories_path(path)
+    wall = s.start + s.base_ns / 1000 if s.base_ns else None
+    return TraceView(
+        path=path,
+        rank=s.rank,
+        events=s.events,
+        devices=[DeviceView(dm, ps, st, rd, n) for dm, ps, n, st, rd in s.devices],
+        ops=s.ops,
+        modules=s.modules,
+        steps=s.steps,
+        categories=read_category_file(cats, wall) if cats.is_file() else [],
+        has_device_time=s.has_device_time,
+        rank_row=s.rank_row,
+    )
+
+
+def held_trace_view(path: Path) -> TraceView:
+    """:func:`trace_view` with every event the views use held in memory
+    (:func:`~memprofiler.analysis.trace_events.read_trace`): any event order.
 
     Raises:
         ArtifactError: the trace or its categories file is unreadable.

@@ -1,11 +1,13 @@
-"""Stream a PyTorch profiler (Kineto) Chrome trace into compact columns, in bounded memory.
+"""Stream a PyTorch profiler (Kineto) Chrome trace into compact columns, held in memory.
 
 A trace is read event by event with ``ijson`` (never ``json.load`` of the whole file, which
 takes about ten times the file's size in memory); plain and gzipped files alike. Only the
 events the profiler views use are kept, as typed arrays of about 50 bytes each:
 host spans (operators, annotations, ``nn.Module`` spans, ``ProfilerStep#N``), device spans
 (kernels, memcpy, memset), CUDA runtime calls and ``[memory]`` instant events. Python stack
-frames (``with_stack``), usually the bulk of a trace, are dropped.
+frames (``with_stack``), usually the bulk of a trace, are dropped. Memory grows with the
+trace: the views read it with :mod:`memprofiler.analysis.trace_stream` (bounded) and come
+here only for a trace too far out of time order to stream.
 """
 
 from __future__ import annotations
@@ -164,6 +166,20 @@ def _header(path: Path) -> tuple[int | None, int]:
     return (int(rank.group(1)) if rank else None), (int(base.group(1)) if base else 0)
 
 
+def checked_header(p: Path) -> tuple[int | None, int]:
+    """The rank and ``baseTimeNanoseconds`` of trace file ``p`` (see :func:`_header`).
+
+    Raises:
+        ArtifactError: the file is missing or unreadable.
+    """
+    if not p.is_file():
+        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
+    try:
+        return _header(p)
+    except (OSError, EOFError) as err:
+        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+
+
 def iter_events(path: Path) -> Iterator[dict[str, Any]]:
     """Each entry of ``traceEvents``, parsed one at a time.
 
@@ -191,12 +207,7 @@ def read_trace(path: str | Path) -> Trace:
         'ProfilerStep#2'
     """
     p = Path(path)
-    if not p.is_file():
-        raise ArtifactError(f"{p}: no such trace file; pass a *.pt.trace.json[.gz] the profiler wrote")
-    try:
-        rank, base = _header(p)
-    except (OSError, EOFError) as err:
-        raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
+    rank, base = checked_header(p)
     trace = Trace(path=p, rank=rank, base_ns=base)
     start = float("inf")
     for ev in iter_events(p):

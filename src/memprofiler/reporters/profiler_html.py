@@ -128,12 +128,10 @@ def _memory_html(dv: DeviceView, key: str) -> str:
         f"<div class='memview' id='{key}' data-lo='{lo}' data-hi='{hi}'>{chart}",
         f"<p class='muted range'>Whole trace: {dm.peak_allocated:,} bytes allocated at the peak "
         f"({format_bytes(dm.peak_allocated)}), {format_bytes(dm.peak_reserved)} reserved at most. ",
-        "Drag across the chart to select a range.</p>"
-        if dv.range_data is not None
-        else f"Over {len(dm.events):,} events: the tables cover the whole trace (no range selection).</p>",
+        _range_note(dv),
         "<button type='button' class='reset'>whole trace</button>" if dv.range_data is not None else "",
-        f"<h5>Memory events ({len(dv.pairs):,} allocations and releases)</h5>",
-        _pairs_table(dv.pairs),
+        f"<h5>Memory events ({dv.pair_count:,} allocations and releases)</h5>",
+        _pairs_table(dv.pairs, dv.pair_count),
         "<h5>Memory statistics per operator</h5>",
         _table(_MEM_STAT_COLS, [_stat_row(s) for s in dv.stats], attrs=" data-kind='stats'"),
     ]
@@ -144,10 +142,27 @@ def _memory_html(dv: DeviceView, key: str) -> str:
     return "\n".join(out)
 
 
-def _pairs_table(pairs: list[MemPair]) -> str:
+def _range_note(dv: DeviceView) -> str:
+    rd, n = dv.range_data, dv.memory.event_count
+    if rd is None:
+        return f"Over {n:,} events: the tables cover the whole trace (no range selection).</p>"
+    if "bins" not in rd:
+        return "Drag across the chart to select a range.</p>"
+    kept = (
+        ""
+        if dv.pair_count == len(dv.pairs)
+        else f" (of the {len(dv.pairs):,} largest allocations and releases)"
+    )
+    return (
+        f"Drag across the chart to select a range: over {n:,} events, a range is widened to whole "
+        f"bins of about {-(-n // len(rd['bins'])):,} events ({len(rd['bins']):,} bins){kept}.</p>"
+    )
+
+
+def _pairs_table(pairs: list[MemPair], count: int) -> str:
     shown = sorted(pairs, key=lambda p: -p.size)[:PAIR_ROWS]
     rows = [_pair_row(p) for p in shown]
-    more = len(pairs) - len(shown)
+    more = count - len(shown)
     note = (
         f"<p class='muted more'>{more:,} smaller ones not shown.</p>"
         if more > 0
@@ -344,19 +359,39 @@ _SCRIPT = r"""
   function bytes(n) { return td(fmtBytes(n), n); }
   function num(n) { return td(n.toLocaleString("en-US"), n); }
   function ms(v) { return v === null ? td("-", "") : td(v.toLocaleString("en-US", {minimumFractionDigits: 3, maximumFractionDigits: 3}), v); }
+  function widen(d, lo, hi) {
+    // binned data: the first and last bin the range touches, and the range they cover
+    if (!d.bins) return {lo: lo, hi: hi};
+    var i = 0, j = d.bins.length - 1;
+    while (i <= j && d.bins[i][1] < lo) i++;
+    while (j >= i && d.bins[j][0] > hi) j--;
+    if (i > j) return {lo: lo, hi: hi, i: i, j: j};
+    return {lo: lo === -Infinity ? lo : d.bins[i][0], hi: hi === Infinity ? hi : d.bins[j][1], i: i, j: j};
+  }
   function stats(d, lo, hi) {
-    var rows = {};
-    d.events.forEach(function (e) {
-      if (e[0] < lo || e[0] > hi) return;
-      d.stacks[e[2]].forEach(function (n, k) {
+    var rows = {}, w = widen(d, lo, hi);
+    function add(stack, inc, cnt, size) {
+      d.stacks[stack].forEach(function (n, k) {
         var r = rows[n] || (rows[n] = {name: d.names[n], n: n, calls: 0, inc: 0, sinc: 0, cnt: 0, scnt: 0, size: 0, ssize: 0});
-        r.inc += e[1];
-        if (e[1] > 0) { r.cnt += 1; r.size += e[1]; }
-        if (k === 0) { r.sinc += e[1]; if (e[1] > 0) { r.scnt += 1; r.ssize += e[1]; } }
+        r.inc += inc; r.cnt += cnt; r.size += size;
+        if (k === 0) { r.sinc += inc; r.scnt += cnt; r.ssize += size; }
       });
-    });
+    }
+    if (d.bins) {
+      d.groups.forEach(function (g) { if (g[0] >= w.i && g[0] <= w.j) add(g[1], g[2], g[3], g[4]); });
+    } else {
+      d.events.forEach(function (e) {
+        if (e[0] < lo || e[0] > hi) return;
+        add(e[2], e[1], e[1] > 0 ? 1 : 0, e[1] > 0 ? e[1] : 0);
+      });
+    }
     var out = Object.keys(rows).map(function (k) { return rows[k]; });
-    out.forEach(function (r) { r.calls = d.calls[r.n].filter(function (t) { return t >= lo && t <= hi; }).length; });
+    out.forEach(function (r) {
+      if (!d.bins) { r.calls = d.calls[r.n].filter(function (t) { return t >= lo && t <= hi; }).length; return; }
+      // slots: 2i inside bin i, 2i+1 between bins i and i+1, -1 before the first
+      var a = lo === -Infinity ? -1 : 2 * w.i, b = hi === Infinity ? 2 * d.bins.length : 2 * w.j;
+      r.calls = d.calls[r.n].reduce(function (s, c) { return c[0] >= a && c[0] <= b ? s + c[1] : s; }, 0);
+    });
     out.sort(function (a, b) { return b.inc - a.inc || b.size - a.size || (a.name < b.name ? -1 : a.name > b.name ? 1 : 0); });
     return out;
   }
@@ -366,6 +401,8 @@ _SCRIPT = r"""
       return "<tr>" + td(r.name, undefined, false) + num(r.calls) + bytes(r.inc) + bytes(r.sinc) + num(r.cnt) + num(r.scnt) + bytes(r.size) + bytes(r.ssize) + "</tr>";
     });
     view.querySelector("table[data-kind=stats] tbody").innerHTML = st.join("");
+    var w = widen(d, lo, hi);
+    lo = w.lo; hi = w.hi;
     var inr = function (t) { return t !== null && t >= lo && t <= hi; };
     var ps = d.pairs.filter(function (p) { return inr(p[2]) || inr(p[3]); });
     var shown = ps.slice().sort(function (a, b) { return b[1] - a[1]; }).slice(0, %(rows)d);

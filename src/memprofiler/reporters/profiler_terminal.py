@@ -64,7 +64,7 @@ class ProfilerTerminalReporter:
             dm = dv.memory
             console.print(
                 f"{dm.device}: peak allocated {format_bytes(dm.peak_allocated)} at {dm.peak_ms:.3f} ms, "
-                f"peak reserved {format_bytes(dm.peak_reserved)}, {len(dv.pairs):,} allocations and releases"
+                f"peak reserved {format_bytes(dm.peak_reserved)}, {dv.pair_count:,} allocations and releases"
             )
             m = _table(f"{dm.device}: memory per operator (top {self.top} by size increase)",
                        ["operator", "calls", "size increase", "self increase", "allocs", "self allocs", "alloc size", "self alloc size"])  # fmt: skip

@@ -45,7 +45,7 @@ from memprofiler.analysis.profiler_memory import CURVE_POINTS, DeviceMemory, Mem
 from memprofiler.analysis.profiler_ops import _FACTORIES, OpRow, module_name
 from memprofiler.analysis.profiler_steps import (
     _COMM_OPS,
-    _DATA_LOADING,
+    DATA_LOADING,
     STEP_PARTS,
     RankRow,
     StepRow,
@@ -53,11 +53,11 @@ from memprofiler.analysis.profiler_steps import (
 from memprofiler.analysis.trace_events import (
     _DEVICE_CATS,
     _DEVICE_TYPES,
-    _MODULE_PREFIXES,
     _STEP,
     KERNEL,
     MEMCPY,
     MEMSET,
+    MODULE_PREFIXES,
     _int,
     _shapes_text,
     checked_header,
@@ -345,8 +345,8 @@ class _Reader:
             if _STEP.match(name):
                 self.step_windows.append((name, ts, end))
                 return
-            if not name.startswith(_MODULE_PREFIXES):
-                if name.startswith(_DATA_LOADING):
+            if not name.startswith(MODULE_PREFIXES):
+                if name.startswith(DATA_LOADING):
                     self.loading.add(ts, end)
                 return
             kind = _MOD

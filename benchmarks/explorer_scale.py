@@ -3,8 +3,9 @@ peak RSS, and first paint and redraw times in headless Chromium.
 
 A synthetic trace in torch's ``_snapshot()`` layout: training steps whose forward allocates
 activations (1-64 MiB) freed in reverse in the backward, short-lived temporaries, and
-parameters allocated before the trace; each entry has its own list of fresh frame dicts
-(two allocator-internal C++ frames, four Python ones, ~200 distinct stacks), as torch writes.
+parameters allocated before the trace; each entry has its own list of 36 frames (allocator
+and unwinder internals, an operator's C++ frames, Python frames between interpreter ones;
+~200 distinct stacks) whose frame dicts are shared objects, as torch writes them.
 
 Each variant runs in a fresh subprocess (so peak RSS is its own), in random order, with an
 A/A pair of the bare load as the noise floor::
@@ -36,24 +37,55 @@ MiB = 1 << 20
 def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     files = [f"/home/user/project/model_{k}.py" for k in range(20)]
-    stacks = [
-        [
-            ("torch::unwind::unwind()", "??", 0),
-            (
-                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
-                "CUDACachingAllocator.cpp",
-                0,
-            ),
+    # As torch writes them (and the real capture in ../shared/fixtures/gpu holds: 429 frame
+    # dicts for 438,814 frame references): each distinct frame is one dict object that every
+    # stack naming it shares (the pickle memoizes it), each entry has its own list, and a stack
+    # is deep: the unwinder and allocator, an operator's C++ frames, then Python frames with
+    # the interpreter's between them (36 frames here; the real capture has about 70).
+    pool: dict[tuple[str, str, int], dict[str, Any]] = {}
+
+    def frame(name: str, filename: str, line: int) -> dict[str, Any]:
+        key = (name, filename, line)
+        if key not in pool:
+            pool[key] = {"name": name, "filename": filename, "line": line}
+        return pool[key]
+
+    internal = [
+        frame("torch::unwind::unwind()", "??", 0),
+        frame("torch::CapturedTraceback::gather(bool, bool, bool)", "??", 0),
+        frame("torch::cuda::(anonymous namespace)::gather_with_cpp()", "memory_snapshot.cpp", 0),
+        frame(
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
+            "CUDACachingAllocator.cpp",
+            0,
+        ),
+        frame("at::detail::empty_generic(c10::ArrayRef<long>)", "??", 0),
+        frame("at::detail::empty_cuda(c10::ArrayRef<long>)", "??", 0),
+    ]
+    stacks: list[list[dict[str, Any]]] = []
+    for k in range(200):
+        op = f"at::native::op_{k % 25}(at::Tensor const&)"
+        cpp = [frame(op, "Ops.cpp", 0), frame(f"at::_ops::op_{k % 25}::call(at::Tensor const&)", "??", 0)]
+        py = [
             ("linear", "/venv/lib/python3.11/site-packages/torch/nn/functional.py", 100 + k % 7),
             (f"layer_{k}", files[k % 20], 10 + k),
+            ("_call_impl", "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", 1750),
             ("forward", files[(k * 7) % 20], 50 + k % 13),
+            ("_call_impl", "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", 1750),
+            ("forward", "/home/user/project/model.py", 200 + k % 5),
             ("training_step", "/home/user/project/train.py", 80),
+            ("fit", "/venv/lib/python3.11/site-packages/lightning/trainer.py", 500),
+            ("<module>", "/home/user/project/train.py", 120),
         ]
-        for k in range(200)
-    ]
+        chain = []
+        for name, f, ln in py:
+            chain += [frame(name, f, ln), frame("_PyEval_EvalFrameDefault", "??", 0)]
+            chain += [frame("method_vectorcall", "??", 0)]
+        tail = [frame(n, "??", 0) for n in ("Py_RunMain", "pymain_main", "__libc_start_main", "_start")]
+        stacks.append([*internal, *cpp, *chain[:24], *tail])
 
     def frames(k: int) -> list[dict[str, Any]]:
-        return [{"name": n, "filename": f, "line": ln} for n, f, ln in stacks[k]]
+        return list(stacks[k])
 
     trace: list[dict[str, Any]] = []
     addr = 1 << 40

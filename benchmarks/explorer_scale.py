@@ -3,7 +3,8 @@ peak RSS, and first paint and redraw times in headless Chromium.
 
 A synthetic trace in torch's ``_snapshot()`` layout: training steps whose forward allocates
 activations (1-64 MiB) freed in reverse in the backward, short-lived temporaries, and
-parameters allocated before the trace; each entry has its own list of 36 frames (allocator
+parameters allocated before the trace; each allocation has its own list of 64 frames, and each free one that its
+free_requested and free_completed entries share (allocator
 and unwinder internals, an operator's C++ frames, Python frames between interpreter ones;
 ~200 distinct stacks) whose frame dicts are shared objects, as torch writes them.
 
@@ -41,7 +42,7 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
     # dicts for 438,814 frame references): each distinct frame is one dict object that every
     # stack naming it shares (the pickle memoizes it), each entry has its own list, and a stack
     # is deep: the unwinder and allocator, an operator's C++ frames, then Python frames with
-    # the interpreter's between them (36 frames here; the real capture has about 70).
+    # the interpreter's between them (64 frames here; the real capture has about 70).
     pool: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     def frame(name: str, filename: str, line: int) -> dict[str, Any]:
@@ -80,9 +81,13 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
         chain = []
         for name, f, ln in py:
             chain += [frame(name, f, ln), frame("_PyEval_EvalFrameDefault", "??", 0)]
-            chain += [frame("method_vectorcall", "??", 0)]
-        tail = [frame(n, "??", 0) for n in ("Py_RunMain", "pymain_main", "__libc_start_main", "_start")]
-        stacks.append([*internal, *cpp, *chain[:24], *tail])
+            chain += [
+                frame(n, "??", 0) for n in ("method_vectorcall", "_PyObject_Call_Prepend", "slot_tp_call")
+            ]
+        tail = [frame(n, "??", 0) for n in ("PyEval_EvalCode", "run_eval_code_obj", "run_mod", "pyrun_file")]
+        tail += [frame(n, "??", 0) for n in ("_PyRun_SimpleFileObject", "_PyRun_AnyFileObject", "Py_RunMain")]
+        tail += [frame(n, "??", 0) for n in ("pymain_main", "Py_BytesMain", "__libc_start_main", "_start")]
+        stacks.append([*internal, *cpp, *chain, *tail])  # 6 + 2 + 45 + 11 = 64 frames
 
     def frames(k: int) -> list[dict[str, Any]]:
         return list(stacks[k])
@@ -96,6 +101,7 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
             addr += 64 * MiB
             size = rng.choice((1, 2, 4, 8, 16, 64)) * MiB - rng.randint(0, 4096)
             k = rng.randrange(200)
+            fl = frames(k)
             trace.append(
                 {
                     "action": "alloc",
@@ -103,13 +109,15 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
                     "size": size,
                     "stream": 0,
                     "time_us": t,
-                    "frames": frames(k),
+                    "frames": fl,
                 }
             )
             live.append((addr, size, k))
             t += 3
             if rng.random() < 0.5:  # a temporary
                 tmp = addr + 32 * MiB
+                tl = frames(k)
+                fl = frames((k + 1) % 200)  # where it is freed
                 trace.append(
                     {
                         "action": "alloc",
@@ -117,7 +125,7 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
                         "size": 512 * 1024,
                         "stream": 0,
                         "time_us": t,
-                        "frames": frames(k),
+                        "frames": tl,
                     }
                 )
                 trace.append(
@@ -127,11 +135,12 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
                         "size": 512 * 1024,
                         "stream": 0,
                         "time_us": t + 1,
-                        "frames": frames(k),
+                        "frames": fl,
                     }
                 )
                 t += 2
         for a, size, k in reversed(live):  # backward
+            fl = frames((k + 100) % 200)  # the freeing stack, one list for both entries
             trace.append(
                 {
                     "action": "free_requested",
@@ -139,7 +148,7 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
                     "size": size,
                     "stream": 0,
                     "time_us": t,
-                    "frames": frames(k),
+                    "frames": fl,
                 }
             )
             trace.append(
@@ -149,7 +158,7 @@ def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
                     "size": size,
                     "stream": 0,
                     "time_us": t + 1,
-                    "frames": frames(k),
+                    "frames": fl,
                 }
             )
             t += 2

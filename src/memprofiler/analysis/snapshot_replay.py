@@ -54,6 +54,7 @@ class StackTable:
     _frame_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
     _stack_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
     _by_probe: dict[tuple[int, ...], list[tuple[Any, int]]] = field(default_factory=dict, repr=False)
+    _positions: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def intern(self, frames: Sequence[Mapping[str, Any]] | None) -> int:
         """The stack id of a frame list (``0`` is the empty stack)."""
@@ -65,16 +66,11 @@ class StackTable:
             return 0
         # torch shares one dict per distinct frame between every stack that names it (the pickle
         # memoizes it), so a list equal to one already seen compares by identity, element by
-        # element, in C. A probe of the ids of about eight frames spread over the stack finds
-        # the candidates; the data outlives the table's use. Fresh dicts per entry never hit:
-        # the cache then stops growing.
-        step = (len(frames) >> 3) or 1
-        probe = (len(frames), *map(id, frames[step >> 1 :: step]))
-        seen = self._by_probe.get(probe)
-        if seen is not None:
-            for other, known in seen:
-                if other == frames:
-                    return known
+        # element, in C; the ids of a few frames find it (see _probe).
+        probe = self._probe(frames)
+        for other, known in self._by_probe.get(probe, ()):
+            if other == frames:
+                return known
         try:
             key = tuple(map(_FRAME_KEY, frames))
         except (KeyError, TypeError):
@@ -86,11 +82,42 @@ class StackTable:
             self.stacks.append(fids)
             li = label_index([self.frames[f][3] for f in fids])
             self.labels.append(fids[li] if li >= 0 else -1)
-        if len(self._by_probe) < 4 * len(self.stacks) + 4096:
-            seen = self._by_probe.setdefault(probe, [])
-            if len(seen) < 16:
-                seen.append((frames, sid))
+        self._remember(frames, sid, probe)
         return sid
+
+    def _probe(self, frames: Sequence[Any]) -> tuple[int, ...]:
+        n = len(frames)
+        pos = self._positions.get(n)
+        if pos is None:
+            pos = self._positions[n] = [n >> 1]
+        return (n, *map(id, map(frames.__getitem__, pos)))
+
+    def _remember(self, frames: Sequence[Any], sid: int, probe: tuple[int, ...]) -> None:
+        """Cache a list under its probe; probe one more position when two stacks collide.
+
+        The positions probed per stack length grow only where cached stacks of that length
+        share the frames probed so far, so a look-up reads a few ids rather than all. Lists of
+        fresh dicts (never hit again) stop being cached once the cache outgrows the stacks.
+        """
+        if len(self._by_probe) > 4 * len(self.stacks) + 4096:
+            return
+        seen = self._by_probe.setdefault(probe, [])
+        pos = self._positions[len(frames)]
+        for other, known in seen:
+            if known != sid and len(pos) < 32:
+                pos.append(next(i for i, (x, y) in enumerate(zip(other, frames, strict=True)) if x is not y))
+                cached = [
+                    item for k, items in self._by_probe.items() if k[0] == len(frames) for item in items
+                ]
+                for k in [k for k in self._by_probe if k[0] == len(frames)]:
+                    del self._by_probe[k]
+                for item in [*cached, (frames, sid)]:
+                    bucket = self._by_probe.setdefault(self._probe(item[0]), [])
+                    if len(bucket) < 8:
+                        bucket.append(item)
+                return
+        if len(seen) < 8:
+            seen.append((frames, sid))
 
     def _frame(self, name: Any, filename: Any, line: Any) -> int:
         key = (name, filename, line)

@@ -62,3 +62,19 @@ def test_real_capture_loads_equal_with_shared_frame_lists(monkeypatch):
     # the real capture's 4,117 frame lists (2,703 allocations, 1,414 frees) become one per stack
     traced = {id(e["frames"]) for e in lean["device_traces"][0]}
     assert len(traced) < len({id(e["frames"]) for e in plain["device_traces"][0]})
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_load_snapshot_shares_lists_of_large_framed_pickles_only(tmp_path, monkeypatch, protocol):
+    # GIVEN any file counting as large
+    from memprofiler.analysis import snapshot
+
+    monkeypatch.setattr(snapshot, "LEAN_BYTES", 0)
+    path = tmp_path / "trace.pickle"
+    path.write_bytes(pickle.dumps(synthetic(), protocol=protocol))
+    # WHEN load_snapshot reads it
+    data = snapshot.load_snapshot(path)
+    # THEN protocols 4-5 (framed) share one list per stack, older ones load as they are
+    lists = {id(e["frames"]) for e in data["device_traces"][0]}
+    assert data == safe_pickle.load(path)
+    assert (len(lists) == 6) == (protocol >= 4)

@@ -537,6 +537,7 @@ X.locate = (i) => {
 X.setView = (a, b) => { setView(a, b); };
 X.redraw = () => { draw(); return X.lastDrawMs; };
 X.blockCount = () => dev().start.length;
+X.drawnBlocks = () => Array.from(drawnIdx.subarray(0, drawnN));
 X.block = (i) => { const d = dev(); return {size: d.size[i], start: d.start[i], end: d.end[i], label: labelOf(d.stack[i])}; };
 selectDevice(0);
 X.firstPaintMs = performance.now();

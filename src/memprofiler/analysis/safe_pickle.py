@@ -12,8 +12,9 @@ from __future__ import annotations
 import io
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from memprofiler.analysis.gc_pause import gc_paused
 from memprofiler.errors import ArtifactError
@@ -76,7 +77,25 @@ def loads(data: bytes, source: str = "<bytes>") -> Any:
     return _load_stream(io.BytesIO(data), source)
 
 
-def _load_stream(stream: IO[bytes], source: str) -> Any:
+class Watcher(Protocol):
+    """A reader between the file and the unpickler that may tidy what it has built so far.
+
+    ``read`` and ``readline`` serve the unpickler (from ``stream``); ``unpickler`` is set before
+    the load starts; ``finish`` gets the loaded object and returns the result.
+    """
+
+    unpickler: Any
+
+    def read(self, n: int = -1) -> bytes: ...
+
+    def readline(self) -> bytes: ...
+
+    def finish(self, obj: Any) -> Any: ...
+
+
+def _load_stream(
+    stream: IO[bytes], source: str, watcher: Callable[[IO[bytes]], Watcher] | None = None
+) -> Any:
     # The cyclic GC would rescan the growing object graph again and again while a
     # million-entry snapshot loads; plain data has no cycles to collect.
     head = stream.read(4)
@@ -88,7 +107,11 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
     modern = head[:1] == b"\x80"
     try:
         with gc_paused():
-            return _SafeUnpickler(stream).load()
+            if watcher is None:
+                return _SafeUnpickler(stream).load()
+            reader = watcher(stream)
+            reader.unpickler = _SafeUnpickler(reader)
+            return reader.finish(reader.unpickler.load())
     except _Refused as err:
         raise ArtifactError(
             f"{source}: refused to load: the pickle wants to import or call `{err.target}`; only "
@@ -115,8 +138,8 @@ def _load_stream(stream: IO[bytes], source: str) -> Any:
         raise ArtifactError(f"{source}: not a pickle file, or corrupted ({type(err).__name__})") from None
 
 
-def load(path: str | os.PathLike[str]) -> Any:
-    """Read and unpickle the file at ``path`` through :func:`loads`.
+def load(path: str | os.PathLike[str], watcher: Callable[[IO[bytes]], Watcher] | None = None) -> Any:
+    """Read and unpickle the file at ``path`` through :func:`loads` (through ``watcher`` if given).
 
     Raises:
         ArtifactError: the file is missing, unreadable, or rejected by :func:`loads`.
@@ -131,7 +154,7 @@ def load(path: str | os.PathLike[str]) -> Any:
         with p.open("rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 raise ArtifactError(f"{p}: file is empty; re-run to write it again")
-            return _load_stream(f, str(p))
+            return _load_stream(f, str(p), watcher)
     except FileNotFoundError:
         raise ArtifactError(f"{p}: no such file") from None
     except IsADirectoryError:

@@ -34,6 +34,7 @@ from typing import Any
 
 from memprofiler.analysis import safe_pickle
 from memprofiler.analysis.snapshot_frames import NO_STACK, PYTHON, frame_kind, frame_text, readable
+from memprofiler.analysis.snapshot_lean import LEAN_BYTES, FrameSharer
 from memprofiler.errors import ArtifactError
 
 #: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
@@ -156,8 +157,18 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         ArtifactError: unreadable, unsafe, or not in the ``_snapshot()`` layout.
     """
-    data = safe_pickle.load(path)
+    data = safe_pickle.load(path, FrameSharer if _lean(path) else None)
     return check_layout(data, str(path))
+
+
+def _lean(path: str | os.PathLike[str]) -> bool:
+    """A large protocol 4-5 pickle (framed: the sharer's reads come every 64 KB, not per opcode)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            return os.fstat(f.fileno()).st_size >= LEAN_BYTES and head[:1] == b"\x80" and head[1:] >= b"\x04"
+    except OSError:
+        return False  # the plain load reports it
 
 
 def check_layout(data: Any, source: str) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A block narrower than a pixel at the current zoom, or shorter than a pixel row a
 is not drawn on its own: its bytes join a *band* drawn on top of the stacked blocks. Level
 ``L`` draws the blocks that live at least ``2**L`` trace entries and are at least
 ``threshold`` bytes; its band holds every other live byte, as the maximum over buckets of
-``2**L`` entries (a pixel column at that zoom). The viewer picks ``L = floor(log2(entries
-per pixel))``, so it draws at most a few blocks per pixel column and one band, at any zoom.
+``2**L`` entries (one or two pixel columns at that zoom). The viewer picks ``L =
+ceil(log2(entries per pixel))``, so every block it draws is at least a pixel wide, with one
+band on top, at any zoom.
 The bands of all levels together hold about ``2 * instants`` numbers.
 """
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,16 @@ _LIVE_STATES = ("active_allocated", "active_pending_free")
 _RESERVE = ("segment_alloc", "segment_map")
 _RELEASE = ("segment_free", "segment_unmap")
 _FRAME_KEY = itemgetter("name", "filename", "line")
+_ACTION = itemgetter("action")
+_ADDR = itemgetter("addr")
+_SIZE = itemgetter("size")
+_GET_TIME = methodcaller("get", "time_us")
+_GET_STREAM = methodcaller("get", "stream", 0)
+_GET_FRAMES = methodcaller("get", "frames")
+_ALLOC, _FREE, _RESERVE_CODE, _RELEASE_CODE, _OOM = 1, 2, 3, 4, 5
+_CODES = {"alloc": _ALLOC, "free_completed": _FREE, "oom": _OOM}
+_CODES.update({a: _RESERVE_CODE for a in _RESERVE})
+_CODES.update({a: _RELEASE_CODE for a in _RELEASE})
 
 
 @dataclass
@@ -42,7 +53,8 @@ class StackTable:
     _string_ids: dict[str, int] = field(default_factory=dict, repr=False)
     _frame_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
     _stack_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
-    _by_object: dict[int, int] = field(default_factory=dict, repr=False)
+    _by_probe: dict[tuple[int, ...], list[tuple[Any, int]]] = field(default_factory=dict, repr=False)
+    _positions: dict[int, list[int]] = field(default_factory=dict, repr=False)
 
     def intern(self, frames: Sequence[Mapping[str, Any]] | None) -> int:
         """The stack id of a frame list (``0`` is the empty stack)."""
@@ -52,24 +64,60 @@ class StackTable:
             self._stack_ids[()] = 0
         if not frames:
             return 0
-        # torch builds each entry's list afresh, but our own fixtures (and memo'd pickles)
-        # share them: the object id is a free first look-up. The data outlives the table's use.
-        sid = self._by_object.get(id(frames))
-        if sid is not None:
-            return sid
+        # torch shares one dict per distinct frame between every stack that names it (the pickle
+        # memoizes it), so a list equal to one already seen compares by identity, element by
+        # element, in C; the ids of a few frames find it (see _probe).
+        probe = self._probe(frames)
+        for other, known in self._by_probe.get(probe, ()):
+            if other == frames:
+                return known
         try:
             key = tuple(map(_FRAME_KEY, frames))
         except (KeyError, TypeError):
             key = tuple((f.get("name", "?"), f.get("filename", "?"), f.get("line", 0)) for f in frames)
         sid = self._stack_ids.get(key)
         if sid is None:
-            ids = tuple(self._frame(*k) for k in key)
+            fids = tuple(self._frame(*k) for k in key)
             sid = self._stack_ids[key] = len(self.stacks)
-            self.stacks.append(ids)
-            li = label_index([self.frames[f][3] for f in ids])
-            self.labels.append(ids[li] if li >= 0 else -1)
-        self._by_object[id(frames)] = sid
+            self.stacks.append(fids)
+            li = label_index([self.frames[f][3] for f in fids])
+            self.labels.append(fids[li] if li >= 0 else -1)
+        self._remember(frames, sid, probe)
         return sid
+
+    def _probe(self, frames: Sequence[Any]) -> tuple[int, ...]:
+        n = len(frames)
+        pos = self._positions.get(n)
+        if pos is None:
+            pos = self._positions[n] = [n >> 1]
+        return (n, *map(id, map(frames.__getitem__, pos)))
+
+    def _remember(self, frames: Sequence[Any], sid: int, probe: tuple[int, ...]) -> None:
+        """Cache a list under its probe; probe one more position when two stacks collide.
+
+        The positions probed per stack length grow only where cached stacks of that length
+        share the frames probed so far, so a look-up reads a few ids rather than all. Lists of
+        fresh dicts (never hit again) stop being cached once the cache outgrows the stacks.
+        """
+        if len(self._by_probe) > 4 * len(self.stacks) + 4096:
+            return
+        seen = self._by_probe.setdefault(probe, [])
+        pos = self._positions[len(frames)]
+        for other, known in seen:
+            if known != sid and len(pos) < 32:
+                pos.append(next(i for i, (x, y) in enumerate(zip(other, frames, strict=True)) if x is not y))
+                cached = [
+                    item for k, items in self._by_probe.items() if k[0] == len(frames) for item in items
+                ]
+                for k in [k for k in self._by_probe if k[0] == len(frames)]:
+                    del self._by_probe[k]
+                for item in [*cached, (frames, sid)]:
+                    bucket = self._by_probe.setdefault(self._probe(item[0]), [])
+                    if len(bucket) < 8:
+                        bucket.append(item)
+                return
+        if len(seen) < 8:
+            seen.append((frames, sid))
 
     def _frame(self, name: Any, filename: Any, line: Any) -> int:
         key = (name, filename, line)
@@ -152,58 +200,74 @@ def replay(data: Mapping[str, Any], table: StackTable) -> list[DeviceReplay]:
     return [_replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table) for dev in devices]
 
 
+def _pick(entries: Sequence[Mapping[str, Any]], idx: np.ndarray) -> list[Mapping[str, Any]]:
+    return [entries[i] for i in idx.tolist()]
+
+
+def _ints(values: Any) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.int64)
+
+
 def _replay_device(
     dev: int, entries: Sequence[Mapping[str, Any]], segments: Sequence[Mapping[str, Any]], table: StackTable
 ) -> DeviceReplay:
+    # Column by column rather than entry by entry: each field is read by a C-level map over the
+    # entries, and allocations are paired with their frees by sorting the events by address.
     n = len(entries)
     m = max(n, 1)
-    start: list[int] = []
-    end: list[int] = []
-    size: list[int] = []
-    addr: list[int] = []
-    stream: list[int] = []
-    stack: list[int] = []
-    live: dict[int, int] = {}
+    code = np.fromiter(map(_CODES.get, map(_ACTION, entries), repeat(0)), dtype=np.int8, count=n)
+    times = [t or 0 for t in map(_GET_TIME, entries)]
+    a_idx = np.flatnonzero(code == _ALLOC)
+    f_idx = np.flatnonzero(code == _FREE)
+    allocs, frees = _pick(entries, a_idx), _pick(entries, f_idx)
+    a_addr, f_addr = _ints(map(_ADDR, allocs)), _ints(map(_ADDR, frees))
+    # A free closes the block of the event just before it at its address when that is an
+    # alloc; otherwise the block was allocated before the trace began. An address allocated
+    # twice without a free keeps its first block alive to the end, as the analysis counts it.
+    na = a_idx.size
+    ev_addr = np.concatenate([a_addr, f_addr])
+    ev_i = np.concatenate([a_idx, f_idx])
+    order = np.lexsort((ev_i, ev_addr))
+    s_addr, s_i, s_alloc = ev_addr[order], ev_i[order], order < na
+    same_prev = np.zeros(order.size, dtype=bool)
+    same_prev[1:] = s_addr[1:] == s_addr[:-1]
+    closes = ~s_alloc & same_prev  # (same_prev[0] is False)
+    closes[1:] &= s_alloc[:-1]
+    a_end = np.full(na, m, dtype=np.int64)
+    pos = np.flatnonzero(closes)
+    a_end[order[pos - 1]] = s_i[pos]
+    pre = np.sort(order[~s_alloc & ~closes] - na)  # frees of blocks older than the trace
+    last = np.ones(order.size, dtype=bool)
+    last[:-1] = s_addr[:-1] != s_addr[1:]
+    live = set(s_addr[last & s_alloc].tolist())
+    pre_frees = [frees[k] for k in pre.tolist()]
+    # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
+    both = np.concatenate([a_idx, f_idx[pre]])
+    by_time = np.argsort(both, kind="stable")
+    sids = np.empty(both.size, dtype=np.int64)
+    sids[by_time] = list(map(table.intern, map(_GET_FRAMES, _pick(entries, both[by_time]))))
+
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}
-    times: list[int] = []
     ooms: list[tuple[int, int]] = []
-    intern = table.intern
-    for i, e in enumerate(entries):
-        a = e["action"]
-        times.append(e.get("time_us") or 0)
-        if a == "alloc":
-            # An address allocated twice without a free keeps its first block counted to the
-            # end, as the analysis's running total does.
-            live[e["addr"]] = len(start)
-            start.append(i)
-            end.append(m)
-            size.append(e["size"])
-            addr.append(e["addr"])
-            stream.append(e.get("stream", 0))
-            stack.append(intern(e.get("frames")))
-        elif a == "free_completed":
-            b = live.pop(e["addr"], None)
-            if b is None:  # allocated before the trace began
-                start.append(-1)
-                end.append(i)
-                size.append(e["size"])
-                addr.append(e["addr"])
-                stream.append(e.get("stream", 0))
-                stack.append(intern(e.get("frames")))
-            else:
-                end[b] = i
-        elif a in _RESERVE:
+    for i in np.flatnonzero(code >= _RESERVE_CODE).tolist():
+        e = entries[i]
+        c = code[i]
+        if c == _RESERVE_CODE:
             seg_live[e["addr"]] = len(seg)
             seg.append([i, m, e["addr"], e["size"], e.get("stream", 0)])
-        elif a in _RELEASE:
+        elif c == _RELEASE_CODE:
             k = seg_live.pop(e["addr"], None)
             if k is None:
                 seg.append([-1, i, e["addr"], e["size"], e.get("stream", 0)])
             else:
                 seg[k][1] = i
-        elif a == "oom":
+        else:
             ooms.append((i, e.get("size", 0)))
+    end_size: list[int] = []
+    end_addr: list[int] = []
+    end_stream: list[int] = []
+    end_stack: list[int] = []
     for s in segments:
         if s.get("device", 0) != dev:
             continue
@@ -211,13 +275,13 @@ def _replay_device(
             seg.append([-1, m, s.get("address", 0), s["total_size"], s.get("stream", 0)])
         for blk in s.get("blocks", []):
             if blk["state"] in _LIVE_STATES and blk["address"] not in live:
-                start.append(-1)
-                end.append(m)
-                size.append(int(blk.get("requested_size", blk["size"])))
-                addr.append(blk["address"])
-                stream.append(s.get("stream", 0))
-                stack.append(intern(blk.get("frames")))
-    order = np.argsort(np.asarray(start, dtype=np.int64), kind="stable")
+                end_size.append(int(blk.get("requested_size", blk["size"])))
+                end_addr.append(blk["address"])
+                end_stream.append(s.get("stream", 0))
+                end_stack.append(table.intern(blk.get("frames")))
+    # Blocks in allocation order: those older than the trace (freed in it, then alive at its
+    # end), then the trace's allocations.
+    k_pre, k_end = len(pre_frees), len(end_size)
     segs = np.asarray(seg, dtype=np.int64).reshape(-1, 5)
     seg_order = np.lexsort((segs[:, 2], segs[:, 0])) if len(segs) else np.zeros(0, dtype=np.int64)
     segs = segs[seg_order]
@@ -227,12 +291,14 @@ def _replay_device(
         device=dev,
         entries=n,
         instants=m,
-        start=np.asarray(start, dtype=np.int64)[order],
-        end=np.asarray(end, dtype=np.int64)[order],
-        size=np.asarray(size, dtype=np.int64)[order],
-        addr=np.asarray(addr, dtype=np.int64)[order],
-        stream=np.asarray(stream, dtype=np.int64)[order],
-        stack=np.asarray(stack, dtype=np.int32)[order],
+        start=np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)]),
+        end=np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end]),
+        size=np.concatenate([_ints(map(_SIZE, pre_frees)), _ints(end_size), _ints(map(_SIZE, allocs))]),
+        addr=np.concatenate([f_addr[pre], _ints(end_addr), a_addr]),
+        stream=np.concatenate(
+            [_ints(map(_GET_STREAM, pre_frees)), _ints(end_stream), _ints(map(_GET_STREAM, allocs))]
+        ),
+        stack=np.concatenate([sids[na:], _ints(end_stack), sids[:na]]).astype(np.int32),
         seg_start=segs[:, 0],
         seg_end=segs[:, 1],
         seg_addr=segs[:, 2],

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from memprofiler.analysis.gc_pause import gc_paused
 from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
 from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
@@ -59,7 +60,8 @@ class _Blob:
         self.parts.append(raw)
         self.size += len(raw)
 
-    def encode(self, level: int = 6) -> str:
+    def encode(self, level: int = 1) -> str:
+        # Level 1: at 1M entries 0.4 s and 11.5 MB against 2.5 s and 10.8 MB at level 6.
         packer = zlib.compressobj(level, zlib.DEFLATED, 31)  # gzip: DecompressionStream reads it
         body = b"".join(packer.compress(p) for p in self.parts) + packer.flush()
         return base64.b64encode(body).decode("ascii")
@@ -119,7 +121,8 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
     """
     table = StackTable()
     try:
-        replays = replay(data, table)
+        with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
+            replays = replay(data, table)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     peaks = {d.device: d for d in analysis.devices}

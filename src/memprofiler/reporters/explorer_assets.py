@@ -72,7 +72,12 @@ function shownFrames(s, all) {
   return out;
 }
 function labelOf(s) { const f = stackLabel[s]; return f < 0 ? "(no stack recorded)" : frameText(f); }
-function colorOf(s) { const f = stackLabel[s]; return f < 0 ? "#BAB0AC" : PALETTE[(f * 7919) % PALETTE.length]; }
+const NO_STACK_COLOR = "#BAB0AC";
+// Per stack, its colour: a palette index from its label frame (the last one: no stack).
+const stackColor = new Uint8Array(stackLabel.length);
+for (let s = 0; s < stackLabel.length; s++) stackColor[s] = stackLabel[s] < 0 ? PALETTE.length : (stackLabel[s] * 7919) % PALETTE.length;
+const RECTS = Array.from({length: PALETTE.length + 1}, () => []);
+function colorOf(s) { const c = stackColor[s]; return c < PALETTE.length ? PALETTE[c] : NO_STACK_COLOR; }
 
 const DEV = META.devices.map((m, k) => {
   const g = (n) => A["d" + k + "." + n];
@@ -91,6 +96,20 @@ const DEV = META.devices.map((m, k) => {
   d.reserved = new Float64Array(n); cur = 0;
   for (let t = 0; t < n; t++) { cur += sd[t]; d.reserved[t] = cur; }
   d.yMax = Math.max(peak, 1) * 1.06;
+  // Drawable blocks by level, each level's in allocation (= start) order. A level-l block lives
+  // 2**l to 2**(l+1) - 1 entries, so those alive after t0 start after t0 - 2**(l+1): a redraw
+  // reads only the blocks near its view, not every block.
+  let nLv = 0;
+  for (let i = 0; i < B; i++) if (d.level[i] + 1 > nLv) nLv = d.level[i] + 1;
+  const lvOff = new Int32Array(nLv + 1);
+  for (let i = 0; i < B; i++) if (d.level[i] >= 0) lvOff[d.level[i] + 1]++;
+  for (let l = 0; l < nLv; l++) lvOff[l + 1] += lvOff[l];
+  const fill = lvOff.slice(0, nLv);
+  d.lvOff = lvOff; d.lvIdx = new Int32Array(lvOff[nLv]); d.lvStart = new Int32Array(lvOff[nLv]);
+  for (let i = 0; i < B; i++) {
+    const l = d.level[i];
+    if (l >= 0) { const k = fill[l]++; d.lvIdx[k] = i; d.lvStart[k] = Math.max(d.start[i], 0); }
+  }
   return d;
 });
 
@@ -123,11 +142,23 @@ const PAD_L = 70, PAD_B = 18;
 let drawnIdx = new Int32Array(0), drawnN = 0, bandCol = null, topCol = null, colT = null;
 
 function dev() { return DEV[S.dev]; }
+// Resizing a canvas reallocates its bitmap: done only when its size changed, else it is cleared.
 function sizeCanvas(c) {
   const r = c.getBoundingClientRect(), dpr = window.devicePixelRatio || 1;
-  c.width = Math.max(1, Math.round(r.width * dpr)); c.height = Math.max(1, Math.round(r.height * dpr));
-  const ctx = c.getContext("2d"); ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  const cw = Math.max(1, Math.round(r.width * dpr)), ch = Math.max(1, Math.round(r.height * dpr));
+  const ctx = c.getContext("2d");
+  if (c.width !== cw || c.height !== ch) { c.width = cw; c.height = ch; }
+  else { ctx.setTransform(1, 0, 0, 1, 0, 0); ctx.clearRect(0, 0, cw, ch); }
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   return {ctx, w: r.width, h: r.height};
+}
+// Scratch typed arrays kept between redraws (a redraw allocates next to nothing, so the
+// garbage collector does not pause a pan): at least n long, grown by half when short.
+const SCRATCH = {};
+function scratch(name, Type, n) {
+  let a = SCRATCH[name];
+  if (!a || a.length < n) a = SCRATCH[name] = new Type(Math.max(n, Math.ceil((a ? a.length : 0) * 1.5), 16));
+  return a;
 }
 function plotW() { return main.getBoundingClientRect().width - PAD_L; }
 function xOf(t) { return PAD_L + (t - S.t0) / (S.t1 - S.t0) * plotW(); }
@@ -148,62 +179,86 @@ function axes(ctx, w, h, yMax) {
 }
 
 // The stacked blocks: blocks drawn at this level in allocation order from the bottom, the band on top.
+// The level is the lowest whose blocks are all at least a pixel column wide.
 function draw() {
   const T0 = performance.now();
   const d = dev(), {ctx, w, h} = sizeCanvas(main);
   const W = Math.max(1, Math.floor(w - PAD_L)), H = h - PAD_B;
   const span = S.t1 - S.t0, ept = span / W;
-  const L = Math.max(0, Math.min(d.levels - 1, Math.floor(Math.log2(Math.max(ept, 1)))));
+  const L = Math.max(0, Math.min(d.levels - 1, Math.ceil(Math.log2(Math.max(ept, 1)))));
   X.level = L;
-  const B = d.start.length, st = d.start, en = d.end, lv = d.level, sz = d.size;
+  const B = d.start.length, st = d.start, en = d.end, sz = d.size;
   if (drawnIdx.length < B) drawnIdx = new Int32Array(B);
   drawnN = 0;
   const t0 = Math.floor(S.t0), t1 = Math.ceil(S.t1);
-  for (let i = 0; i < B; i++) if (lv[i] >= L && st[i] <= t1 && en[i] > t0) drawnIdx[drawnN++] = i;
+  for (let l = L; l + 1 < d.lvOff.length; l++) {
+    const b = d.lvOff[l + 1], lo = t0 - Math.pow(2, l + 1);
+    let a = d.lvOff[l], z = b;
+    while (a < z) { const m = (a + z) >> 1; if (d.lvStart[m] > lo) z = m; else a = m + 1; }
+    for (let k = a; k < b && d.lvStart[k] <= t1; k++) { const i = d.lvIdx[k]; if (en[i] > t0) drawnIdx[drawnN++] = i; }
+  }
+  drawnIdx.subarray(0, drawnN).sort();
   X.drawn = drawnN;
-  const ends = new Float64Array(drawnN);
-  for (let p = 0; p < drawnN; p++) ends[p] = en[drawnIdx[p]] * 4194304 + p;
-  ends.sort();
   const ky = H / d.yMax;
-  const rects = new Map();
-  const live = [], curY = new Float64Array(drawnN).fill(NaN), segX = new Float64Array(drawnN), dead = new Uint8Array(drawnN);
+  for (const arr of RECTS) arr.length = 0;
+  const colorOrder = [];  // colours filled in the order first met, as blocks come bottom up
+  const live = scratch("live", Int32Array, drawnN), posOf = scratch("posOf", Int32Array, drawnN);
+  const liveCum = scratch("liveCum", Float64Array, drawnN);
+  let nLive = 0;
+  const curY = scratch("curY", Float64Array, drawnN).fill(NaN, 0, drawnN), segX = scratch("segX", Float64Array, drawnN);
+  const dead = scratch("dead", Uint8Array, drawnN).fill(0, 0, drawnN);
   const flush = (p, x) => {
     if (isNaN(curY[p]) || x <= segX[p]) return;
-    const c = colorOf(d.stack[drawnIdx[p]]);
-    let arr = rects.get(c); if (!arr) rects.set(c, arr = []);
+    const c = stackColor[d.stack[drawnIdx[p]]], arr = RECTS[c];
+    if (!arr.length) colorOrder.push(c);
     arr.push(PAD_L + segX[p], H - (curY[p] + sz[drawnIdx[p]]) * ky, x - segX[p], sz[drawnIdx[p]] * ky);
   };
-  bandCol = new Float64Array(W); topCol = new Float64Array(W); colT = new Int32Array(W);
+  if (!colT || colT.length !== W) { bandCol = new Float64Array(W); topCol = new Float64Array(W); colT = new Int32Array(W); }
   const bOff = d.meta.bandOffsets[L], shift = Math.pow(2, L);
+  for (let x = 0; x < W; x++) colT[x] = Math.min(d.meta.instants - 1, Math.max(0, Math.floor(S.t0 + (x + 0.5) * ept)));
+  // Blocks in the order they end, bucketed by the first column whose instant reaches their end.
+  const killAt = scratch("killAt", Int32Array, drawnN), killed = scratch("killed", Int32Array, drawnN);
+  const cnt = scratch("killCount", Int32Array, W + 2).fill(0, 0, W + 2);
+  for (let p = 0; p < drawnN; p++) {
+    const e = en[drawnIdx[p]];
+    let a = 0, z = W;
+    while (a < z) { const m = (a + z) >> 1; if (colT[m] >= e) z = m; else a = m + 1; }
+    killAt[p] = a; cnt[a + 1]++;
+  }
+  for (let x = 0; x <= W; x++) cnt[x + 1] += cnt[x];
+  for (let p = 0; p < drawnN; p++) killed[cnt[killAt[p]]++] = p;
   let sp = 0, ep = 0;
   for (let x = 0; x < W; x++) {
-    const t = Math.min(d.meta.instants - 1, Math.max(0, Math.floor(S.t0 + (x + 0.5) * ept)));
-    colT[x] = t;
-    let changed = x === 0;
-    while (sp < drawnN && st[drawnIdx[sp]] <= t) { if (en[drawnIdx[sp]] > t) { live.push(sp); segX[sp] = x; } else dead[sp] = 1; sp++; changed = true; }
-    while (ep < drawnN && Math.floor(ends[ep] / 4194304) <= t) {
-      const p = Math.round(ends[ep] % 4194304);
-      if (!dead[p] && p < sp) { flush(p, x); dead[p] = 1; changed = true; }
+    const t = colT[x];
+    // Only the live blocks above the lowest one born or freed in this column move: restack those.
+    let low = nLive;
+    while (sp < drawnN && st[drawnIdx[sp]] <= t) {
+      if (en[drawnIdx[sp]] > t) { posOf[sp] = nLive; live[nLive++] = sp; segX[sp] = x; } else dead[sp] = 1;
+      sp++;
+    }
+    while (ep < drawnN && killAt[killed[ep]] <= x) {
+      const p = killed[ep];
+      if (!dead[p] && p < sp) { flush(p, x); dead[p] = 1; if (posOf[p] < low) low = posOf[p]; }
       dead[p] = 1; ep++;
     }
-    let cum = 0;
-    if (changed) {
-      let k = 0;
-      for (let j = 0; j < live.length; j++) {
+    if (low < nLive) {
+      let k = low, cum = low > 0 ? liveCum[low - 1] + sz[drawnIdx[live[low - 1]]] : 0;
+      for (let j = low; j < nLive; j++) {
         const p = live[j];
         if (dead[p]) continue;
-        live[k++] = p;
+        live[k] = p; posOf[p] = k; liveCum[k] = cum; k++;
         if (curY[p] !== cum) { flush(p, x); segX[p] = x; curY[p] = cum; }
         cum += sz[drawnIdx[p]];
       }
-      live.length = k;
-    } else cum = topCol[x - 1];
-    topCol[x] = cum;
+      nLive = k;
+    }
+    topCol[x] = nLive ? liveCum[nLive - 1] + sz[drawnIdx[live[nLive - 1]]] : 0;
     bandCol[x] = d.band[bOff + Math.floor(t / shift)] || 0;
   }
-  for (const p of live) if (!dead[p]) flush(p, W);
-  for (const [c, arr] of rects) {
-    ctx.fillStyle = c; ctx.beginPath();
+  for (let j = 0; j < nLive; j++) flush(live[j], W);
+  for (const c of colorOrder) {
+    const arr = RECTS[c];
+    ctx.fillStyle = c < PALETTE.length ? PALETTE[c] : NO_STACK_COLOR; ctx.beginPath();
     for (let i = 0; i < arr.length; i += 4) ctx.rect(arr[i], arr[i + 1], Math.max(arr[i + 2], 0.5), Math.max(arr[i + 3], 0.5));
     ctx.fill();
   }
@@ -482,9 +537,17 @@ X.locate = (i) => {
 X.setView = (a, b) => { setView(a, b); };
 X.redraw = () => { draw(); return X.lastDrawMs; };
 X.blockCount = () => dev().start.length;
+X.drawnBlocks = () => Array.from(drawnIdx.subarray(0, drawnN));
 X.block = (i) => { const d = dev(); return {size: d.size[i], start: d.start[i], end: d.end[i], label: labelOf(d.stack[i])}; };
 selectDevice(0);
 X.firstPaintMs = performance.now();
-X.ready = true;
+// Once the page shows, redraw a few zoom levels off screen so the browser compiles the timeline's
+// loops before the first pan or zoom (a cold redraw of a million-entry trace took 2-4x longer).
+setTimeout(() => {
+  const n = dev().meta.instants, keep = [S.t0, S.t1];
+  for (const [a, b] of [[0, n], [n / 4, n / 2], [n / 2, n / 2 + n / 64], [0, n]]) { S.t0 = a; S.t1 = b; draw(); }
+  S.t0 = keep[0]; S.t1 = keep[1]; draw();
+  X.draws = 1; X.warmMs = performance.now() - X.firstPaintMs; X.ready = true;
+}, 0);
 })().catch((err) => { console.error("allocation explorer: " + (err && err.stack || err)); });
 """

@@ -6,10 +6,14 @@ The site itself is built by ``make docs`` (MkDocs, ``--strict``), which checks l
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +50,20 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
     pages = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
     assert pages - nav == set()
     assert nav - pages == set()
+
+
+#: A Sphinx role as the API page would show it raw: ``:class:`X``` or, once rendered, ``:class:<code>``.
+_RAW_ROLE = re.compile(r":(?:py:)?(?:class|mod|func|meth|data|attr|exc|obj):(?:`|<code>)")
+
+
+def test_the_built_api_page_shows_no_raw_sphinx_role(tmp_path: Path) -> None:
+    """tools/griffe_sphinx_roles.py turns the docstrings' roles into code and links to the shown objects."""
+    pytest.importorskip("mkdocstrings_handlers.python")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "--site-dir", str(tmp_path / "site")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (tmp_path / "site" / "reference" / "api.html").read_text(encoding="utf-8")
+    assert _RAW_ROLE.findall(page) == []
+    # :meth:`bind` in MemProfiler's docstring is a link to the method's own entry.
+    assert 'href="#memprofiler.core.profiler.MemProfiler.bind"><code>bind</code></a>' in page

@@ -99,7 +99,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
     """Lightning's ``PyTorchProfiler`` with a YAML schedule, ``repeat``, per-rank files and memory.
 
     Args:
-        dirpath: output directory; default ``trainer.log_dir``.
+        dirpath: output directory (a URL too); default: the run directory of the Trainer's
+            ``MemProfilerCallback``, else ``trainer.log_dir``.
         filename: optional extra prefix of Lightning's own stream file (see ``PyTorchProfiler``).
         schedule_cfg: ``torch.profiler.schedule`` fields ``skip_first``, ``wait``, ``warmup``,
             ``active``, ``repeat`` (``0`` = forever). Missing keys default to

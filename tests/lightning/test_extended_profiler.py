@@ -320,22 +320,6 @@ def test_memory_categories_are_skipped_without_the_options_they_need(tmp_path):
     assert not list(tmp_path.glob("*.memory_categories.json"))
 
 
-def test_trace_names_and_content_load_in_torch_tb_profiler(tmp_path):
-    """Runs where the plugin is installed (it is not a dependency): its own loader must parse our files."""
-    consts = pytest.importorskip("torch_tb_profiler.consts")
-    data_mod = pytest.importorskip("torch_tb_profiler.profiler.data")
-    prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
-    _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()]).fit(TinyModel())
-    path = tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json"
-    match = consts.WORKER_PATTERN.match(path.name)
-    assert match is not None and match.group(1) == "fit_rank_0" and match.group(2) == ".1"
-    assert consts.NODE_PROCESS_PATTERN.match("fit_rank_0").group(2) == "0"  # process = rank
-    parsed = data_mod.RunProfileData.parse("fit_rank_0", ".1", str(path), str(tmp_path / "cache"))
-    run = parsed[0] if isinstance(parsed, tuple) else parsed
-    run.process()
-    assert run.steps_names == ["2", "3"]
-
-
 def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkeypatch):
     # GIVEN merging memory events fails
     import memprofiler.lightning.extended_profiler as ext

@@ -121,8 +121,17 @@ def test_names_without_a_rank_are_refused_in_a_multi_rank_run(tmp_path):
     ):
         files.check_unique_per_rank()
     TraceFiles(
-        TraceFilesConfig(folder="r{rank}", filename="b.json"), tmp_path, FIELDS
+        TraceFilesConfig(folder="r{rank}", filename="b.pt.trace.json"), tmp_path, FIELDS
     ).check_unique_per_rank()
     TraceFiles(
-        TraceFilesConfig(filename="ba{batch}.json"), tmp_path, {**FIELDS, "world_size": 1}
+        TraceFilesConfig(filename="ba{batch}.pt.trace.json"), tmp_path, {**FIELDS, "world_size": 1}
     ).check_unique_per_rank()
+
+
+@pytest.mark.parametrize("name", ["trace.json", "ba{batch}.json.gz", "{rank}.pt.trace"])
+def test_a_name_the_readers_would_not_find_is_refused(name):
+    # GIVEN a file name template without the ending report/merge-traces/retention look for
+    # WHEN the config is built THEN one line names the key and the ending to use
+    with pytest.raises(ConfigError, match=r"`filename`: got .*; end it in '\.pt\.trace\.json'"):
+        TraceFilesConfig(filename=name)
+    TraceFilesConfig(filename=name.split(".")[0] + ".pt.trace.json.gz")  # with it, accepted

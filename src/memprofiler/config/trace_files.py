@@ -58,7 +58,8 @@ class TraceFilesConfig:
     output directory itself."""
     filename: str = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
     """Trace file name, a template over the folder's fields plus ``{epoch}``, ``{batch}`` and
-    ``{cycle}``. Keep the ``.pt.trace.json`` ending for TensorBoard's torch-tb-profiler."""
+    ``{cycle}``. Keep the ``.pt.trace.json`` ending: ``memprofiler report`` and
+    ``merge-traces`` find traces by it."""
     use_gzip: bool = False
     """Write every trace file gzip-compressed, with ``.gz`` appended to its name."""
     num_traces_to_keep: int = -1
@@ -75,6 +76,12 @@ class TraceFilesConfig:
         check_template("filename", self.filename, FILENAME_FIELDS)
         if not self.filename.strip() or self.filename.endswith("/"):
             raise ConfigError("filename", f"got {self.filename!r}; give a file name template")
+        if not self.filename.removesuffix(GZIP_SUFFIX).endswith(".pt.trace.json"):
+            raise ConfigError(
+                "filename",
+                f"got {self.filename!r}; end it in '.pt.trace.json' (memprofiler report, "
+                "merge-traces and retention find traces by that ending)",
+            )
         if self.folder.startswith("/"):
             raise ConfigError(
                 "folder", f"got {self.folder!r}; give a folder relative to the output directory"

@@ -238,6 +238,37 @@ def test_python_frames_first_and_user_code_labels():
     ]
 
 
+def test_torchs_module_call_plumbing_is_hidden_and_never_labels():
+    # GIVEN a stack through two nested modules, as torch records it: forward, then torch's
+    # _call_impl / _wrapped_call_impl wrappers, then the caller's forward
+    module_py = "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
+    frames = [
+        {
+            "name": "linear",
+            "filename": "/venv/lib/python3.11/site-packages/torch/nn/functional.py",
+            "line": 9,
+        },
+        {"name": "_call_impl", "filename": module_py, "line": 1750},
+        {"name": "_wrapped_call_impl", "filename": module_py, "line": 1739},
+        {"name": "forward", "filename": "/home/me/model.py", "line": 22},
+        {"name": "_call_impl", "filename": module_py, "line": 1750},
+        {"name": "forward", "filename": "/home/me/model.py", "line": 40},
+    ]
+    kinds = [sf.frame_kind(f["name"], f["filename"]) for f in frames]
+    # THEN the wrappers are internal Python frames, hidden by default, and the user's code labels
+    assert kinds[1] == kinds[2] == kinds[4] == sf.PYTHON | sf.INTERNAL
+    assert sf.label_index(kinds) == 3
+    assert [(f["name"], f["line"]) for f in sf.readable(frames)] == [
+        ("linear", 9),
+        ("forward", 22),
+        ("forward", 40),
+    ]
+    # AND with no user frame, a wrapper never labels the block: torch's functional frame does
+    assert sf.label_index(kinds[:3]) == 0
+    # AND a user's own function named _call_impl is not hidden
+    assert sf.frame_kind("_call_impl", "/home/me/module.py") == sf.PYTHON | sf.USER
+
+
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_cli_writes_an_explorer_for_two_devices_at_every_protocol(tmp_path, protocol, capsys):
     import json

@@ -12,6 +12,11 @@ they say nothing. Here each frame gets a kind:
   interpreter, hidden unless all frames are asked for;
 - ``CPP``: any other C++ frame (an operator's kernel, the autograd engine's backward
   functions), shown after the Python frames.
+
+torch's own Python wrappers that every module call or decorated function passes through
+(``Module._call_impl``, ``_wrapped_call_impl``, ``_contextlib``'s ``decorate_context``) are
+``PYTHON | INTERNAL``: hidden like the C++ internals, so a stack reads ``forward`` to
+``forward`` instead of alternating with them.
 """
 
 from __future__ import annotations
@@ -72,13 +77,23 @@ _INTERNAL_CPP = re.compile(
 )
 # Python files that are not the user's own code: installed packages, the standard library.
 _LIBRARY_PY = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[\d.]*/|^<)")
+# torch's Python plumbing between a caller and the code it calls: (file ending, function).
+_PLUMBING_PY = (
+    ("torch/nn/modules/module.py", frozenset({"_call_impl", "_wrapped_call_impl"})),
+    ("torch/utils/_contextlib.py", frozenset({"decorate_context"})),
+)
 _ARGS = re.compile(r"\(.*\)(\s*(const|\[clone [^]]*\]))*\s*$")
 
 
 def frame_kind(name: str, filename: str) -> int:
     """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``)."""
     if filename.endswith(".py"):
-        return PYTHON if _LIBRARY_PY.search(filename) else PYTHON | USER
+        if not _LIBRARY_PY.search(filename):
+            return PYTHON | USER
+        for ending, names in _PLUMBING_PY:
+            if name in names and filename.endswith(ending):
+                return PYTHON | INTERNAL
+        return PYTHON
     return INTERNAL if _INTERNAL_CPP.match(name) else CPP
 
 
@@ -104,7 +119,7 @@ def frame_text(frame: Mapping[str, Any], kind: int | None = None) -> str:
 
 
 def readable(frames: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, Any]]:
-    """The frames shown by default: Python frames first, then the C++ frames that are not internal.
+    """The frames shown by default: Python frames first, then C++ frames, internal ones left out.
 
     Both keep their innermost-first order. A stack of internal frames only is returned whole,
     so that something is always shown.
@@ -115,10 +130,9 @@ def readable(frames: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, An
     cpp: list[Mapping[str, Any]] = []
     for f in frames:
         kind = frame_kind(str(f.get("name", "")), str(f.get("filename", "")))
-        if kind & PYTHON:
-            py.append(f)
-        elif not kind & INTERNAL:
-            cpp.append(f)
+        if kind & INTERNAL:
+            continue
+        (py if kind & PYTHON else cpp).append(f)
     return py + cpp if py or cpp else list(frames)
 
 
@@ -127,6 +141,6 @@ def label_index(kinds: Sequence[int]) -> int:
     else the first C++ frame that is not internal, else the first frame; ``-1`` for no frames."""
     for want in (USER, PYTHON, CPP):
         for i, k in enumerate(kinds):
-            if k & want:
+            if k & want and not k & INTERNAL:
                 return i
     return 0 if kinds else -1

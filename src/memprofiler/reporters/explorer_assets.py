@@ -62,11 +62,11 @@ function frameText(f) {
   const base = file.split("/").pop();
   return base && base !== "??" ? short + " (" + base + ")" : short;
 }
-// Frames shown for a stack: Python first, then C++ frames that are not internal (all, raw, when asked).
+// Frames shown for a stack: Python first, then C++ frames, internal ones left out (all, raw, when asked).
 function shownFrames(s, all) {
   const out = [];
   if (all) { for (let i = stackOff[s]; i < stackOff[s + 1]; i++) out.push(stackFr[i]); return out; }
-  for (let i = stackOff[s]; i < stackOff[s + 1]; i++) if (frameKind[stackFr[i]] & PY) out.push(stackFr[i]);
+  for (let i = stackOff[s]; i < stackOff[s + 1]; i++) { const k = frameKind[stackFr[i]]; if (k & PY && !(k & INTERNAL)) out.push(stackFr[i]); }
   for (let i = stackOff[s]; i < stackOff[s + 1]; i++) { const k = frameKind[stackFr[i]]; if (!(k & PY) && !(k & INTERNAL)) out.push(stackFr[i]); }
   if (!out.length) for (let i = stackOff[s]; i < stackOff[s + 1]; i++) out.push(stackFr[i]);
   return out;
@@ -445,7 +445,7 @@ function showStack(s, block) {
   if (block !== null && block >= 0) head = `<div><b>${esc(fmtB(d.size[block]))}</b> (${fmtN(d.size[block])} bytes) at ${esc("0x" + d.addr[block].toString(16))}, stream ${d.stream[block]}<br><span class="muted">${esc(lifetime(d, block))}</span></div>`;
   const fr = shownFrames(s, S.all);
   const lines = fr.map((f) => {
-    const k = frameKind[f], cls = k & USER ? "user" : k & PY ? "py" : k & INTERNAL ? "internal" : "cpp";
+    const k = frameKind[f], cls = k & USER ? "user" : k & INTERNAL ? "internal" : k & PY ? "py" : "cpp";
     return `<div class="${cls}">${esc(frameText(f))}</div>`;
   });
   const hidden = stackOff[s + 1] - stackOff[s] - fr.length;

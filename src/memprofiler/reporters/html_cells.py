@@ -21,6 +21,7 @@ td.stack{font-family:ui-monospace,Menlo,monospace;font-size:12px;white-space:pre
 .plot .grid{stroke:#eee}.plot .peak{fill:#D55E00}.plot .peaklbl{font-size:11px;fill:#D55E00;font-weight:600}
 .muted{color:#666}.oom{color:#b00;font-weight:600}input.filter{margin:4px 0;padding:3px 6px;width:260px}
 pre{background:#f8f8f8;padding:8px;overflow:auto;font-size:12px}
+.scroll{max-height:420px;overflow:auto;display:inline-block}.scroll thead th{position:sticky;top:0}
 """
 
 # Adds a filter box above every table marked `filterable`; no other behaviour depends on JS.

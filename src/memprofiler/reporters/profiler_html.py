@@ -168,7 +168,8 @@ def _pairs_table(pairs: list[MemPair], count: int) -> str:
         if more > 0
         else "<p class='muted more'></p>"
     )
-    return _table(_PAIR_COLS, rows, attrs=" data-kind='pairs'") + note
+    # Up to PAIR_ROWS rows: a scrolling box keeps the statistics table below in reach.
+    return "<div class='scroll'>" + _table(_PAIR_COLS, rows, attrs=" data-kind='pairs'") + "</div>" + note
 
 
 def _opt_ms(v: float | None) -> str:

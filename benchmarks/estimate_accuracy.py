@@ -324,11 +324,15 @@ def markdown(result: dict[str, Any]) -> str:
         "| architecture | optimizer | tied | estimate (MiB) | measured (MiB) | ratio | RSS growth ratio |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
+    seen: set[tuple[str, str]] = set()
     for r in result["runs"]:
+        key = (r["arch"], r["optimizer"])
+        arch = f"{r['arch']} (A/A repeat)" if key in seen else r["arch"]
+        seen.add(key)
         lines.append(
-            f"| {r['arch']} | {r['optimizer']} | {'yes' if r['tied_weights'] else 'no'} | "
+            f"| {arch} | {r['optimizer']} | {'yes' if r['tied_weights'] else 'no'} | "
             f"{r['estimated_peak_bytes'] / mib:.2f} | {r['measured_peak_bytes'] / mib:.2f} | "
-            f"{r['ratio']:.4f} | {r['rss_ratio']} |"
+            f"{r['ratio']:.4f} | {r['rss_ratio']:.4f} |"
         )
     return "\n".join(lines)
 

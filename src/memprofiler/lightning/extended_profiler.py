@@ -61,7 +61,7 @@ from memprofiler.lightning.trace_output import (
 )
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.step_timeline import HOOKS, StepTimeline
-from memprofiler.output.timeline import MemoryTimeline, merge_into_trace
+from memprofiler.output.timeline import MemoryTimeline, merge_into_trace, trace_span_ns
 from memprofiler.output.trace_files import TRACE, TraceCycle
 from memprofiler.output.writers import write_text
 
@@ -406,10 +406,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             trace = json.loads(kineto)
             pid = os.getpid()  # Kineto draws CPU events under this process's pid: our rows join them
-            for timeline in self._timelines:
-                merge_into_trace(trace, timeline, pid=pid)
-            if self.step_timeline is not None:
-                self.step_timeline.merge_into(trace, pid=pid)
+            span = trace_span_ns(trace)  # one pass over Kineto's events for every timeline merged
+            if span is not None:
+                for timeline in self._timelines:
+                    merge_into_trace(trace, timeline, pid=pid, span=span)
+                if self.step_timeline is not None:
+                    self.step_timeline.merge_into(trace, pid=pid, span=span)
             trace["memprofiler"] = {"rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
             return json.dumps(trace).encode()
         except (ValueError, TypeError, KeyError) as err:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memprofiler import layout
-from memprofiler.output.timeline import trace_span_ns
+from memprofiler.output.timeline import merge_into_trace
 from memprofiler.output.writers import write_text
 
 #: Categories of the events this module adds, so viewers and the merge can tell them apart.
@@ -138,16 +138,10 @@ class StepTimeline:
             )
         return out
 
-    def merge_into(self, trace: dict[str, Any], pid: int | str) -> int:
-        """Add the events inside ``trace``'s span to ``trace``; return how many."""
-        span = trace_span_ns(trace)
-        if span is None:
-            return 0
-        base = int(trace.get("baseTimeNanoseconds", 0) or 0)
-        added = self.events(pid, base_ns=base, start_ns=span[0], end_ns=span[1])
-        if added:
-            trace["traceEvents"].extend(self.metadata(pid) + added)
-        return len(added)
+    def merge_into(self, trace: dict[str, Any], pid: int | str, span: tuple[int, int] | None = None) -> int:
+        """Add the events inside ``trace``'s span to ``trace``; return how many (``span``: see
+        :func:`~memprofiler.output.timeline.merge_into_trace`)."""
+        return merge_into_trace(trace, self, pid, span)
 
     def to_trace(self) -> dict[str, Any]:
         """The whole run of this rank as a standalone trace: ``pid`` = rank."""

@@ -16,10 +16,11 @@ drift. ``tests/test_timeline.py`` checks this against ``record_function`` marker
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from memprofiler import layout
 from memprofiler import metrics as vocab
@@ -277,14 +278,28 @@ class MemoryTimeline:
         return f'], "otherData": {json.dumps(self._other_data())}}}'
 
 
-def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int | str) -> int:
+class TraceRows(Protocol):
+    """Rows a trace cycle can take in: a :class:`MemoryTimeline` or a step timeline."""
+
+    def events(
+        self, pid: int | str, base_ns: int = 0, start_ns: int | None = None, end_ns: int | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def metadata(self, pid: int | str) -> list[dict[str, Any]]: ...
+
+
+def merge_into_trace(
+    trace: dict[str, Any], timeline: TraceRows, pid: int | str, span: tuple[int, int] | None = None
+) -> int:
     """Add ``timeline``'s events inside ``trace``'s time span to ``trace``; return how many.
 
     The span runs from the first event's start to the last event's end; snapshots outside it
-    belong to other trace cycles and are left out.
+    belong to other trace cycles and are left out. Pass ``span`` (:func:`trace_span_ns`) when
+    merging several timelines into one trace: finding it reads every event of the trace.
     """
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
-    span = trace_span_ns(trace)
+    if span is None:
+        span = trace_span_ns(trace)
     if span is None:
         return 0
     added = timeline.events(pid, base_ns=base, start_ns=span[0], end_ns=span[1])
@@ -296,11 +311,15 @@ def merge_into_trace(trace: dict[str, Any], timeline: MemoryTimeline, pid: int |
 def trace_span_ns(trace: dict[str, Any]) -> tuple[int, int] | None:
     """A Chrome trace's span on the epoch clock: first ``X`` event's start to last one's end."""
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
-    bounds = [
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0) or 0))
-        for e in trace.get("traceEvents", [])
-        if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
-    ]
-    if not bounds:
+    lo, hi = math.inf, -math.inf
+    for e in trace.get("traceEvents", []):
+        if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e:
+            start = float(e["ts"])
+            end = start + float(e.get("dur", 0) or 0)
+            if start < lo:
+                lo = start
+            if end > hi:
+                hi = end
+    if lo == math.inf:
         return None
-    return base + int(min(b[0] for b in bounds) * 1000), base + int(max(b[1] for b in bounds) * 1000)
+    return base + int(lo * 1000), base + int(hi * 1000)

@@ -7,12 +7,12 @@ tensors live at the peak.
 
 from __future__ import annotations
 
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memprofiler.analysis.compressed import read_maybe_gzip
 from memprofiler.errors import ArtifactError
 
 FORMAT = "memprofiler-memory-categories"
@@ -54,8 +54,7 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     """
     p = Path(path)
     try:
-        raw = p.read_bytes()
-        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        doc = json.loads(read_maybe_gzip(p))
     except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:
         raise ArtifactError(f"{p}: not a readable memory categories file ({err})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("devices"), dict):

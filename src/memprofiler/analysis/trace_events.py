@@ -12,16 +12,16 @@ here only for a trace too far out of time order to stream.
 
 from __future__ import annotations
 
-import gzip
 import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import ijson
 
+from memprofiler.analysis.compressed import open_maybe_gzip
 from memprofiler.errors import ArtifactError
 
 #: Names of the trace files the views read: the extended profiler's and ``tensorboard_trace_handler``'s.
@@ -148,18 +148,10 @@ def find_traces(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.pt.trace.json*") if is_trace_file(p) and p.is_file())
 
 
-def _open(path: Path) -> IO[bytes]:
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-    if gz:
-        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile reads bytes
-    return open(path, "rb")
-
-
 def _header(path: Path) -> tuple[int | None, int]:
     """Rank and ``baseTimeNanoseconds``: Kineto writes both before ``traceEvents``, so the
     first 64 KiB hold them when present; the rank in the file name wins."""
-    with _open(path) as f:
+    with open_maybe_gzip(path) as f:
         head = f.read(65536)
     rank = _RANK_IN_NAME.search(path.name) or _RANK_IN_HEADER.search(head)
     base = _BASE_IN_HEADER.search(head)
@@ -187,7 +179,7 @@ def iter_events(path: Path) -> Iterator[dict[str, Any]]:
         ArtifactError: the file is unreadable or not a JSON trace.
     """
     try:
-        with _open(path) as f:
+        with open_maybe_gzip(path) as f:
             yield from ijson.items(f, "traceEvents.item", use_float=True)
     except (OSError, EOFError, ijson.JSONError, UnicodeDecodeError) as err:
         raise ArtifactError(

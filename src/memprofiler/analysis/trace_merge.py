@@ -11,7 +11,6 @@ file's ``baseTimeNanoseconds``, so ranks line up on the shared wall clock.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import math
 import re
@@ -20,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from memprofiler.analysis.compressed import read_maybe_gzip
 from memprofiler.analysis.run_ids import check_one_run, trace_run_id
 from memprofiler.errors import ArtifactError
 from memprofiler.output.step_timeline import CATEGORIES as STEP_CATEGORIES
@@ -105,8 +105,7 @@ def _check_dir(run_dir: str | Path) -> Path:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        raw = path.read_bytes()
-        data = json.loads(gzip.decompress(raw) if path.name.endswith(".gz") else raw)
+        data = json.loads(read_maybe_gzip(path))
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"{str(path)!r} is not a readable JSON trace ({err})") from None
     except RecursionError:

@@ -21,6 +21,7 @@ from typing import Any
 
 from memprofiler.analysis.compressed import read_maybe_gzip
 from memprofiler.analysis.run_ids import check_one_run, trace_run_id
+from memprofiler.analysis.trace_events import find_traces
 from memprofiler.errors import ArtifactError
 from memprofiler.output.step_timeline import CATEGORIES as STEP_CATEGORIES
 from memprofiler.output.timeline import CATEGORY
@@ -57,10 +58,8 @@ def find_profiler_traces(run_dir: str | Path) -> dict[int, list[Path]]:
     The rank comes from the default name (``{stage}_rank_{rank}.{cycle}``), else from the
     ``memprofiler.rank`` the profiler writes into every trace (custom ``filename`` templates).
     """
-    root = _check_dir(run_dir)
     found: dict[int, list[Path]] = {}
-    paths = sorted([*root.rglob("*.pt.trace.json"), *root.rglob("*.pt.trace.json.gz")])
-    for path in paths:
+    for path in find_traces(_check_dir(run_dir)):
         match = _PROFILER_FILE.match(path.name)
         rank = int(match.group(1)) if match is not None else _written_rank(path)
         if rank is not None:

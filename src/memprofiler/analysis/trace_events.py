@@ -271,15 +271,19 @@ def _shapes_text(dims: list[Any]) -> str:
     return "[" + ", ".join(str([_int(x, 0) for x in d]) if isinstance(d, list) else "[]" for d in dims) + "]"
 
 
+def memory_device(args: dict[str, Any]) -> str:
+    """The device of a ``[memory]`` event from its ``args``: ``CPU``, ``GPU0``, ``MPS0``..."""
+    dtype, did = _int(args.get("Device Type"), 0), _int(args.get("Device Id"))
+    label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
+    return label if dtype == 0 else f"{label}{max(did, 0)}"
+
+
 def _add_memory(trace: Trace, ev: dict[str, Any], ts: float) -> None:
     args = _args(ev)
     nbytes = _int(args.get("Bytes"), 0)
     if nbytes == 0:
         return
-    dtype, did = _int(args.get("Device Type"), 0), _int(args.get("Device Id"))
-    # Addresses are unsigned 64-bit: fold them into the signed column.
-    label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
-    label = label if dtype == 0 else f"{label}{max(did, 0)}"
+    label = memory_device(args)
     try:
         dev = trace.devices.index(label)
     except ValueError:
@@ -289,6 +293,7 @@ def _add_memory(trace: Trace, ev: dict[str, Any], ts: float) -> None:
     m.ts.append(ts)
     m.thread.append(trace.thread_of(ev.get("pid"), ev.get("tid")))
     m.nbytes.append(nbytes)
+    # Addresses are unsigned 64-bit: fold them into the signed column.
     m.addr.append(_int(args.get("Addr"), 0) % (1 << 63))
     m.device.append(dev)
     m.allocated.append(_int(args.get("Total Allocated"), 0))

@@ -52,16 +52,17 @@ from memprofiler.analysis.profiler_steps import (
 )
 from memprofiler.analysis.trace_events import (
     _DEVICE_CATS,
-    _DEVICE_TYPES,
     _STEP,
     KERNEL,
     MEMCPY,
     MEMSET,
     MODULE_PREFIXES,
+    _args,
     _int,
     _shapes_text,
     checked_header,
     iter_events,
+    memory_device,
 )
 from memprofiler.errors import ArtifactError
 
@@ -392,14 +393,11 @@ class _Reader:
             self._sweep(th, heapq.heappop(th.heap))
 
     def _memory(self, ev: dict[str, Any], ts: float) -> None:
-        args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
+        args = _args(ev)
         nbytes = _int(args.get("Bytes"), 0)
         if nbytes == 0:
             return
-        dtype, did = _int(args.get("Device Type"), 0), _int(args.get("Device Id"))
-        label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
-        label = label if dtype == 0 else f"{label}{max(did, 0)}"
+        label = memory_device(args)
         dev = self.dev_ix.get(label)
         if dev is None:
             dev = self.dev_ix[label] = len(self.devices)

@@ -10,7 +10,6 @@ that forbids every request.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import zlib
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,7 @@ from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer_assets import EXPLORER_CSS, EXPLORER_JS
-from memprofiler.reporters.html_cells import STYLE, b
+from memprofiler.reporters.html_cells import b, json_script, page
 from memprofiler.reporters.html_snapshot import snapshot_html
 from memprofiler.reporters.model import ReportModel, SnapshotEntry
 
@@ -152,30 +151,22 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
     return _page(source, meta, blob.encode(), snapshot_html(SnapshotEntry(source, source, analysis), top))
 
 
-def _json_script(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
-
-
 def _page(source: str, meta: dict[str, Any], blob: str, summary: str) -> str:
-    name = escape(os.path.basename(source) or source)
+    base = os.path.basename(source) or source
     peaks = " ".join(
         f"<span class='peak' data-device='{d['device']}' data-bytes='{d['peak']}'>device {d['device']}: "
         f"peak active {b(d['peak'])} at entry {d['peakIndex']:,}</span>"
         for d in meta["devices"]
     )
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
-        f"<title>allocation explorer: {name}</title><style>{STYLE}{EXPLORER_CSS}</style></head><body>"
-        f"<h1>Allocation explorer <span class='muted'>{name}</span></h1>"
+    body = (
+        f"<h1>Allocation explorer <span class='muted'>{escape(base)}</span></h1>"
         f"<p id='mp-peaks'>{peaks}</p>"
         "<div id='mp-app'><p id='mp-loading'>Loading the trace…</p></div>"
         f"<details class='mp-summary'><summary>Summary tables</summary>{summary}</details>"
-        f"<script type='application/json' id='mp-meta'>{_json_script(meta)}</script>"
+        f"<script type='application/json' id='mp-meta'>{json_script(meta)}</script>"
         f"<script type='application/octet-stream' id='mp-data'>{blob}</script>"
-        f"<script>{EXPLORER_JS}</script></body></html>"
     )
+    return page(f"allocation explorer: {base}", body, style=EXPLORER_CSS, script=EXPLORER_JS)
 
 
 def render_explorer(data: Mapping[str, Any], source: str, top: int = 10) -> tuple[SnapshotAnalysis, str]:

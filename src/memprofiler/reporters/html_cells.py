@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from html import escape
@@ -41,16 +42,28 @@ document.querySelectorAll("table.filterable").forEach(function (table) {
 """
 
 
-def page(title: str, body: str) -> str:
-    """A whole page: inline style and script, and a policy that forbids every request."""
+def page(title: str, body: str, style: str = "", script: str = SCRIPT) -> str:
+    """A whole page: inline style and script, and a policy that forbids every request.
+
+    Args:
+        title: the page title (escaped here).
+        body: the body's HTML.
+        style: CSS of this page, after the shared :data:`STYLE`.
+        script: the page's script; by default the table filter.
+    """
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         # No external request of any kind may leave this page.
         "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; "
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">"
-        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
-        f"{body}\n<script>{SCRIPT}</script></body></html>"
+        f"<title>{escape(title)}</title><style>{STYLE}{style}</style></head><body>\n"
+        f"{body}\n<script>{script}</script></body></html>"
     )
+
+
+def json_script(obj: Any) -> str:
+    """``obj`` as compact JSON that cannot close the ``<script>`` element holding it."""
+    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
 
 
 def plural(n: int, word: str) -> str:

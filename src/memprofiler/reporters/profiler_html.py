@@ -8,7 +8,6 @@ page, the same way :func:`memprofiler.analysis.profiler_memory.memory_stats` doe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from html import escape
 
@@ -18,7 +17,7 @@ from memprofiler.analysis.profiler_ops import OpRow
 from memprofiler.analysis.profiler_steps import STEP_PARTS
 from memprofiler.analysis.profiler_views import DeviceView, ProfilerViews, TraceView
 from memprofiler.reporters import svg
-from memprofiler.reporters.html_cells import page
+from memprofiler.reporters.html_cells import json_script, page
 from memprofiler.units import format_bytes
 
 #: Rows of the memory events table drawn in the page (the largest first); the rest are counted.
@@ -136,8 +135,7 @@ def _memory_html(dv: DeviceView, key: str) -> str:
         _table(_MEM_STAT_COLS, [_stat_row(s) for s in dv.stats], attrs=" data-kind='stats'"),
     ]
     if dv.range_data is not None:
-        data = json.dumps(dv.range_data, separators=(",", ":")).replace("</", "<\\/")
-        out.append(f"<script type='application/json' class='memdata'>{data}</script>")
+        out.append(f"<script type='application/json' class='memdata'>{json_script(dv.range_data)}</script>")
     out.append("</div>")
     return "\n".join(out)
 

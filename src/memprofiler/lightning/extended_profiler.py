@@ -60,7 +60,7 @@ from memprofiler.lightning.trace_output import (
     run_fields,
 )
 from memprofiler.output.mirror import RemoteMirror
-from memprofiler.output.step_timeline import HOOKS, StepTimeline
+from memprofiler.output.step_timeline import DATA, HOOKS, StepTimeline
 from memprofiler.output.timeline import MemoryTimeline, merge_into_trace, trace_span_ns
 from memprofiler.output.trace_files import TRACE, TraceCycle
 from memprofiler.output.writers import write_text
@@ -265,8 +265,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         tl = self.timeline_cfg
         #: Hook spans, data-loader waits and host samples of every step (``None`` when off).
         self.step_timeline = StepTimeline(max_spans=tl.max_events) if tl.enabled else None
-        self._record_hooks = tl.enabled and tl.hooks
-        self._record_data = tl.enabled and tl.dataloader
+        #: Row kinds recorded (``hooks``, ``data``), as configured.
+        self._recorded_tracks = {HOOKS: tl.enabled and tl.hooks, DATA: tl.enabled and tl.dataloader}
+        #: Action name -> its timeline row, or "" when it is not recorded: decided once per name.
         self._tracks: dict[str, str] = {}
 
     # ----------------------------------------------------------------- wiring
@@ -489,10 +490,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if timeline is not None:
             track = self._tracks.get(action_name)
             if track is None:
-                # The profiler's own helper callback is no hook of the user's: leave it out.
-                own = action_name.startswith(_OWN_CALLBACK)
-                track = self._tracks[action_name] = "" if own else action_track(action_name)
-            if track and (self._record_hooks if track == HOOKS else self._record_data):
+                track = self._tracks[action_name] = self._track_of(action_name)
+            if track:
                 timeline.begin(action_name, track)
         if self._idle():
             # Between windows nothing is recorded: skip the per-action `record_function` and
@@ -500,6 +499,13 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._remove_module_hooks()
             return
         super().start(action_name)
+
+    def _track_of(self, action_name: str) -> str:
+        """The timeline row ``action_name`` is recorded on, or "" when it is not recorded."""
+        if action_name.startswith(_OWN_CALLBACK):  # the profiler's own helper: no hook of the user's
+            return ""
+        track = action_track(action_name)
+        return track if self._recorded_tracks[track] else ""
 
     @override
     def stop(self, action_name: str) -> None:

@@ -53,6 +53,8 @@ PROFILER_TRACE_JSON = "{stage}_rank_{rank}.{cycle}.pt.trace.json"
 #: autograd detail) over one profiler cycle, from torch's memory profiler; written beside that
 #: cycle's trace when ``record_shapes``, ``profile_memory`` and ``with_stack`` are all on.
 PROFILER_MEMORY_CATEGORIES_JSON = "{stage}_rank_{rank}.{cycle}.memory_categories.json"
+#: The ``format`` field of that file (its writer and its reader check the same tag).
+MEMORY_CATEGORIES_FORMAT = "memprofiler-memory-categories"
 #: ExtendedPyTorchProfiler per-rank step timeline of the whole run: a span per Lightning hook
 #: and data-loader wait, host-metric counters (``memprofiler merge-traces`` folds it in).
 STEP_TIMELINE_JSON = "step_timeline_rank_{rank}.json"

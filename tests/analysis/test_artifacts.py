@@ -30,6 +30,7 @@ NOT_FILES = {
     "YAML_BLOCK_END",
     "RUN_ID_LINE",
     "TRACE_RUN_ID_KEY",
+    "MEMORY_CATEGORIES_FORMAT",
 }
 
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memprofiler import layout
 from memprofiler.analysis.compressed import read_maybe_gzip
 from memprofiler.errors import ArtifactError
 
-FORMAT = "memprofiler-memory-categories"
+FORMAT = layout.MEMORY_CATEGORIES_FORMAT
 #: Points a stacked chart keeps at most; a longer series keeps each bin's highest total.
 SERIES_POINTS = 600
 #: Tensors listed as live at the peak, largest first.

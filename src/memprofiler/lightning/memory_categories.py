@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from memprofiler import layout
+
 #: The file's ``format`` and ``version``.
-FORMAT, VERSION = "memprofiler-memory-categories", 1
+FORMAT, VERSION = layout.MEMORY_CATEGORIES_FORMAT, 1
 _NEEDS = ("record_shapes", "profile_memory", "with_stack")
 #: The companion-file kind of a trace cycle (:meth:`memprofiler.output.trace_files.TraceFiles.path_for`).
 CATEGORIES = "memory_categories"

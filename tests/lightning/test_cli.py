@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _cli_config import write_cli_config
 from conftest import load_stats
 from memprofiler import MemProfilerCallback, ProfilerHooksMixin
 from memprofiler.lightning.cli import MemProfilerCLI
@@ -15,25 +16,7 @@ from memprofiler.lightning.cli import MemProfilerCLI
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import DemoGPT
 
-
-def _config(tmp_path: Path, extra: dict) -> Path:
-    cfg = {
-        "trainer": {
-            "max_epochs": 1,
-            "limit_train_batches": 3,
-            "limit_val_batches": 0,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "default_root_dir": str(tmp_path / "run"),
-        },
-        "model": {"n_layers": 1, "d_model": 32, "num_samples": 48},
-        **extra,
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+_config = write_cli_config
 
 
 def test_top_level_group_installs_the_callback(tmp_path):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _cli_config import write_cli_config
 from memprofiler.lightning.cli import MemProfilerCLI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -15,24 +16,7 @@ from demo import DemoGPT
 
 
 def _config(tmp_path: Path, extra: dict, trainer: dict | None = None) -> Path:
-    cfg = {
-        "trainer": {
-            "max_epochs": 1,
-            "limit_train_batches": 2,
-            "limit_val_batches": 0,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "default_root_dir": str(tmp_path / "run"),
-            **(trainer or {}),
-        },
-        "model": {"n_layers": 1, "d_model": 32, "num_samples": 48},
-        **extra,
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_cli_config(tmp_path, extra, {"limit_train_batches": 2, **(trainer or {})})
 
 
 def _callback(config: dict) -> dict:

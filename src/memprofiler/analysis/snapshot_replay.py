@@ -165,21 +165,11 @@ class DeviceReplay:
 
     def active(self) -> np.ndarray:
         """Active requested bytes after each instant (int64, length ``instants``)."""
-        m = self.instants
-        s = np.maximum(self.start, 0)
-        d = np.zeros(m + 1)
-        d += np.bincount(s, weights=self.size, minlength=m + 1)[: m + 1]
-        d -= np.bincount(self.end, weights=self.size, minlength=m + 1)[: m + 1]
-        return np.cumsum(d[:m]).astype(np.int64)
+        return _live_bytes(self.instants, self.start, self.end, self.size)
 
     def reserved(self) -> np.ndarray:
         """Reserved (segment) bytes after each instant."""
-        m = self.instants
-        s = np.maximum(self.seg_start, 0)
-        d = np.zeros(m + 1)
-        d += np.bincount(s, weights=self.seg_size, minlength=m + 1)[: m + 1]
-        d -= np.bincount(self.seg_end, weights=self.seg_size, minlength=m + 1)[: m + 1]
-        return np.cumsum(d[:m]).astype(np.int64)
+        return _live_bytes(self.instants, self.seg_start, self.seg_end, self.seg_size)
 
     def live_at(self, t: int) -> np.ndarray:
         """Indices of the blocks live after instant ``t``."""
@@ -307,3 +297,12 @@ def _replay_device(
         time_us=np.where(t > 0, t - t0, 0),
         ooms=ooms,
     )
+
+
+def _live_bytes(m: int, start: np.ndarray, end: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Bytes live after each of ``m`` instants, for blocks living ``[start, end)`` (a start
+    below 0: live before the first instant)."""
+    d = np.zeros(m + 1)
+    d += np.bincount(np.maximum(start, 0), weights=size, minlength=m + 1)[: m + 1]
+    d -= np.bincount(end, weights=size, minlength=m + 1)[: m + 1]
+    return np.cumsum(d[:m]).astype(np.int64)

@@ -106,7 +106,9 @@ def test_a_default_device_of_cuda_does_not_move_the_estimates_tensors(device, cu
     batch = torch.randn(4, 10, device="cpu")
 
     def run(**kw: Any) -> dict[str, Any]:
-        return estimate_memory(meta_net(), batch, optimizer=ADAM, loss_fn=loss_fn, device=device, **kw).to_dict()
+        return estimate_memory(
+            meta_net(), batch, optimizer=ADAM, loss_fn=loss_fn, device=device, **kw
+        ).to_dict()
 
     # WHEN estimated under the default device `cuda` and again with the default device unset
     on_cuda_default = {s: run(strategy=s, world_size=ws) for s, ws in [("single", 1), ("fsdp", 2)]}
@@ -167,6 +169,6 @@ def test_a_module_that_puts_a_tensor_on_a_fixed_device_is_one_line():
         estimate_memory(model, torch.randn(2, 4), optimizer=ADAM)
     msg = str(err.value)
     assert msg.startswith("`model`: module `head` (HardCodedCuda) mixed tensors on cpu and cuda:0: ")
-    assert "runs on fake CPU tensors on every machine" in msg
+    assert "the estimate's tensors are on cpu on every machine" in msg
     assert "device=x.device" in msg
     assert "\n" not in msg

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import engine, estimate_memory
@@ -172,3 +176,89 @@ def test_a_module_that_puts_a_tensor_on_a_fixed_device_is_one_line():
     assert "the estimate's tensors are on cpu on every machine" in msg
     assert "device=x.device" in msg
     assert "\n" not in msg
+
+
+def test_an_error_outside_any_forward_is_the_same_on_a_machine_with_cuda(cuda_machine):
+    # GIVEN the loss of test_bad_input that is not a scalar, with a constant made outside forward,
+    # which stopped with a device mismatch on the GPU node
+    def loss_fn(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch).sum() + torch.ones(3).sum() * torch.ones(2, 2)
+
+    # WHEN estimated on a machine with CUDA THEN the user's own error is left as it is
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+        estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), optimizer=ADAM, loss_fn=loss_fn)
+
+
+class ShardedTiny(pl.LightningModule):
+    """A ModelParallelStrategy module: each block sharded on the strategy's mesh, or on none."""
+
+    def __init__(self, own_mesh: bool = True) -> None:
+        super().__init__()
+        self.own_mesh = own_mesh
+        self.layers = nn.ModuleList([nn.Linear(10, 33), nn.Linear(33, 7)])
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"] if self.own_mesh else None
+        for layer in self.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self, mesh=mesh)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        (x,) = batch
+        return self.layers[1](torch.relu(self.layers[0](x))).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.randn(16, 10)), batch_size=4)
+
+
+def _cli_estimate(tmp_path: Path, own_mesh: bool) -> list[dict[str, Any]]:
+    from memprofiler import layout
+    from memprofiler.lightning.cli import MemProfilerCLI
+
+    MemProfilerCLI(
+        ShardedTiny,
+        args=[
+            "estimate",
+            "--trainer.accelerator=cpu",
+            "--trainer.strategy=ModelParallelStrategy",
+            f"--model.own_mesh={own_mesh}",
+            "--estimate.world_size=4",
+            f"--estimate.save_dir={tmp_path}",
+        ],
+        save_config_callback=None,
+    )
+    rows: list[dict[str, Any]] = yaml.safe_load((tmp_path / layout.MEMORY_ESTIMATE_YAML).read_text())[
+        "estimates"
+    ]
+    return rows
+
+
+@pytest.mark.parametrize("own_mesh", [True, False], ids=["strategy_mesh", "no_mesh"])
+def test_the_cli_fsdp_estimate_is_the_same_on_a_machine_with_cuda(own_mesh, tmp_path, monkeypatch):
+    # GIVEN `memprofiler estimate` of a ModelParallelStrategy module on this machine
+    laptop = _cli_estimate(tmp_path / "laptop", own_mesh=True)
+    # WHEN the same runs in a process that believes it has CUDA, the module sharding on the
+    # strategy's mesh or on none (fully_shard's own pick)
+    with monkeypatch.context() as m:
+        pretend_cuda(m)
+        gpu_node = _cli_estimate(tmp_path / "gpu", own_mesh=own_mesh)
+    # THEN the rows are identical, and the parameters are rank 0's padded shards of 4
+    assert gpu_node == laptop
+    assert gpu_node[0]["resident"]["parameters"] == padded_shard_bytes(4)
+
+
+def test_the_device_mismatch_of_older_torch_is_recognised_too():
+    # torch before 2.12 raised a RuntimeError with the devices in its text (the GPU run's 2.11)
+    from memprofiler.estimate.failures import mixed_devices
+
+    old = RuntimeError(
+        "Unhandled FakeTensor Device Propagation for fsdp.all_gather_copy_in.default, found two different "
+        "devices cuda:0, cpu"
+    )
+    assert mixed_devices(old) == ("cuda:0", "cpu")
+    assert mixed_devices(RuntimeError("a and b must have same reduction dim")) is None

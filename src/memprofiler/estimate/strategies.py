@@ -87,8 +87,11 @@ def default_mesh_on_run_device(world_size: int) -> Iterator[None]:
     """While the block shards the meta copy, ``fully_shard(module)`` with no ``mesh`` (a
     ``configure_model`` may call it so) gets one mesh on :data:`RUN_DEVICE` instead of one on
     the machine's accelerator, whose parameters would sit on another device than the steps'."""
-    from torch.distributed.fsdp._fully_shard import _fully_shard as impl
-
+    try:
+        from torch.distributed.fsdp._fully_shard import _fully_shard as impl
+    except ImportError:  # a torch that keeps fully_shard elsewhere: its own pick stands
+        yield
+        return
     built: list[Any] = []
 
     def ours(*args: Any, **kwargs: Any) -> Any:

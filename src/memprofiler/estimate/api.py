@@ -44,6 +44,8 @@ def estimate_memory(
             modules ``shard_policy`` picks). Tensor / pipeline parallelism is not modelled.
         precision: Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ...
         device: ``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes.
+            Either way the steps run on CPU tensors, on every machine, so a GPU node and a
+            laptop give the same figures.
         steps: steps to run; 2 covers optimizer state created lazily in the first.
         fake: ``False`` runs on real CPU tensors, for models that cannot run fake.
         shard_policy: which submodules ``fsdp`` shards apart from the root.

@@ -20,8 +20,10 @@ from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
 from memprofiler.estimate.failures import (
     ModuleStack,
+    device_failure,
     fake_errors,
     fake_failure,
+    mixed_devices,
     quiet_meta_failures,
     shape_failure,
 )
@@ -57,15 +59,13 @@ def as_loss(out: Any) -> torch.Tensor:
 
 
 def run_device(device: str, fake: bool) -> tuple[str, list[str]]:
-    """Where the fake step runs; CUDA is modelled by the allocator when it cannot run there."""
+    """Where the steps run: :data:`strategies.RUN_DEVICE` on every machine, whatever it has;
+    ``device="cuda"`` is modelled by replaying the allocations through the caching allocator."""
     if device == "cpu" or not fake:
-        return "cpu", []
-    if torch.backends.cuda.is_built():
-        return device, []
-    # Autograd on fake CUDA tensors aborts the process on a CPU-only build of torch.
-    return "cpu", [
-        "ran on fake CPU tensors (this torch has no CUDA); kernels that save different tensors on CUDA "
-        "(attention backends) are counted as on CPU"
+        return strategies.RUN_DEVICE, []
+    return strategies.RUN_DEVICE, [
+        "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
+        "save different tensors on CUDA (attention backends) are counted as on CPU"
     ]
 
 
@@ -123,12 +123,15 @@ def estimate(
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
         model = meta_copy(model)  # never touch the caller's module
         # Sharding runs on the meta copy, outside fake mode: the device mesh needs real ranks.
-        if prepare is not None:
-            with torch.device("meta"):
-                prepare(model)
-        if fsdp and not strategies.is_fully_sharded(model):
-            strategies.fully_shard_model(model, world_size, shard_policy)
-        with mode if mode is not None else contextlib.nullcontext():
+        with strategies.default_mesh_on_run_device(world_size) if fsdp else contextlib.nullcontext():
+            if prepare is not None:
+                with torch.device("meta"):
+                    prepare(model)
+            if fsdp and not strategies.is_fully_sharded(model):
+                strategies.fully_shard_model(model, world_size, shard_policy)
+        # Tensors made with no device (a loss's constant, Adam's step count) go to the run
+        # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
+        with torch.device(where), mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, strategies.param_dtype(precision))
             fake_batch = _to_fake(batch, mode, where)
             if optimizer_of_model is not None:  # LightningModule.configure_optimizers
@@ -225,6 +228,9 @@ def _one_step(
                 raise fake_failure(err, stack.innermost()) from None
             if not stack.stack:  # outside any module's forward: not the batch's doing
                 raise
+            devices = mixed_devices(err)
+            if devices is not None:  # a tensor put on a fixed device in forward
+                raise device_failure(devices, stack.innermost(), stack.innermost_inputs()[0]) from None
             raise shape_failure(err, stack.innermost(), *stack.innermost_inputs()) from None
     tracker.mark_optimizer_state(opt)
     resident = _resident(model, opt)

@@ -2,9 +2,10 @@
 
 An op that needs tensor data (``.item()``), has a data-dependent output shape
 (``nonzero``) or has no fake kernel (a custom op) cannot run on fake tensors; the user gets
-the op, the module whose forward ran it, and the way out: real tensors on CPU. Any other
-error in a module's forward (a batch whose shapes do not fit the model) names the module and
-the shapes of its inputs.
+the op, the module whose forward ran it, and the way out: real tensors on CPU. A forward that
+puts a tensor on a fixed device gets the module and the fix; any other error in a module's
+forward (a batch whose shapes do not fit the model) names the module and the shapes of its
+inputs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,31 @@ def shape_failure(err: BaseException, module: str, kind: str, shapes: list[list[
         "batch",
         f"module `{module}` ({kind}) failed on inputs of shape {got}: {first.rstrip('.')}; make the "
         "batch's shapes fit the model (`fit` would stop here too)",
+    )
+
+
+#: Fake tensors' device mismatch: its own error type with the two devices since torch 2.12,
+#: "Unhandled FakeTensor Device Propagation for OP, found two different devices A, B" before.
+_MIXED = re.compile(r"found (?:at least )?two (?:different )?devices,? ([\w:]+),? (?:and )?([\w:]+)")
+
+
+def mixed_devices(err: BaseException) -> tuple[str, str] | None:
+    """The two devices a fake op was given tensors on, or None when ``err`` is not that."""
+    common, other = getattr(err, "common_device", None), getattr(err, "device", None)
+    if isinstance(common, torch.device) and isinstance(other, torch.device):
+        return str(common), str(other)
+    found = _MIXED.search(str(err))
+    return (found.group(1), found.group(2)) if found else None
+
+
+def device_failure(devices: tuple[str, str], module: str, kind: str) -> ConfigError:
+    """A module's forward put a tensor on a fixed device, which the estimate's tensors are not on."""
+    return ConfigError(
+        "model",
+        f"module `{module}` ({kind}) mixed tensors on {devices[0]} and {devices[1]}: the estimate's "
+        'tensors are on cpu on every machine, so a tensor put on a fixed device (`device="cuda"`, '
+        "`.cuda()`) meets them; make it on its input's device (`device=x.device`), as `fit` on "
+        "another device would need too",
     )
 
 

@@ -29,6 +29,11 @@ PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype]] = {
 #: all-reduce starts early.
 DDP_FIRST_BUCKET = 1 << 20
 DDP_BUCKET_CAP_MB = 25
+#: The device of every tensor an estimate makes (fake or real) and of its device mesh, on every
+#: machine: autograd on fake CUDA tensors aborts a CPU-only build of torch, so the one device
+#: that gives the same figures on a laptop and on a GPU node is the CPU. The ``device``
+#: argument picks the accounting (the CUDA caching allocator's view, or the tensors' bytes).
+RUN_DEVICE = "cpu"
 
 
 def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
@@ -64,12 +69,51 @@ def fake_process_group(world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def device_mesh(shape: tuple[int, ...], names: tuple[str, ...] | None = None) -> Any:
+    """A device mesh on :data:`RUN_DEVICE` over the fake process group, never on this machine's GPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with torch.device(RUN_DEVICE):  # the mesh's rank tensor, whatever the default device
+        return init_device_mesh(RUN_DEVICE, shape, mesh_dim_names=names)
+
+
+#: Where ``fully_shard`` builds its mesh when given none: on ``torch._C._get_accelerator()``,
+#: CUDA on a GPU node. The names differ between torch versions.
+_DEFAULT_MESH_BUILDERS = ("_init_default_mesh", "_init_default_fully_shard_mesh")
+
+
+@contextlib.contextmanager
+def default_mesh_on_run_device(world_size: int) -> Iterator[None]:
+    """While the block shards the meta copy, ``fully_shard(module)`` with no ``mesh`` (a
+    ``configure_model`` may call it so) gets one mesh on :data:`RUN_DEVICE` instead of one on
+    the machine's accelerator, whose parameters would sit on another device than the steps'."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fully_shard as impl
+    except ImportError:  # a torch that keeps fully_shard elsewhere: its own pick stands
+        yield
+        return
+    built: list[Any] = []
+
+    def ours(*args: Any, **kwargs: Any) -> Any:
+        if not built:
+            built.append(device_mesh((world_size,), kwargs.get("mesh_dim_names")))
+        return built[0]
+
+    saved = {name: getattr(impl, name) for name in _DEFAULT_MESH_BUILDERS if hasattr(impl, name)}
+    for name in saved:
+        setattr(impl, name, ours)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(impl, name, fn)
+
+
 def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Module], bool] | None) -> None:
     """Apply FSDP2's ``fully_shard`` to the modules ``policy`` picks, then to the root."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world_size,))
+    mesh = device_mesh((world_size,))
     picked: list[nn.Module] = []
     if policy is None:
         for m in model.modules():

@@ -214,12 +214,9 @@ class _Prepare:
 
     def __call__(self, model: nn.Module) -> None:
         if self.fsdp:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            with torch.device("cpu"):
-                model._device_mesh = init_device_mesh(  # type: ignore[assignment]
-                    "cpu", (self.world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel")
-                )
+            model._device_mesh = strategies.device_mesh(
+                (self.world_size, 1), ("data_parallel", "tensor_parallel")
+            )
         configure = getattr(model, "configure_model", None)
         if callable(configure):
             configure()

@@ -313,3 +313,11 @@ class FakeCudaBackend(CudaBackend):
 
     def actions(self, snap: dict[str, Any]) -> list[str]:
         return [e["action"] for e in snap["device_traces"][0]]
+
+
+def no_gpu() -> FakeCudaBackend:
+    """The CUDA seam of a machine without a GPU: for tests of CPU behaviour that must give the
+    same figures on a GPU node, where another test of the process may have initialised CUDA."""
+    backend = FakeCudaBackend(initialized=False)
+    backend.available = False
+    return backend

@@ -26,11 +26,8 @@ def _fit(root: Path, hidden: int) -> Path:
     import torch
     from torch import nn
 
-    from fake_cuda import FakeCudaBackend
+    from fake_cuda import no_gpu
     from memprofiler import MemProfilerCallback, memprofilable
-
-    no_gpu = FakeCudaBackend(initialized=False)
-    no_gpu.available = False
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -60,7 +57,7 @@ def _fit(root: Path, hidden: int) -> Path:
         accelerator="cpu",
         devices=1,
         logger=pl.loggers.CSVLogger(root),
-        callbacks=[MemProfilerCallback({"schedule": {"warmup": 1, "active": 2}}, cuda=no_gpu)],
+        callbacks=[MemProfilerCallback({"schedule": {"warmup": 1, "active": 2}}, cuda=no_gpu())],
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
+from fake_cuda import no_gpu
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
@@ -24,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _memprofiler(**extra: Any) -> MemProfilerCallback:
-    return MemProfilerCallback({"schedule": {"follow_profiler": True}, **extra})
+    # a CPU run's figures on any machine: no CUDA counters even where CUDA was initialised
+    return MemProfilerCallback({"schedule": {"follow_profiler": True}, **extra}, cuda=no_gpu())
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -23,8 +23,8 @@ CLIS = {"LightningCLI", "MemProfilerCLI"}
 CLI_FLAG = "--trainer.accelerator"
 
 
-def _sources() -> Iterator[tuple[Path, ast.Module, str]]:
-    for path in sorted(TESTS.rglob("*.py")):
+def _sources(root: Path) -> Iterator[tuple[Path, ast.Module, str]]:
+    for path in sorted(root.rglob("*.py")):
         text = path.read_text()
         yield path, ast.parse(text, str(path)), text
 
@@ -165,11 +165,11 @@ def _patches_cuda(chain: list[ast.AST], text: str) -> bool:
     return bool(source) and bool(re.search(r"setattr\(\s*torch\.cuda\b|patch\(\s*[\"']torch\.cuda\.", source))
 
 
-def unnamed_devices() -> list[str]:
-    """``file:line: what`` for every place a test leaves the device to the machine."""
+def unnamed_devices(root: Path = TESTS) -> list[str]:
+    """``file:line: what`` for every place a test under ``root`` leaves the device to the machine."""
     found: list[str] = []
-    for path, tree, text in _sources():
-        where = path.relative_to(TESTS.parent)
+    for path, tree, text in _sources(root):
+        where = path.relative_to(root.parent)
         if _module_marked_cuda(tree):
             continue
         local = _local_classes(tree)
@@ -246,16 +246,9 @@ def test_a(monkeypatch):
 def test_gpu():
     pl.Trainer(max_steps=1)
 """
-    import test_test_hygiene as lint
-
     for name, src in (("test_bad.py", bad), ("test_good.py", good)):
         (tmp_path / name).write_text(src)
-    saved = lint.TESTS
-    try:
-        lint.TESTS = tmp_path
-        found = lint.unnamed_devices()
-    finally:
-        lint.TESTS = saved
+    found = unnamed_devices(tmp_path)
     # THEN every bad line is found, and nothing of the good file
     assert [f.split(": ", 1)[0].rsplit("/", 1)[-1] for f in found] == [
         "test_bad.py:7",

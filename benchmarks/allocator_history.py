@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     backend = CudaBackend()
-    if not backend.supports_history():
+    if backend.ensure_initialized() is not None or not backend.supports_history():
         print(json.dumps({"skipped": "no CUDA"}))
         return 0
 

@@ -64,6 +64,8 @@ def quiet_trainer(root: Any, profiler: Any, steps: int, callbacks: list[Any] | N
         max_steps=steps,
         profiler=profiler,
         callbacks=callbacks or [],
+        accelerator="cpu",
+        devices=1,
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -17,6 +17,13 @@ ring with the allocator's semantics, so every piece of our orchestration runs on
   backend's dispatcher) and raises ``torch.OutOfMemoryError``.
 
 Every ``record_memory_history`` call is kept in ``history_calls`` for assertions.
+
+It also has CUDA's initialisation state (``initialized``; ``FakeCudaBackend(initialized=False)``
+is a fresh process before its first CUDA tensor). Calling a private binding then fails as the
+real one may: :class:`SimulatedCrash` (a ``BaseException``, which no collector guard catches,
+like the segmentation fault of ``torch._C._cuda_isHistoryEnabled()`` before init). ``alloc``,
+``reset_peak_memory_stats``, ``mem_get_info`` and ``ensure_initialized`` initialise it, as a
+CUDA tensor, ``current_device()`` and ``torch.cuda.init()`` do.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ from memprofiler.units import CUDA_MEMORY_STATS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_cuda_snapshot.json"
 GIB = 1 << 30
+
+
+class SimulatedCrash(BaseException):
+    """What the real process would die of (exit 139): a private binding called before init."""
 
 
 def memory_stats_keys() -> list[str]:
@@ -105,13 +116,25 @@ class FakeCudaBackend(CudaBackend):
         has_history: whether the ``_cuda_record_memory_history`` binding "exists".
         has_oom_observer: whether the OOM observer binding "exists".
         total: device memory in bytes.
+        initialized: whether CUDA is already initialised (the model is on the device, as under
+            Lightning); ``False`` is a fresh process before its first CUDA tensor.
     """
 
     def __init__(
-        self, *, has_history: bool = True, has_oom_observer: bool = True, total: int = 80 * GIB
+        self,
+        *,
+        has_history: bool = True,
+        has_oom_observer: bool = True,
+        total: int = 80 * GIB,
+        initialized: bool = True,
     ) -> None:
         super().__init__()
         self.available = True
+        self.initialized = initialized
+        #: Raised by ``torch.cuda.init()`` when set (e.g. a child forked from an initialised parent).
+        self.init_error: Exception | None = None
+        #: ``torch.cuda.init()`` calls that initialised CUDA.
+        self.inits = 0
         #: ``PYTORCH_CUDA_ALLOC_CONF=backend:...``; only ``native`` records history or observes OOMs.
         self.allocator = "native"
         #: The ``device`` argument of every ``memory_stats`` / ``mem_get_info`` call.
@@ -138,19 +161,39 @@ class FakeCudaBackend(CudaBackend):
     def is_available(self) -> bool:
         return self.available
 
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def _init(self) -> None:
+        if not self.available:
+            raise RuntimeError("No CUDA GPUs are available")
+        if self.init_error is not None:
+            raise self.init_error
+        if not self.initialized:
+            self.initialized = True
+            self.inits += 1
+
+    def _too_early(self, binding: str) -> None:
+        if not self.initialized:
+            raise SimulatedCrash(f"torch._C.{binding}() before CUDA is initialised: segmentation fault")
+
     def memory_stats(self, device: int | None = None) -> dict[str, Any]:
         self.devices_asked.append(device)
+        if not self.initialized:
+            return {}  # torch.cuda.memory_stats before init
         stats = dict.fromkeys(memory_stats_keys(), 0)
         stats["allocated_bytes.all.current"] = self.allocated
         stats["allocated_bytes.all.peak"] = max(self.peak, self.allocated)
         return stats
 
     def reset_peak_memory_stats(self) -> None:
+        self._init()  # current_device() initialises CUDA
         self.resets += 1
         self.peak = self.allocated
 
     def mem_get_info(self, device: int | None = None) -> tuple[int, int]:
         self.devices_asked.append(device)
+        self._init()
         return self.total - self.allocated, self.total
 
     def allocator_backend(self) -> str | None:
@@ -159,6 +202,8 @@ class FakeCudaBackend(CudaBackend):
     def history_unsupported_reason(self) -> str | None:
         if not self.available:
             return "no CUDA device"
+        if not self.initialized:
+            return "CUDA is not initialised"
         if not self.has_history:
             return "this torch build lacks `torch._C._cuda_record_memory_history`"
         return None if self.allocator == "native" else f"the `{self.allocator}` CUDA allocator has no history"
@@ -166,6 +211,7 @@ class FakeCudaBackend(CudaBackend):
     def record_memory_history(
         self, enabled: Any, *, context: str | None = "all", stacks: str = "python", max_entries: int = 100_000
     ) -> None:
+        self._too_early("_cuda_record_memory_history")
         if not self.supports_history():
             raise AttributeError("module 'torch._C' has no attribute '_cuda_record_memory_history'")
         opts = {"context": context, "stacks": stacks, "max_entries": max_entries}
@@ -181,9 +227,13 @@ class FakeCudaBackend(CudaBackend):
         self.options = opts
 
     def is_history_enabled(self) -> bool | None:
-        return self.ring is not None if self.has_history else None
+        if not self.has_history:
+            return None
+        self._too_early("_cuda_isHistoryEnabled")
+        return self.ring is not None
 
     def snapshot(self) -> dict[str, Any]:
+        self._too_early("_cuda_memorySnapshot")
         if self.fail_snapshot is not None:
             raise self.fail_snapshot
         self.snapshots_taken += 1
@@ -198,6 +248,8 @@ class FakeCudaBackend(CudaBackend):
     def oom_observer_unsupported_reason(self) -> str | None:
         if not self.available:
             return "no CUDA device"
+        if not self.initialized:
+            return "CUDA is not initialised"
         if not self.has_oom_observer:
             return "this torch build lacks `torch._C._cuda_attach_out_of_memory_observer`"
         return (
@@ -205,6 +257,7 @@ class FakeCudaBackend(CudaBackend):
         )
 
     def _attach_raw_oom_observer(self, dispatcher: OomObserver) -> None:
+        self._too_early("_cuda_attach_out_of_memory_observer")
         self.raw_observers.append(dispatcher)
 
     # ----------------------------------------------------------------- the "device"
@@ -214,6 +267,7 @@ class FakeCudaBackend(CudaBackend):
         self.history_calls.clear()
 
     def alloc(self, size: int) -> int:
+        self._init()  # the first CUDA tensor initialises CUDA
         addr = next(self._addr)
         frames = self._frames()
         self._live[addr] = (size, frames)
@@ -259,3 +313,11 @@ class FakeCudaBackend(CudaBackend):
 
     def actions(self, snap: dict[str, Any]) -> list[str]:
         return [e["action"] for e in snap["device_traces"][0]]
+
+
+def no_gpu() -> FakeCudaBackend:
+    """The CUDA seam of a machine without a GPU: for tests of CPU behaviour that must give the
+    same figures on a GPU node, where another test of the process may have initialised CUDA."""
+    backend = FakeCudaBackend(initialized=False)
+    backend.available = False
+    return backend

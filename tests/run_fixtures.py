@@ -16,11 +16,17 @@ IN_FEATURES = 64
 
 
 def _fit(root: Path, hidden: int) -> Path:
-    """Train a tiny MLP 4 steps on CPU, collecting calls 2 and 3; return its ``save_dir``."""
+    """Train a tiny MLP 4 steps on CPU, collecting calls 2 and 3; return its ``save_dir``.
+
+    The run is that of a machine without a GPU on every machine: the callback's CUDA seam has
+    no device, so a GPU node (where another test of the process may have initialised CUDA)
+    writes no CUDA columns into the figures the report tests read.
+    """
     import lightning.pytorch as pl
     import torch
     from torch import nn
 
+    from fake_cuda import no_gpu
     from memprofiler import MemProfilerCallback, memprofilable
 
     class Tiny(pl.LightningModule):
@@ -51,7 +57,7 @@ def _fit(root: Path, hidden: int) -> Path:
         accelerator="cpu",
         devices=1,
         logger=pl.loggers.CSVLogger(root),
-        callbacks=[MemProfilerCallback({"schedule": {"warmup": 1, "active": 2}})],
+        callbacks=[MemProfilerCallback({"schedule": {"warmup": 1, "active": 2}}, cuda=no_gpu())],
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,

@@ -51,8 +51,9 @@ def test_cuda_collection_only_for_its_functions(tmp_path):
     assert "rss" not in prof.snapshots["0.b.1.end"]
 
 
-def test_without_cuda_one_warning_then_off(tmp_path):
-    assert not torch.cuda.is_available()
+def test_without_cuda_one_warning_then_off(tmp_path, monkeypatch):
+    # the real backend on a machine without a GPU, whatever this machine has
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
 
@@ -71,3 +72,31 @@ def test_no_warning_on_other_ranks(tmp_path):
         warnings.simplefilter("always")
         MemProfiler({}, save_dir=tmp_path, rank=1).setup()
     assert not [w for w in caught if issubclass(w.category, MemProfilerWarning)]
+
+
+def test_cpu_training_on_a_gpu_machine_never_initialises_cuda(tmp_path):
+    # GIVEN a GPU that training never touches (a CPU fit on a GPU node)
+    cuda = FakeCudaBackend(initialized=False)
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=0, cuda=cuda).setup()
+    for _ in range(2):
+        with prof.profile("training_step"):
+            pass
+    # THEN no CUDA context was made (it would add hundreds of MiB to rss) and no CUDA keys
+    # were written: the snapshots are those of a machine without a GPU
+    assert cuda.inits == 0 and cuda.resets == 0
+    assert not any(k.startswith("allocated_bytes") for m in prof.snapshots.values() for k in m)
+
+
+def test_cuda_first_used_inside_a_call_gives_that_calls_peak(tmp_path):
+    # GIVEN a plain loop whose first CUDA tensor is made inside the first collected call
+    cuda = FakeCudaBackend(initialized=False)
+    cuda.allocated = cuda.peak = 0  # a fresh allocator
+    prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=tmp_path, rank=0, cuda=cuda).setup()
+    with prof.profile("training_step"):
+        cuda.free(cuda.alloc(30 * MiB))
+        cuda.alloc(10 * MiB)
+    # THEN the start has no CUDA keys and the end holds the call's peak (counters start at init)
+    assert not any(k.startswith("allocated_bytes") for k in prof.snapshots["0.training_step.1.start"])
+    end = prof.snapshots["0.training_step.1.end"]
+    assert end["allocated_bytes.all.peak"] == 30 * MiB
+    assert end["allocated_bytes.all.current"] == 10 * MiB

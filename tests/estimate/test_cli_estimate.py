@@ -121,7 +121,15 @@ def test_a_frozen_layer_has_no_gradient_or_optimizer_state(tmp_path):
     MemProfilerCLI(
         FrozenFirst,
         args=[
-            *("estimate", "--trainer.strategy", "ddp", "--estimate.world_size", "2"),
+            *(
+                "estimate",
+                "--trainer.accelerator",
+                "cpu",
+                "--trainer.strategy",
+                "ddp",
+                "--estimate.world_size",
+                "2",
+            ),
             "--estimate.save_dir",
             str(tmp_path),
         ],
@@ -142,7 +150,9 @@ def test_a_frozen_layer_has_no_gradient_or_optimizer_state(tmp_path):
 def test_configure_optimizers_returning_a_class_is_one_line_and_exit_code_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         MemProfilerCLI(
-            ReturnsAClass, args=["estimate", "--estimate.save_dir", str(tmp_path)], save_config_callback=None
+            ReturnsAClass,
+            args=["estimate", "--trainer.accelerator", "cpu", "--estimate.save_dir", str(tmp_path)],
+            save_config_callback=None,
         )
     assert exit_.value.code == 2
     err = capsys.readouterr().err

@@ -22,7 +22,7 @@ _config = write_cli_config
 def test_top_level_group_installs_the_callback(tmp_path):
     out = tmp_path / "out"
     path = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": 0, "active": 2}, "save_dir": str(out)}})
-    MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     assert list(load_stats(out)) == [f"0.training_step.{c}.{p}" for c in (1, 2) for p in ("start", "end")]
 
 
@@ -36,7 +36,7 @@ def test_callback_in_trainer_callbacks(tmp_path):
     raw = yaml.safe_load(path.read_text())
     raw["trainer"]["callbacks"] = [cb]
     path.write_text(yaml.safe_dump(raw))
-    MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     assert list(load_stats(out)) == ["0.training_step.2.start", "0.training_step.2.end"]
 
 
@@ -52,7 +52,7 @@ def test_callback_in_trainer_callbacks(tmp_path):
 def test_bad_group_exits_2_naming_the_key_before_training(tmp_path, capsys, group, expected):
     path = _config(tmp_path, {"memprofiler": {**group, "save_dir": str(tmp_path / "out")}})
     with pytest.raises(SystemExit) as info:
-        MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+        MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     assert info.value.code == 2
     assert expected in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "run").exists()
@@ -63,7 +63,7 @@ def test_unwritable_save_dir_exits_2_before_training(tmp_path, capsys):
     blocker.write_text("")
     path = _config(tmp_path, {"memprofiler": {"save_dir": str(blocker / "sub")}})
     with pytest.raises(SystemExit) as info:
-        MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+        MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     assert info.value.code == 2
     assert "`memprofiler.save_dir`" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
@@ -92,7 +92,7 @@ def _with_callbacks(path: Path, *configs: dict | None) -> None:
 def _exit_2_line(tmp_path: Path, capsys, args: list[str]) -> str:
     """Run the CLI; assert exit code 2 before training and return stderr's one error line."""
     with pytest.raises(SystemExit) as info:
-        MemProfilerCLI(DemoGPT, args=args)
+        MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=args)
     assert info.value.code == 2
     assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
@@ -185,7 +185,9 @@ def test_callback_entry_alone_with_the_group_left_at_its_defaults(tmp_path):
     out = tmp_path / "out"
     path = _config(tmp_path, {})
     _with_callbacks(path, {"schedule": {"warmup": 0, "active": 1}, "save_dir": str(out)})
-    cli = MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    cli = MemProfilerCLI(
+        DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)]
+    )
     assert sum(isinstance(cb, MemProfilerCallback) for cb in cli.trainer.callbacks) == 1
     assert list(load_stats(out)) == ["0.training_step.1.start", "0.training_step.1.end"]
 
@@ -205,7 +207,7 @@ def test_bad_mixin_config_is_one_line_with_the_full_key(tmp_path, capsys):
     raw["model"]["memprofiler_cfg"] = {"schedule": {"repeat": -1}}
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(SystemExit) as info:
-        MemProfilerCLI(MixinGPT, args=["fit", "--config", str(path)])
+        MemProfilerCLI(MixinGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "error: `model.memprofiler_cfg.schedule.repeat`: got -1; must be >= 0\n" in err
@@ -222,7 +224,7 @@ def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
     # GIVEN the command the demo prints after a run, and a run directory to read
     save = tmp_path / "out"
     path = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": 0, "active": 2}, "save_dir": str(save)}})
-    MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--config", str(path)])
     # WHEN it is run as printed, with `report` on that directory
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
@@ -289,7 +291,7 @@ def test_the_shipped_profiler_config_turns_on_memory_by_category_from_yaml(tmp_p
     args += [str(Path(__file__).resolve().parents[2] / "configs" / "profiler.yaml")]
     args += ["--trainer.limit_train_batches=5", f"--memprofiler.save_dir={tmp_path / 'mem'}"]
     # WHEN the CLI trains
-    cli = MemProfilerCLI(DemoGPT, args=args)
+    cli = MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=args)
     # THEN torch's profiler ran with the three options and the categories file lies beside the trace
     kwargs = cli.trainer.profiler._profiler_kwargs
     assert (kwargs["profile_memory"], kwargs["record_shapes"], kwargs["with_stack"]) == (True, True, True)

@@ -26,7 +26,7 @@ def _callback(config: dict) -> dict:
 def _exit_2_line(capsys, args: list[str]) -> str:
     """Run the CLI; assert exit code 2 and return stderr's one error line (no traceback)."""
     with pytest.raises(SystemExit) as info:
-        MemProfilerCLI(DemoGPT, args=args)
+        MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=args)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err

@@ -133,6 +133,7 @@ def test_lightning_names_its_profiler_actions_as_the_shims_read_them(tmp_path):
     profiler = _RecordingProfiler()
     trainer = lightning.pytorch.Trainer(
         default_root_dir=tmp_path,
+        accelerator="cpu",
         max_steps=2,
         limit_train_batches=2,
         limit_val_batches=1,

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from _tiny_lightning import STEP_ALLOC_BYTES, TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
+from fake_cuda import no_gpu
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
@@ -24,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _memprofiler(**extra: Any) -> MemProfilerCallback:
-    return MemProfilerCallback({"schedule": {"follow_profiler": True}, **extra})
+    # a CPU run's figures on any machine: no CUDA counters even where CUDA was initialised
+    return MemProfilerCallback({"schedule": {"follow_profiler": True}, **extra}, cuda=no_gpu())
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -183,7 +185,12 @@ def test_yaml_config_runs_through_lightning_cli(tmp_path):
     # WHEN LightningCLI builds and runs it (jsonargparse fills every default, use_cuda included)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cli = MemProfilerCLI(TinyModel, args=args, save_config_kwargs={"overwrite": True})
+        cli = MemProfilerCLI(
+            TinyModel,
+            args=args,
+            trainer_defaults={"accelerator": "cpu"},
+            save_config_kwargs={"overwrite": True},
+        )
     # THEN the profiler came from YAML, with its schedule, and warned nothing about use_cuda
     prof = cli.trainer.profiler
     assert isinstance(prof, ExtendedPyTorchProfiler)
@@ -252,12 +259,13 @@ def test_unknown_sort_key_is_lightnings_error_and_device_keys_are_accepted():
     )
 
 
-def test_use_cuda_is_dropped_quietly_when_unset_and_with_a_warning_when_set():
+def test_use_cuda_is_dropped_quietly_when_unset_and_with_a_warning_when_set(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the no-GPU machine, on any machine
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prof = ExtendedPyTorchProfiler(use_cuda=None)
     assert "use_cuda" not in prof._profiler_kwargs
-    assert [a.name for a in prof._profiler_kwargs["activities"]] == ["CPU"]  # no CUDA on this machine
+    assert [a.name for a in prof._profiler_kwargs["activities"]] == ["CPU"]
     with pytest.warns(UserWarning, match="`use_cuda` is deprecated and ignored"):
         ExtendedPyTorchProfiler(use_cuda=True)
 

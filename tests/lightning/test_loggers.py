@@ -25,6 +25,7 @@ def _fit(tmp_path: Path, logger: Any, **config: Any) -> tuple[pl.Trainer, dict[s
     trainer = pl.Trainer(
         default_root_dir=tmp_path,
         max_steps=5,
+        accelerator="cpu",
         logger=logger,
         log_every_n_steps=1,
         callbacks=[cb],
@@ -155,6 +156,7 @@ def test_manual_optimization_logs_at_the_losss_step_not_the_optimizer_step(tmp_p
         default_root_dir=tmp_path,
         max_epochs=1,
         limit_train_batches=4,
+        accelerator="cpu",
         logger=CSVLogger(tmp_path),
         log_every_n_steps=1,
         callbacks=[cb],

@@ -23,7 +23,7 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *configs: Path) -> M
     # the trainer and its callbacks/profiler, without training; relative run dirs land in tmp_path
     monkeypatch.chdir(tmp_path)
     args = [arg for path in configs for arg in ("--config", str(path))]
-    return MemProfilerCLI(DemoGPT, run=False, args=args)
+    return MemProfilerCLI(DemoGPT, run=False, args=args, trainer_defaults={"accelerator": "cpu"})
 
 
 def test_there_are_shipped_configs() -> None:

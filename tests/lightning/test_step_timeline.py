@@ -250,7 +250,7 @@ def test_sampler_stops_and_timeline_is_written_on_sigterm(tmp_path):
         atexit.register(report)
         prof = ExtendedPyTorchProfiler(dirpath={str(tmp_path)!r}, schedule_cfg={{"wait": 1, "warmup": 1, "active": 5}},
                                        timeline={{"host_interval_s": 0.02}})
-        pl.Trainer(default_root_dir={str(tmp_path)!r}, max_steps=10, profiler=prof, logger=False,
+        pl.Trainer(default_root_dir={str(tmp_path)!r}, max_steps=10, profiler=prof, logger=False, accelerator="cpu",
                    enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(Model())
         """
     )

@@ -31,6 +31,9 @@ class FakeCuda(CudaBackend):
     def is_available(self) -> bool:
         return True
 
+    def is_initialized(self) -> bool:
+        return True
+
     def memory_stats(self) -> dict[str, Any]:
         return dict(self.STATS)
 

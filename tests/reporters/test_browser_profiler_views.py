@@ -53,7 +53,7 @@ def _run(tmp_path: Path) -> Path:
         with_stack=True,
     )
     pl.Trainer(
-        default_root_dir=tmp_path, max_steps=5, profiler=prof, logger=False, enable_checkpointing=False,
+        default_root_dir=tmp_path, max_steps=5, profiler=prof, logger=False, accelerator="cpu", enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False,
     ).fit(TinyModel())  # fmt: skip
     return tmp_path / "fit_rank_0.1.pt.trace.json"

@@ -7,6 +7,33 @@ machines; on a GPU the real backend forwards to ``torch.cuda``.
 The CPU build of torch has ``torch.cuda.memory`` but lacks the C bindings behind
 allocator-history recording and the out-of-memory observer, so each of those is probed with
 ``hasattr`` before use rather than assumed from ``torch.cuda.is_available()``.
+
+What each call into torch needs (an audit of every CUDA call memprofiler makes; "init" is
+``torch.cuda.is_initialized()``). A private binding called too early can kill the process
+(``_cuda_isHistoryEnabled`` before init is a segmentation fault, exit 139), so the backend
+never calls one before init: it raises :class:`CudaNotInitialized` (an ``Exception``, which
+the collector guard turns into one warning) or answers "cannot tell", and the collectors
+that need CUDA call :meth:`CudaBackend.ensure_initialized` at set-up, before any of them.
+
+* ``torch.cuda.is_available()``: nothing; never initialises CUDA.
+* ``torch.cuda.is_initialized()``: nothing.
+* ``torch.cuda.init()``: a visible device; raises without one, or in a child forked from an
+  initialised parent.
+* ``torch.cuda.memory_stats(device)``: nothing; ``{}`` before init (torch checks).
+* ``torch.cuda.reset_peak_memory_stats()``: a current device; initialises CUDA itself
+  (``current_device()``).
+* ``torch.cuda.mem_get_info(device)``: a current device; initialises CUDA itself.
+* ``torch.cuda.current_device()`` (``core/summary_exchange.py``): initialises CUDA itself.
+* ``torch.cuda.memory.get_allocator_backend()`` (``torch._C._cuda_getAllocatorBackend``):
+  init; asked only after it.
+* ``torch.cuda.memory._record_memory_history(...)`` (``torch._C._cuda_record_memory_history``):
+  init; torch does not initialise CUDA for it (it goes straight to the binding).
+* ``torch._C._cuda_isHistoryEnabled()``: init; a segmentation fault before.
+* ``torch.cuda.memory._snapshot()`` (``torch._C._cuda_memorySnapshot``): init, and history
+  enabled for ``device_traces`` to hold anything.
+* ``torch._C._cuda_attach_out_of_memory_observer(fn)``: init (older torch crashes before it,
+  pytorch#107330).
+* ``torch._C._autograd._get_sequence_nr`` (``collectors/saved_tensors.py``): nothing CUDA.
 """
 
 from __future__ import annotations
@@ -25,6 +52,15 @@ from memprofiler.errors import log
 OomObserver = Callable[[int, int, int, int], None]
 
 
+class CudaNotInitialized(RuntimeError):
+    """A private CUDA binding was about to be called before CUDA was initialised."""
+
+    def __init__(self, binding: str) -> None:
+        super().__init__(
+            f"`torch._C.{binding}` needs CUDA initialised and it is not; memprofiler did not call it"
+        )
+
+
 class CudaBackend:
     """Forwards to ``torch.cuda``. Subclass or duck-type it to fake a device in tests."""
 
@@ -35,6 +71,34 @@ class CudaBackend:
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()
+
+    def is_initialized(self) -> bool:
+        """Whether CUDA is initialised in this process (never initialises it)."""
+        return torch.cuda.is_initialized()
+
+    def _init(self) -> None:
+        torch.cuda.init()
+
+    def ensure_initialized(self) -> str | None:
+        """Initialise CUDA unless it is already; ``None`` when it is then, else why not.
+
+        Called at set-up by the collectors that need private bindings (allocator history,
+        the OOM recorder), whatever the order of set-up and model placement: before the
+        first CUDA tensor (a plain loop, Fabric before ``setup``) as after it (Lightning).
+        """
+        if self.is_initialized():
+            return None
+        if not self.is_available():
+            return "no CUDA device"
+        try:
+            self._init()
+        except Exception as err:
+            return f"torch.cuda.init() failed: {err}"
+        return None if self.is_initialized() else "torch.cuda.init() left CUDA uninitialised"
+
+    def _require_initialized(self, binding: str) -> None:
+        if not self.is_initialized():
+            raise CudaNotInitialized(binding)
 
     def memory_stats(self, device: int | None = None) -> dict[str, Any]:
         """``torch.cuda.memory_stats`` of ``device`` (the current one by default); ``{}``
@@ -52,6 +116,8 @@ class CudaBackend:
     def allocator_backend(self) -> str | None:
         """``native`` or ``cudaMallocAsync`` (``PYTORCH_CUDA_ALLOC_CONF=backend:...``); ``None``
         when torch cannot tell (no CUDA binding)."""
+        if not self.is_initialized():
+            return None
         try:
             return str(torch.cuda.memory.get_allocator_backend())
         except Exception:
@@ -60,6 +126,8 @@ class CudaBackend:
     def _unsupported(self, binding: str, what: str) -> str | None:
         if not self.is_available():
             return "no CUDA device"
+        if not self.is_initialized():
+            return "CUDA is not initialised"
         if not hasattr(torch._C, binding):
             return f"this torch build lacks `torch._C.{binding}`"
         backend = self.allocator_backend()
@@ -88,7 +156,11 @@ class CudaBackend:
         """Start (``enabled="all"``), re-configure, or stop (``enabled=None``) recording.
 
         Stopping discards the recorded history, as the allocator does.
+
+        Raises:
+            CudaNotInitialized: before CUDA is initialised (nothing is called).
         """
+        self._require_initialized("_cuda_record_memory_history")
         if enabled is None:
             torch.cuda.memory._record_memory_history(enabled=None)
         else:
@@ -97,14 +169,20 @@ class CudaBackend:
             )
 
     def is_history_enabled(self) -> bool | None:
-        """Whether any recording is on (ours or the user's); ``None`` when torch cannot tell."""
+        """Whether any recording is on (ours or the user's); ``None`` when torch cannot tell,
+        which includes before CUDA is initialised (the binding is a segmentation fault then)."""
         probe = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-        if probe is None or not self.is_available():
+        if probe is None or not self.is_available() or not self.is_initialized():
             return None
         return bool(probe())
 
     def snapshot(self) -> dict[str, Any]:
-        """``torch.cuda.memory._snapshot()``: segments plus the recorded ``device_traces``."""
+        """``torch.cuda.memory._snapshot()``: segments plus the recorded ``device_traces``.
+
+        Raises:
+            CudaNotInitialized: before CUDA is initialised (nothing is called).
+        """
+        self._require_initialized("_cuda_memorySnapshot")
         return dict(torch.cuda.memory._snapshot())
 
     # ------------------------------------------------------------ OOM observer
@@ -139,7 +217,8 @@ class CudaBackend:
     def _attach_raw_oom_observer(self, dispatcher: OomObserver) -> None:
         """Attach ``dispatcher`` to the allocator, for good (it cannot be detached)."""
         # Older torch builds crash attaching before the allocator exists (pytorch#107330).
-        torch.cuda.init()
+        self._init()
+        self._require_initialized("_cuda_attach_out_of_memory_observer")
         attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer")  # noqa: B009
         attach(dispatcher)
 

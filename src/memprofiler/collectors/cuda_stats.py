@@ -3,6 +3,13 @@
 Peak statistics are reset at start, so every ``*.peak`` value in the ``end`` snapshot
 belongs to this call alone. Reading the stats needs no device synchronisation: they are
 the allocator's host-side bookkeeping.
+
+Before CUDA is initialised nothing is on the GPU and there is no peak to reset: resetting
+would initialise CUDA (a context costs hundreds of MiB of host RSS, which a CPU fit on a GPU
+machine would then carry in its ``rss`` figures), so the collector leaves it alone and both
+snapshots are empty until the training itself initialises CUDA. A call in which that
+happens gets the full ``end`` snapshot, whose peaks are then the call's (the allocator's
+counters start at zero).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ class CudaStatsCollector(BaseCollector):
         self._backend = backend
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
+        if not self._backend.is_initialized():
+            return {}  # nothing allocated yet; resetting would initialise CUDA
         self._backend.reset_peak_memory_stats()
         return self._backend.memory_stats()
 

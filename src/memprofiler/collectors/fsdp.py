@@ -136,7 +136,7 @@ class FSDPMemCollector(TrackerCollector):
 
     Snapshot keys (``.end``): ``fsdp.peak.{sharded_param,unsharded_param,buffer,sharded_grad,
     unsharded_grad,activation,temp,all_gather,reduce_scatter,optstate,inputs,total}`` in bytes
-    for the main device, and ``fsdp.peak_device``.
+    for the device training uses, and ``fsdp.peak_device``.
 
     Args:
         root_path: ``fsdp_mem_tracker_root_module``.

@@ -79,19 +79,30 @@ def modulewise(memory_tracking: Mapping[Any, Any], depth: int) -> dict[str, dict
     return out
 
 
-def main_device(peak: Snapshot) -> str | None:
-    """The device with the largest peak total (the accelerator when there is one)."""
+def main_device(peak: Snapshot, training: str | None = None) -> str | None:
+    """The device the flat keys are read from: the one training uses.
+
+    That is ``training`` (the device of the tracked module's parameters, ``cuda:0`` once
+    Lightning or Fabric moved them) when the report has it; else the accelerator with the
+    largest peak total; CPU only when no other device was seen. Never CPU over an
+    accelerator by size: a large host tensor inside a GPU step (a CPU buffer, a mask built
+    on the host) would otherwise hide the GPU's figures, and its parameters (0 on the CPU).
+    """
     if not peak:
         return None
-    return max(peak, key=lambda dev: peak[dev].get(TOTAL, 0))
+    if training is not None and training in peak:
+        return training
+    accelerators = [dev for dev in peak if not dev.startswith("cpu")]
+    return max(accelerators or peak, key=lambda dev: peak[dev].get(TOTAL, 0))
 
 
-def peak_metrics(peak: Snapshot, prefix: str) -> dict[str, Any]:
-    """Flat snapshot keys ``{prefix}.peak.{category}`` (bytes) for the main device.
+def peak_metrics(peak: Snapshot, prefix: str, training: str | None = None) -> dict[str, Any]:
+    """Flat snapshot keys ``{prefix}.peak.{category}`` (bytes) for the device training uses
+    (see :func:`main_device`).
 
     Other devices (e.g. CPU scalars of a CUDA run) stay in the ``.yaml`` report.
     """
-    dev = main_device(peak)
+    dev = main_device(peak, training)
     if dev is None:
         return {f"{prefix}.peak.total": 0}
     out: dict[str, Any] = {f"{prefix}.peak.{slug(cat)}": v for cat, v in peak[dev].items()}

@@ -51,7 +51,7 @@ class ModuleMemCollector(TrackerCollector):
     """Runs ``MemTracker`` over the step of collected calls; writes ``module_mem_rank_*`` reports.
 
     Snapshot keys (``.end``): ``module_mem.peak.{parameter,buffer,gradient,activation,temp,
-    optstate,other,total}`` in bytes for the main device, and ``module_mem.peak_device``.
+    optstate,other,total}`` in bytes for the device training uses, and ``module_mem.peak_device``.
     """
 
     name = "module_mem"

@@ -87,10 +87,32 @@ def build_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> l
 
 
 def _history_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -> list[Registered]:
-    """Allocator history and the OOM flight recorder, sharing one recording owner."""
+    """Allocator history and the OOM flight recorder, sharing one recording owner.
+
+    Both call private CUDA bindings, which need CUDA initialised (one is a segmentation
+    fault before it), so CUDA is initialised here when a device is present: set-up may come
+    before the first CUDA tensor (a plain loop, Fabric before ``setup``) or after it
+    (Lightning). Where that fails, both are warned about in one line and switched off.
+    """
     out: list[Registered] = []
     if not (cfg.cuda_allocator_history or cfg.oom.enabled):
         return out
+    if cuda.is_available():
+        not_ready = cuda.ensure_initialized()
+        if not_ready is not None:
+            keys = [
+                k
+                for k, on in (
+                    ("cuda_allocator_history", cfg.cuda_allocator_history),
+                    ("oom.enabled", cfg.oom.enabled),
+                )
+                if on
+            ]
+            warn(
+                f"CUDA could not be initialised ({not_ready}): {' and '.join(f'`{k}`' for k in keys)} "
+                f"{'is' if len(keys) == 1 else 'are'} off; training continues"
+            )
+            return out
     no_history = cuda.history_unsupported_reason()
     recording = HistoryRecording(cuda, warn) if no_history is None else None
     if cfg.cuda_allocator_history:

@@ -45,6 +45,19 @@ REPEATED_FORWARD_NOTE = (
 )
 
 
+def training_device(module: nn.Module | None) -> str | None:
+    """The device holding most of ``module``'s parameter bytes, named as the trackers name
+    devices (``cuda:0``, ``cpu``); read when a window closes, so a model moved to the GPU
+    after set-up is seen where it trains. ``None`` without parameters."""
+    if module is None:
+        return None
+    per_device: dict[str, int] = {}
+    for param in module.parameters():
+        dev = str(param.device)
+        per_device[dev] = per_device.get(dev, 0) + param.numel() * param.element_size()
+    return max(per_device, key=lambda dev: per_device[dev]) if per_device else None
+
+
 class TrackerCollector(BaseCollector):
     """Runs a module-wise memory tracker over a step-long window and writes its reports.
 
@@ -140,7 +153,8 @@ class TrackerCollector(BaseCollector):
         if ctx is None:
             return {}
         report = self._close(failed=False)
-        return {ctx.call_id: mem_report.peak_metrics(report["peak"], self.prefix)}
+        device = training_device(self.root)
+        return {ctx.call_id: mem_report.peak_metrics(report["peak"], self.prefix, device)}
 
     def _close(self, failed: bool) -> dict[str, Any]:
         ctx, tracker = self._open, self._tracker

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU check of issue 34 as one device call, from the repository root of the checkout:
+#
+#   1. the four set-up orders of ../shared/fixtures/gpu/logs/segv_repro.py, each in its own
+#      process (exit 139 there was the segmentation fault; every case must now exit 0);
+#   2. `pytest -m cuda`;
+#   3. the whole suite, `pytest -q -n 8`.
+#
+# Logs go to $OUT (the device tool's folder), named with the GPU, for benchmarks/results/.
+# The device image has torch and lightning; carry wheels of what it lacks in .whl/
+# (jsonargparse with docstring-parser and typeshed-client for its `signatures` extra, ijson).
+# The S3 and browser tests skip without moto/s3fs/playwright.
+set -uo pipefail
+OUT=${OUT:-/tmp/memprofiler_gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))") || exit 1
+echo "GPU: $gpu"
+
+cases="$OUT/setup_orders_$gpu.txt"
+for case in raw_after_init oom_setup history_setup oom_history_after_model; do
+    echo "--- $case"
+    timeout 300 python3 - "$case" <<'EOF'
+import sys, tempfile, torch
+from memprofiler import MemProfiler
+
+case = sys.argv[1]
+run = {"schedule": {"warmup": 0, "active": 1}, "collect_funcs": {"default": ["s"]}}
+if case == "raw_after_init":
+    torch.cuda.init()
+    print("history enabled:", torch._C._cuda_isHistoryEnabled(), flush=True)
+elif case == "oom_setup":  # set-up before the first CUDA tensor
+    p = MemProfiler({"oom": {"enabled": True}, **run}, save_dir=tempfile.mkdtemp(), rank=0).setup()
+    x = torch.randn(1000, device="cuda")
+    p.teardown()
+    print("oom set-up, then a CUDA tensor: ok", flush=True)
+elif case == "history_setup":
+    d = tempfile.mkdtemp()
+    with MemProfiler({"cuda_allocator_history": True, **run}, save_dir=d, rank=0) as p, p.profile("s"):
+        x = torch.randn(1000, device="cuda")
+    import pathlib
+    print("history pickles:", sorted(f.name for f in pathlib.Path(d).glob("cuda_alloc_*")), flush=True)
+else:  # the Lightning order: the model on the GPU first
+    model = torch.nn.Linear(64, 64).cuda()
+    cfg = {"oom": {"enabled": True}, "cuda_allocator_history": True, **run}
+    with MemProfiler(cfg, save_dir=tempfile.mkdtemp(), rank=0) as p, p.profile("s"):
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+    print("model first, then set-up: ok", flush=True)
+EOF
+    echo "rc=$?"
+done 2>&1 | tee "$cases"
+
+python3 -m pytest -q -p no:cacheprovider -m cuda 2>&1 | tee "$OUT/pytest_cuda_$gpu.log" | tail -5
+python3 -m pytest -q -p no:cacheprovider -n 8 2>&1 | tee "$OUT/pytest_full_$gpu.log" | tail -25

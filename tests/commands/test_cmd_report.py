@@ -28,7 +28,7 @@ def test_terminal_summary_shows_calls_peaks_and_saved_modules(full_run, tmp_path
     saved = format_bytes(expected_saved_bytes(256))
     assert saved == "12.25 KiB"
     call_lines = [
-        ln for ln in out.splitlines() if re.match(r"│\s+[01] │ training_step │\s+\d │\s+[\d.]+ [KMG]iB", ln)
+        ln for ln in out.splitlines() if re.match(r"│\s+[01] │ training_step │\s+\d │\s+[\d.]+ [MG]iB", ln)
     ]
     assert len(call_lines) == 4  # 2 ranks x calls 2 and 3
     assert all(saved in ln for ln in call_lines)

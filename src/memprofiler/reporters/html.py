@@ -26,6 +26,9 @@ from memprofiler.reporters.html_cells import (
     value_cell,
 )
 from memprofiler.reporters.html_snapshot import snapshot_html
+from memprofiler.reporters.html_where import CSS as WHERE_CSS
+from memprofiler.reporters.html_where import where_html
+from memprofiler.reporters.memory_split import top_with_other
 from memprofiler.reporters.model import CallRow, ReportModel, binned, breakdown_rank, report_tables
 from memprofiler.units import format_bytes
 
@@ -36,6 +39,32 @@ _SAVED_NOTE = (
     "the innermost module running when autograd saved it, so a parent's figure leaves out its "
     "children's and the figures add up to the call's unique saved bytes."
 )
+
+
+#: A line chart needs this many points in some series; fewer are shown as a table.
+MIN_LINE_POINTS = 3
+#: Totals that sit on a large baseline (the process's RSS): drawn only where they differ.
+_BASELINE_FIGURES = frozenset({"rss peak"})
+#: Bars closer than this share of the largest look the same; their chart would say nothing.
+_FLAT_SHARE = 0.1
+
+
+def _flat(values: Sequence[float]) -> bool:
+    """Whether bars of these values would all look equal (each within 10% of the largest)."""
+    top = max(values)
+    return len(values) > 1 and top > 0 and (top - min(values)) < _FLAT_SHARE * top
+
+
+def _flat_note(title: str, values: Sequence[float]) -> str:
+    # The host RSS peak of every call is mostly the process's baseline (the interpreter, torch,
+    # the model and data): bars of ~equal length hide what each call adds, so the chart of the
+    # rise above each call's start (drawn next) carries the comparison, and the totals are one line.
+    lo, hi = min(values), max(values)
+    return (
+        f"<p class='muted'>{escape(title)}: {format_bytes(lo)} to {format_bytes(hi)} in every call "
+        f"(within {(hi - lo) / hi:.1%} of each other, mostly the process's baseline); the rise above "
+        "each call's start is charted below and the totals are in the table.</p>"
+    )
 
 
 class HtmlReporter:
@@ -55,6 +84,7 @@ class HtmlReporter:
         run = self.model.run
         sections = [
             self._header(),
+            where_html(self.model),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),
@@ -64,7 +94,7 @@ class HtmlReporter:
             self._oom_section(),
             self.extra,
         ]
-        return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s))
+        return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s), style=WHERE_CSS)
 
     # ----------------------------------------------------------------- sections
     def _header(self) -> str:
@@ -94,7 +124,9 @@ class HtmlReporter:
                     for c in calls
                     if (v := c.value(figure)) is not None
                 ]
-                if rows:
+                if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
+                    out.append(_flat_note(title, [v for _, v, _ in rows]))
+                elif rows:
                     out.append(svg.hbar_chart(rows, format_bytes, title))
             out.append(_calls_table(calls))
             return "\n".join(out)
@@ -171,7 +203,7 @@ class HtmlReporter:
             if not calls:
                 continue
             worst = max(calls, key=breakdown_rank)
-            mods = sorted(worst.by_module.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
+            mods = top_with_other(worst.by_module, 15)  # the rest in one row: the bars add up
             out.append(
                 svg.hbar_chart(
                     [(m, float(b), rank) for m, b in mods],
@@ -187,6 +219,15 @@ class HtmlReporter:
                     [[m, bytes_cell(b), w] for m, b, w in top],
                 )
             )
+            every = len(self.model.top_saved_modules(10**9))
+            if every > len(top):
+                # Each row is a module's largest figure over the calls: these do not add up, so
+                # the rest is counted, not summed into an "other" row.
+                out.append(
+                    f"<p class='muted'>The {len(top)} modules that saved the most in some call, of "
+                    f"{every:,}; each at its largest over the calls (figures from different calls "
+                    "do not add up).</p>"
+                )
         return "\n".join(out) if len(out) > 2 else ""
 
     def _summary_section(self) -> str:
@@ -286,6 +327,16 @@ class HtmlReporter:
 
 def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
     """One line per function through its call numbers and values (binned into bands when long)."""
+    lines = [(fn, (xs, ys)) for fn, (xs, ys) in lines if xs]
+    if lines and all(len(xs) < MIN_LINE_POINTS for _, (xs, _) in lines):
+        # A line through one or two points shows less than the numbers do (and its axis
+        # has nothing to tick): the same figures as a table.
+        rows = [
+            [escape(fn), f"{int(x):,}", bytes_cell(int(y))]
+            for fn, (xs, ys) in lines
+            for x, y in zip(xs, ys, strict=True)
+        ]
+        return f"<p><b>{escape(title)}</b></p>" + table(["function", "call", "bytes"], rows)
     series, bands = [], []
     for fn, (xs, ys) in lines:
         if not xs:
@@ -295,7 +346,7 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         bands.append([(x, band.lo, band.hi) for x, band in bins])
     if not series:
         return ""
-    return svg.line_chart(series, format_bytes, title, bands=bands)
+    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True)
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:

@@ -137,3 +137,20 @@ def test_a_real_cpu_run_splits_its_rss_peak_into_the_process_and_the_call(real_r
         # activations are the saved bytes, up to the rise (the rest reused memory already held)
         assert parts.get("activations", 0) + s.capped == expected_saved_bytes(256)
         assert sum(parts.values()) == c.rss_peak
+
+
+def test_a_profilers_category_timeline_is_a_bar_of_its_peak():
+    from memprofiler.analysis.memory_categories import CategoryTimeline
+    from memprofiler.reporters.memory_split import category_split
+
+    # GIVEN the categories at the peak of the recorded H200 demo's cuda:0 timeline
+    at_peak = {"input": 16_896, "temporary": 0, "activation": 0, "gradient": 3_468_288,
+               "autograd_detail": 0, "parameter": 3_468_800, "optimizer_state": 6_936_576,
+               "unknown": 36_840_980}  # fmt: skip
+    tl = CategoryTimeline(Path("x.json"), "cuda:0", list(at_peak), [0.0], [list(at_peak.values())],
+                          50_731_540, 37.9, at_peak, [], 0.0)  # fmt: skip
+    s = category_split(tl, "rank 0 · cuda:0")
+    # THEN the bar is the timeline's peak, unknown and input being other
+    assert s.peak == 50_731_540 == sum(at_peak.values())
+    assert dict(s.parts) == {"parameters": 3_468_800, "gradients": 3_468_288, "optimizer": 6_936_576,
+                             "other": 36_840_980 + 16_896}  # fmt: skip

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 
 from memprofiler.analysis.artifacts import is_number
+from memprofiler.analysis.memory_categories import CategoryTimeline
 from memprofiler.reporters import svg
 from memprofiler.reporters.explorer import explorer_relpath
 from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
@@ -74,17 +75,26 @@ class HtmlReporter:
         >>> Path("report.html").write_text(HtmlReporter(model).render())  # doctest: +SKIP
     """
 
-    def __init__(self, model: ReportModel, top: int = 10, extra: str = "") -> None:
+    def __init__(
+        self,
+        model: ReportModel,
+        top: int = 10,
+        extra: str = "",
+        categories: Sequence[tuple[str, CategoryTimeline]] = (),
+    ) -> None:
         self.model = model
         self.top = top
         self.extra = extra
         """More sections (HTML), after the run's: the profiler views."""
+        self.categories = categories
+        """``(label, timeline)`` of the profiler's memory-categories timelines: a bar each in
+        "where memory goes"."""
 
     def render(self) -> str:
         run = self.model.run
         sections = [
             self._header(),
-            where_html(self.model),
+            where_html(self.model, self.categories),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),

@@ -4,11 +4,21 @@ that saved the most beside it (see :mod:`memory_split` for how the figures are s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 
+from memprofiler.analysis.memory_categories import CategoryTimeline
 from memprofiler.reporters import svg
 from memprofiler.reporters.html_cells import b, bytes_cell, table
-from memprofiler.reporters.memory_split import COLOURS, LABELS, PARTS, CallSplit, splits, top_with_other
+from memprofiler.reporters.memory_split import (
+    COLOURS,
+    LABELS,
+    PARTS,
+    CallSplit,
+    category_split,
+    splits,
+    top_with_other,
+)
 from memprofiler.reporters.model import ReportModel
 from memprofiler.units import format_bytes
 
@@ -18,26 +28,27 @@ MAX_BARS = 12
 TOP_MODULES = 8
 
 CSS = """
-.mp-where{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.mp-where>div:first-child{max-width:630px}
+.mp-where{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.mp-where>div:first-child{max-width:630px}.mp-where>div+div{flex:1 1 280px}
 .mp-legend{display:flex;gap:14px;flex-wrap:wrap;font-size:12px;margin:4px 0}
 .mp-legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:baseline}
 """
 
 
 #: Which peak a section's charts show first: the device's, then the tracker's, then the host's.
-_KINDS = ("CUDA allocated peak", "tracker peak", "host RSS peak")
+_KINDS = ("CUDA allocated peak", "tracker peak", "memory-categories peak", "host RSS peak")
 
 
-def where_html(model: ReportModel) -> str:
+def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimeline]] = ()) -> str:
     """The section, or an empty string when no call has a peak to split.
 
     Calls are grouped by the peak they have (CUDA, tracker, host RSS: bars of different
     figures are never drawn to one scale); the first group leads, with the modules beside it.
+    ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar each.
     """
-    found = splits(model.calls)
+    found = splits(model.calls) + [category_split(tl, label) for label, tl in categories]
     if not found:
         return ""
-    multi_rank = len({s.rank for s in found}) > 1
+    multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
     out = ["<h2 id='where'>Where memory goes</h2>"]
     for n, kind in enumerate(k for k in _KINDS if any(s.peak_name == k for s in found)):
         group = [s for s in found if s.peak_name == kind]
@@ -54,14 +65,15 @@ def _group(model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bo
         note = f" Shown: the {MAX_BARS} calls with the highest peaks of {len(group):,}."
     rows = [
         (
-            f"{s.label} · rank {s.rank}" if multi_rank else s.label,
+            f"{s.label} · rank {s.rank}" if multi_rank and s.rank >= 0 else s.label,
             s.peak,
             [(k, v, COLOURS[k], LABELS[k]) for k, v in s.parts],
         )
         for s in shown
     ]
     worst = max(shown, key=lambda s: s.peak)
-    chart = svg.stacked_hbars(rows, format_bytes, f"{kind} per call, by what holds it", width=620)
+    per = "profiled device" if kind == "memory-categories peak" else "call"
+    chart = svg.stacked_hbars(rows, format_bytes, f"{kind} per {per}, by what holds it", width=620)
     present = [k for k, _, _ in PARTS if any(k == p for s in shown for p, _ in s.parts)]
     legend = "".join(
         f"<span><i style='background:{COLOURS[k]}'></i>{escape(LABELS[k])}</span>" for k in present
@@ -72,7 +84,8 @@ def _group(model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bo
             f"<p>{_headline(worst)}</p>" if lead else f"<h3>{escape(kind)}</h3>",
             f"<div class='mp-where'><div>{chart}<div class='mp-legend'>{legend}</div></div>"
             f"{_modules(model, worst) if lead else ''}</div>",
-            f"<p class='muted'>Each bar is the call's {escape(kind)}, split from {sources}. The parts add "
+            f"<p class='muted'>Each bar is a {per}'s "
+            f"{escape(kind)}, split from {sources}. The parts add "
             f"up to the peak; what no figure explains is “other”.{note}{_capped(shown)}</p>",
             _numbers(shown, present),
         ]
@@ -81,7 +94,10 @@ def _group(model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bo
 
 def _headline(s: CallSplit) -> str:
     parts = ", ".join(f"{b(v)} {escape(LABELS[k])}" for k, v in sorted(s.parts, key=lambda kv: -kv[1]))
-    return f"<b>{escape(s.label)}</b> (rank {s.rank}) peaked highest: <b>{b(s.peak)}</b> {escape(s.peak_name)}: {parts}."
+    rank = f" (rank {s.rank})" if s.rank >= 0 else ""
+    return (
+        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> {escape(s.peak_name)}: {parts}."
+    )
 
 
 def _capped(shown: list[CallSplit]) -> str:

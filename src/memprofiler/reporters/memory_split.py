@@ -15,6 +15,9 @@ dropped. The figures, best first:
 * the host only (CPU runs): the RSS peak is the bar; the process before the call is one part,
   the saved-tensor bytes (activations) and the rest of the rise the others.
 
+Where the profiler ran with memory categories, each device's timeline adds one bar: the bytes
+of each category at the timeline's peak (``unknown``, ``input`` and ``autograd_detail`` are other).
+
 Saved-tensor bytes are capped at the rise above the call's start: an allocator that reuses
 memory it already holds serves activations without growing, and a bar must not exceed the peak.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from memprofiler.analysis.memory_categories import CategoryTimeline
 from memprofiler.reporters.call_table import CallRow
 
 #: The parts of a bar, in drawing order: (key, label, colour).
@@ -55,6 +59,15 @@ TRACKER_PARTS: dict[str, str] = {
     "temp": "temporaries",
     "all_gather": "temporaries",
     "reduce_scatter": "temporaries",
+}
+
+#: The profiler's memory categories (``torch.profiler._memory_profiler.Category``) by part.
+CATEGORY_PARTS: dict[str, str] = {
+    "parameter": "parameters",
+    "gradient": "gradients",
+    "optimizer_state": "optimizer",
+    "activation": "activations",
+    "temporary": "temporaries",
 }
 
 
@@ -89,6 +102,18 @@ def split_call(c: CallRow) -> CallSplit | None:
     if c.rss_peak is not None:
         return _rise_split(c, c.rss_peak, c.rss_start, "host RSS peak", "process")
     return None
+
+
+def category_split(tl: CategoryTimeline, label: str) -> CallSplit:
+    """The memory-categories timeline of one device at its peak, as a bar (``rank`` is -1: the
+    timeline's trace names its rank in ``label``)."""
+    sums: dict[str, int] = {}
+    for cat, b in tl.peak_by_category.items():
+        part = CATEGORY_PARTS.get(cat, "other")
+        sums[part] = sums.get(part, 0) + int(b)
+    sums["other"] = sums.get("other", 0) + tl.peak_bytes - sum(sums.values())
+    source = "the profiler's memory categories at the timeline's peak (unknown, input and autograd detail are other)"
+    return CallSplit(-1, label, tl.peak_bytes, "memory-categories peak", _parts(sums), source + ".")
 
 
 def _tracker_split(c: CallRow, peaks: Mapping[str, int]) -> CallSplit:

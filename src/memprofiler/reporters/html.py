@@ -42,8 +42,6 @@ _SAVED_NOTE = (
 )
 
 
-#: A line chart needs this many points in some series; fewer are shown as a table.
-MIN_LINE_POINTS = 3
 #: Totals that sit on a large baseline (the process's RSS): drawn only where they differ.
 _BASELINE_FIGURES = frozenset({"rss peak"})
 #: Bars closer than this share of the largest look the same; their chart would say nothing.
@@ -338,7 +336,7 @@ class HtmlReporter:
 def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
     """One line per function through its call numbers and values (binned into bands when long)."""
     lines = [(fn, (xs, ys)) for fn, (xs, ys) in lines if xs]
-    if lines and all(len(xs) < MIN_LINE_POINTS for _, (xs, _) in lines):
+    if lines and all(len(xs) < svg.MIN_POINTS for _, (xs, _) in lines):
         # A line through one or two points shows less than the numbers do (and its axis
         # has nothing to tick): the same figures as a table.
         rows = [

@@ -487,7 +487,10 @@ _SCRIPT = r"""
   window.memprofilerSelectRange = function (id, lo, hi) { select(document.getElementById(id), lo, hi); };
   document.querySelectorAll("div.memview").forEach(function (view) {
     if (!view.querySelector("script.memdata")) return;
-    var svgEl = view.querySelector("svg.plot"), frame = svgEl.querySelector("rect.frame");
+    var svgEl = view.querySelector("svg.plot");
+    view.querySelector("button.reset").addEventListener("click", function () { select(view, -Infinity, Infinity); });
+    if (!svgEl) return;  // a curve of one or two points is a table: nothing to drag across
+    var frame = svgEl.querySelector("rect.frame");
     var lo = parseFloat(view.dataset.lo), hi = parseFloat(view.dataset.hi), start = null, band = null;
     function toMs(ev) {
       var r = frame.getBoundingClientRect(), f = Math.min(1, Math.max(0, (ev.clientX - r.left) / r.width));
@@ -500,7 +503,6 @@ _SCRIPT = r"""
       start = null;
       if (b > a) select(view, a, b);
     });
-    view.querySelector("button.reset").addEventListener("click", function () { select(view, -Infinity, Infinity); });
   });
   document.querySelectorAll("table.sortable").forEach(function (table) {
     table.querySelectorAll("th").forEach(function (th, col) {

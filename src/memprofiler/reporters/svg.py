@@ -11,6 +11,9 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F
 
 Fmt = Callable[[float], str]
 
+#: A line chart needs this many points in some series; with fewer, its figures are a table.
+MIN_POINTS = 3
+
 
 def hbar_chart(rows: Sequence[tuple[str, float, int]], fmt: Fmt, title: str, width: int = 760) -> str:
     """Horizontal bars, one per ``(label, value, colour index)``, with the value printed at the bar's end."""
@@ -49,7 +52,12 @@ def line_chart(
     entries). ``marker`` ``(x, y, text)`` draws a labelled dot, e.g. the peak. ``bands[n]``
     holds ``(x, low, high)`` for series ``n``: a shaded band around its line (binned calls).
     ``integer_x``: x is a count (call numbers): ticks only at whole numbers, each once.
+
+    Series of fewer than :data:`MIN_POINTS` points each draw no line worth reading: they come
+    back as a table of the points (see :func:`points_table`).
     """
+    if series and all(len(s) < MIN_POINTS for _, s in series):
+        return points_table(series, fmt, title, x_labels)
     left, right, top, bottom = 80, 150, 28, 34
     band_pts = [(x, y) for bs in bands or () for x, lo, hi in bs for y in (lo, hi)]
     pts = [p for _, s in series for p in s] + band_pts
@@ -124,6 +132,31 @@ def line_chart(
         )
     out.append("</svg>")
     return "".join(out)
+
+
+def points_table(
+    series: Sequence[tuple[str, Sequence[tuple[float, float]]]],
+    fmt: Fmt,
+    title: str,
+    x_labels: Sequence[str] | None = None,
+) -> str:
+    """The points of a line chart as a table: one row per point, under the chart's title."""
+    rows = []
+    for name, s in series:
+        for x, y in s:
+            xs = (
+                x_labels[int(x)]
+                if x_labels and 0 <= int(x) < len(x_labels)
+                else (f"{x:,.0f}" if float(x).is_integer() else f"{x:,.3f}")
+            )
+            rows.append(
+                f"<tr><td>{escape(name)}</td><td class='n'>{escape(xs)}</td><td class='n'>{escape(fmt(y))}</td></tr>"
+            )
+    return (
+        f"<div class='plot-table' role='figure' aria-label='{escape(title, quote=True)}'>"
+        f"<p><b>{escape(title)}</b></p><table><thead><tr><th>series</th><th>at</th><th>value</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+    )
 
 
 def integer_ticks(x0: float, x1: float, most: int = 8) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,23 @@ def test_a_profilers_category_timeline_is_a_bar_of_its_peak():
     assert s.peak == 50_731_540 == sum(at_peak.values())
     assert dict(s.parts) == {"parameters": 3_468_800, "gradients": 3_468_288, "optimizer": 6_936_576,
                              "other": 36_840_980 + 16_896}  # fmt: skip
+
+
+def test_a_long_run_draws_the_calls_with_the_highest_peaks():
+    from memprofiler.analysis.artifacts import RunArtifacts
+    from memprofiler.reporters.html_where import MAX_BARS, where_html
+    from memprofiler.reporters.model import ReportModel
+
+    # GIVEN 300 calls whose CUDA peaks rise with the call number
+    calls = [
+        CallRow(0, "training_step", k, cuda_allocated_start=MIB, cuda_allocated_peak=(k + 1) * MIB)
+        for k in range(300)
+    ]
+    html = where_html(ReportModel(run=RunArtifacts(root=Path("/run")), calls=calls))
+    # THEN the chart holds the MAX_BARS highest, in call order, each adding up to its peak
+    bars = re.findall(r'data-label="training_step #(\d+)" data-total="(\d+)"', html)
+    assert [int(c) for c, _ in bars] == list(range(300 - MAX_BARS, 300))
+    assert f"the {MAX_BARS} calls with the highest peaks of 300" in html
+    for g in re.findall(r'<g class="sbar".*?</g>', html):
+        total = int(re.search(r'data-total="(\d+)"', g).group(1))
+        assert sum(int(v) for v in re.findall(r'data-bytes="(\d+)"', g)) == total

@@ -17,6 +17,7 @@ from memprofiler.reporters.memory_split import (
     CallSplit,
     category_split,
     splits,
+    top_calls,
     top_with_other,
 )
 from memprofiler.reporters.model import ReportModel
@@ -45,24 +46,26 @@ def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimel
     figures are never drawn to one scale); the first group leads, with the modules beside it.
     ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar each.
     """
-    found = splits(model.calls) + [category_split(tl, label) for label, tl in categories]
+    rows, counts = top_calls(model.calls, MAX_BARS)
+    found = splits([model.calls[i] for i in rows]) + [category_split(tl, label) for label, tl in categories]
     if not found:
         return ""
+    counts["memory-categories peak"] = len(categories)
     multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
     out = ["<h2 id='where'>Where memory goes</h2>"]
     for n, kind in enumerate(k for k in _KINDS if any(s.peak_name == k for s in found)):
         group = [s for s in found if s.peak_name == kind]
-        out.append(_group(model, group, kind, multi_rank, lead=n == 0))
+        out.append(_group(model, group, kind, multi_rank, n == 0, counts.get(kind, len(group))))
     return "\n".join(out)
 
 
-def _group(model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bool, lead: bool) -> str:
-    shown = group
-    note = ""
-    if len(group) > MAX_BARS:
-        order = {id(s): i for i, s in enumerate(group)}
-        shown = sorted(sorted(group, key=lambda s: -s.peak)[:MAX_BARS], key=lambda s: order[id(s)])
-        note = f" Shown: the {MAX_BARS} calls with the highest peaks of {len(group):,}."
+def _group(
+    model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bool, lead: bool, count: int
+) -> str:
+    shown = group  # already the highest MAX_BARS of their kind (top_calls), in call order
+    note = (
+        f" Shown: the {len(group)} calls with the highest peaks of {count:,}." if count > len(group) else ""
+    )
     rows = [
         (
             f"{s.label} · rank {s.rank}" if multi_rank and s.rank >= 0 else s.label,

@@ -24,11 +24,12 @@ memory it already holds serves activations without growing, and a bar must not e
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprofiler.analysis.memory_categories import CategoryTimeline
-from memprofiler.reporters.call_table import CallRow
+from memprofiler.reporters.call_table import _NA, CallRow, CallTable
 
 #: The parts of a bar, in drawing order: (key, label, colour).
 PARTS: tuple[tuple[str, str, str], ...] = (
@@ -91,6 +92,19 @@ class CallSplit:
             raise ValueError(f"{self.label}: parts {self.parts} do not add up to the peak {self.peak}")
 
 
+def peak_of(tracker_total: int | None, cuda_peak: int | None, rss_peak: int | None) -> tuple[str, int] | None:
+    """``(what the peak is, bytes)`` of a call with these figures: the bar :func:`split_call` draws."""
+    if tracker_total:
+        if cuda_peak is not None and cuda_peak > tracker_total:
+            return "CUDA allocated peak", cuda_peak
+        return "tracker peak", tracker_total
+    if cuda_peak is not None:
+        return "CUDA allocated peak", cuda_peak
+    if rss_peak is not None:
+        return "host RSS peak", rss_peak
+    return None
+
+
 def split_call(c: CallRow) -> CallSplit | None:
     """The split of one call, or ``None`` when it has no peak to split."""
     if c.tracker_peaks and c.tracker_peaks.get("total"):
@@ -102,6 +116,25 @@ def split_call(c: CallRow) -> CallSplit | None:
     if c.rss_peak is not None:
         return _rise_split(c, c.rss_peak, c.rss_start, "host RSS peak", "process")
     return None
+
+
+def top_calls(calls: CallTable, n: int) -> tuple[list[int], dict[str, int]]:
+    """Row indexes of the ``n`` calls with the highest peak of each kind, in table order, and
+    how many calls each kind has: read from the table's columns, so a run of 100,000 calls
+    splits only the ones it draws."""
+    cuda, rss = calls.column("cuda alloc peak"), calls.column("rss peak")
+    kinds: dict[str, list[tuple[int, int]]] = {}
+    for i in range(len(cuda)):
+        tp = calls.tracker_peaks.get(i)
+        found = peak_of(
+            tp.get("total") if tp else None,
+            None if cuda[i] == _NA else cuda[i],
+            None if rss[i] == _NA else rss[i],
+        )
+        if found is not None:
+            kinds.setdefault(found[0], []).append((found[1], -i))
+    chosen = sorted(-i for rows in kinds.values() for _, i in heapq.nlargest(n, rows))
+    return chosen, {k: len(v) for k, v in kinds.items()}
 
 
 def category_split(tl: CategoryTimeline, label: str) -> CallSplit:

@@ -54,13 +54,13 @@ def _flat(values: Sequence[float]) -> bool:
     return len(values) > 1 and top > 0 and (top - min(values)) < _FLAT_SHARE * top
 
 
-def _flat_note(title: str, values: Sequence[float]) -> str:
+def _flat_note(title: str, values: Sequence[float], over: str = "in every call") -> str:
     # The host RSS peak of every call is mostly the process's baseline (the interpreter, torch,
     # the model and data): bars of ~equal length hide what each call adds, so the chart of the
     # rise above each call's start (drawn next) carries the comparison, and the totals are one line.
     lo, hi = min(values), max(values)
     return (
-        f"<p class='muted'>{escape(title)}: {format_bytes(lo)} to {format_bytes(hi)} in every call "
+        f"<p class='muted'>{escape(title)}: {format_bytes(lo)} to {format_bytes(hi)} {over} "
         f"(within {(hi - lo) / hi:.1%} of each other, mostly the process's baseline); the rise above "
         "each call's start is charted below and the totals are in the table.</p>"
     )
@@ -149,7 +149,11 @@ class HtmlReporter:
                 for f in funcs
                 if figure.name in f.bands
             ]
-            if rows:
+            if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
+                out.append(
+                    _flat_note(f"{title}, median per function", [v for _, v, _ in rows], "in every function")
+                )
+            elif rows:
                 out.append(svg.hbar_chart(rows, format_bytes, f"{title}, median per function"))
         figs = [g.name for g in BANDED if any(g.name in f.bands for f in funcs)]
         cols = ["rank", "function", "calls"] + [

@@ -105,3 +105,9 @@ def test_the_run_reports_explorer_of_an_oom_pickle_has_the_banner(tmp_path):
     text = re.sub(r"<[^>]+>", "", re.search(r"<div id='mp-oom'.*?</div>", html).group(0))
     assert "400.00 GiB requested, 138.88 GiB free of 139.80 GiB total; step 3" in text
     assert _meta(html)["initial"]["sel"] == 261
+    # AND the report itself says so at its top, linking that explorer
+    report = (tmp_path / "r.html").read_text()
+    line = re.search(r"<p class='oom mp-oom-line'>.*?</p>", report).group(0)
+    assert report.index("mp-oom-line") < report.index("<h2")
+    assert "Out of memory (rank 0, record 0, cuda_oom): 400.00 GiB requested" in re.sub(r"<[^>]+>", "", line)
+    assert "href='allocator-explorer/0-oom_rank_0_0.html'" in line

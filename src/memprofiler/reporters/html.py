@@ -20,6 +20,7 @@ from memprofiler.reporters.explorer import explorer_relpath
 from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.html_cells import (
     auto_cell,
+    b,
     bytes_cell,
     page,
     plural,
@@ -59,8 +60,13 @@ def _flat_note(title: str, values: Sequence[float], over: str = "in every call")
     # the model and data): bars of ~equal length hide what each call adds, so the chart of the
     # rise above each call's start (drawn next) carries the comparison, and the totals are one line.
     lo, hi = min(values), max(values)
+    span = (
+        format_bytes(hi)
+        if format_bytes(lo) == format_bytes(hi)
+        else f"{format_bytes(lo)} to {format_bytes(hi)}"
+    )
     return (
-        f"<p class='muted'>{escape(title)}: {format_bytes(lo)} to {format_bytes(hi)} {over} "
+        f"<p class='muted'>{escape(title)}: {span} {over} "
         f"(within {(hi - lo) / hi:.1%} of each other, mostly the process's baseline); the rise above "
         "each call's start is charted below and the totals are in the table.</p>"
     )
@@ -115,6 +121,7 @@ class HtmlReporter:
         if manifest.get("status") is not None:
             bits.append(f"status {escape(str(manifest['status']))}")
         out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += self._oom_lines()
         out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
         out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]
         return "\n".join(out)
@@ -321,6 +328,32 @@ class HtmlReporter:
             out.append(snapshot_html(entry, self.top))
             out.append(f"<p><a class='explorer' href='{href}'>Open in the allocation explorer</a></p>")
         return "\n".join(out)
+
+    def _oom_lines(self) -> list[str]:
+        """One line per OOM record at the top of the page, linking its explorer (which opens on
+        the failure): the failed size, free and total memory and the step, from its YAML."""
+        pages = {entry.path: explorer_relpath(k, entry.path) for k, entry in enumerate(self.model.snapshots)}
+        out = []
+        for o in self.model.run.ooms:
+            info = o.info or {}
+            asked = info.get("requested_bytes") or info.get("failed_alloc_bytes")
+            bits = [f"{b(asked)} requested" if is_number(asked) else "size not recorded"]
+            free, total = info.get("device_free_bytes"), info.get("device_total_bytes")
+            if is_number(free):
+                bits.append(f"{b(free)} free" + (f" of {b(total)} total" if is_number(total) else ""))
+            if is_number(info.get("step")):
+                bits.append(f"step {info['step']}")
+            href = pages.get(str(o.pickle_path)) if o.pickle_path else None
+            link = (
+                f" <a class='explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"
+                if href
+                else ""
+            )
+            why = escape(str(info.get("reason", "OOM")))
+            out.append(
+                f"<p class='oom mp-oom-line'>Out of memory (rank {o.rank}, record {o.n}, {why}): {', '.join(bits)}.{link}</p>"
+            )
+        return out
 
     def _oom_section(self) -> str:
         ooms = [o for o in self.model.run.ooms if o.info]

@@ -111,3 +111,16 @@ def test_the_run_reports_explorer_of_an_oom_pickle_has_the_banner(tmp_path):
     assert report.index("mp-oom-line") < report.index("<h2")
     assert "Out of memory (rank 0, record 0, cuda_oom): 400.00 GiB requested" in re.sub(r"<[^>]+>", "", line)
     assert "href='allocator-explorer/0-oom_rank_0_0.html'" in line
+
+
+def test_an_unreadable_record_beside_the_pickle_is_a_warning_not_a_failure(tmp_path, capsys):
+    # GIVEN the pickle with a cut, foreign YAML of the record's name beside it
+    shutil.copy(PICKLE, tmp_path / "oom_rank_0_0.pickle")
+    (tmp_path / "oom_rank_0_0.yaml").write_text("reason: [unclosed\n")
+    out = tmp_path / "oom.html"
+    # WHEN the explorer is written
+    assert main(["snapshot", str(tmp_path / "oom_rank_0_0.pickle"), "--html", str(out)]) == 0
+    # THEN one warning names the file, and the banner keeps the pickle's own figures
+    assert "oom_rank_0_0.yaml" in capsys.readouterr().out
+    text = re.sub(r"<[^>]+>", "", re.search(r"<div id='mp-oom'.*?</div>", out.read_text()).group(0))
+    assert "400.00 GiB requested, 138.88 GiB free (total: not in the pickle" in text

@@ -53,12 +53,14 @@ class OomView:
     t1: int
 
 
-def user_frame(frames: Sequence[Mapping[str, Any]] | None) -> tuple[str, str] | None:
+def user_frame(frames: Sequence[Any] | None) -> tuple[str, str] | None:
     """``(name (file:line), full path:line)`` of the first frame of the user's own code, else of
     the first Python frame; ``None`` for a stack with neither."""
     found = None
     for want in (USER, PYTHON):
         for f in frames or ():
+            if not isinstance(f, Mapping):
+                continue  # a foreign snapshot's odd frame: not one to name
             name, filename = str(f.get("name", "?")), str(f.get("filename", "?"))
             if frame_kind(name, filename) & want:
                 found = (name, filename, f.get("line", "?"))

@@ -345,7 +345,7 @@ class HtmlReporter:
                 bits.append(f"step {info['step']}")
             href = pages.get(str(o.pickle_path)) if o.pickle_path else None
             link = (
-                f" <a class='explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"
+                f" <a class='oom-explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"
                 if href
                 else ""
             )

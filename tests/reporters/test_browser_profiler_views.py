@@ -31,7 +31,7 @@ _TABLES = """
     ranks: rows("table[data-kind=ranks]"),
     catpeak: rows("table[data-kind=catpeak]"),
     text: document.body.innerText,
-    plots: Array.from(document.querySelectorAll("svg.plot")).map((s) => s.getAttribute("aria-label")),
+    plots: Array.from(document.querySelectorAll("svg.plot, div.plot-table")).map((s) => s.getAttribute("aria-label")),
   });
 })()
 """
@@ -99,7 +99,7 @@ def test_profiler_views_render_offline_and_equal_the_analysis(tmp_path):
     assert sorted(before["catpeak"]) == sorted([c, str(b)] for c, b in cats.peak_by_category.items() if b)
     assert f"Peak {cats.peak_bytes:,} bytes" in before["text"]
     assert "cpu: memory by category (ms)" in before["plots"]
-    assert "GPU0: memory over time (ms)" in before["plots"]
+    assert "GPU0: memory over time (ms)" in before["plots"]  # (two points: a table of them)
     # (the CPU trace and the first fixture are both rank 0: their steps add up)
     slowest = views.slowest
     assert slowest is not None and slowest.rank == 0

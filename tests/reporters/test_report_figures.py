@@ -57,12 +57,13 @@ def test_each_declared_figure_is_a_column_of_both_call_tables():
     # the row's value in it
     header = next(line for line in text.splitlines() if "rank" in line and "function" in line)
     cells = [c.strip() for c in re.split(r"[┃│]", header) if c.strip()]
-    assert cells == ["rank", "function", "call", *[f.name for f in CALL_FIGURES]]
+    shown = [f for f in CALL_FIGURES if f.in_tables]
+    assert cells == ["rank", "function", "call", *[f.name for f in shown]]
     line = next(line for line in text.splitlines() if "│ step" in line)
     values = [c.strip() for c in line.split("│") if c.strip()][3:]
-    assert values == [format_bytes(row.value(f)) for f in CALL_FIGURES]
+    assert values == [format_bytes(row.value(f)) for f in shown]
     # AND the HTML call table has the same columns, and a chart per titled figure
-    for f in CALL_FIGURES:
+    for f in shown:
         assert f">{f.name}<" in html
         if f.chart:
             assert f.chart in html

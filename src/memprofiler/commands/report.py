@@ -23,6 +23,7 @@ from memprofiler.errors import ArtifactError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from memprofiler.analysis.memory_categories import CategoryTimeline
     from memprofiler.analysis.profiler_views import ProfilerViews
 
 
@@ -77,7 +78,10 @@ class ReportCommand:
         if not args.no_html:
             out = Path(args.output) if args.output else report_root(args.run_dir, run) / "report.html"
             try:
-                write_text(out, HtmlReporter(model, top=args.top, extra=_sections(views, args.top)).render())
+                reporter = HtmlReporter(
+                    model, top=args.top, extra=_sections(views, args.top), categories=_timelines(views)
+                )
+                write_text(out, reporter.render())
                 for rel, page in explorer_pages(model, args.top):  # linked from the report
                     write_text(out.parent / rel, page)
             except OSError as err:
@@ -100,6 +104,23 @@ def _views(paths: Sequence[str | Path], console: Console, top: int) -> ProfilerV
     if views is not None:
         ProfilerTerminalReporter(views, top=top).render(console)
     return views
+
+
+def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]]:
+    """Each memory-categories timeline of the traces, labelled by its trace, rank and device."""
+    if views is None:
+        return []
+    several = len(views.traces) > 1
+    return [
+        (
+            ("" if tv.rank is None else f"rank {tv.rank} · ")
+            + (f"trace {n + 1} · " if several else "")
+            + tl.device,
+            tl,
+        )
+        for n, tv in enumerate(views.traces)
+        for tl in tv.categories
+    ]
 
 
 def _sections(views: ProfilerViews | None, top: int) -> str:

@@ -25,6 +25,8 @@ from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer_assets import EXPLORER_CSS, EXPLORER_JS
+from memprofiler.reporters.explorer_oom import banner_html, oom_view
+from memprofiler.reporters.explorer_oom import meta as oom_meta
 from memprofiler.reporters.html_cells import b, json_script, page
 from memprofiler.reporters.html_snapshot import snapshot_html
 from memprofiler.reporters.model import ReportModel, SnapshotEntry
@@ -102,7 +104,13 @@ def _add_stacks(blob: _Blob, table: StackTable) -> None:
     blob.add("stackLabel", np.asarray(table.labels, dtype=np.int64), "<i4")
 
 
-def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnalysis, top: int = 10) -> str:
+def build_explorer(
+    data: Mapping[str, Any],
+    source: str,
+    analysis: SnapshotAnalysis,
+    top: int = 10,
+    record: Mapping[str, Any] | None = None,
+) -> str:
     """The explorer page of one ``_snapshot()`` dict already checked and analysed.
 
     Args:
@@ -111,6 +119,9 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
         analysis: :func:`~memprofiler.analysis.snapshot.analyze` of ``data``; its peaks are
             the figures the page states.
         top: rows of the summary tables below the explorer.
+        record: the OOM record's YAML (``oom_rank_{r}_{n}.yaml``) of an OOM pickle: the device's
+            total, the step and the call counts that the banner states beside the pickle's own
+            figures. A history with an ``oom`` entry gets the banner without it.
 
     Raises:
         ArtifactError: an entry lacks a field the replay needs.
@@ -142,16 +153,19 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
         )
         devices.append(info)
     _add_stacks(blob, table)
+    oom = oom_view(data, replays, record)
     meta = {
         "source": source,
         "devices": devices,
         "strings": table.strings,
         "arrays": blob.manifest,
+        "initial": oom_meta(oom) if oom else None,
     }
-    return _page(source, meta, blob.encode(), snapshot_html(SnapshotEntry(source, source, analysis), top))
+    summary = snapshot_html(SnapshotEntry(source, source, analysis), top)
+    return _page(source, meta, blob.encode(), summary, banner_html(oom) if oom else "")
 
 
-def _page(source: str, meta: dict[str, Any], blob: str, summary: str) -> str:
+def _page(source: str, meta: dict[str, Any], blob: str, summary: str, banner: str = "") -> str:
     base = os.path.basename(source) or source
     peaks = " ".join(
         f"<span class='peak' data-device='{d['device']}' data-bytes='{d['peak']}'>device {d['device']}: "
@@ -160,7 +174,7 @@ def _page(source: str, meta: dict[str, Any], blob: str, summary: str) -> str:
     )
     body = (
         f"<h1>Allocation explorer <span class='muted'>{escape(base)}</span></h1>"
-        f"<p id='mp-peaks'>{peaks}</p>"
+        f"{banner}<p id='mp-peaks'>{peaks}</p>"
         "<div id='mp-app'><p id='mp-loading'>Loading the trace…</p></div>"
         f"<details class='mp-summary'><summary>Summary tables</summary>{summary}</details>"
         f"<script type='application/json' id='mp-meta'>{json_script(meta)}</script>"
@@ -183,4 +197,5 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
     """
     for k, entry in enumerate(model.snapshots):
         data = load_snapshot(entry.path)
-        yield explorer_relpath(k, entry.path), build_explorer(data, entry.path, entry.analysis, top)
+        page = build_explorer(data, entry.path, entry.analysis, top, entry.record)
+        yield explorer_relpath(k, entry.path), page

@@ -20,6 +20,8 @@ ul.mp-tree li{margin:1px 0}.mp-tree .row{display:flex;gap:6px;align-items:center
 .mp-tree .num{font-variant-numeric:tabular-nums;min-width:150px;text-align:right}
 .mp-tree .fr{font-family:ui-monospace,Menlo,monospace;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
 #mp-segs{width:100%}.mp-segwrap{max-height:320px;overflow:auto}
+.mp-oom{border:2px solid #b00;background:#fff4f4;padding:8px 12px;margin:8px 0 12px;font-size:15px}
+.mp-oom .mp-oom-req{color:#b00}
 """
 
 EXPLORER_JS = r"""
@@ -117,7 +119,7 @@ const app = $("mp-app");
 app.innerHTML = `
 <div class="bar">
   <label>device <select id="mp-dev">${DEV.map((d, k) => `<option value="${k}">${d.meta.device}</option>`).join("")}</select></label>
-  <button id="mp-reset">whole trace</button><button id="mp-gopeak">peak</button><button id="mp-zoomsel" disabled>zoom to selection</button>
+  <button id="mp-reset">whole trace</button><button id="mp-gopeak">peak</button>${META.initial ? '<button id="mp-gooom">the OOM</button>' : ""}<button id="mp-zoomsel" disabled>zoom to selection</button>
   <label><input type="checkbox" id="mp-all"> show all frames</label>
   <span id="mp-view" class="muted"></span>
 </div>
@@ -508,15 +510,19 @@ function panels() {
   if (S.pin >= 0) showStack(d.stack[S.pin], S.pin);
   X.sel = S.sel; X.pin = S.pin;
 }
-function selectDevice(k) {
+// The page opens on the OOM when the history holds one (META.initial), else on the whole trace.
+function selectDevice(k, at) {
   S.dev = k; const d = dev();
   S.t0 = 0; S.t1 = d.meta.instants; S.sel = d.meta.peakIndex; S.pin = -1; S.range = null;
+  if (at) { S.t0 = at.t0; S.t1 = at.t1; S.sel = at.sel; }
+  $("mp-dev").value = String(k);
   X.peak = d.peak; X.peakAt = d.peakAt; X.device = d.meta.device;
   draw(); panels();
 }
 $("mp-dev").addEventListener("change", (e) => selectDevice(+e.target.value));
 $("mp-reset").addEventListener("click", () => setView(0, dev().meta.instants));
 $("mp-gopeak").addEventListener("click", () => { S.sel = dev().meta.peakIndex; schedule(); panels(); });
+if (META.initial) $("mp-gooom").addEventListener("click", () => selectDevice(META.initial.device, META.initial));
 $("mp-zoomsel").addEventListener("click", () => { if (S.range) setView(S.range[0], S.range[1]); });
 $("mp-all").addEventListener("change", (e) => { S.all = e.target.checked; panels(); });
 window.addEventListener("resize", schedule);
@@ -539,7 +545,7 @@ X.redraw = () => { draw(); return X.lastDrawMs; };
 X.blockCount = () => dev().start.length;
 X.drawnBlocks = () => Array.from(drawnIdx.subarray(0, drawnN));
 X.block = (i) => { const d = dev(); return {size: d.size[i], start: d.start[i], end: d.end[i], label: labelOf(d.stack[i])}; };
-selectDevice(0);
+selectDevice(META.initial ? META.initial.device : 0, META.initial);
 X.firstPaintMs = performance.now();
 // Once the page shows, redraw a few zoom levels off screen so the browser compiles the timeline's
 // loops before the first pan or zoom (a cold redraw of a million-entry trace took 2-4x longer).

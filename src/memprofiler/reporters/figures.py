@@ -44,6 +44,8 @@ class Figure:
     """Title of its per-call chart in the HTML report; ``None``: no chart."""
     across: str | None = None
     """Title of its line across calls in the HTML report; ``None``: no line."""
+    in_tables: bool = True
+    """Whether the call tables show it; ``False`` for a figure only a chart reads."""
 
     def __post_init__(self) -> None:
         if (self.metric is None) == (self.minus is None):
@@ -90,6 +92,15 @@ CALL_FIGURES: tuple[Figure, ...] = (
         chart="saved-tensor bytes (unique)",
     ),
     Figure("saved_packed", "saved packed", metric=metrics.SAVED_PACKED),
+    # What the device held when the call began: "where memory goes" splits the call's CUDA peak
+    # into this and what the call added (reporters/memory_split.py).
+    Figure(
+        "cuda_allocated_start",
+        "cuda alloc start",
+        metric=metrics.CUDA_ALLOCATED,
+        phase="start",
+        in_tables=False,
+    ),
 )
 
 #: The figures read from snapshots, in declaration order: one column each in a call table.
@@ -109,6 +120,8 @@ def table_figures(calls: Sequence[Any]) -> list[Figure]:
     present: dict[str, bool] = {}
     out = []
     for f in CALL_FIGURES:
+        if not f.in_tables:
+            continue
         if f.shown_if is not None:
             if f.shown_if not in present:
                 present[f.shown_if] = any(getattr(c, f.shown_if) is not None for c in calls)

@@ -14,11 +14,13 @@ from html import escape
 from typing import Any
 
 from memprofiler.analysis.artifacts import is_number
+from memprofiler.analysis.memory_categories import CategoryTimeline
 from memprofiler.reporters import svg
 from memprofiler.reporters.explorer import explorer_relpath
 from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.html_cells import (
     auto_cell,
+    b,
     bytes_cell,
     page,
     plural,
@@ -26,6 +28,9 @@ from memprofiler.reporters.html_cells import (
     value_cell,
 )
 from memprofiler.reporters.html_snapshot import snapshot_html
+from memprofiler.reporters.html_where import CSS as WHERE_CSS
+from memprofiler.reporters.html_where import where_html
+from memprofiler.reporters.memory_split import top_with_other
 from memprofiler.reporters.model import CallRow, ReportModel, binned, breakdown_rank, report_tables
 from memprofiler.units import format_bytes
 
@@ -38,6 +43,35 @@ _SAVED_NOTE = (
 )
 
 
+#: Totals that sit on a large baseline (the process's RSS): drawn only where they differ.
+_BASELINE_FIGURES = frozenset({"rss peak"})
+#: Bars closer than this share of the largest look the same; their chart would say nothing.
+_FLAT_SHARE = 0.1
+
+
+def _flat(values: Sequence[float]) -> bool:
+    """Whether bars of these values would all look equal (each within 10% of the largest)."""
+    top = max(values)
+    return len(values) > 1 and top > 0 and (top - min(values)) < _FLAT_SHARE * top
+
+
+def _flat_note(title: str, values: Sequence[float], over: str = "in every call") -> str:
+    # The host RSS peak of every call is mostly the process's baseline (the interpreter, torch,
+    # the model and data): bars of ~equal length hide what each call adds, so the chart of the
+    # rise above each call's start (drawn next) carries the comparison, and the totals are one line.
+    lo, hi = min(values), max(values)
+    span = (
+        format_bytes(hi)
+        if format_bytes(lo) == format_bytes(hi)
+        else f"{format_bytes(lo)} to {format_bytes(hi)}"
+    )
+    return (
+        f"<p class='muted'>{escape(title)}: {span} {over} "
+        f"(within {(hi - lo) / hi:.1%} of each other, mostly the process's baseline); the rise above "
+        "each call's start is charted below and the totals are in the table.</p>"
+    )
+
+
 class HtmlReporter:
     """Renders a :class:`ReportModel` to one HTML page.
 
@@ -45,16 +79,26 @@ class HtmlReporter:
         >>> Path("report.html").write_text(HtmlReporter(model).render())  # doctest: +SKIP
     """
 
-    def __init__(self, model: ReportModel, top: int = 10, extra: str = "") -> None:
+    def __init__(
+        self,
+        model: ReportModel,
+        top: int = 10,
+        extra: str = "",
+        categories: Sequence[tuple[str, CategoryTimeline]] = (),
+    ) -> None:
         self.model = model
         self.top = top
         self.extra = extra
         """More sections (HTML), after the run's: the profiler views."""
+        self.categories = categories
+        """``(label, timeline)`` of the profiler's memory-categories timelines: a bar each in
+        "where memory goes"."""
 
     def render(self) -> str:
         run = self.model.run
         sections = [
             self._header(),
+            where_html(self.model, self.categories),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),
@@ -64,7 +108,7 @@ class HtmlReporter:
             self._oom_section(),
             self.extra,
         ]
-        return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s))
+        return page(f"memprofiler report: {run.root}", "\n".join(s for s in sections if s), style=WHERE_CSS)
 
     # ----------------------------------------------------------------- sections
     def _header(self) -> str:
@@ -77,6 +121,7 @@ class HtmlReporter:
         if manifest.get("status") is not None:
             bits.append(f"status {escape(str(manifest['status']))}")
         out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += self._oom_lines()
         out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
         out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]
         return "\n".join(out)
@@ -94,7 +139,9 @@ class HtmlReporter:
                     for c in calls
                     if (v := c.value(figure)) is not None
                 ]
-                if rows:
+                if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
+                    out.append(_flat_note(title, [v for _, v, _ in rows]))
+                elif rows:
                     out.append(svg.hbar_chart(rows, format_bytes, title))
             out.append(_calls_table(calls))
             return "\n".join(out)
@@ -109,7 +156,11 @@ class HtmlReporter:
                 for f in funcs
                 if figure.name in f.bands
             ]
-            if rows:
+            if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
+                out.append(
+                    _flat_note(f"{title}, median per function", [v for _, v, _ in rows], "in every function")
+                )
+            elif rows:
                 out.append(svg.hbar_chart(rows, format_bytes, f"{title}, median per function"))
         figs = [g.name for g in BANDED if any(g.name in f.bands for f in funcs)]
         cols = ["rank", "function", "calls"] + [
@@ -171,7 +222,7 @@ class HtmlReporter:
             if not calls:
                 continue
             worst = max(calls, key=breakdown_rank)
-            mods = sorted(worst.by_module.items(), key=lambda kv: (-kv[1], kv[0]))[:15]
+            mods = top_with_other(worst.by_module, 15)  # the rest in one row: the bars add up
             out.append(
                 svg.hbar_chart(
                     [(m, float(b), rank) for m, b in mods],
@@ -187,6 +238,15 @@ class HtmlReporter:
                     [[m, bytes_cell(b), w] for m, b, w in top],
                 )
             )
+            every = len(self.model.top_saved_modules(10**9))
+            if every > len(top):
+                # Each row is a module's largest figure over the calls: these do not add up, so
+                # the rest is counted, not summed into an "other" row.
+                out.append(
+                    f"<p class='muted'>The {len(top)} modules that saved the most in some call, of "
+                    f"{every:,}; each at its largest over the calls (figures from different calls "
+                    "do not add up).</p>"
+                )
         return "\n".join(out) if len(out) > 2 else ""
 
     def _summary_section(self) -> str:
@@ -269,6 +329,32 @@ class HtmlReporter:
             out.append(f"<p><a class='explorer' href='{href}'>Open in the allocation explorer</a></p>")
         return "\n".join(out)
 
+    def _oom_lines(self) -> list[str]:
+        """One line per OOM record at the top of the page, linking its explorer (which opens on
+        the failure): the failed size, free and total memory and the step, from its YAML."""
+        pages = {entry.path: explorer_relpath(k, entry.path) for k, entry in enumerate(self.model.snapshots)}
+        out = []
+        for o in self.model.run.ooms:
+            info = o.info or {}
+            asked = info.get("requested_bytes") or info.get("failed_alloc_bytes")
+            bits = [f"{b(asked)} requested" if is_number(asked) else "size not recorded"]
+            free, total = info.get("device_free_bytes"), info.get("device_total_bytes")
+            if is_number(free):
+                bits.append(f"{b(free)} free" + (f" of {b(total)} total" if is_number(total) else ""))
+            if is_number(info.get("step")):
+                bits.append(f"step {info['step']}")
+            href = pages.get(str(o.pickle_path)) if o.pickle_path else None
+            link = (
+                f" <a class='oom-explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"
+                if href
+                else ""
+            )
+            why = escape(str(info.get("reason", "OOM")))
+            out.append(
+                f"<p class='oom mp-oom-line'>Out of memory (rank {o.rank}, record {o.n}, {why}): {', '.join(bits)}.{link}</p>"
+            )
+        return out
+
     def _oom_section(self) -> str:
         ooms = [o for o in self.model.run.ooms if o.info]
         if not ooms:
@@ -286,6 +372,16 @@ class HtmlReporter:
 
 def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
     """One line per function through its call numbers and values (binned into bands when long)."""
+    lines = [(fn, (xs, ys)) for fn, (xs, ys) in lines if xs]
+    if lines and all(len(xs) < svg.MIN_POINTS for _, (xs, _) in lines):
+        # A line through one or two points shows less than the numbers do (and its axis
+        # has nothing to tick): the same figures as a table.
+        rows = [
+            [escape(fn), f"{int(x):,}", bytes_cell(int(y))]
+            for fn, (xs, ys) in lines
+            for x, y in zip(xs, ys, strict=True)
+        ]
+        return f"<p><b>{escape(title)}</b></p>" + table(["function", "call", "bytes"], rows)
     series, bands = [], []
     for fn, (xs, ys) in lines:
         if not xs:
@@ -295,7 +391,7 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         bands.append([(x, band.lo, band.hi) for x, band in bins])
     if not series:
         return ""
-    return svg.line_chart(series, format_bytes, title, bands=bands)
+    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True)
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:

@@ -18,10 +18,26 @@ from memprofiler.analysis.profiler_steps import STEP_PARTS
 from memprofiler.analysis.profiler_views import DeviceView, ProfilerViews, TraceView
 from memprofiler.reporters import svg
 from memprofiler.reporters.html_cells import json_script, page
+from memprofiler.reporters.profiler_overview import CSS as OVERVIEW_CSS
+from memprofiler.reporters.profiler_overview import SCRIPT as OVERVIEW_SCRIPT
+from memprofiler.reporters.profiler_overview import (
+    categories_id,
+    memory_id,
+    modules_id,
+    op_row_id,
+    ops_id,
+    overview_html,
+    shown_ops,
+    stat_row_id,
+    stats_id,
+    steps_id,
+)
 from memprofiler.units import format_bytes
 
 #: Rows of the memory events table drawn in the page (the largest first); the rest are counted.
 PAIR_ROWS = 300
+#: A table longer than this scrolls in a box of its own, so the page stays a page.
+SCROLL_ROWS = 20
 #: Category colours: parameter, optimizer state, input, temporary, activation, gradient,
 #: autograd detail, unknown (by name, so a new torch category gets the last one).
 _CAT_COLOURS = {
@@ -43,12 +59,16 @@ _PAIR_COLS = ("operator", "size", "allocation time (ms)", "release time (ms)", "
 
 def profiler_sections(views: ProfilerViews, top: int = 30) -> str:
     """Every profiler section of ``views``, for a run report or a page of its own."""
-    out = ["<h2 id='profiler'>Profiler traces</h2>", _NOTE]
+    out = [
+        f"<style>{OVERVIEW_CSS}</style><h2 id='profiler'>Profiler traces</h2>",
+        _NOTE,
+        overview_html(views),
+    ]
     for n, tv in enumerate(views.traces):
         out.append(_trace_html(tv, n, top))
     if views.ranks:
         out.append(_ranks_html(views))
-    out.append(f"<script>{_SCRIPT}</script>")
+    out.append(f"<script>{_SCRIPT}</script><script>{OVERVIEW_SCRIPT}</script>")
     return "\n".join(out)
 
 
@@ -59,7 +79,7 @@ def profiler_page(views: ProfilerViews, title: str, top: int = 30) -> str:
 
 _NOTE = (
     "<p class='muted'>Summaries of the PyTorch profiler's traces. Times are milliseconds from each "
-    "trace's first event; click a column header to sort. Open the trace itself in "
+    "trace's first event; click a column header to sort, a folded title to open its table. Open the trace itself in "
     "<span class='mono'>ui.perfetto.dev</span> for the timeline.</p>"
 )
 
@@ -67,15 +87,35 @@ _NOTE = (
 def _trace_html(tv: TraceView, n: int, top: int) -> str:
     rank = "" if tv.rank is None else f" · rank {tv.rank}"
     out = [f"<h3 id='trace-{n}'>{escape(tv.title)}{rank}</h3>", f"<p class='muted'>{tv.events:,} events</p>"]
-    out.append(_steps_html(tv))
+    out.append(_steps_html(tv, n))
     for d, dv in enumerate(tv.devices):
-        out.append(_memory_html(dv, f"mem-{n}-{d}"))
-    for tl in tv.categories:
-        out.append(_categories_html(tl))
-    out.append(_ops_html(tv.ops[:top], "Operators", "operator", tv.has_device_time, len(tv.ops), shapes=True))
+        out.append(_memory_html(dv, n, d))
+    for c, tl in enumerate(tv.categories):
+        out.append(_categories_html(tl, categories_id(n, c)))
+    idx = shown_ops(tv, top)
+    out.append(
+        _ops_html(
+            [tv.ops[i] for i in idx], "Operators", "operator", tv.has_device_time, len(tv.ops), shapes=True,
+            key=ops_id(n), row_ids=[op_row_id(n, i) for i in idx], listed=top,
+        )
+    )  # fmt: skip
     if tv.modules:
-        out.append(_ops_html(tv.modules[:top], "Modules", "module", tv.has_device_time, len(tv.modules)))
+        out.append(
+            _ops_html(
+                tv.modules[:top], "Modules", "module", tv.has_device_time, len(tv.modules), key=modules_id(n)
+            )
+        )
     return "\n".join(out)
+
+
+def _fold(key: str, title: str, body: str, rows: int) -> str:
+    """A folded section: its title always shown, its table on a click (or a link to it); a long
+    table scrolls in its own box."""
+    if rows > SCROLL_ROWS:
+        body = f"<div class='scroll'>{body}</div>"
+    return (
+        f"<details class='pv-fold' id='{escape(key, quote=True)}'><summary>{title}</summary>{body}</details>"
+    )
 
 
 def _ms(us: float) -> str:
@@ -97,7 +137,7 @@ def _table(cols: Sequence[str], rows: Sequence[str], cls: str = "sortable", attr
     return f"<table class='{cls}'{attrs}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _steps_html(tv: TraceView) -> str:
+def _steps_html(tv: TraceView, n: int) -> str:
     rows = [
         "<tr>"
         + _cell(s.step, num=False)
@@ -106,10 +146,12 @@ def _steps_html(tv: TraceView) -> str:
         + "</tr>"
         for s in tv.steps
     ]
-    return "<h4>Step time breakdown (ms)</h4>" + _table(["step", "total", *STEP_PARTS], rows)
+    table = _table(["step", "total", *STEP_PARTS], rows)
+    return _fold(steps_id(n), f"Step time breakdown (ms), {len(rows):,} step(s)", table, len(rows))
 
 
-def _memory_html(dv: DeviceView, key: str) -> str:
+def _memory_html(dv: DeviceView, n: int, d: int) -> str:
+    key = memory_id(n, d)
     dm = dv.memory
     series = [
         ("allocated", [(t, float(a)) for t, a, _ in dm.curve]),
@@ -129,10 +171,22 @@ def _memory_html(dv: DeviceView, key: str) -> str:
         f"({format_bytes(dm.peak_allocated)}), {format_bytes(dm.peak_reserved)} reserved at most. ",
         _range_note(dv),
         "<button type='button' class='reset'>whole trace</button>" if dv.range_data is not None else "",
-        f"<h5>Memory events ({dv.pair_count:,} allocations and releases)</h5>",
-        _pairs_table(dv.pairs, dv.pair_count),
-        "<h5>Memory statistics per operator</h5>",
-        _table(_MEM_STAT_COLS, [_stat_row(s) for s in dv.stats], attrs=" data-kind='stats'"),
+        _fold(
+            f"{key}-events",
+            f"Memory events ({dv.pair_count:,} allocations and releases)",
+            _pairs_table(dv.pairs, dv.pair_count),
+            0,  # the events table has its own scrolling box
+        ),
+        _fold(
+            stats_id(n, d),
+            f"Memory statistics per operator ({len(dv.stats):,} operators)",
+            _table(
+                _MEM_STAT_COLS,
+                [_stat_row(s, stat_row_id(n, d, k)) for k, s in enumerate(dv.stats)],
+                attrs=" data-kind='stats'",
+            ),
+            len(dv.stats),
+        ),
     ]
     if dv.range_data is not None:
         out.append(f"<script type='application/json' class='memdata'>{json_script(dv.range_data)}</script>")
@@ -181,16 +235,16 @@ def _pair_row(p: MemPair) -> str:
     )  # fmt: skip
 
 
-def _stat_row(s: MemStat) -> str:
+def _stat_row(s: MemStat, row_id: str) -> str:
     return (
-        "<tr>" + _cell(s.name, num=False) + _cell(f"{s.calls:,}", s.calls) + _bytes(s.increase)
+        f"<tr id='{row_id}'>" + _cell(s.name, num=False) + _cell(f"{s.calls:,}", s.calls) + _bytes(s.increase)
         + _bytes(s.self_increase) + _cell(f"{s.alloc_count:,}", s.alloc_count)
         + _cell(f"{s.self_alloc_count:,}", s.self_alloc_count) + _bytes(s.alloc_size)
         + _bytes(s.self_alloc_size) + "</tr>"
     )  # fmt: skip
 
 
-def _categories_html(tl: CategoryTimeline) -> str:
+def _categories_html(tl: CategoryTimeline, key: str) -> str:
     times, stacks = thinned(tl)
     present = [i for i, _ in enumerate(tl.categories) if any(s[i] for s in stacks)]
     chart = stacked_area(
@@ -210,11 +264,16 @@ def _categories_html(tl: CategoryTimeline) -> str:
         for t, v, c, b in tl.live_at_peak
     ]
     return (
-        f"<h4>Memory by category: {escape(tl.device)}</h4>{chart}"
+        f"<div id='{escape(key, quote=True)}'><h4>Memory by category: {escape(tl.device)}</h4>{chart}"
         f"<p class='catpeak'>Peak {tl.peak_bytes:,} bytes ({format_bytes(tl.peak_bytes)}) at {tl.peak_ms:.3f} ms.</p>"
         + _table(["category", "live at the peak"], at_peak, attrs=" data-kind='catpeak'")
-        + "<h5>Largest tensors live at the peak</h5>"
-        + _table(["tensor id", "version", "category", "size"], live, attrs=" data-kind='live'")
+        + _fold(
+            f"{key}-live",
+            f"Largest tensors live at the peak ({len(live):,})",
+            _table(["tensor id", "version", "category", "size"], live, attrs=" data-kind='live'"),
+            len(live),
+        )
+        + "</div>"
     )
 
 
@@ -287,7 +346,15 @@ def stacked_area(
 
 
 def _ops_html(
-    rows: list[OpRow], title: str, what: str, device: bool, total: int, shapes: bool = False
+    rows: list[OpRow],
+    title: str,
+    what: str,
+    device: bool,
+    total: int,
+    shapes: bool = False,
+    key: str = "",
+    row_ids: Sequence[str] = (),
+    listed: int | None = None,
 ) -> str:
     cols = [what, "calls", "host self (ms)", "host total (ms)"]
     if device:
@@ -295,7 +362,7 @@ def _ops_html(
     cols += ["self allocated", "allocated (incl.)", "self size increase", "size increase (incl.)"]
     if shapes:
         cols.append("input shapes (most frequent)")
-    body = []
+    body: list[str] = []
     for r in rows:
         cells = [_cell(r.name, num=False), _cell(f"{r.calls:,}", r.calls)]
         cells += [_cell(_ms(r.host_self_us), r.host_self_us), _cell(_ms(r.host_total_us), r.host_total_us)]
@@ -312,14 +379,18 @@ def _ops_html(
         ]
         if shapes:
             cells.append(_cell("; ".join(f"{s} x{c}" for s, c in r.shapes), num=False))
-        body.append("<tr>" + "".join(cells) + "</tr>")
+        rid = f" id='{row_ids[len(body)]}'" if len(body) < len(row_ids) else ""
+        body.append(f"<tr{rid}>" + "".join(cells) + "</tr>")
     kind = "ops" if shapes else "modules"
+    first = len(rows) if listed is None else min(listed, len(rows))
+    extra = len(rows) - first
     shown = (
-        f"top {len(rows)} of {total:,} by host {'self' if shapes else 'total'} time"
+        f"top {first} of {total:,} by host {'self' if shapes else 'total'} time"
+        + (f", and {extra} more the overview names" if extra else "")
         if total > len(rows)
         else f"{total:,}"
     )
-    return f"<h4>{title} ({shown})</h4>" + _table(cols, body, attrs=f" data-kind='{kind}'")
+    return _fold(key, f"{title} ({shown})", _table(cols, body, attrs=f" data-kind='{kind}'"), len(body))
 
 
 def _ranks_html(views: ProfilerViews) -> str:
@@ -416,7 +487,10 @@ _SCRIPT = r"""
   window.memprofilerSelectRange = function (id, lo, hi) { select(document.getElementById(id), lo, hi); };
   document.querySelectorAll("div.memview").forEach(function (view) {
     if (!view.querySelector("script.memdata")) return;
-    var svgEl = view.querySelector("svg.plot"), frame = svgEl.querySelector("rect.frame");
+    var svgEl = view.querySelector("svg.plot");
+    view.querySelector("button.reset").addEventListener("click", function () { select(view, -Infinity, Infinity); });
+    if (!svgEl) return;  // a curve of one or two points is a table: nothing to drag across
+    var frame = svgEl.querySelector("rect.frame");
     var lo = parseFloat(view.dataset.lo), hi = parseFloat(view.dataset.hi), start = null, band = null;
     function toMs(ev) {
       var r = frame.getBoundingClientRect(), f = Math.min(1, Math.max(0, (ev.clientX - r.left) / r.width));
@@ -429,7 +503,6 @@ _SCRIPT = r"""
       start = null;
       if (b > a) select(view, a, b);
     });
-    view.querySelector("button.reset").addEventListener("click", function () { select(view, -Infinity, Infinity); });
   });
   document.querySelectorAll("table.sortable").forEach(function (table) {
     table.querySelectorAll("th").forEach(function (th, col) {

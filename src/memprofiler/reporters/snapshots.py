@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from memprofiler.analysis.artifacts import AllocPickle, OomRecord, RunArtifacts
 from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
@@ -15,6 +17,8 @@ class SnapshotEntry:
     title: str
     path: str
     analysis: SnapshotAnalysis
+    record: Mapping[str, Any] | None = None
+    """An OOM pickle's record (its YAML): the device's total, the step, the call counts."""
 
 
 def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
@@ -29,7 +33,8 @@ def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
         path = item.path if isinstance(item, AllocPickle) else item.pickle_path
         assert path is not None
         analysis = analyze(load_snapshot(path), str(path), top=top)
-        entries.append(SnapshotEntry(snapshot_title(item), str(path), analysis))
+        record = item.info if isinstance(item, OomRecord) else None
+        entries.append(SnapshotEntry(snapshot_title(item), str(path), analysis, record))
     return entries
 
 

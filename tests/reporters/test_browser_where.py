@@ -1,0 +1,70 @@
+"""The run report's "where memory goes" in headless Chromium: the bars add up to each call's peak."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from browser import BROWSER_MARKS, open_page
+from memprofiler.__main__ import main
+
+pytestmark = BROWSER_MARKS
+
+DEMO = Path(__file__).parents[1] / "fixtures" / "gpu_demo_run"
+
+_BARS = """
+(() => Array.from(document.querySelectorAll("#where ~ div g.sbar")).map((g) => {
+  const rects = Array.from(g.querySelectorAll("rect[data-part]"));
+  return {label: g.dataset.label, total: +g.dataset.total,
+          parts: rects.map((r) => [r.dataset.part, +r.dataset.bytes]),
+          width: rects.reduce((w, r) => w + r.getBoundingClientRect().width, 0)};
+}))()
+"""
+
+# Charts in the "across calls" section: the siblings from its heading to the next one.
+_ACROSS_PLOTS = """
+(() => { let n = 0;
+  for (let el = document.getElementById("across").nextElementSibling; el && el.tagName !== "H2"; el = el.nextElementSibling)
+    n += el.matches("svg.plot") ? 1 : el.querySelectorAll("svg.plot").length;
+  return n; })()
+"""
+
+
+def test_the_report_opens_on_where_memory_goes_and_each_bar_adds_up_to_the_peak(tmp_path):
+    # GIVEN the recorded H200 demo run and its own figures
+    run = tmp_path / "run"
+    shutil.copytree(DEMO, run)
+    stats = yaml.safe_load((DEMO / "rank_0_memory_stats.yaml").read_text())
+    html = tmp_path / "report.html"
+    assert main(["report", str(run), "-o", str(html)]) == 0
+    # WHEN Chromium opens the report
+    with open_page(html) as view:
+        first = view.eval("document.querySelector('h2').id")
+        bars = view.eval(_BARS)
+        text = view.page.inner_text("body")
+        lines = view.eval(_ACROSS_PLOTS)
+    assert view.errors == [] and view.offsite == []
+    # THEN the first section is "where memory goes"
+    assert first == "where"
+    by_label = {b["label"]: b for b in bars}
+    for call in (3, 4):
+        end, start = stats[f"0.training_step.{call}.end"], stats[f"0.training_step.{call}.start"]
+        bar = by_label[f"training_step #{call}"]
+        # each bar is the call's CUDA allocated peak, and its parts sum to it exactly
+        assert bar["total"] == end["allocated_bytes.all.peak"] == 118_890_496
+        assert sum(b for _, b in bar["parts"]) == bar["total"]
+        parts = dict(bar["parts"])
+        assert parts["resident"] == start["allocated_bytes.all.current"]
+        assert parts["activations"] == end["saved_tensors.unique_bytes"]
+    # and the drawn widths are in proportion: equal peaks, equal lengths
+    assert abs(by_label["training_step #3"]["width"] - by_label["training_step #4"]["width"]) < 0.5
+    # the modules beside it end in an "other" row holding the rest of the 33 modules
+    assert "in 33 modules" in text and "other (25 more)" in text
+    # the saved-tensor chart's list is cut at 15 with the rest in one row
+    assert "other (18 more)" in text
+    # two calls per function: the across-calls figures are tables, not lines through two points
+    assert lines == 0
+    # RSS peaks within 6% of each other are one line of text, not bars that look the same
+    assert "1.43 GiB to 1.52 GiB in every call" in text

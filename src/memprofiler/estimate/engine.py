@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
+from memprofiler.estimate.attention import CudaAttention
 from memprofiler.estimate.failures import (
     ModuleStack,
     fake_errors,
@@ -28,7 +29,9 @@ from memprofiler.estimate.failures import (
 from memprofiler.estimate.notes import model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
+from memprofiler.estimate.target import CudaTarget, resolve_target
 from memprofiler.estimate.tracker import Ledger, new_tracker
+from memprofiler.estimate.workspaces import BlasWorkspaces, WorkspacePlan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]
@@ -110,10 +113,21 @@ def estimate(
     shard_policy: Callable[[nn.Module], bool] | None,
     prepare: Callable[[nn.Module], None] | None = None,
     optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+    gpu: str | None = None,
+    torch_version: str | None = None,
 ) -> MemoryEstimate:
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
+    cuda = device.startswith("cuda")
+    target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
     where, notes = run_device(device, fake)
+    if target is not None:
+        notes = [f"target: {target.describe()}"] + [n for n in notes if not n.startswith("ran on fake CPU")]
+        if where == "cpu":
+            notes.append(
+                "ran on fake CPU tensors (this torch has no CUDA), dispatching as CUDA would: attention by torch's "
+                "CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast stands in for CUDA's"
+            )
     notes += model_notes(model)
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
@@ -152,16 +166,26 @@ def estimate(
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
-            with tracker:
+            plan = WorkspacePlan.for_target(target) if target is not None else None
+            attention = CudaAttention(target) if target is not None and where == "cpu" else None
+            with (
+                tracker,
+                BlasWorkspaces(plan, tracker.hold) if plan is not None else contextlib.nullcontext(),
+                attention if attention is not None else contextlib.nullcontext(),
+            ):
                 for step in range(1, steps + 1):
                     before = led.peak
                     resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
                     if led.peak > before:
                         peak_step = step
-    cuda = device.startswith("cuda")
+    if attention is not None and target is not None:
+        notes += attention.log.notes(target)
+    if plan is not None and plan.held:
+        parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
+        notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
     return MemoryEstimate(
         peak_bytes=led.allocator.peak_allocated if cuda else led.peak,
-        tensor_peak_bytes=led.peak,
+        tensor_peak_bytes=led.peak - led.peak_held,
         reserved_peak_bytes=led.allocator.peak_reserved if cuda else led.peak,
         by_category=dict(sorted(led.peak_by_category.items(), key=lambda kv: -kv[1])),
         resident=resident,
@@ -176,6 +200,8 @@ def estimate(
         steps=steps,
         fake=fake,
         notes=notes,
+        target=target.describe() if target is not None else "",
+        workspace_bytes=plan.by_kind() if plan is not None else {},
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 #: What no estimate models; printed with every estimate and written into its YAML.
 NOT_MODELLED = (
-    "CUDA context and cuBLAS / cuDNN / NCCL workspaces (use `reserve`)",
+    "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
     "allocator fragmentation across streams, expandable_segments, max_split_size_mb",
     "tensor and pipeline parallelism",
     "memory of torch.compile'd graphs and CUDA graphs",
@@ -56,6 +56,10 @@ class MemoryEstimate:
     batch_size: int | None = None
     notes: list[str] = field(default_factory=list)
     """What this estimate assumed or could not model."""
+    target: str = ""
+    """The CUDA device and torch release modelled (``H200 (sm90), torch 2.11``); empty for ``cpu``."""
+    workspace_bytes: dict[str, int] = field(default_factory=dict)
+    """Library workspaces held at the end (``cublas``, ``cublaslt``), included in ``peak_bytes``."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
 
     def fits(self, device_memory: int, reserve: int = 0) -> bool:

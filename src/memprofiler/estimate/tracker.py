@@ -55,6 +55,9 @@ class Ledger:
         self._keys = itertools.count(1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
         self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
+        self.held = 0  # bytes of workspaces in ``total`` (not tensors)
+        self.peak_held = 0
+        self.holds: list[tuple[str, int]] = []
 
     def key_of(self, winfo: Any) -> int:
         key = getattr(winfo, "_memprofiler_key", None)
@@ -130,14 +133,29 @@ def _make(base: type[MemTracker]) -> Any:
                 led.sizes[key] = n
                 led.allocator.free(key)
                 led.allocator.alloc(key, n)
+            self._note_peak()
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _note_peak(self) -> None:
+            led = self.ledger
             if led.total > led.peak:
                 led.peak = led.total
                 led.peak_by_category = {k: v for k, v in led.live.items() if v}
+                led.peak_held = led.held
                 led.peak_module = _deepest(self._mod_tracker.parents)
                 led.peak_phase = (
                     "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
                 )
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def hold(self, name: str, nbytes: int) -> None:
+            """Memory a library allocates through the caching allocator and keeps (a workspace)."""
+            led = self.ledger
+            cat = name.split(" ", 1)[0] + "_workspaces"
+            led.move(cat, nbytes)
+            led.held += nbytes
+            led.allocator.alloc(-1_000_000 - len(led.holds), nbytes)
+            led.holds.append((name, nbytes))
+            self._note_peak()
 
         def _track_module_params_and_buffers(
             self, module: torch.nn.Module, install_grad_hooks: bool = True

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from memprofiler.estimate.target import CudaTarget
 
@@ -235,30 +234,15 @@ class AttentionLog:
         return out
 
 
-class CudaAttention(TorchFunctionMode):
-    """Routes ``F.scaled_dot_product_attention`` to the backend CUDA would pick on ``target``."""
-
-    def __init__(self, target: CudaTarget) -> None:
-        super().__init__()
-        self.target = target
-        self.log = AttentionLog()
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if (
-            func is not F.scaled_dot_product_attention
-            and func is not torch._C._nn.scaled_dot_product_attention
-        ):
-            return func(*args, **kwargs)
-        c = _autocast(_parse(args, kwargs))
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v))
-        backend, why = choose(c, self.target, grad)
-        key = (backend, why)
-        self.log.calls[key] = self.log.calls.get(key, 0) + 1
-        if backend == "flash" and self.target.capability[0] in (9, 10):
-            shape = "x".join(str(int(s)) for s in c.q.shape)
-            self.log.cudnn_maybe[shape] = saved_stats_bytes(c)
-        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
-            return run(backend, c, grad)
+def attention(log: AttentionLog, target: CudaTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One ``F.scaled_dot_product_attention`` call, run by the backend CUDA would pick on ``target``."""
+    c = _autocast(_parse(args, kwargs))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v))
+    backend, why = choose(c, target, grad)
+    key = (backend, why)
+    log.calls[key] = log.calls.get(key, 0) + 1
+    if backend == "flash" and target.capability[0] in (9, 10):
+        shape = "x".join(str(int(s)) for s in c.q.shape)
+        log.cudnn_maybe[shape] = saved_stats_bytes(c)
+    with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+        return run(backend, c, grad)

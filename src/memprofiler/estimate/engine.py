@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
-from memprofiler.estimate.attention import CudaAttention
+from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.failures import (
     ModuleStack,
     fake_errors,
@@ -167,19 +167,19 @@ def estimate(
             peak_step = 1
             resident: dict[str, int] = {}
             plan = WorkspacePlan.for_target(target) if target is not None else None
-            attention = CudaAttention(target) if target is not None and where == "cpu" else None
+            dispatch = CudaDispatch(target) if target is not None and where == "cpu" else None
             with (
                 tracker,
                 BlasWorkspaces(plan, tracker.hold) if plan is not None else contextlib.nullcontext(),
-                attention if attention is not None else contextlib.nullcontext(),
+                dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
                     before = led.peak
                     resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
                     if led.peak > before:
                         peak_step = step
-    if attention is not None and target is not None:
-        notes += attention.log.notes(target)
+    if dispatch is not None:
+        notes += dispatch.notes()
     if plan is not None and plan.held:
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")

@@ -26,6 +26,7 @@ def estimate_memory(
     shard_policy: Callable[[nn.Module], bool] | None = None,
     gpu: str | None = None,
     torch_version: str | None = None,
+    device_memory: int | None = None,
 ) -> MemoryEstimate:
     """Estimate one rank's peak memory of ``steps`` training steps, allocating nothing.
 
@@ -54,6 +55,8 @@ def estimate_memory(
             decides the cuBLAS workspace sizes and the attention kernel CUDA would pick.
         torch_version: the torch release the job will run (default: this one); workspace rules
             changed between releases.
+        device_memory: bytes of the device; the allocator model then releases cached segments
+            before an OOM as torch's does (``PYTORCH_CUDA_ALLOC_CONF`` is read from the environment).
 
     Raises:
         ConfigError: a bad argument, or the model cannot run on fake tensors (the message
@@ -81,4 +84,5 @@ def estimate_memory(
         shard_policy=shard_policy,
         gpu=gpu,
         torch_version=torch_version,
+        device_memory=device_memory,
     )

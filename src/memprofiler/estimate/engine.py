@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
+from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
 from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.failures import (
     ModuleStack,
@@ -115,6 +116,7 @@ def estimate(
     optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
     gpu: str | None = None,
     torch_version: str | None = None,
+    device_memory: int | None = None,
 ) -> MemoryEstimate:
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
@@ -151,7 +153,8 @@ def estimate(
                 opt = _checked_optimizer(optimizer(model.parameters()))
             else:
                 raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
-            tracker = new_tracker(fsdp, model, opt)
+            alloc_conf = AllocatorConfig.from_env()
+            tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             if fsdp:
                 tracker.track_inputs((fake_batch,))
@@ -180,6 +183,16 @@ def estimate(
                         peak_step = step
     if dispatch is not None:
         notes += dispatch.notes()
+    if cuda:
+        notes.append(
+            f"caching allocator: {alloc_conf.describe()}"
+            + (f"; not modelled: {', '.join(alloc_conf.ignored)}" if alloc_conf.ignored else "")
+        )
+        if led.allocator.released:
+            notes.append(
+                f"the allocator released {led.allocator.released:,} B of cached segments to make room "
+                "(as it does before an OOM, or by garbage_collection_threshold)"
+            )
     if plan is not None and plan.held:
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")

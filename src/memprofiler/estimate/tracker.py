@@ -44,14 +44,14 @@ OPT_TEMP = "optimizer_temporaries"
 class Ledger:
     """Live bytes per category, the peak with its breakdown, module and phase, and the allocator."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocator: AllocatorReplay | None = None) -> None:
         self.live: dict[str, int] = {}
         self.total = 0
         self.peak = 0
         self.peak_by_category: dict[str, int] = {}
         self.peak_module = "(none)"
         self.peak_phase = "setup"
-        self.allocator = AllocatorReplay()
+        self.allocator = allocator if allocator is not None else AllocatorReplay()
         self._keys = itertools.count(1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
         self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
@@ -217,10 +217,12 @@ SingleTracker = _make(MemTracker)
 FSDPTracker = _make(FSDPMemTracker)
 
 
-def new_tracker(fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer) -> Any:
+def new_tracker(
+    fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer, allocator: AllocatorReplay | None = None
+) -> Any:
     """A tracker with a fresh :class:`Ledger`, for an FSDP2-sharded module or a plain one."""
     tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
-    tracker.ledger = Ledger()
+    tracker.ledger = Ledger(allocator)
     tracker.phase = "forward"
     if not fsdp:
         tracker.track_external(module, optimizer)

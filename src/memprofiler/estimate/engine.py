@@ -27,7 +27,8 @@ from memprofiler.estimate.failures import (
     quiet_meta_failures,
     shape_failure,
 )
-from memprofiler.estimate.notes import model_notes
+from memprofiler.estimate.margins import CustomOps, margins
+from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
 from memprofiler.estimate.target import CudaTarget, resolve_target
@@ -171,9 +172,12 @@ def estimate(
             resident: dict[str, int] = {}
             plan = WorkspacePlan.for_target(target) if target is not None else None
             dispatch = CudaDispatch(target) if target is not None and where == "cpu" else None
+            custom = CustomOps()
+            blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             with (
                 tracker,
-                BlasWorkspaces(plan, tracker.hold) if plan is not None else contextlib.nullcontext(),
+                custom,
+                blas if blas is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
@@ -193,11 +197,21 @@ def estimate(
                 f"the allocator released {led.allocator.released:,} B of cached segments to make room "
                 "(as it does before an OOM, or by garbage_collection_threshold)"
             )
+    if blas is not None and blas.convs:
+        notes = [n for n in notes if n != CONV_SCRATCH]
+        notes.append(
+            f"cuDNN convolution scratch: a transient at each of {blas.convs} convolution calls, bounded by the "
+            f"larger of its input and output (output gradient in backward), up to {blas.conv_max:,} B; cuDNN's "
+            "actual workspace depends on the algorithm it picks"
+        )
     if plan is not None and plan.held:
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
+    peak = led.allocator.peak_allocated if cuda else led.peak
+    extra = margins(model, peak, strategy, world_size, custom.names) if cuda else []
+    notes += [m.line() for m in extra]
     return MemoryEstimate(
-        peak_bytes=led.allocator.peak_allocated if cuda else led.peak,
+        peak_bytes=peak,
         tensor_peak_bytes=led.peak - led.peak_held,
         reserved_peak_bytes=led.allocator.peak_reserved if cuda else led.peak,
         by_category=dict(sorted(led.peak_by_category.items(), key=lambda kv: -kv[1])),
@@ -215,6 +229,7 @@ def estimate(
         notes=notes,
         target=target.describe() if target is not None else "",
         workspace_bytes=plan.by_kind() if plan is not None else {},
+        margin_bytes=sum(m.nbytes for m in extra),
     )
 
 

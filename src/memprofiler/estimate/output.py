@@ -20,7 +20,7 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
     first = results[0]
     table = Table(
         title=f"memory estimate per rank: {first.strategy}, world_size {first.world_size}, {first.precision}, "
-        f"{first.device}"
+        f"{first.target or first.device}"
     )
     for col in (
         "batch",

@@ -147,6 +147,19 @@ def _make(base: type[MemTracker]) -> Any:
                     "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
                 )
 
+        def transient(self, name: str, nbytes: int) -> None:
+            """Scratch a kernel allocates through the caching allocator and frees before returning."""
+            led = self.ledger
+            key = -2_000_000
+            cat = f"{name}_scratch"
+            led.move(cat, nbytes)
+            led.held += nbytes
+            led.allocator.alloc(key, nbytes)
+            self._note_peak()
+            led.allocator.free(key)
+            led.held -= nbytes
+            led.move(cat, -nbytes)
+
         def hold(self, name: str, nbytes: int) -> None:
             """Memory a library allocates through the caching allocator and keeps (a workspace)."""
             led = self.ledger

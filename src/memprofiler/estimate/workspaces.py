@@ -187,13 +187,34 @@ def current_thread() -> str:
     return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
 
 
-class BlasWorkspaces(TorchDispatchMode):
-    """Sees every matrix product and has ``hold(name, nbytes)`` called for each new workspace."""
+CONV_OPS = {_aten.convolution.default, _aten.convolution_backward.default}
 
-    def __init__(self, plan: WorkspacePlan, hold: Any) -> None:
+
+def conv_scratch_bound(func: Any, args: tuple[Any, ...], out: Any) -> int:
+    """The stated bound on cuDNN's workspace for one convolution: its largest activation-sized operand.
+
+    cuDNN picks an algorithm per call (heuristics, or timing under ``cudnn.benchmark``) and torch
+    allocates that algorithm's workspace through the caching allocator for the call only. The
+    sizes are cuDNN's and not knowable here; the bound taken is the larger of the input and the
+    output (forward) or of the output gradient and the input (backward).
+    """
+    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
+    if func is _aten.convolution.default and isinstance(out, torch.Tensor):
+        tensors.append(out)
+    return max((t.numel() * t.element_size() for t in tensors), default=0)
+
+
+class BlasWorkspaces(TorchDispatchMode):
+    """Sees every matrix product and convolution: ``hold(name, nbytes)`` for each new cuBLAS
+    workspace, ``transient(name, nbytes)`` for each convolution's cuDNN scratch."""
+
+    def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None) -> None:
         super().__init__()
         self.plan = plan
         self.hold = hold
+        self.transient = transient
+        self.convs = 0
+        self.conv_max = 0
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -203,4 +224,9 @@ class BlasWorkspaces(TorchDispatchMode):
         if func in BLAS_OPS:
             for name, n in self.plan.needed(current_thread(), uses_lt(func, args, kwargs)):
                 self.hold(name, n)
+        elif func in CONV_OPS and self.transient is not None:
+            n = conv_scratch_bound(func, args, out)
+            self.convs += 1
+            self.conv_max = max(self.conv_max, n)
+            self.transient("cudnn", n)
         return out

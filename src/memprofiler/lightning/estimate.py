@@ -52,6 +52,11 @@ class EstimateConfig:
     """Training steps per estimate; 2 covers optimizer state created in the first."""
     device: str = "cuda"
     """``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes."""
+    gpu: str | None = None
+    """The CUDA target: ``H100``, ``A100``, ``H200``, ... or a compute capability (``9.0``, ``sm90``);
+    default this machine's GPU, else H100. Decides workspace sizes and the attention kernel."""
+    torch_version: str | None = None
+    """The torch release the job will run, e.g. ``2.11`` (default: the installed one)."""
     save_dir: str | None = None
     """Where ``memory_estimate.yaml`` goes (default: ``memprofiler.save_dir``, else ``./memprofiler``)."""
 
@@ -254,6 +259,9 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
             fake=opts.fake,
             shard_policy=None,
             prepare=_Prepare(strategy == "fsdp", opts.world_size),
+            gpu=opts.gpu,
+            torch_version=opts.torch_version,
+            device_memory=memory,
         )
         est.batch_size = bs if bs is not None else _rows(batch)
         return est

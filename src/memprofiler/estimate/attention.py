@@ -77,15 +77,15 @@ def why_not_flash(c: Call, target: CudaTarget, grad: bool) -> str | None:
     if c.mask is not None:
         return "an attention mask is given"
     if not (c.q.shape[-1] == c.k.shape[-1] == c.v.shape[-1]) or c.head_dim > 256:
-        return f"head size {c.head_dim} (flash: equal sizes up to 256)"
+        return f"head size {c.head_dim} (equal sizes up to 256)"
     if target.capability < (8, 0):
-        return f"{target.sm} (flash needs sm80+)"
+        return f"{target.sm} (sm80+ only)"
     if target.capability in ((8, 6), (8, 9)) and grad and c.head_dim > 192:
         return "head size over 192 with gradients on sm86/sm89"
     if c.causal and c.q.shape[-2] != c.k.shape[-2]:
         return "causal with different query and key lengths"
     if c.q.dtype not in HALF:
-        return f"{str(c.q.dtype).removeprefix('torch.')} (flash: float16 / bfloat16)"
+        return f"{str(c.q.dtype).removeprefix('torch.')} (float16 / bfloat16 only)"
     return _dense_ok(c, gqa_ok=True)
 
 
@@ -94,7 +94,7 @@ def why_not_efficient(c: Call, target: CudaTarget) -> str | None:
     if not _switch("mem_efficient_sdp_enabled"):
         return "disabled (torch.backends.cuda.enable_mem_efficient_sdp)"
     if target.capability < (5, 0):
-        return f"{target.sm} (memory-efficient needs sm50+)"
+        return f"{target.sm} (sm50+ only)"
     half = c.q.dtype in HALF
     align = 8 if half else (4 if target.capability >= (8, 0) else 1)
     if c.q.shape[-1] != c.k.shape[-1] or c.head_dim % align or int(c.v.shape[-1]) % align:

@@ -14,7 +14,8 @@ thread; so a step holds two workspaces. The rules, by torch release:
   ``CUBLASLT_WORKSPACE_SIZE`` KiB, default 1,024 KiB, capped at the cuBLAS size. Up to torch
   2.11 it is its own allocation per (handle, stream) unless ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``;
   from 2.12 the Lt path shares the cuBLAS workspace unless that variable is ``0``.
-  ``DISABLE_ADDMM_CUDA_LT=1`` turns the Lt path off.
+  ``DISABLE_ADDMM_CUDA_LT=1`` turns the Lt path off. (Before torch 2.9 the Lt workspace was
+  allocated per call rather than kept; the 2.9 rule is used for those releases, 1 MiB at most.)
 
 Only the estimate's dispatch sees which products run where; this module decides the bytes.
 """

@@ -45,7 +45,7 @@ class EstimateConfig:
     batch_size: list[int] | Literal["auto"] | None = None
     """Batch sizes to estimate, or ``auto`` for the largest that fits ``device_memory``."""
     reserve: str = "0"
-    """Bytes kept back for what is not modelled (CUDA context, cuBLAS / NCCL workspaces)."""
+    """Bytes kept back for what is not modelled (the CUDA context, about 500 MiB; workspaces and NCCL are modelled)."""
     fake: bool = True
     """``false`` runs real CPU tensors, for models that cannot run on fake tensors."""
     steps: int = 2

@@ -55,3 +55,70 @@ def test_cuda_estimate_reports_the_allocator_view_and_cpu_the_tensor_bytes():
     # every live block is rounded up to 512 B, never down; segments hold them all
     assert cuda.tensor_peak_bytes < cuda.peak_bytes <= cuda.reserved_peak_bytes
     assert cuda.peak_bytes % 512 == 0
+
+
+# ---- PYTORCH_CUDA_ALLOC_CONF settings (CUDACachingAllocator.cpp) -------------------------------
+
+
+def test_alloc_conf_is_parsed_and_unknown_keys_are_named():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    cfg = AllocatorConfig.parse(
+        "max_split_size_mb:128,expandable_segments:True,garbage_collection_threshold:0.6,"
+        "roundup_power2_divisions:[256:1,>:4],pinned_use_host_register:True"
+    )
+    assert cfg.max_split_size == 128 * MiB
+    assert cfg.expandable_segments and cfg.garbage_collection_threshold == 0.6
+    assert cfg.ignored == ("roundup_power2_divisions:[256:1,>:4]", "pinned_use_host_register:True")
+
+
+def test_roundup_power2_divisions_rounds_to_the_next_quarter_of_the_power_of_two():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    cfg = AllocatorConfig(roundup_power2_divisions=4)
+    assert round_size(1_200_000, cfg) == MiB + MiB // 4  # [1 MiB, 2 MiB) in steps of 256 KiB
+    assert round_size(2 * MiB, cfg) == 2 * MiB  # a power of two stays
+    assert round_size(1000, cfg) == 1024  # at or below 512 x 4: plain 512 B rounding
+
+
+def test_max_split_size_keeps_oversize_blocks_from_small_requests():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    r = AllocatorReplay(AllocatorConfig(max_split_size=16 * MiB))
+    r.alloc(1, 30 * MiB)
+    r.free(1)
+    r.alloc(2, 4 * MiB)  # below the limit: the cached 30 MiB block is oversize, a new 20 MiB segment
+    assert (r.segments, r.reserved) == (2, 50 * MiB)
+    r.alloc(3, 40 * MiB)
+    r.free(3)
+    r.alloc(4, 18 * MiB)  # above: takes the 30 MiB block (less than 18 + 20 MiB), whole, unsplit
+    assert r.allocated == 4 * MiB + 30 * MiB
+    assert r.segments == 3
+
+
+def test_expandable_segments_grow_one_segment_by_pages():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    plain = AllocatorReplay()
+    grown = AllocatorReplay(AllocatorConfig(expandable_segments=True))
+    for r in (plain, grown):
+        r.alloc(1, 4 * MiB)
+        r.alloc(2, 18 * MiB)
+    assert (plain.segments, plain.peak_reserved) == (2, 20 * MiB + 18 * MiB)
+    # the 16 MiB free tail of the first 20 MiB page grows by one more page
+    assert (grown.segments, grown.peak_reserved) == (1, 40 * MiB)
+
+
+def test_cached_segments_are_released_before_an_oom():
+    r = AllocatorReplay(capacity=50 * MiB)
+    r.alloc(1, 30 * MiB)
+    r.free(1)
+    r.alloc(2, 40 * MiB)  # 30 cached + 40 new would pass 50 MiB: the cached segment goes first
+    assert (r.reserved, r.peak_reserved, r.released) == (40 * MiB, 40 * MiB, 30 * MiB)
+
+
+def test_streams_have_their_own_pools():
+    r = AllocatorReplay()
+    r.alloc(1, 4 * MiB, stream=0)
+    r.alloc(2, 4 * MiB, stream=1)  # the first segment's free 16 MiB belongs to stream 0
+    assert r.segments == 2

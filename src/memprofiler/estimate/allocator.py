@@ -1,18 +1,33 @@
 """A model of PyTorch's CUDA caching allocator, replayed over an estimate's allocation log.
 
-It follows the documented rules of ``c10/cuda/CUDACachingAllocator.cpp`` with default
-settings: every request is rounded up to a multiple of 512 B; requests up to 1 MiB come from
-the small pool, carved out of 2 MiB segments; larger ones from the large pool, out of 20 MiB
-segments below 10 MiB and segments rounded up to 2 MiB above. A free block is reused best-fit
-within its pool and split when the rest is worth keeping (any rest in the small pool, more
-than 1 MiB in the large one); freed neighbours merge; segments are never returned (no
-``empty_cache``). What it does not model: cuBLAS / cuDNN / NCCL workspaces, the CUDA context,
-``expandable_segments``, ``max_split_size_mb`` and ``roundup_power2_divisions``, and
-fragmentation that comes from streams (one stream is assumed).
+It follows ``c10/cuda/CUDACachingAllocator.cpp``:
+
+- every request is rounded up to a multiple of 512 B (``round_size``), or to the next of
+  ``roundup_power2_divisions`` steps between powers of two when that setting is on;
+- requests up to 1 MiB come from the small pool, carved out of 2 MiB segments; larger ones from
+  the large pool, out of 20 MiB segments below 10 MiB and segments rounded up to 2 MiB above
+  (``get_allocation_size``);
+- a free block is reused best fit, by (size, address), within its pool and its stream: one pool
+  pair per stream (``get_free_block``); with ``max_split_size_mb`` a request below it never takes
+  a block at or above it, and a request at or above it only takes a block less than 20 MiB larger;
+- a reused block is split when the rest is worth keeping: any 512 B rest in the small pool, a rest
+  over 1 MiB in the large one and only below ``max_split_size_mb`` (``should_split``); freed
+  neighbours merge;
+- ``expandable_segments:True``: each pool of each stream is one segment that grows by mapping
+  pages (2 MiB small, 20 MiB large) at its end, and large blocks split down to 512 B;
+- when a new segment would pass the device's memory (``capacity``), the cached free segments are
+  released first and the allocation retried, as the allocator does before an OOM; with
+  ``garbage_collection_threshold`` (active when a memory fraction is set) free segments are
+  released once reserved memory would pass that fraction of ``capacity``.
+
+Segments are otherwise never returned (no ``empty_cache``).
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
@@ -21,11 +36,80 @@ SMALL_SEGMENT = 2 << 20
 LARGE_SEGMENT = 20 << 20
 MIN_LARGE_ALLOC = 10 << 20
 ROUND_LARGE = 2 << 20
+NO_LIMIT = 1 << 62
 
 
-def round_size(nbytes: int) -> int:
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` settings the model follows (the rest is noted, not modelled)."""
+
+    max_split_size: int = NO_LIMIT
+    expandable_segments: bool = False
+    garbage_collection_threshold: float = 0.0
+    roundup_power2_divisions: int = 0
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str | None) -> AllocatorConfig:
+        """``"max_split_size_mb:128,expandable_segments:True"`` (torch's syntax) to a config."""
+        if not text:
+            return cls()
+        opts: dict[str, object] = {}
+        ignored: list[str] = []
+        for item in re.split(r",(?![^\[]*\])", text):
+            if not item.strip():
+                continue
+            key, _, val = item.partition(":")
+            key, val = key.strip(), val.strip()
+            if key == "max_split_size_mb" and val.isdigit():
+                opts["max_split_size"] = int(val) << 20
+            elif key == "expandable_segments":
+                opts["expandable_segments"] = val.lower() == "true"
+            elif key == "garbage_collection_threshold":
+                opts["garbage_collection_threshold"] = float(val)
+            elif key == "roundup_power2_divisions" and val.isdigit():
+                opts["roundup_power2_divisions"] = int(val)
+            else:
+                ignored.append(item.strip())
+        return cls(ignored=tuple(ignored), **opts)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AllocatorConfig:
+        env = os.environ if env is None else env
+        return cls.parse(env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF"))
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_split_size != NO_LIMIT:
+            parts.append(f"max_split_size_mb:{self.max_split_size >> 20}")
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        if self.garbage_collection_threshold:
+            parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+        if self.roundup_power2_divisions:
+            parts.append(f"roundup_power2_divisions:{self.roundup_power2_divisions}")
+        return ",".join(parts) or "defaults"
+
+
+def _power2_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    low = size & ~(step - 1)
+    return size if low == size else low + step
+
+
+def round_size(nbytes: int, config: AllocatorConfig | None = None) -> int:
     """Bytes the allocator hands out for a request of ``nbytes`` (``allocated_bytes`` counts these)."""
-    return MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+    if nbytes < MIN_BLOCK:
+        return MIN_BLOCK
+    div = config.roundup_power2_divisions if config is not None else 0
+    if div > 1 and nbytes > MIN_BLOCK * div:
+        return _power2_division(nbytes, div)
+    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
 
 
 def segment_size(rounded: int) -> int:
@@ -37,12 +121,19 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass
+@dataclass(eq=False)
 class _Block:
     segment: int
     offset: int
     size: int
     free: bool = True
+
+
+@dataclass(eq=False)
+class _Segment:
+    ident: int
+    size: int
+    blocks: list[_Block]
 
 
 @dataclass
@@ -56,39 +147,34 @@ class AllocatorReplay:
         (512, 2097152)
     """
 
+    config: AllocatorConfig = field(default_factory=AllocatorConfig)
+    capacity: int | None = None
+    """Device memory in bytes; None: unlimited (no release before an OOM)."""
     allocated: int = 0
     reserved: int = 0
     peak_allocated: int = 0
     peak_reserved: int = 0
     segments: int = 0
-    _pools: dict[bool, list[_Block]] = field(default_factory=lambda: {True: [], False: []})
-    _live: dict[int, tuple[bool, _Block]] = field(default_factory=dict)
+    released: int = 0
+    """Bytes of cached segments released to make room (before an OOM, or by garbage collection)."""
+    _pools: dict[tuple[int, bool], list[_Segment]] = field(default_factory=dict)
+    _live: dict[int, tuple[tuple[int, bool], _Segment, _Block]] = field(default_factory=dict)
 
-    def alloc(self, key: int, nbytes: int) -> None:
-        """Serve request ``key`` of ``nbytes`` bytes (0-byte requests take nothing)."""
+    def alloc(self, key: int, nbytes: int, stream: int = 0) -> None:
+        """Serve request ``key`` of ``nbytes`` bytes on ``stream`` (0-byte requests take nothing)."""
         if nbytes <= 0:
             return
-        size = round_size(nbytes)
-        small = size <= SMALL_SIZE
-        pool = self._pools[small]
-        best: _Block | None = None
-        for blk in pool:  # best fit, as the allocator's size-ordered set gives
-            if blk.free and blk.size >= size and (best is None or blk.size < best.size):
-                best = blk
-        if best is None:
-            seg = segment_size(size)
-            self.segments += 1
-            best = _Block(self.segments, 0, seg)
-            pool.append(best)
-            self.reserved += seg
-            self.peak_reserved = max(self.peak_reserved, self.reserved)
-        rest = best.size - size
-        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:
-            pool.append(_Block(best.segment, best.offset + size, rest))
-            best.size = size
-        best.free = False
-        self._live[key] = (small, best)
-        self.allocated += best.size
+        size = round_size(nbytes, self.config)
+        pool_key = (stream, size <= SMALL_SIZE)
+        pool = self._pools.setdefault(pool_key, [])
+        found = self._best_fit(pool, size)
+        if found is None:
+            found = self._grow(pool, pool_key[1], size)
+        seg, blk = found
+        self._split(seg, blk, size, pool_key[1])
+        blk.free = False
+        self._live[key] = (pool_key, seg, blk)
+        self.allocated += blk.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     def free(self, key: int) -> None:
@@ -96,15 +182,94 @@ class AllocatorReplay:
         found = self._live.pop(key, None)
         if found is None:
             return
-        small, blk = found
+        _, seg, blk = found
         self.allocated -= blk.size
         blk.free = True
-        pool = self._pools[small]
-        for other in [b for b in pool if b.segment == blk.segment and b.free and b is not blk]:
-            if other.offset + other.size == blk.offset:
-                other.size += blk.size
-                pool.remove(blk)
-                blk = other
-            elif blk.offset + blk.size == other.offset:
-                blk.size += other.size
-                pool.remove(other)
+        i = seg.blocks.index(blk)
+        if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
+            blk.size += seg.blocks.pop(i + 1).size
+        if i > 0 and seg.blocks[i - 1].free:
+            seg.blocks[i - 1].size += seg.blocks.pop(i).size
+
+    def _best_fit(self, pool: list[_Segment], size: int) -> tuple[_Segment, _Block] | None:
+        limit = self.config.max_split_size
+        best: tuple[_Segment, _Block] | None = None
+        for seg in pool:
+            for blk in seg.blocks:
+                if not blk.free or blk.size < size:
+                    continue
+                if size < limit <= blk.size:  # no oversize block for a request below the limit
+                    continue
+                if size >= limit and blk.size >= size + LARGE_SEGMENT:
+                    continue
+                if best is None or (blk.size, seg.ident, blk.offset) < (
+                    best[1].size,
+                    best[0].ident,
+                    best[1].offset,
+                ):
+                    best = (seg, blk)
+        return best
+
+    def _split(self, seg: _Segment, blk: _Block, size: int, small: bool) -> None:
+        rest = blk.size - size
+        if small or self.config.expandable_segments:
+            keep = rest >= MIN_BLOCK
+        else:
+            keep = size < self.config.max_split_size and rest > SMALL_SIZE
+        if keep:
+            seg.blocks.insert(seg.blocks.index(blk) + 1, _Block(seg.ident, blk.offset + size, rest))
+            blk.size = size
+
+    def _grow(self, pool: list[_Segment], small: bool, size: int) -> tuple[_Segment, _Block]:
+        if self.config.expandable_segments:
+            return self._map_pages(pool, small, size)
+        seg_bytes = segment_size(size)
+        self._make_room(seg_bytes)
+        self.segments += 1
+        blk = _Block(self.segments, 0, seg_bytes)
+        seg = _Segment(self.segments, seg_bytes, [blk])
+        pool.append(seg)
+        self._reserve(seg_bytes)
+        return seg, blk
+
+    def _map_pages(self, pool: list[_Segment], small: bool, size: int) -> tuple[_Segment, _Block]:
+        """Expandable segments: grow this pool's one segment at its end by whole pages."""
+        page = SMALL_SEGMENT if small else LARGE_SEGMENT
+        if not pool:
+            self.segments += 1
+            pool.append(_Segment(self.segments, 0, []))
+        seg = pool[0]
+        tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
+        need = size - (tail.size if tail is not None else 0)
+        grow = -(-need // page) * page
+        self._make_room(grow)
+        if tail is None:
+            tail = _Block(seg.ident, seg.size, 0)
+            seg.blocks.append(tail)
+        tail.size += grow
+        seg.size += grow
+        self._reserve(grow)
+        return seg, tail
+
+    def _reserve(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _make_room(self, nbytes: int) -> None:
+        """Release cached free segments when ``nbytes`` more would pass the capacity (or the GC line)."""
+        if self.capacity is None:
+            return
+        line = self.capacity
+        if self.config.garbage_collection_threshold > 0:
+            line = int(self.capacity * self.config.garbage_collection_threshold)
+        if self.reserved + nbytes <= line:
+            return
+        for pool in self._pools.values():
+            kept = []
+            for seg in pool:
+                if len(seg.blocks) == 1 and seg.blocks[0].free and not self.config.expandable_segments:
+                    self.reserved -= seg.size
+                    self.released += seg.size
+                else:
+                    kept.append(seg)
+            pool[:] = kept

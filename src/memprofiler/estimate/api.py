@@ -24,6 +24,9 @@ def estimate_memory(
     steps: int = 2,
     fake: bool = True,
     shard_policy: Callable[[nn.Module], bool] | None = None,
+    gpu: str | None = None,
+    torch_version: str | None = None,
+    device_memory: int | None = None,
 ) -> MemoryEstimate:
     """Estimate one rank's peak memory of ``steps`` training steps, allocating nothing.
 
@@ -49,6 +52,13 @@ def estimate_memory(
         steps: steps to run; 2 covers optimizer state created lazily in the first.
         fake: ``False`` runs on real CPU tensors, for models that cannot run fake.
         shard_policy: which submodules ``fsdp`` shards apart from the root.
+        gpu: the CUDA target (``device="cuda"``): a name (``H100``, ``A100``, ``H200``) or a
+            compute capability (``9.0``, ``sm90``). Default: this machine's GPU, else H100. It
+            decides the cuBLAS workspace sizes and the attention kernel CUDA would pick.
+        torch_version: the torch release the job will run (default: this one); workspace rules
+            changed between releases.
+        device_memory: bytes of the device; the allocator model then releases cached segments
+            before an OOM as torch's does (``PYTORCH_CUDA_ALLOC_CONF`` is read from the environment).
 
     Raises:
         ConfigError: a bad argument, or the model cannot run on fake tensors (the message
@@ -74,4 +84,7 @@ def estimate_memory(
         steps=steps,
         fake=fake,
         shard_policy=shard_policy,
+        gpu=gpu,
+        torch_version=torch_version,
+        device_memory=device_memory,
     )

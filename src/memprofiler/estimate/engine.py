@@ -18,6 +18,8 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
+from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
+from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.failures import (
     ModuleStack,
     device_failure,
@@ -27,10 +29,13 @@ from memprofiler.estimate.failures import (
     quiet_meta_failures,
     shape_failure,
 )
-from memprofiler.estimate.notes import model_notes
+from memprofiler.estimate.margins import CustomOps, margins
+from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
+from memprofiler.estimate.target import CudaTarget, resolve_target
 from memprofiler.estimate.tracker import Ledger, new_tracker
+from memprofiler.estimate.workspaces import BlasWorkspaces, WorkspacePlan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]
@@ -110,10 +115,22 @@ def estimate(
     shard_policy: Callable[[nn.Module], bool] | None,
     prepare: Callable[[nn.Module], None] | None = None,
     optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+    gpu: str | None = None,
+    torch_version: str | None = None,
+    device_memory: int | None = None,
 ) -> MemoryEstimate:
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
+    cuda = device.startswith("cuda")
+    target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
     where, notes = run_device(device, fake)
+    if target is not None:
+        notes = [f"target: {target.describe()}"] + [n for n in notes if not n.startswith("ran on fake CPU")]
+        if where == "cpu":
+            notes.append(
+                "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA would: attention by torch's "
+                "CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast stands in for CUDA's"
+            )
     notes += model_notes(model)
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
@@ -140,7 +157,8 @@ def estimate(
                 opt = _checked_optimizer(optimizer(model.parameters()))
             else:
                 raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
-            tracker = new_tracker(fsdp, model, opt)
+            alloc_conf = AllocatorConfig.from_env()
+            tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             if fsdp:
                 tracker.track_inputs((fake_batch,))
@@ -155,16 +173,49 @@ def estimate(
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
-            with tracker:
+            plan = WorkspacePlan.for_target(target) if target is not None else None
+            dispatch = CudaDispatch(target) if target is not None and where == "cpu" else None
+            custom = CustomOps()
+            blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
+            with (
+                tracker,
+                custom,
+                blas if blas is not None else contextlib.nullcontext(),
+                dispatch if dispatch is not None else contextlib.nullcontext(),
+            ):
                 for step in range(1, steps + 1):
                     before = led.peak
                     resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
                     if led.peak > before:
                         peak_step = step
-    cuda = device.startswith("cuda")
+    if dispatch is not None:
+        notes += dispatch.notes()
+    if cuda:
+        notes.append(
+            f"caching allocator: {alloc_conf.describe()}"
+            + (f"; not modelled: {', '.join(alloc_conf.ignored)}" if alloc_conf.ignored else "")
+        )
+        if led.allocator.released:
+            notes.append(
+                f"the allocator released {led.allocator.released:,} B of cached segments to make room "
+                "(as it does before an OOM, or by garbage_collection_threshold)"
+            )
+    if blas is not None and blas.convs:
+        notes = [n for n in notes if n != CONV_SCRATCH]
+        notes.append(
+            f"cuDNN convolution scratch: a transient at each of {blas.convs} convolution calls, bounded by the "
+            f"larger of its input and output (output gradient in backward), up to {blas.conv_max:,} B; cuDNN's "
+            "actual workspace depends on the algorithm it picks"
+        )
+    if plan is not None and plan.held:
+        parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
+        notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
+    peak = led.allocator.peak_allocated if cuda else led.peak
+    extra = margins(model, peak, strategy, world_size, custom.names) if cuda else []
+    notes += [m.line() for m in extra]
     return MemoryEstimate(
-        peak_bytes=led.allocator.peak_allocated if cuda else led.peak,
-        tensor_peak_bytes=led.peak,
+        peak_bytes=peak,
+        tensor_peak_bytes=led.peak - led.peak_held,
         reserved_peak_bytes=led.allocator.peak_reserved if cuda else led.peak,
         by_category=dict(sorted(led.peak_by_category.items(), key=lambda kv: -kv[1])),
         resident=resident,
@@ -179,6 +230,9 @@ def estimate(
         steps=steps,
         fake=fake,
         notes=notes,
+        target=target.describe() if target is not None else "",
+        workspace_bytes=plan.by_kind() if plan is not None else {},
+        margin_bytes=sum(m.nbytes for m in extra),
     )
 
 

@@ -20,7 +20,7 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
     first = results[0]
     table = Table(
         title=f"memory estimate per rank: {first.strategy}, world_size {first.world_size}, {first.precision}, "
-        f"{first.device}"
+        f"{first.target or first.device}"
     )
     for col in (
         "batch",
@@ -55,7 +55,7 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
         table.add_row(*row)
     console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     console.print(table)
-    notes = sorted({n for est in results for n in est.notes})
+    notes = list(dict.fromkeys(n for est in results for n in est.notes))  # first seen first: the target
     lines = [console.export_text().rstrip()]
     lines += [f"note: {n}" for n in notes]
     lines.append("not modelled: " + "; ".join(first.not_modelled))

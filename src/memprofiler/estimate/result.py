@@ -7,11 +7,11 @@ from typing import Any
 
 #: What no estimate models; printed with every estimate and written into its YAML.
 NOT_MODELLED = (
-    "CUDA context and cuBLAS / cuDNN / NCCL workspaces (use `reserve`)",
-    "allocator fragmentation across streams, expandable_segments, max_split_size_mb",
+    "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
+    "side streams: FSDP2's all-gather / reduce-scatter buffers are replayed in the default stream's pools",
     "tensor and pipeline parallelism",
-    "memory of torch.compile'd graphs and CUDA graphs",
-    "scratch a kernel allocates inside itself (not an op's output, e.g. convolution_backward's copies)",
+    "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
+    "scratch a kernel allocates inside itself beyond the cuBLAS workspaces and the stated cuDNN bound",
 )
 
 
@@ -56,6 +56,13 @@ class MemoryEstimate:
     batch_size: int | None = None
     notes: list[str] = field(default_factory=list)
     """What this estimate assumed or could not model."""
+    target: str = ""
+    """The CUDA device and torch release modelled (``H200 (sm90), torch 2.11``); empty for ``cpu``."""
+    workspace_bytes: dict[str, int] = field(default_factory=dict)
+    """Library workspaces held at the end (``cublas``, ``cublaslt``), included in ``peak_bytes``."""
+    margin_bytes: int = 0
+    """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
+    added to the "fits" decision."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
 
     def fits(self, device_memory: int, reserve: int = 0) -> bool:
@@ -63,8 +70,8 @@ class MemoryEstimate:
         return self.headroom(device_memory, reserve) >= 0
 
     def headroom(self, device_memory: int, reserve: int = 0) -> int:
-        """``device_memory`` minus the modelled reserved peak (or the peak) minus ``reserve``."""
-        return device_memory - max(self.reserved_peak_bytes, self.peak_bytes) - reserve
+        """``device_memory`` minus the modelled reserved peak (or the peak), the margins and ``reserve``."""
+        return device_memory - max(self.reserved_peak_bytes, self.peak_bytes) - self.margin_bytes - reserve
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so ``yaml.safe_load`` reads it back."""

@@ -44,17 +44,20 @@ OPT_TEMP = "optimizer_temporaries"
 class Ledger:
     """Live bytes per category, the peak with its breakdown, module and phase, and the allocator."""
 
-    def __init__(self) -> None:
+    def __init__(self, allocator: AllocatorReplay | None = None) -> None:
         self.live: dict[str, int] = {}
         self.total = 0
         self.peak = 0
         self.peak_by_category: dict[str, int] = {}
         self.peak_module = "(none)"
         self.peak_phase = "setup"
-        self.allocator = AllocatorReplay()
+        self.allocator = allocator if allocator is not None else AllocatorReplay()
         self._keys = itertools.count(1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
         self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
+        self.held = 0  # bytes of workspaces in ``total`` (not tensors)
+        self.peak_held = 0
+        self.holds: list[tuple[str, int]] = []
 
     def key_of(self, winfo: Any) -> int:
         key = getattr(winfo, "_memprofiler_key", None)
@@ -130,14 +133,42 @@ def _make(base: type[MemTracker]) -> Any:
                 led.sizes[key] = n
                 led.allocator.free(key)
                 led.allocator.alloc(key, n)
+            self._note_peak()
+            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def _note_peak(self) -> None:
+            led = self.ledger
             if led.total > led.peak:
                 led.peak = led.total
                 led.peak_by_category = {k: v for k, v in led.live.items() if v}
+                led.peak_held = led.held
                 led.peak_module = _deepest(self._mod_tracker.parents)
                 led.peak_phase = (
                     "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
                 )
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+        def transient(self, name: str, nbytes: int) -> None:
+            """Scratch a kernel allocates through the caching allocator and frees before returning."""
+            led = self.ledger
+            key = -2_000_000
+            cat = f"{name}_scratch"
+            led.move(cat, nbytes)
+            led.held += nbytes
+            led.allocator.alloc(key, nbytes)
+            self._note_peak()
+            led.allocator.free(key)
+            led.held -= nbytes
+            led.move(cat, -nbytes)
+
+        def hold(self, name: str, nbytes: int) -> None:
+            """Memory a library allocates through the caching allocator and keeps (a workspace)."""
+            led = self.ledger
+            cat = name.split(" ", 1)[0] + "_workspaces"
+            led.move(cat, nbytes)
+            led.held += nbytes
+            led.allocator.alloc(-1_000_000 - len(led.holds), nbytes)
+            led.holds.append((name, nbytes))
+            self._note_peak()
 
         def _track_module_params_and_buffers(
             self, module: torch.nn.Module, install_grad_hooks: bool = True
@@ -199,10 +230,12 @@ SingleTracker = _make(MemTracker)
 FSDPTracker = _make(FSDPMemTracker)
 
 
-def new_tracker(fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer) -> Any:
+def new_tracker(
+    fsdp: bool, module: torch.nn.Module, optimizer: optim.Optimizer, allocator: AllocatorReplay | None = None
+) -> Any:
     """A tracker with a fresh :class:`Ledger`, for an FSDP2-sharded module or a plain one."""
     tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
-    tracker.ledger = Ledger()
+    tracker.ledger = Ledger(allocator)
     tracker.phase = "forward"
     if not fsdp:
         tracker.track_external(module, optimizer)

@@ -45,13 +45,18 @@ class EstimateConfig:
     batch_size: list[int] | Literal["auto"] | None = None
     """Batch sizes to estimate, or ``auto`` for the largest that fits ``device_memory``."""
     reserve: str = "0"
-    """Bytes kept back for what is not modelled (CUDA context, cuBLAS / NCCL workspaces)."""
+    """Bytes kept back for what is not modelled (the CUDA context, about 500 MiB; workspaces and NCCL are modelled)."""
     fake: bool = True
     """``false`` runs real CPU tensors, for models that cannot run on fake tensors."""
     steps: int = 2
     """Training steps per estimate; 2 covers optimizer state created in the first."""
     device: str = "cuda"
     """``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes."""
+    gpu: str | None = None
+    """The CUDA target: ``H100``, ``A100``, ``H200``, ... or a compute capability (``9.0``, ``sm90``);
+    default this machine's GPU, else H100. Decides workspace sizes and the attention kernel."""
+    torch_version: str | None = None
+    """The torch release the job will run, e.g. ``2.11`` (default: the installed one)."""
     save_dir: str | None = None
     """Where ``memory_estimate.yaml`` goes (default: ``memprofiler.save_dir``, else ``./memprofiler``)."""
 
@@ -251,6 +256,9 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
             fake=opts.fake,
             shard_policy=None,
             prepare=_Prepare(strategy == "fsdp", opts.world_size),
+            gpu=opts.gpu,
+            torch_version=opts.torch_version,
+            device_memory=memory,
         )
         est.batch_size = bs if bs is not None else _rows(batch)
         return est

@@ -1,0 +1,248 @@
+"""Scaled-dot-product attention as CUDA would run it, wherever the estimate runs.
+
+``F.scaled_dot_product_attention`` picks a kernel per call, and the kernels save very different
+tensors for backward: flash and memory-efficient attention keep their log-sum-exp (bytes of
+batch x heads x queries), the math path keeps the attention matrix (batch x heads x queries x
+keys). The CPU picks by its own rules (with dropout it takes the math path), so an estimate
+run on CPU tensors would save what the CPU saves. For a CUDA target this module replays
+torch's CUDA selection (``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: flash, then
+memory-efficient, then math; each with its dtype, architecture, mask, head-size, GQA and
+causal-shape filters, and the user's ``torch.backends.cuda.enable_*_sdp`` switches) and calls
+that backend's own op, whose fake kernel gives the tensors CUDA would save.
+
+The one choice it cannot know: where torch would prefer cuDNN attention (sm90 / sm100 with a
+recent cuDNN, half precision). cuDNN saves the same statistics as flash (one float per query
+and head), so the note gives both figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from memprofiler.estimate.target import CudaTarget
+
+_aten = torch.ops.aten
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _switch(name: str) -> bool:
+    fn: Callable[[], bool] | None = getattr(torch.backends.cuda, name, None)
+    try:
+        return bool(fn()) if fn is not None else True
+    except (RuntimeError, AttributeError):
+        return True
+
+
+@dataclass
+class Call:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    dropout: float
+    causal: bool
+    scale: float | None
+    gqa: bool
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.q.shape[-1])
+
+
+def _dense_ok(c: Call, gqa_ok: bool) -> str | None:
+    if any(t.dim() != 4 for t in (c.q, c.k, c.v)):
+        return "inputs are not 4-D"
+    if c.q.shape[0] != c.k.shape[0] or c.k.shape[0] != c.v.shape[0]:
+        return "batch sizes differ"
+    hq, hk = int(c.q.shape[1]), int(c.k.shape[1])
+    if (hq != hk or hk != int(c.v.shape[1])) and not (gqa_ok and c.gqa and hq % hk == 0):
+        return "query and key/value head counts differ (grouped-query attention)"
+    if any(int(t.shape[-2]) == 0 for t in (c.q, c.k, c.v)):
+        return "a sequence length is 0"
+    if any(t.stride(-1) != 1 and t.shape[-1] != 1 for t in (c.q, c.k, c.v)):
+        return "the last dimension is not contiguous"
+    return None
+
+
+def why_not_flash(c: Call, target: CudaTarget, grad: bool) -> str | None:
+    """``use_flash_attention``'s first failing filter, or None when flash runs."""
+    if not _switch("flash_sdp_enabled"):
+        return "disabled (torch.backends.cuda.enable_flash_sdp)"
+    if c.mask is not None:
+        return "an attention mask is given"
+    if not (c.q.shape[-1] == c.k.shape[-1] == c.v.shape[-1]) or c.head_dim > 256:
+        return f"head size {c.head_dim} (equal sizes up to 256)"
+    if target.capability < (8, 0):
+        return f"{target.sm} (sm80+ only)"
+    if target.capability in ((8, 6), (8, 9)) and grad and c.head_dim > 192:
+        return "head size over 192 with gradients on sm86/sm89"
+    if c.causal and c.q.shape[-2] != c.k.shape[-2]:
+        return "causal with different query and key lengths"
+    if c.q.dtype not in HALF:
+        return f"{str(c.q.dtype).removeprefix('torch.')} (float16 / bfloat16 only)"
+    return _dense_ok(c, gqa_ok=True)
+
+
+def why_not_efficient(c: Call, target: CudaTarget) -> str | None:
+    """``use_mem_efficient_attention``'s first failing filter, or None when it runs."""
+    if not _switch("mem_efficient_sdp_enabled"):
+        return "disabled (torch.backends.cuda.enable_mem_efficient_sdp)"
+    if target.capability < (5, 0):
+        return f"{target.sm} (sm50+ only)"
+    half = c.q.dtype in HALF
+    align = 8 if half else (4 if target.capability >= (8, 0) else 1)
+    if c.q.shape[-1] != c.k.shape[-1] or c.head_dim % align or int(c.v.shape[-1]) % align:
+        return f"head size {c.head_dim} not a multiple of {align}"
+    ok = (torch.float32, torch.float16) + ((torch.bfloat16,) if target.capability >= (8, 0) else ())
+    if c.q.dtype not in ok:
+        return f"{c.q.dtype} on {target.sm}"
+    return _dense_ok(c, gqa_ok=False)
+
+
+def choose(c: Call, target: CudaTarget, grad: bool) -> tuple[str, str]:
+    """(backend, why the faster ones were refused) as torch's CUDA ``select_sdp_backend`` picks."""
+    no_flash = why_not_flash(c, target, grad)
+    if no_flash is None:
+        return "flash", ""
+    no_eff = why_not_efficient(c, target)
+    if no_eff is None:
+        return "efficient", f"flash: {no_flash}"
+    return "math", f"flash: {no_flash}; memory-efficient: {no_eff}"
+
+
+def _bool_mask_to_float(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``convert_boolean_attn_mask``: True keeps, False is -inf, in the query's dtype."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), -math.inf, dtype=dtype))
+
+
+def run(backend: str, c: Call, grad: bool) -> torch.Tensor:
+    """Call the chosen backend's own op (its fake kernel allocates what CUDA's does)."""
+    mask = _bool_mask_to_float(c.mask, c.q.dtype)
+    if backend == "flash":
+        pad = (-c.head_dim) % 8  # sdpa pads the head size to a multiple of 8 for flash
+        q, k, v = (F.pad(t, (0, pad)) if pad else t for t in (c.q, c.k, c.v))
+        scale = c.scale if c.scale is not None else 1 / math.sqrt(c.head_dim)
+        out = _aten._scaled_dot_product_flash_attention(q, k, v, c.dropout, c.causal, False, scale=scale)[0]
+        return out[..., : c.head_dim] if pad else out
+    if backend == "efficient":
+        if mask is not None and mask.shape[-1] % 16:  # preprocess_mask: pad the bias to 16 columns
+            mask = F.pad(mask, (0, 16 - mask.shape[-1] % 16))[..., : c.k.shape[-2]]
+        if mask is not None:
+            mask = mask.expand(c.q.shape[0], c.q.shape[1], c.q.shape[-2], c.k.shape[-2])
+        return _aten._scaled_dot_product_efficient_attention(
+            c.q, c.k, c.v, mask, grad, c.dropout, c.causal, scale=c.scale
+        )[0]
+    # math: CUDA computes half precision in float32 unless the user allowed reduced precision
+    q, k, v = c.q, c.k, c.v
+    upcast = q.dtype in HALF and not _reduced_math_allowed()
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+        mask = mask.float() if mask is not None and mask.is_floating_point() else mask
+    out = _aten._scaled_dot_product_attention_math(
+        q, k, v, mask, c.dropout, c.causal, None, scale=c.scale, enable_gqa=c.gqa
+    )[0]
+    return out.to(c.q.dtype) if upcast else out
+
+
+def _reduced_math_allowed() -> bool:
+    return not _switch_off("fp16_bf16_reduction_math_sdp_allowed")
+
+
+def _switch_off(name: str) -> bool:
+    fn: Callable[[], bool] | None = getattr(torch.backends.cuda, name, None)
+    try:
+        return not bool(fn()) if fn is not None else True
+    except (RuntimeError, AttributeError):
+        return True
+
+
+def _autocast(c: Call) -> Call:
+    """CUDA autocast runs sdpa in its lower precision: cast the inputs as it would."""
+    for dev in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(dev):
+            dtype = torch.get_autocast_dtype(dev)
+            cast = [
+                t.to(dtype) if t is not None and t.is_floating_point() else t for t in (c.q, c.k, c.v, c.mask)
+            ]
+            return Call(cast[0], cast[1], cast[2], cast[3], c.dropout, c.causal, c.scale, c.gqa)  # type: ignore[arg-type]
+    return c
+
+
+def _parse(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    defaults: dict[str, Any] = {
+        "attn_mask": None,
+        "dropout_p": 0.0,
+        "is_causal": False,
+        "scale": None,
+        "enable_gqa": False,
+    }
+    got = {**defaults, **dict(zip(names, args, strict=False)), **kwargs}
+    return Call(
+        got["query"],
+        got["key"],
+        got["value"],
+        got["attn_mask"],
+        float(got["dropout_p"]),
+        bool(got["is_causal"]),
+        got["scale"],
+        bool(got["enable_gqa"]),
+    )
+
+
+def saved_stats_bytes(c: Call) -> int:
+    """What flash (and cuDNN) keep per call beyond q, k, v and the output: float32 per query and head."""
+    return int(c.q.shape[0] * c.q.shape[1] * c.q.shape[-2]) * 4
+
+
+def math_saved_bytes(c: Call) -> int:
+    """The attention matrix the math path keeps (one, plus the dropout mask and result with dropout)."""
+    elems = int(c.q.shape[0] * c.q.shape[1] * c.q.shape[-2] * c.k.shape[-2])
+    size = 4 if c.q.dtype in HALF else c.q.element_size()
+    return elems * size * (1 if c.dropout == 0 else 2) + (elems if c.dropout else 0)
+
+
+@dataclass
+class AttentionLog:
+    """Per (backend, reason): calls and what one call saves, for the estimate's notes."""
+
+    calls: dict[tuple[str, str], int] = field(default_factory=dict)
+    cudnn_maybe: dict[str, int] = field(default_factory=dict)
+
+    def notes(self, target: CudaTarget) -> list[str]:
+        out = []
+        for (backend, why), n in sorted(self.calls.items()):
+            name = {"flash": "flash", "efficient": "memory-efficient", "math": "math"}[backend]
+            reason = f" ({why})" if why else ""
+            out.append(
+                f"scaled_dot_product_attention on {target.name}: {n} call(s) as CUDA's {name} kernel{reason}"
+            )
+        for shape, nbytes in sorted(self.cudnn_maybe.items()):
+            out.append(
+                f"scaled_dot_product_attention {shape}: torch may prefer cuDNN attention on {target.sm} (it depends "
+                f"on the cuDNN version); flash saves {nbytes} B of log-sum-exp per call, cuDNN {nbytes} B of "
+                "softmax statistics: the same figure either way"
+            )
+        return out
+
+
+def attention(log: AttentionLog, target: CudaTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """One ``F.scaled_dot_product_attention`` call, run by the backend CUDA would pick on ``target``."""
+    c = _autocast(_parse(args, kwargs))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v))
+    backend, why = choose(c, target, grad)
+    key = (backend, why)
+    log.calls[key] = log.calls.get(key, 0) + 1
+    if backend == "flash" and target.capability[0] in (9, 10):
+        shape = "x".join(str(int(s)) for s in c.q.shape)
+        log.cudnn_maybe[shape] = saved_stats_bytes(c)
+    with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+        return run(backend, c, grad)

@@ -1,0 +1,112 @@
+"""A CUDA target estimated on CPU dispatches as CUDA would: attention backend, dropout, autocast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.attention import Call, choose
+from memprofiler.estimate.cuda_autocast import cast
+from memprofiler.estimate.target import resolve_target
+
+pytest.importorskip("transformers")
+
+H100 = resolve_target("H100", "2.11")
+ADAMW = lambda ps: torch.optim.AdamW(ps, lr=1e-4)  # noqa: E731
+B, T = 2, 64
+
+
+def _call(dtype=torch.float32, heads_kv=4, mask=False, causal=False, head_dim=64, gqa=False):
+    q = torch.empty(B, 4, T, head_dim, dtype=dtype, device="meta")
+    k = torch.empty(B, heads_kv, T, head_dim, dtype=dtype, device="meta")
+    m = torch.empty(B, 1, T, T, dtype=torch.bool, device="meta") if mask else None
+    return Call(q, k, k, m, 0.1, causal, None, gqa)
+
+
+@pytest.mark.parametrize(
+    ("call", "target", "backend"),
+    [
+        (_call(torch.bfloat16), "H100", "flash"),  # half precision, no mask: flash (dropout is fine)
+        (_call(torch.float32), "H100", "efficient"),  # flash needs float16/bfloat16
+        (_call(torch.bfloat16, mask=True), "H100", "efficient"),  # flash takes no mask
+        (_call(torch.float32, heads_kv=2, gqa=True), "H100", "math"),  # memory-efficient has no GQA
+        (_call(torch.bfloat16, heads_kv=2, gqa=True), "H100", "flash"),  # flash has
+        (_call(torch.bfloat16), "T4", "math"),  # sm75: no flash, no bfloat16 memory-efficient
+        (_call(torch.float16), "T4", "efficient"),
+        (_call(torch.float32, head_dim=66), "H100", "math"),  # 66 is not a multiple of 4
+    ],
+)
+def test_backend_choice_follows_torchs_cuda_rules(call, target, backend):
+    assert choose(call, resolve_target(target, "2.11"), grad=True)[0] == backend
+
+
+def _gpt2(attn_pdrop: float) -> tuple[nn.Module, torch.Tensor]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=128, n_positions=T, n_embd=64, n_layer=2, n_head=4, attn_pdrop=attn_pdrop)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(cfg)
+    return model.train(), torch.randint(0, 128, (B, T))
+
+
+def _bert(attn_pdrop: float) -> tuple[nn.Module, torch.Tensor]:
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=T, attention_probs_dropout_prob=attn_pdrop,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = BertForMaskedLM(cfg)
+    return model.train(), torch.randint(0, 128, (B, T))
+
+
+def _lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids).loss
+
+
+@pytest.mark.parametrize("build", [_gpt2, _bert])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_attention_dropout_saves_nothing_more_on_a_cuda_target(build, precision):
+    # GIVEN the model with attention dropout 0.1 (the default) and the same model with 0
+    est = {}
+    for p in (0.1, 0.0):
+        model, ids = build(p)
+        est[p] = estimate_memory(
+            model, ids, optimizer=ADAMW, loss_fn=_lm_loss, precision=precision, gpu="H100"
+        )
+    # THEN for a CUDA target both keep the same: flash / memory-efficient support dropout in-kernel
+    assert est[0.1].saved_bytes == est[0.0].saved_bytes
+    assert est[0.1].tensor_peak_bytes == est[0.0].tensor_peak_bytes
+    assert any("scaled_dot_product_attention" in n for n in est[0.1].notes)
+    # AND on CPU rules the dropout sends attention to the math path, which keeps the attention matrices
+    model, ids = build(0.1)
+    cpu = estimate_memory(model, ids, optimizer=ADAMW, loss_fn=_lm_loss, precision=precision, device="cpu")
+    attention_matrix = B * 4 * T * T  # batch x heads x T x T elements, per layer
+    assert cpu.saved_bytes - est[0.1].saved_bytes >= 2 * attention_matrix * 2  # two layers, >= 2 B each
+
+
+def test_dropout_keeps_a_one_byte_mask_as_cuda_does():
+    with torch.device("meta"):
+        net = nn.Sequential(nn.Linear(32, 256), nn.Dropout(0.1), nn.Linear(256, 4))
+    x = torch.randn(8, 32)
+    cuda = estimate_memory(net, x, optimizer=ADAMW, gpu="H100")
+    cpu = estimate_memory(net, x, optimizer=ADAMW, device="cpu")
+    # CPU keeps a float32 noise tensor (4 B per element), CUDA's fused dropout a bool mask (1 B)
+    assert cpu.saved_bytes - cuda.saved_bytes == 8 * 256 * (4 - 1)
+    assert any("native_dropout" in n for n in cuda.notes)
+
+
+def test_cuda_autocast_casts_cpu_autocast_does_not_make():
+    x = torch.empty(4, 8, dtype=torch.bfloat16, device="meta")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (args, _) = cast(torch.pow, (x, 3.0), {})
+        assert args[0].dtype == torch.float32  # pow is in CUDA's float32 list
+        (_, kwargs) = cast(torch.softmax, (x, -1), {})
+        assert kwargs["dtype"] == torch.float32  # a float32 output unless a dtype is named
+        (args, _) = cast(torch.tanh, (x,), {})
+        assert args[0].dtype == torch.bfloat16  # not listed: unchanged
+    (args, _) = cast(torch.pow, (x, 3.0), {})
+    assert args[0].dtype == torch.bfloat16  # autocast off: nothing cast

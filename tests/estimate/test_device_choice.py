@@ -76,6 +76,8 @@ def cuda_default_device(cuda_machine: None) -> Iterator[None]:
 
 
 def _estimate(**kw: Any) -> dict[str, Any]:
+    # one named target: without one the estimate models this machine's GPU, where it has one
+    kw.setdefault("gpu", "H100")
     return estimate_memory(meta_net(), torch.randn(4, 10), optimizer=ADAM, steps=2, **kw).to_dict()
 
 
@@ -228,6 +230,7 @@ def _cli_estimate(tmp_path: Path, own_mesh: bool) -> list[dict[str, Any]]:
             "--trainer.strategy=ModelParallelStrategy",
             f"--model.own_mesh={own_mesh}",
             "--estimate.world_size=4",
+            "--estimate.gpu=H100",
             f"--estimate.save_dir={tmp_path}",
         ],
         save_config_callback=None,

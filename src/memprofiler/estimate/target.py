@@ -104,8 +104,19 @@ def resolve_target(gpu: str | None = None, torch_version: str | None = None) -> 
                 "gpu", f"got {gpu!r}; use one of {known} or a compute capability such as 9.0 or sm90"
             )
         return CudaTarget(found[0], found[1], version, "named")
-    if torch.cuda.is_available():
-        cap = torch.cuda.get_device_capability()
-        found = _capability(torch.cuda.get_device_name())
-        return CudaTarget(found[0] if found else f"sm{cap[0]}{cap[1]}", (cap[0], cap[1]), version, "local")
+    local = _local_gpu()
+    if local is not None:
+        return CudaTarget(local[0], local[1], version, "local")
     return CudaTarget(DEFAULT_GPU, GPUS[DEFAULT_GPU], version, "default")
+
+
+def _local_gpu() -> tuple[str, tuple[int, int]] | None:
+    """This machine's GPU 0 as (name, capability), or None where there is none or it cannot be read."""
+    try:
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability()
+        found = _capability(torch.cuda.get_device_name())
+    except (AssertionError, RuntimeError):  # a CPU-only build told otherwise, a busy or broken driver
+        return None
+    return (found[0] if found else f"sm{major}{minor}"), (major, minor)

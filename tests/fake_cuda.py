@@ -155,6 +155,8 @@ class FakeCudaBackend(CudaBackend):
         self.annotations: list[dict[str, Any]] = []
         #: Every ``mark_start`` name, recorded or not.
         self.marks: list[str] = []
+        #: Blocks that play memory allocated before any recording: address -> bytes.
+        self.adopted: dict[int, int] = {}
         self._live: dict[int, tuple[int, list[dict[str, Any]] | None]] = {}
         self._clock = itertools.count(1_732_200_000_000_000, 10)
 
@@ -221,9 +223,41 @@ class FakeCudaBackend(CudaBackend):
         self._trace("snapshot", addr=0, size=self.allocated)
         return snap
 
+    def adopt(self, addr: int, size: int) -> None:
+        """Play a block of ``size`` bytes at ``addr`` allocated before any recording (no trace
+        entry, no stack), such as a parameter's storage; ``snapshot()`` lists it in a segment
+        of its own."""
+        self.adopted[addr] = size
+
+    def _adopted_segments(self) -> list[dict[str, Any]]:
+        out = []
+        for addr, size in sorted(self.adopted.items()):
+            rounded = round_size(size)
+            block = {
+                "address": addr,
+                "size": rounded,
+                "requested_size": size,
+                "state": "active_allocated",
+                "frames": [],
+            }
+            out.append(
+                {
+                    "device": 0,
+                    "address": addr,
+                    "total_size": rounded,
+                    "allocated_size": rounded,
+                    "active_size": rounded,
+                    "requested_size": size,
+                    "stream": 0,
+                    "segment_type": "small",
+                    "blocks": [block],
+                }
+            )
+        return out
+
     def _own_segment(self) -> list[dict[str, Any]]:
         if not self.track_blocks:
-            return []
+            return self._adopted_segments()
         blocks: list[dict[str, Any]] = []
         pos = SEGMENT_ADDR
         for addr in sorted(self._live):
@@ -251,6 +285,7 @@ class FakeCudaBackend(CudaBackend):
             )
         live = [b for b in blocks if b["state"] != "inactive"]
         return [
+            *self._adopted_segments(),
             {
                 "device": 0,
                 "address": SEGMENT_ADDR,
@@ -261,7 +296,7 @@ class FakeCudaBackend(CudaBackend):
                 "stream": 0,
                 "segment_type": "large",
                 "blocks": blocks,
-            }
+            },
         ]
 
     def mark_start(self, name: str) -> Any:

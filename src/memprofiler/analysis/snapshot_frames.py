@@ -42,6 +42,11 @@ CPP = 8
 #: A frame of code that calls the user's code (memprofiler, Lightning, jsonargparse); always
 #: with ``INTERNAL``.
 DISPATCH = 16
+#: A synthetic frame naming a block's role (parameter, optimizer state...; see
+#: :mod:`snapshot_roles`); always with ``PYTHON | USER`` so it is shown and labels the block.
+ROLE = 32
+#: ``filename`` of those frames (:data:`memprofiler.analysis.snapshot_roles.ROLE_FILE`).
+_ROLE_FILE = "<memprofiler role>"
 
 #: Label of a block whose stack the snapshot lacks.
 NO_STACK = "(no stack recorded)"
@@ -126,7 +131,9 @@ _ARGS = re.compile(r"\(.*\)(\s*(const|\[clone [^]]*\]))*\s*$")
 
 
 def frame_kind(name: str, filename: str) -> int:
-    """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``)."""
+    """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``, ``DISPATCH``, ``ROLE``)."""
+    if filename == _ROLE_FILE:
+        return PYTHON | USER | ROLE
     if filename.endswith(".py"):
         if _OWN_PY.search(filename) or _DISPATCH_PY.search(filename):
             return PYTHON | INTERNAL | DISPATCH
@@ -153,6 +160,8 @@ def frame_text(frame: Mapping[str, Any], kind: int | None = None) -> str:
     filename = str(frame.get("filename", "?"))
     if kind is None:
         kind = frame_kind(name, filename)
+    if kind & ROLE:
+        return name
     if kind & PYTHON:
         return f"{name} ({os.path.basename(filename)}:{frame.get('line', '?')})"
     base = os.path.basename(filename)

@@ -16,6 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from memprofiler.analysis.snapshot_roles import role_category, role_label
+
+__all__ = ["ROLES", "role_category", "role_label", "role_map"]
+
 #: Role categories, in the order readers list them.
 ROLES = ("parameter", "parameter (unsharded)", "gradient", "optimizer state", "buffer")
 
@@ -47,23 +51,6 @@ def _entry(t: torch.Tensor, role: str, name: str, detail: str | None = None) -> 
     if detail:
         out["detail"] = detail
     return out
-
-
-def role_label(entry: dict[str, Any]) -> str:
-    """``parameter `model.blocks.0.attn.weight```, ``optimizer state (exp_avg) of `...```."""
-    role, name = entry["role"], entry["name"]
-    if role == "optimizer state":
-        return f"optimizer state ({entry.get('detail', '?')}) of `{name}`"
-    if role == "gradient":
-        return f"gradient of `{name}`"
-    return f"{role} `{name}`"
-
-
-def role_category(entry: dict[str, Any]) -> str:
-    """The category a block is drawn and grouped under: ``optimizer state (exp_avg)``, ``parameter``..."""
-    if entry["role"] == "optimizer state":
-        return f"optimizer state ({entry.get('detail', '?')})"
-    return str(entry["role"])
 
 
 def _unsharded(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

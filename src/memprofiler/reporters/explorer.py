@@ -21,8 +21,10 @@ import numpy as np
 
 from memprofiler.analysis.gc_pause import gc_paused
 from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
+from memprofiler.analysis.snapshot_calls import call_ranges, entry_range, read_index
 from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
+from memprofiler.analysis.snapshot_roles import role_index
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer_assets import EXPLORER_CSS, EXPLORER_JS
 from memprofiler.reporters.html_cells import b, json_script, page
@@ -102,7 +104,14 @@ def _add_stacks(blob: _Blob, table: StackTable) -> None:
     blob.add("stackLabel", np.asarray(table.labels, dtype=np.int64), "<i4")
 
 
-def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnalysis, top: int = 10) -> str:
+def build_explorer(
+    data: Mapping[str, Any],
+    source: str,
+    analysis: SnapshotAnalysis,
+    top: int = 10,
+    index: Mapping[str, Any] | None = None,
+    select: str | None = None,
+) -> str:
     """The explorer page of one ``_snapshot()`` dict already checked and analysed.
 
     Args:
@@ -111,6 +120,10 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
         analysis: :func:`~memprofiler.analysis.snapshot.analyze` of ``data``; its peaks are
             the figures the page states.
         top: rows of the summary tables below the explorer.
+        index: the window index beside a recording (:func:`snapshot_calls.read_index`): its
+            role map names the blocks older than the trace (drawn and listed by role), and
+            its calls (with those marked in the recording) can be picked to show their range.
+        select: the call (``training_step:3``) whose range the page opens on.
 
     Raises:
         ArtifactError: an entry lacks a field the replay needs.
@@ -121,7 +134,7 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
     table = StackTable()
     try:
         with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
-            replays = replay(data, table)
+            replays = replay(data, table, role_index(index))
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     peaks = {d.device: d for d in analysis.devices}
@@ -147,8 +160,24 @@ def build_explorer(data: Mapping[str, Any], source: str, analysis: SnapshotAnaly
         "devices": devices,
         "strings": table.strings,
         "arrays": blob.manifest,
+        "calls": _call_ranges(data, index),
+        "select": select,
     }
     return _page(source, meta, blob.encode(), snapshot_html(SnapshotEntry(source, source, analysis), top))
+
+
+def _call_ranges(data: Mapping[str, Any], index: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Each call marked in the recording with its entries per device (``[first, end)``)."""
+    traces = data.get("device_traces") or []
+    out = []
+    for rng in call_ranges(data, index):
+        ranges = {}
+        for dev, entries in enumerate(traces):
+            found = entry_range(entries, rng) if entries else None
+            if found is not None and found[1] > found[0]:
+                ranges[str(dev)] = list(found)
+        out.append({"key": rng.key, "ranges": ranges})
+    return out
 
 
 def _page(source: str, meta: dict[str, Any], blob: str, summary: str) -> str:
@@ -183,4 +212,5 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
     """
     for k, entry in enumerate(model.snapshots):
         data = load_snapshot(entry.path)
-        yield explorer_relpath(k, entry.path), build_explorer(data, entry.path, entry.analysis, top)
+        index = read_index(entry.path)
+        yield explorer_relpath(k, entry.path), build_explorer(data, entry.path, entry.analysis, top, index)

@@ -37,14 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _emit import emit
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from _emit import emit  # noqa: E402
-from fake_cuda import FakeCudaBackend  # noqa: E402
-
-from memprofiler import MemProfiler  # noqa: E402
+from fake_cuda import FakeCudaBackend
+from memprofiler import MemProfiler
 
 BASE: dict[str, Any] = {
     "schedule": {"warmup": 0, "active": 10**9},

@@ -30,21 +30,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
+from _emit import emit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from _emit import emit  # noqa: E402
-from fake_cuda import FakeCudaBackend  # noqa: E402
-
-from memprofiler import layout  # noqa: E402
-from memprofiler.collectors.allocator_history import AllocatorHistoryCollector  # noqa: E402
-from memprofiler.collectors.base import CallContext  # noqa: E402
-from memprofiler.collectors.cuda_backend import CudaBackend  # noqa: E402
-from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording  # noqa: E402
-from memprofiler.output.writers import write_pickle  # noqa: E402
+from fake_cuda import FakeCudaBackend
+from memprofiler import layout
+from memprofiler.collectors.allocator_history import AllocatorHistoryCollector
+from memprofiler.collectors.base import CallContext
+from memprofiler.collectors.cuda_backend import CudaBackend
+from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
+from memprofiler.output.writers import write_pickle
 
 VARIANTS = ("marks", "marks_again", "marks_fake", "per_call_dumps")
 
@@ -60,7 +56,6 @@ class _View:
     def __init__(self, save_dir: Path) -> None:
         self.save_dir = save_dir
         self.rank = 0
-
 
 
 def _filled(backend: FakeCudaBackend, ring: int) -> None:
@@ -123,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         for v in VARIANTS:
             d = root / v
             d.mkdir()
-            backend: FakeCudaBackend = FakeCudaBackend() if v in ("marks_fake", "per_call_dumps") else _RealMarks()
+            backend: FakeCudaBackend = (
+                FakeCudaBackend() if v in ("marks_fake", "per_call_dumps") else _RealMarks()
+            )
             setups[v] = (backend, d, _collector(backend, d, args.ring))
         samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
         first = 2

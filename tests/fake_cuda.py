@@ -310,6 +310,7 @@ class FakeCudaBackend(CudaBackend):
     def _annotate(self, stage: str, name: str) -> None:
         if self.ring is not None:
             self.annotations.append({"stage": stage, "name": name, "device": 0, "time_us": next(self._clock)})
+            del self.annotations[: -self.ring.max_entries]  # a ring of the history's size, as torch keeps
 
     def oom_observer_unsupported_reason(self) -> str | None:
         if not self.available:

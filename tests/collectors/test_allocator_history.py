@@ -135,8 +135,10 @@ def test_recording_runs_exactly_on_warmup_and_collected_calls(tmp_path, schedule
     marked = [c["call"] for w in range(_windows(sched, calls)) for c in _index(tmp_path, w)["calls"]]
     assert marked == collected
     assert fake.marks == [f"memprofiler:train_step:{n}" for n in collected]
-    # AND no snapshot was taken inside a window: one per window, when it closed
-    assert fake.snapshots_taken == _windows(sched, calls)
+    # AND snapshots were one per window, when it closed, and the ring's look two calls into a
+    # part; never one at a call's start and end (2 per collected call) as before
+    probes = sum(len(_index(tmp_path, w)["calls"]) > 2 for w in range(_windows(sched, calls)))
+    assert fake.snapshots_taken == _windows(sched, calls) + probes < 2 * len(collected) + 1
 
 
 def _old_style_run(prof: MemProfiler, fake: FakeCudaBackend, calls: int) -> dict[tuple[int, str], dict]:
@@ -208,9 +210,9 @@ def test_every_per_call_view_equals_the_per_call_file_it_replaces(tmp_path):
 
 
 def test_the_recording_is_written_at_flushes_and_when_a_call_raises(tmp_path):
-    # GIVEN a long window (warmup 1, 6 collected) that flushes every 2 collected calls
+    # GIVEN a long window (warmup 1, 6 collected) whose flushes may write the recording each time
     fake = FakeCudaBackend()
-    cfg = _cfg({"warmup": 1, "active": 6}, flush_every_calls=2)
+    cfg = _cfg({"warmup": 1, "active": 6}, flush_every_calls=1, flush_interval_s=1e-9)
     prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
     path = tmp_path / "cuda_alloc_rank_0.window_0.pickle"
     marked_on_disk = []
@@ -227,11 +229,40 @@ def test_the_recording_is_written_at_flushes_and_when_a_call_raises(tmp_path):
         failed = call_ranges(_load(path))[-1]
         assert (failed.call, failed.end_us is not None) == (5, True)
         assert _load(path)["device_traces"][0][-1]["size"] == 7 * KIB
-    # AND a process killed between flushes keeps the calls up to the last flush
-    # (call 1 warms up; the flush after call 3 writes calls 2 and 3)
-    assert marked_on_disk == [0, 0, 2, 2]
-    # AND that is 2 snapshots for 4 collected calls, where the old collector took 8
-    assert fake.snapshots_taken == 2
+    # AND a process killed after any flush keeps the calls up to it (call 1 warms up)
+    assert marked_on_disk == [0, 1, 2, 3]
+
+
+def test_a_part_is_written_before_the_ring_wraps_past_its_first_call(tmp_path):
+    # GIVEN a ring of 40 entries and a 20-call window, each call recording 9 entries
+    fake = FakeCudaBackend()
+    cfg = _cfg({"warmup": 0, "active": 20}, allocator_history={"max_entries": 40})
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    with prof:
+        for n in range(1, 21):
+            with prof.profile("train_step"):
+                for k in range(3):
+                    fake.free(fake.alloc((100 * n + k) * 8))
+    # THEN the window was written in parts, each holding every one of its calls in full
+    parts = sorted(tmp_path.glob("cuda_alloc_rank_0.window_*.pickle"))
+    assert len(parts) > 1
+    seen = []
+    for part in parts:
+        recording = _load(part)
+        index = _index(tmp_path, int(part.stem.rsplit("_", 1)[1]))
+        for rng in call_ranges(recording, index):
+            if rng.call in seen or rng.call not in [c["call"] for c in index["calls"]]:
+                continue  # the next part's file still holds the end of this one's ring
+            start = call_view(recording, rng, "start", ring_entries=index["ring_entries"])
+            end = call_view(recording, rng, "end", ring_entries=index["ring_entries"])
+            added = end["device_traces"][0][len(start["device_traces"][0]) :]
+            assert [e["size"] for e in added if e["action"] == "alloc"] == [
+                (100 * rng.call + k) * 8 for k in range(3)
+            ]
+            seen.append(rng.call)
+    assert seen == list(range(1, 21))
+    # AND far fewer snapshots were taken than the 40 of per-call dumps
+    assert fake.snapshots_taken < 20
 
 
 def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):

@@ -162,9 +162,17 @@ def entry_range(entries: Sequence[Mapping[str, Any]], rng: CallRange) -> tuple[i
 
 
 def call_view(
-    data: Mapping[str, Any], rng: CallRange, phase: str = "end", source: str = ""
+    data: Mapping[str, Any],
+    rng: CallRange,
+    phase: str = "end",
+    source: str = "",
+    ring_entries: int | None = None,
 ) -> dict[str, Any]:
     """The snapshot as it stood at the start or end of the call ``rng`` (see the module docstring).
+
+    Args:
+        ring_entries: the ring's size (the window index's ``ring_entries``): a trace shorter
+            than it never wrapped, so a call's start may precede its oldest entry.
 
     Raises:
         ArtifactError: the mark is not in the recording (the ring wrapped past it, or the call
@@ -193,7 +201,8 @@ def call_view(
     oldest = min(
         (e[0].get("time_us") for e in traces if e and type(e[0].get("time_us")) is int), default=None
     )
-    if oldest is not None and t < oldest:
+    full = ring_entries is None or any(len(e) >= ring_entries for e in traces)
+    if oldest is not None and t < oldest and (phase == "end" or full):
         raise ArtifactError(
             f"{where}: the {phase} of {rng.key} is older than the recording's oldest entry (the ring "
             "wrapped past it; raise `allocator_history.max_entries`)"

@@ -16,12 +16,13 @@ atomically), with ``cuda_alloc_rank_{rank}.window_{n}.json`` beside it: the call
 and the role map of the blocks alive when the window began (:mod:`block_roles`). A call's view
 (:mod:`memprofiler.analysis.snapshot_calls`) is cut from that file.
 
-Nothing is lost: the recording is also written whenever the profiler flushes its files
-(``flush_every_calls``, ``flush_interval_s``), when a collected call raises, and when training
-ends in an exception (the OOM recorder writes its own pickle at the OOM itself), so a process
-killed later keeps the history up to the last flush. A write that finds the ring at least half
-full closes the part: later calls go to part ``n + 1``, so calls are not lost to the ring
-wrapping before the window closes.
+Nothing is lost: the recording is also written when a collected call raises, when training
+ends in an exception (the OOM recorder writes its own pickle at the OOM itself), and at the
+profiler's flushes once ``flush_interval_s`` has passed since the last write, so a process
+killed later keeps the history up to then. Before the ring can wrap past a part's first call,
+the part is written and the next calls go to part ``n + 1``: two calls into a part the ring is
+looked at (one snapshot) to learn the entries per call, and again before the part can fill
+80% of it at that rate.
 
 Cost per collected call: two annotations (about 25 us on CPU together), instead of a
 snapshot copy and pickle of the whole ring at its start and end.
@@ -48,6 +49,10 @@ from memprofiler.output.writers import write_json, write_pickle
 WINDOW_HOLDER = "window:"
 #: Format version of the window index file.
 INDEX_VERSION = 1
+#: The first look at the ring in a part, after this many calls: it measures entries per call.
+FIRST_PROBE = 2
+#: Fraction of the ring a part may fill before the next part starts.
+ROLL_AT = 0.8
 
 
 def trace_entries(snapshot: Mapping[str, Any]) -> int:
@@ -70,13 +75,20 @@ class AllocatorHistoryCollector(BaseCollector):
 
     name = "cuda_allocator_history"
 
-    def __init__(self, backend: CudaBackend, recording: HistoryRecording, options: HistoryOptions) -> None:
+    def __init__(
+        self,
+        backend: CudaBackend,
+        recording: HistoryRecording,
+        options: HistoryOptions,
+        flush_interval_s: float = 60.0,
+    ) -> None:
         self._backend = backend
         self._recording = recording
         self._options = options
         self._save_dir: Path | None = None
         self._rank = 0
         self._module: nn.Module | None = None
+        self._ctx_module: nn.Module | None = None
         self._optimizers: Sequence[torch.optim.Optimizer] = ()
         self._part = -1
         self._parts_written = 0
@@ -84,6 +96,10 @@ class AllocatorHistoryCollector(BaseCollector):
         self._roles: list[dict[str, Any]] = []
         self._open: dict[CallId, tuple[Any, dict[str, Any]]] = {}
         self._dirty = False
+        self._flush_interval_s = flush_interval_s
+        self._last_write = time.monotonic()
+        #: Calls in the part after which the ring is looked at again (see _plan_probe).
+        self._probe_at: int | None = FIRST_PROBE
         recording.plan(options)
 
     def bind(self, view: ProfilerView) -> None:
@@ -128,11 +144,16 @@ class AllocatorHistoryCollector(BaseCollector):
                 self._recording.release(holder)
         elif not ok:
             self._write()  # the call raised: keep the history up to the failure now
+        elif self._probe_at is not None and len(self._calls) >= self._probe_at:
+            self._write()  # the ring may soon wrap past this part's first call
         return metrics
 
     def dump(self) -> list[Path]:
-        """The profiler flushes its files: write the recording if a call was marked since."""
-        return self._write() if self._dirty else []
+        """The profiler flushes its files: write the recording if a call was marked since the
+        last write and ``flush_interval_s`` has passed (a snapshot copies the whole ring)."""
+        if self._dirty and time.monotonic() - self._last_write >= self._flush_interval_s:
+            return self._write()
+        return []
 
     def crash(self, exc: BaseException) -> list[Path]:
         """Training is over: write the open window's recording, then stop recording."""
@@ -161,8 +182,13 @@ class AllocatorHistoryCollector(BaseCollector):
         self._parts_written += 1
         self._calls = [c for _, c in self._open.values()]
         self._dirty = bool(self._calls)
+        self._probe_at = FIRST_PROBE
+        if module is not None:
+            self._ctx_module = module
         # The blocks alive now are the ones the recording will show without a stack.
-        self._roles = role_map(self._module if self._module is not None else module, self._optimizers)
+        self._roles = role_map(
+            self._module if self._module is not None else self._ctx_module, self._optimizers
+        )
 
     def _release_windows(self) -> None:
         for fn in self.open_windows():
@@ -192,10 +218,46 @@ class AllocatorHistoryCollector(BaseCollector):
         }
         written.append(write_json(self._save_dir / index_name, index))
         self._dirty = False
-        ring = self._recording.ring_entries
-        used = max((len(t) for t in snap.get("device_traces", ())), default=0)
-        if not closing and self.open_windows() and ring and used * 2 >= ring:
-            # Half the ring is used: what follows goes to a new file before it can wrap over
-            # the calls this one holds.
-            self._new_part()
+        self._last_write = time.monotonic()
+        if not closing and self.open_windows():
+            self._plan_probe(snap)
         return written
+
+    def _plan_probe(self, snap: Mapping[str, Any]) -> None:
+        """Start the next part now, or plan when to look at the ring again.
+
+        A part's file holds all of its calls while the entries recorded since its first call
+        fit the ring. At this write there are ``e`` of them over ``k`` calls: at 80% of the
+        ring a new part starts (the next call is its first); below, the ring is looked at
+        again after nine tenths of the calls that would take ``e`` there at this rate.
+        """
+        ring = self._recording.ring_entries
+        if not ring:
+            self._probe_at = None  # the user's ring: its size is unknown
+            return
+        first = next((c["start_us"] for c in self._calls), None)
+        marks = {layout.call_mark(c["fn"], c["call"]) for c in self._calls[:1]}
+        for a in snap.get("external_annotations") or ():
+            if isinstance(a, Mapping) and a.get("name") in marks and a.get("stage") == "START":
+                first = a.get("time_us") if type(a.get("time_us")) is int else first
+                break
+        e = max((_entries_since(t, first) for t in snap.get("device_traces", ())), default=0)
+        k = max(1, len(self._calls))
+        if e >= ROLL_AT * ring:
+            self._new_part()
+            return
+        per_call = max(1.0, e / k)
+        self._probe_at = k + max(1, int((ROLL_AT * ring - e) / per_call * 0.9))
+
+
+def _entries_since(trace: Sequence[Mapping[str, Any]], t_us: int | None) -> int:
+    """Entries of ``trace`` at or after ``t_us`` (all when unknown or the times are not ours)."""
+    if t_us is None or not trace:
+        return len(trace)
+    n = 0
+    for entry in reversed(trace):
+        t = entry.get("time_us")
+        if type(t) is int and t < t_us:
+            break
+        n += 1
+    return n

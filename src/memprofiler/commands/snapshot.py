@@ -64,7 +64,8 @@ class SnapshotCommand:
         whole = analyze(snapshot, args.file, top=args.top, roles=roles)
         if wanted is not None:
             rng = find_call(ranges, *wanted, source=args.file)
-            view = call_view(snapshot, rng, args.phase, source=args.file)
+            ring = (index or {}).get("ring_entries")
+            view = call_view(snapshot, rng, args.phase, args.file, ring if type(ring) is int else None)
             title = f"{args.file}, {rng.key} at its {args.phase}"
             render_snapshot(
                 analyze(view, title, top=args.top, roles=roles), console, title, args.top, args.top
@@ -77,7 +78,12 @@ class SnapshotCommand:
             for r in ranges:
                 spans = [entry_range(t, r) for t in traces if t]
                 span = next((s for s in spans if s is not None), None)
-                where = f"entries {span[0]:,}-{max(span[0], span[1] - 1):,}" if span else "incomplete"
+                if span is None:
+                    where = "incomplete"
+                elif span[1] == 0:
+                    where = "no longer in the ring"
+                else:
+                    where = f"entries {span[0]:,}-{max(span[0], span[1] - 1):,}"
                 parts.append(f"{r.key} ({where})")
             console.print(
                 f"calls marked in this recording ({len(ranges)}): "

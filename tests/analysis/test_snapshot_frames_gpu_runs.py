@@ -145,3 +145,25 @@ def test_show_all_frames_keeps_everything():
     # AND optimizer code called by Lightning labels its own blocks rather than the script
     adam = {"name": "_init_group", "filename": "/usr/lib/python3.12/site-packages/torch/optim/adam.py"}
     assert sf.label_index([sf.frame_kind(adam["name"], adam["filename"]), *kinds[4:]]) == 0
+
+
+def test_allocations_without_a_python_stack_are_named_by_their_span():
+    # GIVEN the demo's recording: the autograd engine's allocations carry no Python frame, and
+    # Lightning's profiler kept its spans in external_annotations
+    data = load_snapshot(RUNS / "demo" / "cuda_alloc_rank_0.training_step.4.end.pickle")
+    bare = [e for e in data["device_traces"][0] if e["action"] == "alloc" and not e.get("frames")]
+    assert len(bare) == 457
+    # THEN the explorer labels each by the span it was made in: Lightning's backward
+    table = StackTable()
+    (rep,) = replay(data, table)
+    labels = [
+        table.strings[table.frames[table.labels[s]][0]] for s in rep.stack.tolist() if table.labels[s] >= 0
+    ]
+    during = "no Python stack, during [pl][profile][Strategy]SingleDeviceStrategy.backward"
+    assert labels.count(during) == 457
+    # AND the terminal table groups the 54 blocks (37,022,720 B) live at the peak under it, where
+    # it said "(no stack recorded)"
+    (dev,) = analyze(data).devices
+    groups = {g.frames: (g.bytes, g.count) for g in dev.top_stacks}
+    assert groups[(during,)] == (37_022_720, 54)
+    assert ("(no stack recorded)",) not in groups

@@ -35,7 +35,7 @@ from typing import Any
 from memprofiler.analysis import safe_pickle
 from memprofiler.analysis.snapshot_frames import NO_STACK, PYTHON, frame_kind, frame_text, readable
 from memprofiler.analysis.snapshot_lean import LEAN_BYTES, FrameSharer
-from memprofiler.analysis.snapshot_roles import RoleIndex
+from memprofiler.analysis.snapshot_roles import AnnotationSpans, RoleIndex
 from memprofiler.errors import ArtifactError
 
 #: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
@@ -215,11 +215,14 @@ def analyze(
         _refuse_shared(data, source)
         segments = [_segment_info(s, k) for k, s in enumerate(data.get("segments", []))]
         traces = data.get("device_traces", []) or []
+        spans = AnnotationSpans(data.get("external_annotations"))
         devices = []
         seen = set()
         for dev, entries in enumerate(traces):
             if entries:
-                devices.append(_analyze_device(dev, entries, data.get("segments", []), top, points, roles))
+                devices.append(
+                    _analyze_device(dev, entries, data.get("segments", []), top, points, roles, spans)
+                )
                 seen.add(dev)
         # Devices with segments but no trace (history off): the current state is all we know.
         for dev in sorted({s.device for s in segments} - seen):
@@ -296,6 +299,7 @@ def _analyze_device(
     top: int,
     points: int,
     roles: RoleIndex | None = None,
+    spans: AnnotationSpans | None = None,
 ) -> DeviceAnalysis:
     n = len(entries)
     # ---- pass 1: running totals relative to the trace start, their peaks, a bucketed timeline
@@ -394,9 +398,18 @@ def _analyze_device(
 
     res_baseline = max(end_reserved - res, -res_min)
 
+    at_peak: list[Mapping[str, Any]] = list(live_at_peak.values())
+    if spans:
+        # Allocations with no Python stack (the autograd engine's thread): named by their span.
+        bare = [k for k, e in enumerate(at_peak) if not e.get("frames")]
+        bare.sort(key=lambda k: at_peak[k].get("time_us") or 0)
+        for k, name in zip(bare, spans.names(at_peak[k].get("time_us") or 0 for k in bare), strict=True):
+            f = spans.frames(name)
+            if f is not None:
+                at_peak[k] = {**at_peak[k], "frames": f}
     groups: dict[tuple[str, ...], StackGroup] = {}
     frame_cache: dict[int, tuple[str, ...]] = {}
-    for block in [*live_at_peak.values(), *pre_live_at_peak]:
+    for block in [*at_peak, *pre_live_at_peak]:
         frames_obj = block.get("frames")
         key = frame_cache.get(id(frames_obj)) if frames_obj is not None else None
         if key is None:

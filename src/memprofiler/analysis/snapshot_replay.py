@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from memprofiler.analysis.snapshot_frames import frame_kind, label_index
-from memprofiler.analysis.snapshot_roles import RoleIndex
+from memprofiler.analysis.snapshot_roles import AnnotationSpans, RoleIndex
 
 _LIVE_STATES = ("active_allocated", "active_pending_free")
 _RESERVE = ("segment_alloc", "segment_map")
@@ -182,6 +182,8 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
 
     ``roles`` (the role map beside a recording) names the blocks older than the trace: their
     stack is then the role's synthetic frames (category, then the tensor), see :mod:`snapshot_roles`.
+    An allocation recorded with no Python stack is named by the ``record_function`` span it
+    was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
 
     Raises:
         KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
@@ -191,8 +193,9 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     devices = sorted({d for d, t in enumerate(traces) if t} | {s.get("device", 0) for s in segments})
+    spans = AnnotationSpans(data.get("external_annotations"))
     return [
-        _replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table, roles)
+        _replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table, roles, spans)
         for dev in devices
     ]
 
@@ -211,6 +214,7 @@ def _replay_device(
     segments: Sequence[Mapping[str, Any]],
     table: StackTable,
     roles: RoleIndex | None = None,
+    spans: AnnotationSpans | None = None,
 ) -> DeviceReplay:
     # Column by column rather than entry by entry: each field is read by a C-level map over the
     # entries, and allocations are paired with their frees by sorting the events by address.
@@ -247,14 +251,19 @@ def _replay_device(
     by_time = np.argsort(both, kind="stable")
     sids = np.empty(both.size, dtype=np.int64)
     picked = _pick(entries, both[by_time])
-    if roles is None:
-        sids[by_time] = list(map(table.intern, map(_GET_FRAMES, picked)))
-    else:  # a block freed in the trace but older than it may be named by the role map
-        pre_mask = (by_time >= na).tolist()
-        sids[by_time] = [
-            table.intern((roles.frames(e.get("addr")) or e.get("frames")) if pre else e.get("frames"))
-            for pre, e in zip(pre_mask, picked, strict=True)
-        ]
+    frames_of: list[Any] = list(map(_GET_FRAMES, picked))
+    is_pre = (by_time >= na).tolist()
+    if roles is not None:  # a block freed in the trace but older than it may be named by the role map
+        for p, older in enumerate(is_pre):
+            named = roles.frames(picked[p].get("addr")) if older else None
+            if named is not None:
+                frames_of[p] = named
+    if spans:  # an allocation with no Python stack: named by the span it was made in
+        bare = [p for p, f in enumerate(frames_of) if not f and not is_pre[p]]
+        names = spans.names(picked[p].get("time_us") or 0 for p in bare)
+        for p, name in zip(bare, names, strict=True):
+            frames_of[p] = spans.frames(name) or frames_of[p]
+    sids[by_time] = list(map(table.intern, frames_of))
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}

@@ -4,7 +4,7 @@ A collected call pays, besides the collectors' hooks, a fixed cost: the schedule
 collector dispatch, each collector's start and end (the host RSS peak method, the CUDA
 ``memory_stats()`` reads and peak reset, allocator-history marks) and the record of the
 snapshot (stats YAML entry, memory-trace counters). Each variant times ``with
-prof.profile("step"): pass`` over its own profiler, in a new random order every round:
+prof.profile("training_step"): pass`` over its own profiler, in a new random order every round:
 
 * ``bare``: the empty function alone (no profiler);
 * ``outside``: a profiled function that is not collected (counted only);
@@ -15,9 +15,12 @@ prof.profile("step"): pass`` over its own profiler, in a new random order every 
 * ``no_yaml`` / ``no_trace``: ``dump_memorystats_yaml`` / ``dump_memory_trace`` off;
 * ``no_collectors``: every collector removed: the schedule, dispatch and record alone;
 * ``history``: ``collected`` plus ``cuda_allocator_history`` (two marks per call);
-* ``module_hooks_164``: ``collected`` plus the memory hooks, the step calling a model of 164
-  one-unit linear layers (GPT-2 124M's module count), minus ``collected`` on the same step
-  without hooks (``module_hooks_164_base``): what the hooks add per call at that size.
+* ``module_hooks_164``: ``collected`` plus the memory hooks, the step calling a GPT-2-shaped
+  model of 164 modules (16 blocks of layer norms, attention and MLP linears, nested four
+  levels deep, as GPT-2 124M's 164), minus ``collected`` on the same step without hooks
+  (``module_hooks_164_base``): what the hooks add per call at that size;
+  ``module_hooks_164_every_module`` hooks every module, as before the hooks were limited to
+  the first two levels below the profiled module.
 
 Prints one JSON object (median process CPU microseconds per call, and each part's share as
 the difference of two variants). Run as
@@ -42,18 +45,28 @@ from torch import nn
 
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler
+from memprofiler.collectors.module_hooks import ModuleHooksCollector
 
 BASE: dict[str, Any] = {
     "schedule": {"warmup": 0, "active": 10**9},
     "enable_saved_tensors_hooks": False,
     "enable_memory_hooks": False,
-    "collect_funcs": {"default": ["step"]},
+    "collect_funcs": {"default": ["training_step"]},
     # flush as rarely as the defaults would over a window of this many calls
 }
 
 
 def _model() -> nn.Module:
-    return nn.Sequential(*[nn.Linear(1, 1) for _ in range(164)])
+    """164 modules nested like GPT-2's: root -> blocks -> block -> attention/MLP -> linear."""
+
+    def block() -> nn.Module:
+        attn = nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1))
+        mlp = nn.Sequential(nn.Linear(1, 1), nn.GELU(), nn.Linear(1, 1))
+        return nn.Sequential(nn.LayerNorm(1), attn, nn.LayerNorm(1), mlp)
+
+    model = nn.Sequential(nn.Linear(1, 1), nn.Sequential(*[block() for _ in range(16)]), nn.LayerNorm(1))
+    assert len(list(model.modules())) == 164
+    return model
 
 
 def _profiler(root: Path, name: str, extra: dict[str, Any], drop: tuple[str, ...] = ()) -> MemProfiler:
@@ -70,6 +83,13 @@ def _profiler(root: Path, name: str, extra: dict[str, Any], drop: tuple[str, ...
 
 _MODEL = _model()
 _X = torch.ones(1, 1)
+
+
+def _every_module(prof: MemProfiler) -> MemProfiler:
+    for reg in prof._collectors:
+        if isinstance(reg.collector, ModuleHooksCollector):
+            reg.collector.hook_depth = None
+    return prof
 
 
 def _step_empty() -> None:
@@ -107,19 +127,40 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         hooks = {"enable_memory_hooks": True}
         variants: dict[str, tuple[MemProfiler | None, Callable[[], None], str]] = {
-            "bare": (None, _step_empty, "step"),
+            "bare": (None, _step_empty, "training_step"),
             "outside": (_profiler(root, "outside", {}), _step_empty, "not_collected"),
-            "collected": (_profiler(root, "collected", {}), _step_empty, "step"),
-            "collected_again": (_profiler(root, "collected_again", {}), _step_empty, "step"),
-            "no_host": (_profiler(root, "no_host", {}, ("cpu",)), _step_empty, "step"),
-            "no_cuda_stats": (_profiler(root, "no_cuda_stats", {}, ("cuda",)), _step_empty, "step"),
-            "sampler": (_profiler(root, "sampler", {"rss_peak_method": "sampler"}), _step_empty, "step"),
-            "no_yaml": (_profiler(root, "no_yaml", {"dump_memorystats_yaml": False}), _step_empty, "step"),
-            "no_trace": (_profiler(root, "no_trace", {"dump_memory_trace": False}), _step_empty, "step"),
-            "no_collectors": (_profiler(root, "no_collectors", {}, ("*",)), _step_empty, "step"),
-            "history": (_profiler(root, "history", {"cuda_allocator_history": True}), _step_empty, "step"),
-            "module_hooks_164": (_profiler(root, "hooks", hooks), _step_model, "step"),
-            "module_hooks_164_base": (_profiler(root, "hooks_base", {}), _step_model, "step"),
+            "collected": (_profiler(root, "collected", {}), _step_empty, "training_step"),
+            "collected_again": (_profiler(root, "collected_again", {}), _step_empty, "training_step"),
+            "no_host": (_profiler(root, "no_host", {}, ("cpu",)), _step_empty, "training_step"),
+            "no_cuda_stats": (_profiler(root, "no_cuda_stats", {}, ("cuda",)), _step_empty, "training_step"),
+            "sampler": (
+                _profiler(root, "sampler", {"rss_peak_method": "sampler"}),
+                _step_empty,
+                "training_step",
+            ),
+            "no_yaml": (
+                _profiler(root, "no_yaml", {"dump_memorystats_yaml": False}),
+                _step_empty,
+                "training_step",
+            ),
+            "no_trace": (
+                _profiler(root, "no_trace", {"dump_memory_trace": False}),
+                _step_empty,
+                "training_step",
+            ),
+            "no_collectors": (_profiler(root, "no_collectors", {}, ("*",)), _step_empty, "training_step"),
+            "history": (
+                _profiler(root, "history", {"cuda_allocator_history": True}),
+                _step_empty,
+                "training_step",
+            ),
+            "module_hooks_164": (_profiler(root, "hooks", hooks), _step_model, "training_step"),
+            "module_hooks_164_base": (_profiler(root, "hooks_base", {}), _step_model, "training_step"),
+            "module_hooks_164_every_module": (
+                _every_module(_profiler(root, "hooks_all", hooks)),
+                _step_model,
+                "training_step",
+            ),
         }
         samples: dict[str, list[float]] = {v: [] for v in variants}
         for prof, step, fn in variants.values():  # warm up
@@ -149,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
             "sampler_instead_of_clear_refs": round(med["sampler"] - med["collected"], 1),
             "allocator_history_marks": round(med["history"] - med["collected"], 1),
             "memory_hooks_at_164_modules": round(med["module_hooks_164"] - med["module_hooks_164_base"], 1),
+            "memory_hooks_at_164_modules_every_module_hooked": round(
+                med["module_hooks_164_every_module"] - med["module_hooks_164_base"], 1
+            ),
             "outside_window": round(med["outside"] - med["bare"], 1),
         },
         "goal_us": 200,

@@ -108,6 +108,8 @@ class ModuleHooksCollector(BaseCollector):
         self.state = HookState(saved_tensors)
         self._stack: ModuleStack | None = None
         self.faults = HookFaults(warn)
+        #: Levels below the profiled module that carry the hooks (``None``: every module).
+        self.hook_depth: int | None = HOOK_DEPTH
 
     def _run(self, kind: str, hooks: list[Callable[..., Any]], *args: Any) -> None:
         """Call each hook; one that raises is warned about once and dropped from ``hooks``."""
@@ -138,7 +140,7 @@ class ModuleHooksCollector(BaseCollector):
                 self._on_exit,
                 faults=self.faults,
                 part="collector `memory_hooks` module tracker",
-                max_depth=HOOK_DEPTH,
+                max_depth=self.hook_depth,
             )
             self._stack.install()
         return {}

@@ -57,6 +57,9 @@ def memory_stats_keys() -> list[str]:
     return list(CUDA_MEMORY_STATS)
 
 
+_ZERO_STATS: dict[str, Any] = dict.fromkeys(CUDA_MEMORY_STATS, 0)
+
+
 def load_fixture() -> dict[str, Any]:
     data = json.loads(FIXTURE.read_text())
     data.pop("_comment", None)
@@ -166,7 +169,7 @@ class FakeCudaBackend(CudaBackend):
 
     def memory_stats(self, device: int | None = None) -> dict[str, Any]:
         self.devices_asked.append(device)
-        stats = dict.fromkeys(memory_stats_keys(), 0)
+        stats = _ZERO_STATS.copy()
         stats["allocated_bytes.all.current"] = self.allocated
         stats["allocated_bytes.all.peak"] = max(self.peak, self.allocated)
         return stats

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(variants)
             random.shuffle(order)
             for v in order:
-                calls = args.calls if not v.startswith("module_hooks") else max(10, args.calls // 10)
+                calls = args.calls if not v.startswith("module_hooks") else max(10, args.calls // 3)
                 samples[v].append(_timed(*variants[v], calls))
         for prof, _, _ in variants.values():
             if prof is not None:

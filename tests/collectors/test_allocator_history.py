@@ -186,6 +186,10 @@ def test_every_per_call_view_equals_the_per_call_file_it_replaces(tmp_path):
     recording = load_snapshot(tmp_path / "cuda_alloc_rank_0.window_0.pickle")
     ranges = call_ranges(recording)
     assert [(r.fn, r.call) for r in ranges] == [("train_step", n) for n in (2, 3, 4)]
+    # (and torch's own memory_viz tooling reads it as it is)
+    from torch.cuda import _memory_viz
+
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(recording) and _memory_viz.segsum(recording)
     # AND every call's view at its start and end equals the file written there before
     for (n, phase), snap in old.items():
         view = call_view(recording, find_call(ranges, "train_step", n), phase)

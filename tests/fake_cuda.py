@@ -14,7 +14,13 @@ ring with the allocator's semantics, so every piece of our orchestration runs on
   as ``NativeCachingAllocator::snapshot`` does (``trace()`` before ``snapshot()``): a pickle
   never holds its own marker, only those of earlier snapshots;
 * ``oom(size)`` appends an ``oom`` entry, calls the attached observers (through the real
-  backend's dispatcher) and raises ``torch.OutOfMemoryError``.
+  backend's dispatcher) and raises ``torch.OutOfMemoryError``;
+* ``mark_start(name)`` / ``mark_end(handle)`` append ``START`` / ``END`` entries to
+  ``external_annotations`` on the same clock as the trace while recording, as the allocator
+  does for a user-scope ``record_function``; ``record_memory_history(None)`` clears them.
+* with ``track_blocks=True`` its allocations live in one 1 GiB segment of their own (bump
+  allocated, 512-byte rounded), and ``snapshot()`` lists it with the live blocks, their
+  allocation frames and the free gaps, so a snapshot's end state matches its trace.
 
 Every ``record_memory_history`` call is kept in ``history_calls`` for assertions.
 
@@ -43,6 +49,14 @@ from memprofiler.units import CUDA_MEMORY_STATS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "synthetic_cuda_snapshot.json"
 GIB = 1 << 30
+#: Where the fake's own allocations live (one segment of ``SEGMENT_SIZE`` with ``track_blocks``).
+SEGMENT_ADDR = 0x7F3B00000000
+SEGMENT_SIZE = GIB
+
+
+def round_size(size: int) -> int:
+    """The caching allocator's smallest rounding: a multiple of 512 bytes, at least 512."""
+    return max(512, -(-size // 512) * 512)
 
 
 class SimulatedCrash(BaseException):
@@ -52,6 +66,9 @@ class SimulatedCrash(BaseException):
 def memory_stats_keys() -> list[str]:
     """The flat key set ``torch.cuda.memory_stats()`` documents."""
     return list(CUDA_MEMORY_STATS)
+
+
+_ZERO_STATS: dict[str, Any] = dict.fromkeys(CUDA_MEMORY_STATS, 0)
 
 
 def load_fixture() -> dict[str, Any]:
@@ -127,6 +144,7 @@ class FakeCudaBackend(CudaBackend):
         has_oom_observer: bool = True,
         total: int = 80 * GIB,
         initialized: bool = True,
+        track_blocks: bool = False,
     ) -> None:
         super().__init__()
         self.available = True
@@ -153,7 +171,14 @@ class FakeCudaBackend(CudaBackend):
         self.fail_snapshot: Exception | None = None
         self.snapshots_taken = 0
         self.raw_observers: list[OomObserver] = []
-        self._addr = itertools.count(0x7F3B00000000, 512)
+        self._next_addr = SEGMENT_ADDR
+        self.track_blocks = track_blocks
+        #: ``external_annotations`` recorded so far (cleared when recording stops).
+        self.annotations: list[dict[str, Any]] = []
+        #: Every ``mark_start`` name, recorded or not.
+        self.marks: list[str] = []
+        #: Blocks that play memory allocated before any recording: address -> bytes.
+        self.adopted: dict[int, int] = {}
         self._live: dict[int, tuple[int, list[dict[str, Any]] | None]] = {}
         self._clock = itertools.count(1_732_200_000_000_000, 10)
 
@@ -181,7 +206,7 @@ class FakeCudaBackend(CudaBackend):
         self.devices_asked.append(device)
         if not self.initialized:
             return {}  # torch.cuda.memory_stats before init
-        stats = dict.fromkeys(memory_stats_keys(), 0)
+        stats = _ZERO_STATS.copy()
         stats["allocated_bytes.all.current"] = self.allocated
         stats["allocated_bytes.all.peak"] = max(self.peak, self.allocated)
         return stats
@@ -219,6 +244,7 @@ class FakeCudaBackend(CudaBackend):
         if enabled is None:
             self.ring = None
             self.options = {}
+            self.annotations = []
             return
         if self.ring is None:
             self.ring = AllocatorRing(max_entries)
@@ -238,12 +264,102 @@ class FakeCudaBackend(CudaBackend):
             raise self.fail_snapshot
         self.snapshots_taken += 1
         snap = {
-            "segments": copy.deepcopy(self.fixture["segments"]),
+            "segments": copy.deepcopy(self.fixture["segments"]) + self._own_segment(),
             "device_traces": [self.ring.entries() if self.ring is not None else []],
             "allocator_settings": dict(self.fixture["allocator_settings"]),
+            "external_annotations": [dict(a) for a in self.annotations],
         }
         self._trace("snapshot", addr=0, size=self.allocated)
         return snap
+
+    def adopt(self, addr: int, size: int) -> None:
+        """Play a block of ``size`` bytes at ``addr`` allocated before any recording (no trace
+        entry, no stack), such as a parameter's storage; ``snapshot()`` lists it in a segment
+        of its own."""
+        self.adopted[addr] = size
+
+    def _adopted_segments(self) -> list[dict[str, Any]]:
+        out = []
+        for addr, size in sorted(self.adopted.items()):
+            rounded = round_size(size)
+            block = {
+                "address": addr,
+                "size": rounded,
+                "requested_size": size,
+                "state": "active_allocated",
+                "frames": [],
+            }
+            out.append(
+                {
+                    "device": 0,
+                    "address": addr,
+                    "total_size": rounded,
+                    "allocated_size": rounded,
+                    "active_size": rounded,
+                    "requested_size": size,
+                    "stream": 0,
+                    "segment_type": "small",
+                    "blocks": [block],
+                }
+            )
+        return out
+
+    def _own_segment(self) -> list[dict[str, Any]]:
+        if not self.track_blocks:
+            return self._adopted_segments()
+        blocks: list[dict[str, Any]] = []
+        pos = SEGMENT_ADDR
+        for addr in sorted(self._live):
+            size, frames = self._live[addr]
+            if addr > pos:
+                blocks.append({"address": pos, "size": addr - pos, "requested_size": 0, "state": "inactive"})
+            blocks.append(
+                {
+                    "address": addr,
+                    "size": round_size(size),
+                    "requested_size": size,
+                    "state": "active_allocated",
+                    "frames": copy.deepcopy(frames) if frames is not None else [],
+                }
+            )
+            pos = addr + round_size(size)
+        if pos < SEGMENT_ADDR + SEGMENT_SIZE:
+            blocks.append(
+                {
+                    "address": pos,
+                    "size": SEGMENT_ADDR + SEGMENT_SIZE - pos,
+                    "requested_size": 0,
+                    "state": "inactive",
+                }
+            )
+        live = [b for b in blocks if b["state"] != "inactive"]
+        return [
+            *self._adopted_segments(),
+            {
+                "device": 0,
+                "address": SEGMENT_ADDR,
+                "total_size": SEGMENT_SIZE,
+                "allocated_size": sum(b["size"] for b in live),
+                "active_size": sum(b["size"] for b in live),
+                "requested_size": sum(b["requested_size"] for b in live),
+                "stream": 0,
+                "segment_type": "large",
+                "blocks": blocks,
+            },
+        ]
+
+    def mark_start(self, name: str) -> Any:
+        self.marks.append(name)
+        self._annotate("START", name)
+        return name
+
+    def mark_end(self, handle: Any) -> None:
+        self._annotate("END", str(handle))
+
+    def _annotate(self, stage: str, name: str) -> None:
+        if self.ring is not None:
+            self.annotations.append({"stage": stage, "name": name, "device": 0, "time_us": next(self._clock)})
+            del self.annotations[: -self.ring.max_entries]  # a ring of the history's size, as torch keeps
 
     def oom_observer_unsupported_reason(self) -> str | None:
         if not self.available:
@@ -268,7 +384,8 @@ class FakeCudaBackend(CudaBackend):
 
     def alloc(self, size: int) -> int:
         self._init()  # the first CUDA tensor initialises CUDA
-        addr = next(self._addr)
+        addr = self._next_addr
+        self._next_addr += round_size(size)
         frames = self._frames()
         self._live[addr] = (size, frames)
         self.allocated += size

@@ -29,6 +29,19 @@ def parse_snapshot_key(key: str) -> tuple[int, str, int, str]:
 #: Allocator-history pickle (memory_viz) at the start / end of a collected call; the
 #: ancestor's name.
 CUDA_ALLOC_PICKLE = "cuda_alloc_rank_{rank}.{fn}.{call}.{phase}.pickle"
+#: One allocator-history recording per collected window (part ``n`` of the run, from 0): every
+#: collected call of the window is marked inside it (see :data:`CALL_MARK`), so a call's view is
+#: cut from this one file. memory_viz reads it as it is.
+CUDA_ALLOC_WINDOW_PICKLE = "cuda_alloc_rank_{rank}.window_{n}.pickle"
+#: Beside it: the calls it holds with their boundaries on memprofiler's clock, and the role map
+#: (parameters, gradients, optimizer state, buffers) of the blocks alive when it began.
+CUDA_ALLOC_WINDOW_INDEX = "cuda_alloc_rank_{rank}.window_{n}.json"
+#: The ``format`` field of that file (its writer and its reader check the same tag).
+CUDA_ALLOC_WINDOW_FORMAT = "memprofiler-allocator-window"
+#: Name of the user-scope ``record_function`` that marks a collected call in the recording; the
+#: allocator keeps its ``START`` and ``END`` in the snapshot's ``external_annotations``.
+CALL_MARK = "memprofiler:{fn}:{call}"
+CALL_MARK_PREFIX = "memprofiler:"
 #: OOM flight records; ``n`` counts up from 0 so an earlier record is never overwritten.
 OOM_PICKLE = "oom_rank_{rank}_{n}.pickle"
 OOM_YAML = "oom_rank_{rank}_{n}.yaml"
@@ -36,6 +49,18 @@ OOM_YAML = "oom_rank_{rank}_{n}.yaml"
 
 def cuda_alloc_pickle(rank: int, fn: str, call: int, phase: str) -> str:
     return CUDA_ALLOC_PICKLE.format(rank=rank, fn=fn, call=call, phase=phase)
+
+
+def call_mark(fn: str, call: int) -> str:
+    return CALL_MARK.format(fn=fn, call=call)
+
+
+def parse_call_mark(name: str) -> tuple[str, int] | None:
+    """``("training_step", 3)`` from ``"memprofiler:training_step:3"``; ``None`` for other names."""
+    if not name.startswith(CALL_MARK_PREFIX):
+        return None
+    fn, _, call = name[len(CALL_MARK_PREFIX) :].rpartition(":")
+    return (fn, int(call)) if fn and call.isdigit() else None
 
 
 #: Module-wise tracker reports, one pair (``.log`` + ``.yaml``) per collected call.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pickle
 import warnings
@@ -15,9 +16,10 @@ import yaml
 from torch import nn
 
 from conftest import make_trainer, step_trainer
-from fake_cuda import FakeCudaBackend, load_fixture
+from fake_cuda import SEGMENT_ADDR, FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
-from memprofiler.analysis.snapshot import load_snapshot
+from memprofiler.analysis.snapshot import analyze, load_snapshot
+from memprofiler.analysis.snapshot_calls import call_ranges, call_view, find_call
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.config import MemProfilerConfig, ScheduleConfig
@@ -56,10 +58,20 @@ def _alloc_files(save_dir: Path) -> list[str]:
     return sorted(p.name for p in save_dir.glob("cuda_alloc_rank_*"))
 
 
+def _window_files(n_windows: int, rank: int = 0) -> list[str]:
+    return sorted(
+        f"cuda_alloc_rank_{rank}.window_{n}.{ext}" for n in range(n_windows) for ext in ("pickle", "json")
+    )
+
+
 def _load(path: Path) -> dict:
     data = path.read_bytes()
     assert data[:2] == b"\x80\x04", f"{path.name} is not pickle protocol 4"
     return pickle.loads(data)
+
+
+def _index(save_dir: Path, n: int = 0, rank: int = 0) -> dict:
+    return json.loads((save_dir / f"cuda_alloc_rank_{rank}.window_{n}.json").read_text())
 
 
 def _windows(sched: ScheduleConfig, calls: int) -> int:
@@ -117,41 +129,144 @@ def test_recording_runs_exactly_on_warmup_and_collected_calls(tmp_path, schedule
     opts = {"context": "all", "stacks": "python", "max_entries": 100_000}
     assert fake.history_calls == [("all", opts), (None, {})] * _windows(sched, calls)
     assert fake.ring is None
-    # AND there is one start and one end pickle per collected call, and nothing else
+    # AND there is one recording (and its index) per window, each call marked in it once
+    assert _alloc_files(tmp_path) == _window_files(_windows(sched, calls))
     collected = [n for n in range(1, calls + 1) if action(sched, n).collects]
-    assert _alloc_files(tmp_path) == sorted(
-        f"cuda_alloc_rank_0.train_step.{n}.{phase}.pickle" for n in collected for phase in ("start", "end")
-    )
+    marked = [c["call"] for w in range(_windows(sched, calls)) for c in _index(tmp_path, w)["calls"]]
+    assert marked == collected
+    assert fake.marks == [f"memprofiler:train_step:{n}" for n in collected]
+    # AND snapshots were one per window, when it closed, and the ring's look two calls into a
+    # part; never one at a call's start and end (2 per collected call) as before
+    probes = sum(len(_index(tmp_path, w)["calls"]) > 2 for w in range(_windows(sched, calls)))
+    assert fake.snapshots_taken == _windows(sched, calls) + probes < 2 * len(collected) + 1
 
 
-def test_pickles_hold_exactly_the_history_of_the_window(tmp_path):
-    # GIVEN the default schedule: call 1 warms up, call 2 is collected
-    fake = FakeCudaBackend()
-    prof = MemProfiler(_cfg({}), save_dir=tmp_path, rank=0, cuda=fake)
-    # WHEN three calls run, call n allocating and freeing n * 4 KiB
+def _old_style_run(prof: MemProfiler, fake: FakeCudaBackend, calls: int) -> dict[tuple[int, str], dict]:
+    """Train ``calls`` calls that keep memory across calls, and take the snapshot the per-call
+    collector used to write at the start and at the end of each call, from inside the call.
+
+    Call n allocates (n KiB, kept until call n + 1 frees it) and a temporary of n * 4 KiB; a
+    block allocated before recording began is freed in call 3.
+    """
+    old: dict[tuple[int, str], dict] = {}
+    kept: list[int] = []
+    early = fake.alloc(100 * KIB)  # before the window: no recording, no stack
+    for n in range(1, calls + 1):
+        with prof.profile("train_step"):
+            if fake.ring is not None and n > 1:
+                old[(n, "start")] = fake.snapshot()
+            if kept:
+                fake.free(kept.pop())
+            if n == 3:
+                fake.free(early)
+            kept.append(fake.alloc(n * KIB))
+            fake.free(fake.alloc(n * 4 * KIB))
+            if fake.ring is not None and n > 1:
+                old[(n, "end")] = fake.snapshot()
+    return old
+
+
+def _no_markers(snap: dict) -> dict:
+    """A snapshot without the ``snapshot`` entries its own writing added to the trace."""
+    out = dict(snap)
+    out["device_traces"] = [[e for e in t if e["action"] != "snapshot"] for t in snap["device_traces"]]
+    out.pop("external_annotations", None)
+    return out
+
+
+def test_every_per_call_view_equals_the_per_call_file_it_replaces(tmp_path):
+    # GIVEN a window of calls 1 (warmup) to 4, over an allocator whose segments follow its trace
+    fake = FakeCudaBackend(track_blocks=True)
+    prof = MemProfiler(_cfg({"warmup": 1, "active": 3}), save_dir=tmp_path, rank=0, cuda=fake)
+    # WHEN it trains, the snapshots the old collector wrote being taken in each call as well
     with prof:
-        _run_loop(prof, fake, 3)
-    start = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.start.pickle")
-    end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
-    # THEN the start pickle holds the whole warmup call and nothing of call 2
-    # (the allocator copies the ring before it appends a snapshot's own marker)
-    cycle = ["alloc", "free_requested", "free_completed"]
-    assert fake.actions(start) == cycle
-    assert [e["size"] for e in start["device_traces"][0]] == [4 * KIB] * 3
-    # AND the end pickle adds the start pickle's marker and exactly call 2's 8 KiB
-    # allocation and its free
-    assert fake.actions(end) == [*cycle, "snapshot", *cycle]
-    assert [e["size"] for e in end["device_traces"][0][4:7]] == [8 * KIB] * 3
-    # AND the allocations carry the Python frames of the code that allocated
-    frames = end["device_traces"][0][4]["frames"]
-    assert frames[0]["name"] == "_run_loop" and frames[0]["filename"] == __file__
-    # AND the snapshot keys of the memory_viz format are all there
-    assert set(end) == {"segments", "device_traces", "allocator_settings"}
-    assert end["segments"] == load_fixture()["segments"]
-    # AND the consolidated YAML counts the pickles' entries
+        old = _old_style_run(prof, fake, 5)
+    # THEN one recording was written for the window, with calls 2-4 marked in it
+    assert _alloc_files(tmp_path) == _window_files(1)
+    recording = load_snapshot(tmp_path / "cuda_alloc_rank_0.window_0.pickle")
+    ranges = call_ranges(recording)
+    assert [(r.fn, r.call) for r in ranges] == [("train_step", n) for n in (2, 3, 4)]
+    # (and torch's own memory_viz tooling reads it as it is)
+    from torch.cuda import _memory_viz
+
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(recording) and _memory_viz.segsum(recording)
+    # AND every call's view at its start and end equals the file written there before
+    for (n, phase), snap in old.items():
+        view = call_view(recording, find_call(ranges, "train_step", n), phase)
+        assert _no_markers(view) == _no_markers(snap), (n, phase)
+        # (and so does what the analysis reads from it: peaks, the baseline, stacks, timeline)
+        assert analyze(_no_markers(view)) == analyze(_no_markers(snap))
+    # AND the views hold the known allocations: call 3's end view has its 3 KiB block live
+    # and call 2's freed, its start view call 2's block live, the early block still alive
+    end3 = call_view(recording, find_call(ranges, "train_step", 3), "end")
+    (seg,) = [s for s in end3["segments"] if s["address"] == SEGMENT_ADDR]
+    live = sorted(b["requested_size"] for b in seg["blocks"] if b["state"] != "inactive")
+    assert live == [3 * KIB]
+    start3 = call_view(recording, find_call(ranges, "train_step", 3), "start")
+    (seg,) = [s for s in start3["segments"] if s["address"] == SEGMENT_ADDR]
+    assert sorted(b["requested_size"] for b in seg["blocks"] if b["state"] != "inactive") == [
+        2 * KIB,
+        100 * KIB,
+    ]
+    # AND the stats YAML names the window each call was recorded in
     stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
-    assert stats["0.train_step.2.start"]["allocator_history.entries"] == 3
-    assert stats["0.train_step.2.end"]["allocator_history.entries"] == 7
+    assert {stats[f"0.train_step.{n}.end"]["allocator_history.window"] for n in (2, 3, 4)} == {0}
+
+
+def test_the_recording_is_written_at_flushes_and_when_a_call_raises(tmp_path):
+    # GIVEN a long window (warmup 1, 6 collected) whose flushes may write the recording each time
+    fake = FakeCudaBackend()
+    cfg = _cfg({"warmup": 1, "active": 6}, flush_every_calls=1, flush_interval_s=1e-9)
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    path = tmp_path / "cuda_alloc_rank_0.window_0.pickle"
+    marked_on_disk = []
+    with prof:
+        for _ in range(4):
+            with prof.profile("train_step"):
+                fake.free(fake.alloc(KIB))
+            marked_on_disk.append(len(call_ranges(_load(path))) if path.exists() else 0)
+        # WHEN call 5 raises
+        with pytest.raises(ValueError), prof.profile("train_step"):
+            fake.alloc(7 * KIB)
+            raise ValueError("boom")
+        # THEN the recording on disk already holds it, up to the failure
+        failed = call_ranges(_load(path))[-1]
+        assert (failed.call, failed.end_us is not None) == (5, True)
+        assert _load(path)["device_traces"][0][-1]["size"] == 7 * KIB
+    # AND a process killed after any flush keeps the calls up to it (call 1 warms up)
+    assert marked_on_disk == [0, 1, 2, 3]
+
+
+def test_a_part_is_written_before_the_ring_wraps_past_its_first_call(tmp_path):
+    # GIVEN a ring of 40 entries and a 20-call window, each call recording 9 entries
+    fake = FakeCudaBackend()
+    cfg = _cfg({"warmup": 0, "active": 20}, allocator_history={"max_entries": 40})
+    prof = MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake)
+    with prof:
+        for n in range(1, 21):
+            with prof.profile("train_step"):
+                for k in range(3):
+                    fake.free(fake.alloc((100 * n + k) * 8))
+    # THEN the window was written in parts, each holding every one of its calls in full
+    parts = sorted(tmp_path.glob("cuda_alloc_rank_0.window_*.pickle"))
+    assert len(parts) > 1
+    seen = []
+    for part in parts:
+        recording = _load(part)
+        index = _index(tmp_path, int(part.stem.rsplit("_", 1)[1]))
+        for rng in call_ranges(recording, index):
+            if rng.call in seen or rng.call not in [c["call"] for c in index["calls"]]:
+                continue  # the next part's file still holds the end of this one's ring
+            start = call_view(recording, rng, "start", ring_entries=index["ring_entries"])
+            end = call_view(recording, rng, "end", ring_entries=index["ring_entries"])
+            added = end["device_traces"][0][len(start["device_traces"][0]) :]
+            assert [e["size"] for e in added if e["action"] == "alloc"] == [
+                (100 * rng.call + k) * 8 for k in range(3)
+            ]
+            seen.append(rng.call)
+    assert seen == list(range(1, 21))
+    # AND far fewer snapshots were taken than the 40 of per-call dumps
+    assert fake.snapshots_taken < 20
 
 
 def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):
@@ -166,7 +281,7 @@ def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):
                     fake.free(fake.alloc((i + 1) * KIB))
     # THEN the options reached the allocator and every pickle holds at most the newest 5
     assert fake.history_calls[0] == ("all", {"context": "all", "stacks": "all", "max_entries": 5})
-    end = _load(tmp_path / "cuda_alloc_rank_0.train_step.2.end.pickle")
+    end = _load(tmp_path / "cuda_alloc_rank_0.window_0.pickle")
     trace = end["device_traces"][0]
     assert len(trace) == 5
     # (the newest 5: the 9 KiB free, the 10 KiB alloc and its free)
@@ -199,11 +314,11 @@ def test_recording_stays_on_until_the_last_open_window_closes(tmp_path):
         on_after = _recording_after_each(prof, fake, ["train_step", "val_step", "train_step", "val_step"])
     # THEN train_step's window closing does not stop the recording val_step's window needs
     assert on_after == [True, True, True, False]
-    # AND the recording was started once and stopped once
+    # AND the recording was started once, stopped once and written once, both calls marked in it
     assert [c[0] for c in fake.history_calls] == ["all", None]
-    assert _alloc_files(tmp_path) == sorted(
-        f"cuda_alloc_rank_0.{fn}.2.{p}.pickle" for fn in ("train_step", "val_step") for p in ("start", "end")
-    )
+    assert _alloc_files(tmp_path) == _window_files(1)
+    ranges = call_ranges(_load(tmp_path / "cuda_alloc_rank_0.window_0.pickle"))
+    assert [(r.fn, r.call) for r in ranges] == [("train_step", 2), ("val_step", 2)]
 
 
 def test_separate_windows_of_two_functions_record_separately(tmp_path):
@@ -215,6 +330,8 @@ def test_separate_windows_of_two_functions_record_separately(tmp_path):
     # THEN recording stops between them: two starts, two stops
     assert on_after == [True, False, True, False]
     assert [c[0] for c in fake.history_calls] == ["all", None, "all", None]
+    assert _alloc_files(tmp_path) == _window_files(2)
+    assert [c["fn"] for n in (0, 1) for c in _index(tmp_path, n)["calls"]] == ["a", "b"]
 
 
 def test_users_own_recording_is_left_alone_and_reported_once(tmp_path):
@@ -229,18 +346,21 @@ def test_users_own_recording_is_left_alone_and_reported_once(tmp_path):
     assert fake.history_calls == []
     assert fake.ring is not None and fake.options["max_entries"] == 1000
     assert sum("already on" in str(w.message) for w in record) == 1
-    # AND the pickles of both windows are still written from the user's recording
-    assert len(_alloc_files(tmp_path)) == 4
+    # AND the recording of the window (calls 1-4: warmups and collected calls in a row) is
+    # still written from the user's recording, both collected calls marked in it
+    assert _alloc_files(tmp_path) == _window_files(1)
+    assert [r.key for r in call_ranges(_load(tmp_path / "cuda_alloc_rank_0.window_0.pickle"))] == [
+        "train_step:2",
+        "train_step:4",
+    ]
 
 
 def test_rank_is_in_the_file_names(tmp_path):
     fake = FakeCudaBackend()
     with MemProfiler(_cfg({}), save_dir=tmp_path, rank=3, cuda=fake) as prof:
         _run_loop(prof, fake, 2)
-    assert _alloc_files(tmp_path) == [
-        "cuda_alloc_rank_3.train_step.2.end.pickle",
-        "cuda_alloc_rank_3.train_step.2.start.pickle",
-    ]
+    assert _alloc_files(tmp_path) == _window_files(1, rank=3)
+    assert _index(tmp_path, 0, rank=3)["rank"] == 3
 
 
 def test_no_cuda_warns_once_and_training_goes_on(tmp_path):
@@ -289,8 +409,8 @@ def test_snapshot_failure_switches_history_off_and_stops_recording(tmp_path):
     fake = FakeCudaBackend()
     fake.fail_snapshot = RuntimeError("driver went away")
     prof = MemProfiler(_cfg({"warmup": 1, "active": 2}), save_dir=tmp_path, rank=0, cuda=fake)
-    # WHEN the window opens
-    with pytest.warns(MemProfilerWarning, match="`cuda_allocator_history` failed in start"), prof:
+    # WHEN the window closes
+    with pytest.warns(MemProfilerWarning, match="`cuda_allocator_history` failed in end"), prof:
         _run_loop(prof, fake, 4)
     # THEN recording was stopped at once instead of running on, and training went on
     assert [c[0] for c in fake.history_calls] == ["all", None]
@@ -330,7 +450,7 @@ def test_window_pickles_stay_in_order_after_the_oom_ring_has_wrapped(tmp_path):
                     fake.free(fake.alloc(10 * KIB if n == 3 else (i + 1) * KIB))
     # THEN the end pickle of call 4 is full and strictly in time order, its newest entry being
     # the free of call 4's allocation
-    trace = _load(tmp_path / "cuda_alloc_rank_0.train_step.4.end.pickle")["device_traces"][0]
+    trace = _load(tmp_path / "cuda_alloc_rank_0.window_0.pickle")["device_traces"][0]
     times = [e["time_us"] for e in trace]
     assert times == sorted(times)
     assert len(trace) == 16
@@ -409,15 +529,18 @@ def test_lightning_trainer_writes_pickles_of_the_collected_steps(tmp_path):
     cb = MemProfilerCallback({**cfg, "save_dir": str(tmp_path / "mp")}, cuda=fake)
     # WHEN five steps train
     step_trainer(tmp_path, [cb], 5).fit(_Steps(fake))
-    # THEN steps 2 and 3 have start/end pickles; recording ran from step 1 to the end of step 3
-    assert _alloc_files(tmp_path / "mp") == sorted(
-        f"cuda_alloc_rank_0.training_step.{n}.{p}.pickle" for n in (2, 3) for p in ("start", "end")
-    )
+    # THEN steps 1-3 are one recording; recording ran from step 1 to the end of step 3
+    assert _alloc_files(tmp_path / "mp") == _window_files(1)
     assert [c[0] for c in fake.history_calls] == ["all", None]
-    # AND step 3's end pickle holds the 1, 2 and 3 MiB allocations of steps 1-3, not 4 or 5
-    end = _load(tmp_path / "mp" / "cuda_alloc_rank_0.training_step.3.end.pickle")
-    sizes = [e["size"] for e in end["device_traces"][0] if e["action"] == "alloc"]
-    assert sizes == [1 << 20, 2 << 20, 3 << 20]
+    recording = _load(tmp_path / "mp" / "cuda_alloc_rank_0.window_0.pickle")
+    ranges = call_ranges(recording)
+    assert [r.key for r in ranges] == ["training_step:2", "training_step:3"]
+    # AND step 3's end view holds the 1, 2 and 3 MiB allocations of steps 1-3, not 4 or 5,
+    # and its start view those of steps 1-2
+    for phase, mib in (("end", [1, 2, 3]), ("start", [1, 2])):
+        view = call_view(recording, find_call(ranges, "training_step", 3), phase)
+        sizes = [e["size"] for e in view["device_traces"][0] if e["action"] == "alloc"]
+        assert sizes == [m << 20 for m in mib]
 
 
 # ----------------------------------------------------------------------------- GPU
@@ -445,8 +568,12 @@ def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
     cb = MemProfilerCallback({"cuda_allocator_history": True, "save_dir": str(tmp_path)})
     trainer = make_trainer(tmp_path, [cb], max_steps=4, accelerator="cuda")
     trainer.fit(_CudaMLP())
-    start = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.start.pickle")
-    end = _load(tmp_path / "cuda_alloc_rank_0.training_step.2.end.pickle")
+    recording = _load(tmp_path / "cuda_alloc_rank_0.window_0.pickle")
+    # THEN the allocator kept memprofiler's marks of call 2, on the trace's clock
+    ranges = call_ranges(recording)
+    assert [r.key for r in ranges] == ["training_step:2"] and ranges[0].source == "annotation"
+    start = call_view(recording, ranges[0], "start")
+    end = call_view(recording, ranges[0], "end")
     # THEN the traces hold allocs and completed frees with Python frames
     trace = end["device_traces"][torch.cuda.current_device()]
     actions = {e["action"] for e in trace}
@@ -455,9 +582,12 @@ def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
     # AND the start pickle has fewer entries than the end pickle
     assert sum(map(len, start["device_traces"])) < sum(map(len, end["device_traces"]))
     # AND torch's own memory_viz tooling reads them
-    assert "entries" in _memory_viz.trace(end)
-    assert _memory_viz.segsum(end)
-    assert "Active Memory Timeline" in _memory_viz.trace_plot(end)
+    assert "entries" in _memory_viz.trace(recording)
+    assert _memory_viz.segsum(recording)
+    assert "Active Memory Timeline" in _memory_viz.trace_plot(recording)
+    # AND the parameters alive before the window are named in its index
+    roles = {r["role"] for r in _index(tmp_path)["roles"]}
+    assert {"parameter", "optimizer state"} <= roles
     # AND recording is off after the window
     assert torch._C._cuda_isHistoryEnabled() is False
 

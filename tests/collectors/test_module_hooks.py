@@ -99,3 +99,33 @@ def test_custom_hooks_and_attrs(tmp_path):
     assert calls == ["pre"]  # outermost forward, first entry only
     assert prof.snapshots["0.training_step.1.end"]["batch_rows"] == 5
     assert not hasattr(model, "batch_rows")
+
+
+def test_only_the_first_levels_are_hooked_and_the_outermost_forward_is_seen(tmp_path):
+    # GIVEN a deep model: root -> body -> 3 blocks -> 4 layers each (17 modules below the root)
+    blocks = [torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(4)]) for _ in range(3)]
+    root = torch.nn.Sequential()
+    root.body = torch.nn.Sequential(*blocks)
+    prof = MemProfiler(
+        {
+            "schedule": {"warmup": 0, "active": 3},
+            "enable_memory_hooks": True,
+            "enable_saved_tensors_hooks": False,
+        },
+        save_dir=tmp_path,
+        rank=0,
+        module=root,
+    )
+    hooked = []
+    with prof:
+        for direct in (False, True):
+            with prof.profile("training_step"), torch.no_grad():
+                # WHEN the step runs the root, then one of the first two levels directly
+                (root.body if direct else root)(torch.ones(1, 2))
+                hooked.append(_hook_count(root))
+    # THEN only the root, body and the 3 blocks carry hooks (a pair each), not the 12 layers
+    assert hooked == [2 * 5, 2 * 5]
+    # AND both steps saw their outermost forward
+    stats = load_stats(tmp_path)
+    for call in (1, 2):
+        assert stats[f"0.training_step.{call}.end"]["rss_post_forward"] > 0

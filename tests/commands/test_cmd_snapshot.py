@@ -170,3 +170,64 @@ def test_reading_commands_never_import_torch(snap_file):
     # THEN torch was never imported
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+# ----------------------------------------------------------------------------- one recording per window
+def _window_recording(tmp_path):
+    """A window of calls 2-3 recorded over the fake allocator, call n allocating n * 4 KiB."""
+    import torch
+
+    from fake_cuda import FakeCudaBackend
+    from memprofiler import MemProfiler
+
+    fake = FakeCudaBackend(track_blocks=True)
+    lin = torch.nn.Linear(4, 4)
+    for p in lin.parameters():  # the model's storages: blocks older than the recording
+        fake.adopt(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes())
+    cfg = {
+        "schedule": {"warmup": 1, "active": 2},
+        "cuda_allocator_history": True,
+        "enable_saved_tensors_hooks": False,
+        "collect_funcs": {"default": ["train_step"]},
+    }
+    with MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake, module=lin) as prof:
+        for n in range(1, 5):
+            with prof.profile("train_step"):
+                fake.free(fake.alloc(n * 4096))
+    return tmp_path / "cuda_alloc_rank_0.window_0.pickle"
+
+
+def test_a_call_of_a_window_recording_and_its_explorer(tmp_path, capsys):
+    import json
+
+    path = _window_recording(tmp_path)
+    # WHEN call 3 is asked for at its start and at its end
+    assert main(["snapshot", str(path), "--call", "train_step:3", "--phase", "start"]) == 0
+    start = capsys.readouterr().out
+    out = tmp_path / "w.html"
+    assert main(["snapshot", str(path), "--call", "train_step:3", "--html", str(out)]) == 0
+    end = capsys.readouterr().out
+    # THEN each shows the recording as it stood then: 6 entries before call 3 (calls 1-2), 9 after
+    assert "train_step:3 at its start" in start and "device 0: 6 trace entries" in start
+    assert "train_step:3 at its end" in end and "device 0: 9 trace entries" in end
+    # AND the calls marked in the recording are listed with their entries
+    assert "calls marked in this recording (2): train_step:2 (entries 3-5), train_step:3 (entries 6-8)" in end
+    # AND the blocks older than the recording are the model's parameters, by role
+    assert "parameter" in end and "(no stack recorded)" not in end
+    # AND the explorer carries the calls' entry ranges and opens on call 3
+    meta = json.loads(out.read_text().split("id='mp-meta'>", 1)[1].split("</script>", 1)[0])
+    assert meta["calls"] == [
+        {"key": "train_step:2", "ranges": {"0": [3, 6]}},
+        {"key": "train_step:3", "ranges": {"0": [6, 9]}},
+    ]
+    assert meta["select"] == "train_step:3"
+    assert "parameter `weight`" in meta["strings"] and "parameter `bias`" in meta["strings"]
+
+
+def test_a_call_not_in_the_recording_is_one_clear_line(tmp_path, capsys):
+    path = _window_recording(tmp_path)
+    assert main(["snapshot", str(path), "--call", "train_step:7"]) != 0
+    err = capsys.readouterr().err
+    assert "no call train_step:7 is marked in it (calls marked: train_step:2, train_step:3)" in err
+    assert main(["snapshot", str(path), "--call", "seven"]) != 0
+    assert "expected FUNCTION:CALL" in capsys.readouterr().err

@@ -163,3 +163,28 @@ def test_a_zoomed_view_draws_exactly_the_blocks_of_its_level_that_it_overlaps(re
             ]
             assert drawn == want and want
     assert view.errors == [] and view.offsite == []
+
+
+def test_a_window_recording_opens_on_its_call_with_roles_as_categories(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "commands"))
+    from test_cmd_snapshot import _window_recording
+
+    # GIVEN a window recording over the fake allocator (calls 2-3 marked, a Linear's weight and
+    # bias alive before it began), its explorer opened on call 3
+    path = _window_recording(tmp_path)
+    out = tmp_path / "w.html"
+    assert main(["snapshot", str(path), "--call", "train_step:3", "--html", str(out)]) == 0
+    with open_page(out, wait_ms=0) as view:
+        x = _open(view).eval(
+            "({call: mpExplorer.call, range: mpExplorer.callRange, text: document.body.innerText,"
+            " top: mpExplorer.treeTop, picker: document.getElementById('mp-call').value})"
+        )
+    assert view.errors == [] and view.offsite == []
+    # THEN the page selected call 3 and shades its entries (6 to 8 of the recording)
+    assert x["call"] == "train_step:3" and x["range"] == [6, 9] and x["picker"] == "1"
+    assert "call train_step:3: entries 6 - 8" in x["text"]
+    # AND the live tree lists the blocks older than the recording by role, not as no stack
+    labels = [label for label, _ in x["top"]]
+    assert "parameter" in labels and "(no stack recorded)" not in labels

@@ -19,6 +19,7 @@ from _env import subprocess_env
 from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
+from memprofiler.analysis.snapshot_calls import call_ranges, call_view, find_call
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,16 +73,19 @@ def assert_complete_record(save_dir: Path, done_steps: int, failed_step: int | N
     assert set(stats) == expected
     if failed_step is not None:
         assert stats[f"0.training_step.{failed_step}.end"]["failed"] is True
-    # History ring from set-up on: each step adds alloc + free_requested + free_completed and
-    # two snapshot markers. A pickle is copied before its own marker is appended, so the start
-    # of step k holds 5(k - 1) entries and its end 5k - 1.
+    # One recording for the window, each call marked in it: the view at the end of step n
+    # holds the allocations of steps 1..n, and the failed step's its own up to the failure.
+    recording = _load_pickle(save_dir / "cuda_alloc_rank_0.window_0.pickle")
+    ranges = call_ranges(recording)
     for n in range(1, done_steps + 1):
-        assert stats[f"0.training_step.{n}.start"]["allocator_history.entries"] == 5 * n - 5
-        assert stats[f"0.training_step.{n}.end"]["allocator_history.entries"] == 5 * n - 1
+        assert stats[f"0.training_step.{n}.end"]["allocator_history.window"] == 0
         assert stats[f"0.training_step.{n}.end"]["rss"] > 0
-        end = _load_pickle(save_dir / f"cuda_alloc_rank_0.training_step.{n}.end.pickle")
+        end = call_view(recording, find_call(ranges, "training_step", n), "end")
         allocs = [e["size"] for e in end["device_traces"][0] if e["action"] == "alloc"]
         assert allocs == [k * MIB for k in range(1, n + 1)]
+    if failed_step is not None:
+        end = call_view(recording, find_call(ranges, "training_step", failed_step), "end")
+        assert [e["size"] for e in end["device_traces"][0] if e["action"] == "alloc"][-1] == failed_step * MIB
     # The crash record carries the same snapshots and the whole history to the crash.
     crash = yaml.safe_load((save_dir / "oom_rank_0_0.yaml").read_text())
     assert crash["reason"] == "exception"
@@ -104,9 +108,6 @@ def test_exception_mid_run_leaves_valid_files_of_the_earlier_steps(tmp_path):
     crash = yaml.safe_load((save_dir / "oom_rank_0_0.yaml").read_text())
     assert crash["exception"] == "RuntimeError: injected failure in step 5"
     assert crash["step"] == 4  # four optimizer steps completed
-    # AND the failing step's history up to the failure is in its end pickle
-    end5 = _load_pickle(save_dir / "cuda_alloc_rank_0.training_step.5.end.pickle")
-    assert [e["size"] for e in end5["device_traces"][0] if e["action"] == "alloc"][-1] == 5 * MIB
     # AND recording is off, the observer gone: nothing keeps running after the crash
     assert fake.ring is None
     assert fake._oom_observers == []

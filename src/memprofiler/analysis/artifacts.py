@@ -61,6 +61,8 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "module_yaml": name_pattern(layout.MODULE_MEM_REPORT + ".yaml"),
     "module_log": name_pattern(layout.MODULE_MEM_REPORT + ".log"),
     "alloc": name_pattern(layout.CUDA_ALLOC_PICKLE),
+    "alloc_window": name_pattern(layout.CUDA_ALLOC_WINDOW_PICKLE),
+    "alloc_window_index": name_pattern(layout.CUDA_ALLOC_WINDOW_INDEX),
     "oom_pickle": name_pattern(layout.OOM_PICKLE),
     "oom_yaml": name_pattern(layout.OOM_YAML),
     "manifest": name_pattern(layout.RUN_MANIFEST),
@@ -123,6 +125,16 @@ class AllocPickle:
 
 
 @dataclass
+class AllocWindow:
+    """One recording of a collected window: ``cuda_alloc_rank_{r}.window_{n}.pickle``; its calls
+    and role map are in the ``.json`` beside it (:func:`snapshot_calls.read_index`)."""
+
+    path: Path
+    rank: int
+    n: int
+
+
+@dataclass
 class OomRecord:
     """An OOM flight-recorder dump: ``oom_rank_{r}_{n}.pickle`` and its ``.yaml``."""
 
@@ -142,6 +154,8 @@ class RunArtifacts:
     summary: dict[str, Any] | None = None
     reports: list[ModuleReport] = field(default_factory=list)
     alloc_pickles: list[AllocPickle] = field(default_factory=list)
+    """Per-call pickles, as runs before one recording per window wrote them."""
+    alloc_windows: list[AllocWindow] = field(default_factory=list)
     ooms: list[OomRecord] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     manifest: dict[str, Any] | None = None
@@ -284,6 +298,7 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
     run.reports = sorted(reports.values(), key=lambda r: (r.kind, r.rank, r.fn, r.call))
     run.ooms = sorted(ooms.values(), key=lambda o: (o.rank, o.n))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
+    run.alloc_windows.sort(key=lambda w: (w.rank, w.n))
     return run
 
 
@@ -324,6 +339,10 @@ def _add(
             rep.log_path = path
     elif kind == "alloc":
         run.alloc_pickles.append(AllocPickle(path, int(f["rank"]), f["fn"], int(f["call"]), f["phase"]))
+    elif kind == "alloc_window":
+        run.alloc_windows.append(AllocWindow(path, int(f["rank"]), int(f["n"])))
+    elif kind == "alloc_window_index":
+        return  # read with its recording (snapshot_calls.read_index)
     elif kind in ("oom_pickle", "oom_yaml"):
         rank, n = int(f["rank"]), int(f["n"])
         rec = ooms.setdefault((rank, n), OomRecord(rank, n))

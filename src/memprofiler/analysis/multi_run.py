@@ -70,11 +70,13 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
     for _, run in runs:
         merged.reports.extend(run.reports)
         merged.alloc_pickles.extend(run.alloc_pickles)
+        merged.alloc_windows.extend(run.alloc_windows)
         merged.ooms.extend(run.ooms)
         merged.files.extend(run.files)
     merged.reports.sort(key=lambda r: (r.kind, r.rank, r.fn, r.call))
     merged.ooms.sort(key=lambda o: (o.rank, o.n))
     merged.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
+    merged.alloc_windows.sort(key=lambda w: (w.rank, w.n))
     return merged
 
 

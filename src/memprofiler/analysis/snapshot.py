@@ -35,6 +35,7 @@ from typing import Any
 from memprofiler.analysis import safe_pickle
 from memprofiler.analysis.snapshot_frames import NO_STACK, PYTHON, frame_kind, frame_text, readable
 from memprofiler.analysis.snapshot_lean import LEAN_BYTES, FrameSharer
+from memprofiler.analysis.snapshot_roles import AnnotationSpans, RoleIndex
 from memprofiler.errors import ArtifactError
 
 #: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
@@ -186,7 +187,11 @@ def check_layout(data: Any, source: str) -> dict[str, Any]:
 
 
 def analyze(
-    data: Mapping[str, Any], source: str = "<snapshot>", top: int = 10, points: int = 600
+    data: Mapping[str, Any],
+    source: str = "<snapshot>",
+    top: int = 10,
+    points: int = 600,
+    roles: RoleIndex | None = None,
 ) -> SnapshotAnalysis:
     """Analyse a snapshot dict.
 
@@ -195,6 +200,9 @@ def analyze(
         source: file name for error messages.
         top: how many stack groups to keep per device.
         points: timeline resolution.
+        roles: the role map written beside a recording (:mod:`snapshot_roles`): blocks alive
+            before the trace that it names are grouped by their role (``parameter``,
+            ``optimizer state (exp_avg)``...) instead of as having no stack.
 
     Raises:
         ArtifactError: an entry lacks a field the analysis needs.
@@ -207,15 +215,18 @@ def analyze(
         _refuse_shared(data, source)
         segments = [_segment_info(s, k) for k, s in enumerate(data.get("segments", []))]
         traces = data.get("device_traces", []) or []
+        spans = AnnotationSpans(data.get("external_annotations"))
         devices = []
         seen = set()
         for dev, entries in enumerate(traces):
             if entries:
-                devices.append(_analyze_device(dev, entries, data.get("segments", []), top, points))
+                devices.append(
+                    _analyze_device(dev, entries, data.get("segments", []), top, points, roles, spans)
+                )
                 seen.add(dev)
         # Devices with segments but no trace (history off): the current state is all we know.
         for dev in sorted({s.device for s in segments} - seen):
-            devices.append(_analyze_device(dev, [], data.get("segments", []), top, points))
+            devices.append(_analyze_device(dev, [], data.get("segments", []), top, points, roles))
     except _BadField as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
     except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
@@ -287,6 +298,8 @@ def _analyze_device(
     segments: Sequence[Mapping[str, Any]],
     top: int,
     points: int,
+    roles: RoleIndex | None = None,
+    spans: AnnotationSpans | None = None,
 ) -> DeviceAnalysis:
     n = len(entries)
     # ---- pass 1: running totals relative to the trace start, their peaks, a bucketed timeline
@@ -376,12 +389,27 @@ def _analyze_device(
     # Trace sizes are requested bytes, so the blocks count theirs too (not the rounded size).
     baseline = pre_freed_bytes + sum(_requested(b) for b in pre_alive)
     pre_live_at_peak.extend(pre_alive)
+    if roles is not None:
+        # Blocks older than the trace that the role map names: grouped by their role.
+        pre_live_at_peak = [
+            b if (f := roles.category_frames(b.get("addr", b.get("address")))) is None else {**b, "frames": f}
+            for b in pre_live_at_peak
+        ]
 
     res_baseline = max(end_reserved - res, -res_min)
 
+    at_peak: list[Mapping[str, Any]] = list(live_at_peak.values())
+    if spans:
+        # Allocations with no Python stack (the autograd engine's thread): named by their span.
+        bare = [k for k, e in enumerate(at_peak) if not e.get("frames")]
+        bare.sort(key=lambda k: at_peak[k].get("time_us") or 0)
+        for k, name in zip(bare, spans.names(at_peak[k].get("time_us") or 0 for k in bare), strict=True):
+            f = spans.frames(name)
+            if f is not None:
+                at_peak[k] = {**at_peak[k], "frames": f}
     groups: dict[tuple[str, ...], StackGroup] = {}
     frame_cache: dict[int, tuple[str, ...]] = {}
-    for block in [*live_at_peak.values(), *pre_live_at_peak]:
+    for block in [*at_peak, *pre_live_at_peak]:
         frames_obj = block.get("frames")
         key = frame_cache.get(id(frames_obj)) if frames_obj is not None else None
         if key is None:

@@ -14,9 +14,18 @@ they say nothing. Here each frame gets a kind:
   functions), shown after the Python frames.
 
 torch's own Python wrappers that every module call or decorated function passes through
-(``Module._call_impl``, ``_wrapped_call_impl``, ``_contextlib``'s ``decorate_context``) are
-``PYTHON | INTERNAL``: hidden like the C++ internals, so a stack reads ``forward`` to
-``forward`` instead of alternating with them.
+(``Module._call_impl``, ``_wrapped_call_impl``, ``inner`` when hooks are registered,
+``_contextlib``'s ``decorate_context``, the optimizer's step wrappers, dynamo's disable
+wrappers) are ``PYTHON | INTERNAL``: hidden like the C++ internals, so a stack reads
+``forward`` to ``forward`` instead of alternating with them.
+
+Frames of the code that *dispatches* to the user's code are ``PYTHON | INTERNAL | DISPATCH``:
+memprofiler's own (its ``@memprofilable`` wrapper, its CLI), Lightning's trainer, loops,
+strategies and hooks, and jsonargparse's. They are hidden too, and they also bound the label:
+a block is labelled by the user's code called *below* the first dispatch frame
+(``training_step (demo.py)``, ``forward (demo.py)``), else by the library code there
+(``_multi_tensor_adam (adam.py)`` for optimizer state), and only when there is none by the
+user's code above it (the script's ``main``), never by a dispatch frame.
 """
 
 from __future__ import annotations
@@ -30,6 +39,14 @@ PYTHON = 1
 USER = 2
 INTERNAL = 4
 CPP = 8
+#: A frame of code that calls the user's code (memprofiler, Lightning, jsonargparse); always
+#: with ``INTERNAL``.
+DISPATCH = 16
+#: A synthetic frame naming a block's role (parameter, optimizer state...; see
+#: :mod:`snapshot_roles`); always with ``PYTHON | USER`` so it is shown and labels the block.
+ROLE = 32
+#: ``filename`` of those frames (:data:`memprofiler.analysis.snapshot_roles.ROLE_FILE`).
+_ROLE_FILE = "<memprofiler role>"
 
 #: Label of a block whose stack the snapshot lacks.
 NO_STACK = "(no stack recorded)"
@@ -79,15 +96,47 @@ _INTERNAL_CPP = re.compile(
 _LIBRARY_PY = re.compile(r"(/site-packages/|/dist-packages/|/lib/python\d[\d.]*/|^<)")
 # torch's Python plumbing between a caller and the code it calls: (file ending, function).
 _PLUMBING_PY = (
-    ("torch/nn/modules/module.py", frozenset({"_call_impl", "_wrapped_call_impl"})),
+    ("torch/nn/modules/module.py", frozenset({"_call_impl", "_wrapped_call_impl", "inner"})),
     ("torch/utils/_contextlib.py", frozenset({"decorate_context"})),
+    ("torch/utils/hooks.py", frozenset({"hook", "_pack_with_none", "_unpack_none", "setup_input_hook"})),
+    ("torch/optim/optimizer.py", frozenset({"wrapper", "_use_grad", "maybe_fallback"})),
+    ("torch/_dynamo/eval_frame.py", frozenset({"_fn"})),
+    ("torch/_compile.py", frozenset({"inner"})),
 )
+# Packages that dispatch to the user's code: Lightning (both namespaces), jsonargparse.
+_DISPATCH_PY = re.compile(
+    r"/(lightning/(pytorch|fabric)|pytorch_lightning|lightning_fabric|lightning_utilities|jsonargparse)/"
+)
+
+
+def _own_modules() -> re.Pattern[str]:
+    """memprofiler's own files, installed or in a source checkout: ``.../memprofiler/<its module>``.
+
+    Built from the package's own entries, so a user's project that merely sits in a directory
+    named ``memprofiler`` (``memprofiler/examples/demo.py``) stays the user's code.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(here)
+    names = sorted(
+        re.escape(n[:-3] if n.endswith(".py") else n)
+        for n in os.listdir(package)
+        if (n.endswith(".py") or os.path.isdir(os.path.join(package, n))) and not n.startswith((".", "_"))
+    )
+    names += ["__init__", "__main__", "_version"]
+    return re.compile(r"(^|/)memprofiler/(" + "|".join(names) + r")(/|\.py$)")
+
+
+_OWN_PY = _own_modules()
 _ARGS = re.compile(r"\(.*\)(\s*(const|\[clone [^]]*\]))*\s*$")
 
 
 def frame_kind(name: str, filename: str) -> int:
-    """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``)."""
+    """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``, ``DISPATCH``, ``ROLE``)."""
+    if filename == _ROLE_FILE:
+        return PYTHON | USER | ROLE
     if filename.endswith(".py"):
+        if _OWN_PY.search(filename) or _DISPATCH_PY.search(filename):
+            return PYTHON | INTERNAL | DISPATCH
         if not _LIBRARY_PY.search(filename):
             return PYTHON | USER
         for ending, names in _PLUMBING_PY:
@@ -111,6 +160,8 @@ def frame_text(frame: Mapping[str, Any], kind: int | None = None) -> str:
     filename = str(frame.get("filename", "?"))
     if kind is None:
         kind = frame_kind(name, filename)
+    if kind & ROLE:
+        return name
     if kind & PYTHON:
         return f"{name} ({os.path.basename(filename)}:{frame.get('line', '?')})"
     base = os.path.basename(filename)
@@ -137,10 +188,24 @@ def readable(frames: Sequence[Mapping[str, Any]] | None) -> list[Mapping[str, An
 
 
 def label_index(kinds: Sequence[int]) -> int:
-    """Which frame labels a block: the first of the user's code, else the first Python frame,
-    else the first C++ frame that is not internal, else the first frame; ``-1`` for no frames."""
+    """Which frame labels a block; ``-1`` for no frames.
+
+    Below the first dispatch frame (the code that was called by Lightning, memprofiler or
+    jsonargparse): the first of the user's code, else the first Python frame, else the first
+    C++ frame that is not internal. With none there, the first of the user's code above it
+    (the script that started training), then any frame that is not internal, else the first.
+    """
+    if not kinds:
+        return -1
+    cut = next((i for i, k in enumerate(kinds) if k & DISPATCH), len(kinds))
     for want in (USER, PYTHON, CPP):
-        for i, k in enumerate(kinds):
+        for i in range(cut):
+            k = kinds[i]
             if k & want and not k & INTERNAL:
                 return i
-    return 0 if kinds else -1
+    for want in (USER, PYTHON, CPP):
+        for i in range(cut, len(kinds)):
+            k = kinds[i]
+            if k & want and not k & INTERNAL:
+                return i
+    return 0

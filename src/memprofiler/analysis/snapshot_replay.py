@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from memprofiler.analysis.snapshot_frames import frame_kind, label_index
+from memprofiler.analysis.snapshot_roles import AnnotationSpans, RoleIndex
 
 _LIVE_STATES = ("active_allocated", "active_pending_free")
 _RESERVE = ("segment_alloc", "segment_map")
@@ -176,8 +177,13 @@ class DeviceReplay:
         return np.nonzero((self.start <= t) & (t < self.end))[0]
 
 
-def replay(data: Mapping[str, Any], table: StackTable) -> list[DeviceReplay]:
+def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None = None) -> list[DeviceReplay]:
     """Every device of a checked ``_snapshot()`` dict (see :func:`snapshot.check_layout`).
+
+    ``roles`` (the role map beside a recording) names the blocks older than the trace: their
+    stack is then the role's synthetic frames (category, then the tensor), see :mod:`snapshot_roles`.
+    An allocation recorded with no Python stack is named by the ``record_function`` span it
+    was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
 
     Raises:
         KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
@@ -187,7 +193,11 @@ def replay(data: Mapping[str, Any], table: StackTable) -> list[DeviceReplay]:
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     devices = sorted({d for d, t in enumerate(traces) if t} | {s.get("device", 0) for s in segments})
-    return [_replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table) for dev in devices]
+    spans = AnnotationSpans(data.get("external_annotations"))
+    return [
+        _replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table, roles, spans)
+        for dev in devices
+    ]
 
 
 def _pick(entries: Sequence[Mapping[str, Any]], idx: np.ndarray) -> list[Mapping[str, Any]]:
@@ -199,7 +209,12 @@ def _ints(values: Any) -> np.ndarray:
 
 
 def _replay_device(
-    dev: int, entries: Sequence[Mapping[str, Any]], segments: Sequence[Mapping[str, Any]], table: StackTable
+    dev: int,
+    entries: Sequence[Mapping[str, Any]],
+    segments: Sequence[Mapping[str, Any]],
+    table: StackTable,
+    roles: RoleIndex | None = None,
+    spans: AnnotationSpans | None = None,
 ) -> DeviceReplay:
     # Column by column rather than entry by entry: each field is read by a C-level map over the
     # entries, and allocations are paired with their frees by sorting the events by address.
@@ -235,7 +250,20 @@ def _replay_device(
     both = np.concatenate([a_idx, f_idx[pre]])
     by_time = np.argsort(both, kind="stable")
     sids = np.empty(both.size, dtype=np.int64)
-    sids[by_time] = list(map(table.intern, map(_GET_FRAMES, _pick(entries, both[by_time]))))
+    picked = _pick(entries, both[by_time])
+    frames_of: list[Any] = list(map(_GET_FRAMES, picked))
+    is_pre = (by_time >= na).tolist()
+    if roles is not None:  # a block freed in the trace but older than it may be named by the role map
+        for p, older in enumerate(is_pre):
+            named = roles.frames(picked[p].get("addr")) if older else None
+            if named is not None:
+                frames_of[p] = named
+    if spans:  # an allocation with no Python stack: named by the span it was made in
+        bare = [p for p, f in enumerate(frames_of) if not f and not is_pre[p]]
+        names = spans.names(picked[p].get("time_us") or 0 for p in bare)
+        for p, name in zip(bare, names, strict=True):
+            frames_of[p] = spans.frames(name) or frames_of[p]
+    sids[by_time] = list(map(table.intern, frames_of))
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}
@@ -268,7 +296,8 @@ def _replay_device(
                 end_size.append(int(blk.get("requested_size", blk["size"])))
                 end_addr.append(blk["address"])
                 end_stream.append(s.get("stream", 0))
-                end_stack.append(table.intern(blk.get("frames")))
+                named = roles.frames(blk["address"]) if roles is not None else None
+                end_stack.append(table.intern(named or blk.get("frames")))
     # Blocks in allocation order: those older than the trace (freed in it, then alive at its
     # end), then the trace's allocations.
     k_pre, k_end = len(pre_frees), len(end_size)

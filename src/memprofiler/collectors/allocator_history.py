@@ -1,32 +1,58 @@
-"""CUDA allocator history for pytorch.org/memory_viz, recorded only on the schedule's window.
+"""CUDA allocator history for memory_viz: one recording per collected window, calls marked in it.
 
 Recording starts on the first warmup call of a collected function (or at the start of its
 first collected call when the schedule has no warmup), so the first collected call is
 covered in full. It stops when no collected window of any function remains open; it never
-runs for the whole training run. At the start and at the end of every collected call the
-allocator snapshot is written to ``cuda_alloc_rank_{rank}.{fn}.{call}.{start|end}.pickle``
-with pickle protocol 4 (memory_viz rejects 5), atomically. The ``end`` pickle is written
-also when the call raised: it then holds the history up to the failure.
+runs for the whole training run.
 
-Cost: recording adds about 2 us per allocation with ``stacks="python"``; each dump copies
-the ring (``max_entries``) from the allocator and pickles it, so it is paid twice per
-collected call and nowhere else.
+Each collected call is *marked* inside the recording, not copied out of it: its start and end
+are the ``START``/``END`` annotations of a user-scope ``record_function`` named
+``memprofiler:{fn}:{call}``, which the allocator keeps in the snapshot's
+``external_annotations`` on the clock of its own trace (:meth:`CudaBackend.mark_start`). When
+the last open window closes, the recording is written once, to
+``cuda_alloc_rank_{rank}.window_{n}.pickle`` (pickle protocol 4, which memory_viz needs,
+atomically), with ``cuda_alloc_rank_{rank}.window_{n}.json`` beside it: the calls it holds
+(with their boundaries on memprofiler's own clock too, for a torch that keeps no annotations)
+and the role map of the blocks alive when the window began (:mod:`block_roles`). A call's view
+(:mod:`memprofiler.analysis.snapshot_calls`) is cut from that file.
+
+Nothing is lost: the recording is also written when a collected call raises, when training
+ends in an exception (the OOM recorder writes its own pickle at the OOM itself), and at the
+profiler's flushes once ``flush_interval_s`` has passed since the last write, so a process
+killed later keeps the history up to then. Before the ring can wrap past a part's first call,
+the part is written and the next calls go to part ``n + 1``: two calls into a part the ring is
+looked at (one snapshot) to learn the entries per call, and again before the part can fill
+80% of it at that rate.
+
+Cost per collected call: two annotations (about 25 us on CPU together), instead of a
+snapshot copy and pickle of the whole ring at its start and end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from memprofiler import layout
-from memprofiler.collectors.base import BaseCollector, CallContext, ProfilerView
+from memprofiler.collectors.base import BaseCollector, CallContext, CallId, ProfilerView
+from memprofiler.collectors.block_roles import role_map
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
-from memprofiler.output.writers import write_pickle
+from memprofiler.output.writers import write_json, write_pickle
 
 #: Prefix of this collector's holders in :class:`HistoryRecording`, one per open window.
 WINDOW_HOLDER = "window:"
+#: Format version of the window index file.
+INDEX_VERSION = 1
+#: The first look at the ring in a part, after this many calls: it measures entries per call.
+FIRST_PROBE = 2
+#: Fraction of the ring a part may fill before the next part starts.
+ROLL_AT = 0.8
 
 
 def trace_entries(snapshot: Mapping[str, Any]) -> int:
@@ -34,8 +60,12 @@ def trace_entries(snapshot: Mapping[str, Any]) -> int:
     return sum(len(trace) for trace in snapshot.get("device_traces", ()))
 
 
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
 class AllocatorHistoryCollector(BaseCollector):
-    """Writes memory_viz pickles at the start and end of collected calls.
+    """Marks collected calls in one allocator recording per window and writes it once.
 
     Args:
         backend: the CUDA seam.
@@ -45,35 +75,92 @@ class AllocatorHistoryCollector(BaseCollector):
 
     name = "cuda_allocator_history"
 
-    def __init__(self, backend: CudaBackend, recording: HistoryRecording, options: HistoryOptions) -> None:
+    def __init__(
+        self,
+        backend: CudaBackend,
+        recording: HistoryRecording,
+        options: HistoryOptions,
+        flush_interval_s: float = 60.0,
+    ) -> None:
         self._backend = backend
         self._recording = recording
         self._options = options
         self._save_dir: Path | None = None
+        self._rank = 0
+        self._module: nn.Module | None = None
+        self._ctx_module: nn.Module | None = None
+        self._optimizers: Sequence[torch.optim.Optimizer] = ()
+        self._part = -1
+        self._parts_written = 0
+        self._calls: list[dict[str, Any]] = []
+        self._roles: list[dict[str, Any]] = []
+        self._open: dict[CallId, tuple[Any, dict[str, Any]]] = {}
+        self._dirty = False
+        self._flush_interval_s = flush_interval_s
+        self._last_write = time.monotonic()
+        #: Calls in the part after which the ring is looked at again (see _plan_probe).
+        self._probe_at: int | None = FIRST_PROBE
         recording.plan(options)
 
     def bind(self, view: ProfilerView) -> None:
         """Learn where to write; called once by the profiler at set-up."""
         self._save_dir = view.save_dir
+        self._rank = view.rank
+
+    def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """The model and optimizers whose blocks are named at each window's start."""
+        self._module = module
+        self._optimizers = list(optimizers)
+
+    @property
+    def part(self) -> int:
+        """Number of the recording file the current window writes (``-1`` before the first)."""
+        return self._part
 
     def warmup(self, ctx: CallContext) -> None:
-        self._recording.acquire(WINDOW_HOLDER + ctx.fn_name, self._options)
+        self._hold(ctx)
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
-        self._recording.acquire(WINDOW_HOLDER + ctx.fn_name, self._options)
-        return self._write(ctx, "start")
+        self._hold(ctx)
+        call = {"fn": ctx.fn_name, "call": ctx.call, "start_us": _now_us(), "end_us": None, "ok": None}
+        handle = self._backend.mark_start(layout.call_mark(ctx.fn_name, ctx.call))
+        self._open[ctx.call_id] = (handle, call)
+        self._calls.append(call)
+        self._dirty = True
+        return {}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
-        try:
-            return self._write(ctx, "end")
-        finally:
-            if ctx.closes_window:
-                self._recording.release(WINDOW_HOLDER + ctx.fn_name)
+        handle, call = self._open.pop(ctx.call_id, (None, None))
+        if call is not None:
+            self._backend.mark_end(handle)
+            call["end_us"], call["ok"] = _now_us(), ok
+        metrics = {"allocator_history.window": self._part}
+        if ctx.closes_window:
+            holder = WINDOW_HOLDER + ctx.fn_name
+            try:
+                if self.open_windows() == {ctx.fn_name}:
+                    self._write(closing=True)  # the last open window closes: the recording, once
+            finally:
+                self._recording.release(holder)
+        elif not ok:
+            self._write()  # the call raised: keep the history up to the failure now
+        elif self._probe_at is not None and len(self._calls) >= self._probe_at:
+            self._write()  # the ring may soon wrap past this part's first call
+        return metrics
+
+    def dump(self) -> list[Path]:
+        """The profiler flushes its files: write the recording if a call was marked since the
+        last write and ``flush_interval_s`` has passed (a snapshot copies the whole ring)."""
+        if self._dirty and time.monotonic() - self._last_write >= self._flush_interval_s:
+            return self._write()
+        return []
 
     def crash(self, exc: BaseException) -> list[Path]:
-        """Training is over: stop recording for every open window."""
-        self._release_windows()
-        return []
+        """Training is over: write the open window's recording, then stop recording."""
+        try:
+            return self._write() if self.open_windows() or self._dirty else []
+        finally:
+            self._release_windows()
 
     def close(self) -> None:
         self._release_windows()
@@ -83,16 +170,94 @@ class AllocatorHistoryCollector(BaseCollector):
         n = len(WINDOW_HOLDER)
         return frozenset(h[n:] for h in self._recording.holders() if h.startswith(WINDOW_HOLDER))
 
+    # ------------------------------------------------------------------ internals
+    def _hold(self, ctx: CallContext) -> None:
+        """Make sure the recording runs for ``ctx``'s window; the first window opens a part."""
+        if not self.open_windows():
+            self._new_part(ctx.module)
+        self._recording.acquire(WINDOW_HOLDER + ctx.fn_name, self._options)
+
+    def _new_part(self, module: nn.Module | None = None) -> None:
+        self._part = self._parts_written
+        self._parts_written += 1
+        self._calls = [c for _, c in self._open.values()]
+        self._dirty = bool(self._calls)
+        self._probe_at = FIRST_PROBE
+        if module is not None:
+            self._ctx_module = module
+        # The blocks alive now are the ones the recording will show without a stack.
+        self._roles = role_map(
+            self._module if self._module is not None else self._ctx_module, self._optimizers
+        )
+
     def _release_windows(self) -> None:
         for fn in self.open_windows():
             self._recording.release(WINDOW_HOLDER + fn)
 
-    def _write(self, ctx: CallContext, phase: str) -> dict[str, Any]:
+    def _write(self, closing: bool = False) -> list[Path]:
         if self._save_dir is None:
             raise RuntimeError("allocator-history collector used before the profiler bound it")
+        if self._part < 0:
+            return []
         snap = self._backend.snapshot()
-        name = layout.cuda_alloc_pickle(ctx.rank, ctx.fn_name, ctx.call, phase)
+        pickle_name = layout.CUDA_ALLOC_WINDOW_PICKLE.format(rank=self._rank, n=self._part)
+        index_name = layout.CUDA_ALLOC_WINDOW_INDEX.format(rank=self._rank, n=self._part)
+        entries = trace_entries(snap)
         # plain=False: the snapshot is already plain data, and memory_viz needs it verbatim.
-        write_pickle(self._save_dir / name, snap, plain=False)
-        # Numbers only in the snapshot; the pickle's name follows from the snapshot key.
-        return {"allocator_history.entries": trace_entries(snap)}
+        written = [write_pickle(self._save_dir / pickle_name, snap, plain=False)]
+        index = {
+            "format": layout.CUDA_ALLOC_WINDOW_FORMAT,
+            "version": INDEX_VERSION,
+            "rank": self._rank,
+            "window": self._part,
+            "pickle": pickle_name,
+            "ring_entries": self._recording.ring_entries,
+            "trace_entries": entries,
+            "calls": [dict(c) for c in self._calls],
+            "roles": self._roles,
+        }
+        written.append(write_json(self._save_dir / index_name, index))
+        self._dirty = False
+        self._last_write = time.monotonic()
+        if not closing and self.open_windows():
+            self._plan_probe(snap)
+        return written
+
+    def _plan_probe(self, snap: Mapping[str, Any]) -> None:
+        """Start the next part now, or plan when to look at the ring again.
+
+        A part's file holds all of its calls while the entries recorded since its first call
+        fit the ring. At this write there are ``e`` of them over ``k`` calls: at 80% of the
+        ring a new part starts (the next call is its first); below, the ring is looked at
+        again after nine tenths of the calls that would take ``e`` there at this rate.
+        """
+        ring = self._recording.ring_entries
+        if not ring:
+            self._probe_at = None  # the user's ring: its size is unknown
+            return
+        first = next((c["start_us"] for c in self._calls), None)
+        marks = {layout.call_mark(c["fn"], c["call"]) for c in self._calls[:1]}
+        for a in snap.get("external_annotations") or ():
+            if isinstance(a, Mapping) and a.get("name") in marks and a.get("stage") == "START":
+                first = a.get("time_us") if type(a.get("time_us")) is int else first
+                break
+        e = max((_entries_since(t, first) for t in snap.get("device_traces", ())), default=0)
+        k = max(1, len(self._calls))
+        if e >= ROLL_AT * ring:
+            self._new_part()
+            return
+        per_call = max(1.0, e / k)
+        self._probe_at = k + max(1, int((ROLL_AT * ring - e) / per_call * 0.9))
+
+
+def _entries_since(trace: Sequence[Mapping[str, Any]], t_us: int | None) -> int:
+    """Entries of ``trace`` at or after ``t_us`` (all when unknown or the times are not ours)."""
+    if t_us is None or not trace:
+        return len(trace)
+    n = 0
+    for entry in reversed(trace):
+        t = entry.get("time_us")
+        if type(t) is int and t < t_us:
+            break
+        n += 1
+    return n

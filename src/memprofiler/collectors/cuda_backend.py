@@ -185,6 +185,23 @@ class CudaBackend:
         self._require_initialized("_cuda_memorySnapshot")
         return dict(torch.cuda.memory._snapshot())
 
+    # ------------------------------------------------------------ call marks
+    def mark_start(self, name: str) -> Any:
+        """Open a user-scope ``record_function`` named ``name``; return its handle.
+
+        While history is recorded the caching allocator keeps every user-scope record
+        function's start and end, with the time of its own trace clock, in the snapshot's
+        ``external_annotations`` (``{"stage": "START", "name", "device", "time_us"}``): one
+        annotation marks a point of the recording without copying it. Profilers see the same
+        span. Close it with :meth:`mark_end`, also when the code between raised.
+        """
+        return torch.ops.profiler._record_function_enter_new(name, None)
+
+    def mark_end(self, handle: Any) -> None:
+        """Close a span opened by :meth:`mark_start` (its ``END`` annotation)."""
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.ops.profiler._record_function_exit._RecordFunction(handle)
+
     # ------------------------------------------------------------ OOM observer
     def oom_observer_unsupported_reason(self) -> str | None:
         """Why no out-of-memory observer can be attached here, or ``None`` when one can."""

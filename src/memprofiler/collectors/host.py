@@ -4,7 +4,8 @@ Two peak methods:
 
 * ``clear_refs`` (Linux): writing ``5`` to ``/proc/self/clear_refs`` resets the kernel's
   RSS high-water mark; ``VmHWM`` in ``/proc/self/status`` is then the exact peak since the
-  reset. No thread, no sampling error. Costs two small procfs accesses per call.
+  reset. No thread, no sampling error. Costs two small procfs accesses per call, on files
+  kept open (as ``/proc/self/statm`` for RSS and VMS): no open, no psutil per call.
 * ``sampler``: a daemon thread polls RSS every ``interval_ms`` while a collected call runs,
   and sleeps (no GIL held) in between. It only exists during collected calls. It can miss a
   peak shorter than the interval.
@@ -12,6 +13,8 @@ Two peak methods:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +44,47 @@ def _read_hwm() -> int | None:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return None
+
+
+_STATM = "/proc/self/statm"
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class _Procfs:
+    """``/proc/self`` files kept open and re-read with ``pread`` (reopened after a fork)."""
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._fds: dict[str, int] = {}
+
+    def _fd(self, path: str, flags: int) -> int:
+        if self._pid != os.getpid():
+            self.close()
+            self._pid = os.getpid()
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, flags)
+        return fd
+
+    def reset_hwm(self) -> None:
+        os.write(self._fd(_CLEAR_REFS, os.O_WRONLY), b"5")
+
+    def hwm(self) -> int | None:
+        data = os.pread(self._fd(_STATUS, os.O_RDONLY), 1 << 16, 0)
+        at = data.find(b"VmHWM:")
+        if at < 0:
+            return None
+        return int(data[at + 6 : data.index(b"kB", at)]) * 1024
+
+    def rss_vms(self) -> tuple[int, int]:
+        size, resident = os.pread(self._fd(_STATM, os.O_RDONLY), 128, 0).split()[:2]
+        return int(resident) * _PAGE, int(size) * _PAGE
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
 
 
 class _Sampler(threading.Thread):
@@ -75,18 +119,25 @@ class HostCollector(BaseCollector):
         self._interval_s = interval_ms / 1000.0
         self._proc = psutil.Process()
         self._sampler: _Sampler | None = None
+        self._procfs = _Procfs() if self.method == "clear_refs" else None
+
+    def _memory(self) -> tuple[int, int]:
+        """``(rss, vms)``: from the open ``statm`` with clear_refs (Linux), else psutil."""
+        if self._procfs is not None:
+            return self._procfs.rss_vms()
+        mem = self._proc.memory_info()
+        return mem.rss, mem.vms
 
     def _begin_peak(self) -> None:
-        if self.method == "clear_refs":
-            with open(_CLEAR_REFS, "w") as f:
-                f.write("5")
+        if self._procfs is not None:
+            self._procfs.reset_hwm()
         else:
             self._sampler = _Sampler(self._proc, self._interval_s)
             self._sampler.start()
 
     def _end_peak(self, rss_end: int) -> int:
-        if self.method == "clear_refs":
-            hwm = _read_hwm()
+        if self._procfs is not None:
+            hwm = self._procfs.hwm()
             return max(hwm or 0, rss_end)
         assert self._sampler is not None
         peak = self._sampler.stop()
@@ -95,20 +146,22 @@ class HostCollector(BaseCollector):
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
         self._begin_peak()
-        mem = self._proc.memory_info()
-        ctx.scratch["host.rss_start"] = mem.rss
-        return {metrics.RSS: mem.rss, metrics.VMS: mem.vms}
+        rss, vms = self._memory()
+        ctx.scratch["host.rss_start"] = rss
+        return {metrics.RSS: rss, metrics.VMS: vms}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
-        mem = self._proc.memory_info()
-        peak = self._end_peak(mem.rss)
+        rss, vms = self._memory()
+        peak = self._end_peak(rss)
         return {
-            metrics.RSS: mem.rss,
-            metrics.VMS: mem.vms,
+            metrics.RSS: rss,
+            metrics.VMS: vms,
             metrics.RSS_PEAK: max(peak, ctx.scratch.get("host.rss_start", 0)),
         }
 
     def close(self) -> None:
+        if self._procfs is not None:
+            self._procfs.close()
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None

@@ -29,7 +29,9 @@ class ModuleStack:
     ``on_enter`` / ``on_exit`` get ``(module, label, depth, args[, output])`` where ``depth``
     counts the tracked modules already running, so ``depth == 0`` is an outermost forward even
     when the caller ran a submodule directly instead of ``root(...)``. The module list is
-    taken when installed.
+    taken when installed. ``max_depth`` hooks only the modules at most that many levels below
+    ``root`` (``root`` itself is level 0): enough to see an outermost forward, at a few hooks
+    instead of one pair per module.
 
     An exception in ``on_enter`` / ``on_exit`` is reported to ``faults`` as ``part`` and the
     stack stops calling them (the hooks stay until :meth:`remove`): training goes on.
@@ -43,8 +45,10 @@ class ModuleStack:
         labels: dict[int, str] | None = None,
         faults: HookFaults | None = None,
         part: str = "module tracker",
+        max_depth: int | None = None,
     ) -> None:
         self._root = root
+        self._max_depth = max_depth
         self._on_enter = on_enter
         self._on_exit = on_exit
         self._handles: list[RemovableHandle] = []
@@ -69,7 +73,9 @@ class ModuleStack:
             self._labels = module_labels(self._root)
         for mod in self._root.modules():
             label = self._labels.get(id(mod))
-            if label is None:
+            if label is None or (
+                self._max_depth is not None and label != ROOT_NAME and label.count(".") >= self._max_depth
+            ):
                 continue
             # The label is bound into the hook: no lookup per module call.
             self._handles.append(mod.register_forward_pre_hook(partial(self._pre, label)))

@@ -126,7 +126,10 @@ def _history_collectors(cfg: MemProfilerConfig, cuda: CudaBackend, warn: Warn) -
                 Registered(
                     cfg.collect_funcs.funcs_for("cuda_allocator_history"),
                     AllocatorHistoryCollector(
-                        cuda, recording, HistoryOptions(hist.max_entries, hist.stacks, hist.context)
+                        cuda,
+                        recording,
+                        HistoryOptions(hist.max_entries, hist.stacks, hist.context),
+                        cfg.flush_interval_s,
                     ),
                 )
             )

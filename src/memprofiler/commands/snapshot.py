@@ -1,5 +1,6 @@
-"""``memprofiler snapshot FILE.pickle [--html out.html]``: peaks, live stacks, fragmentation, OOMs;
-``--html`` writes the allocation explorer (one offline page)."""
+"""``memprofiler snapshot FILE.pickle [--call FN:N] [--html out.html]``: peaks, live stacks,
+fragmentation, OOMs; ``--call`` shows one collected call of a window's recording, ``--html``
+writes the allocation explorer (one offline page)."""
 
 from __future__ import annotations
 
@@ -23,25 +24,81 @@ class SnapshotCommand:
         parser.add_argument(
             "--top", type=int, default=10, help="stack groups and segments to show (default: 10)"
         )
+        parser.add_argument(
+            "--call",
+            metavar="FN:N",
+            default=None,
+            help="one collected call of a window's recording (e.g. training_step:3): the snapshot "
+            "as it stood at its end (or --phase start); the explorer opens on its range",
+        )
+        parser.add_argument(
+            "--phase",
+            choices=("start", "end"),
+            default="end",
+            help="with --call: the call's start or end (default: end)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.fs import localize, named_as_given
         from memprofiler.analysis.snapshot import analyze, load_snapshot
+        from memprofiler.analysis.snapshot_calls import (
+            call_ranges,
+            call_view,
+            entry_range,
+            find_call,
+            parse_call,
+            read_index,
+        )
+        from memprofiler.analysis.snapshot_roles import role_index
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
         from memprofiler.reporters.explorer import build_explorer
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
+        wanted = parse_call(args.call) if args.call else None
         with named_as_given():
             local = localize(args.file)
             snapshot = load_snapshot(local)
-        analysis = analyze(snapshot, args.file, top=args.top)
+        index = read_index(local)
+        roles = role_index(index)
+        ranges = call_ranges(snapshot, index)
         console = make_console()
-        render_snapshot(analysis, console, top=args.top, segments=args.top)
+        whole = analyze(snapshot, args.file, top=args.top, roles=roles)
+        if wanted is not None:
+            rng = find_call(ranges, *wanted, source=args.file)
+            ring = (index or {}).get("ring_entries")
+            view = call_view(snapshot, rng, args.phase, args.file, ring if type(ring) is int else None)
+            title = f"{args.file}, {rng.key} at its {args.phase}"
+            render_snapshot(
+                analyze(view, title, top=args.top, roles=roles), console, title, args.top, args.top
+            )
+        else:
+            render_snapshot(whole, console, top=args.top, segments=args.top)
+        if ranges:
+            traces = snapshot.get("device_traces") or []
+            parts = []
+            for r in ranges:
+                spans = [entry_range(t, r) for t in traces if t]
+                span = next((s for s in spans if s is not None), None)
+                if span is None:
+                    where = "incomplete"
+                elif span[1] == 0:
+                    where = "no longer in the ring"
+                else:
+                    where = f"entries {span[0]:,}-{max(span[0], span[1] - 1):,}"
+                parts.append(f"{r.key} ({where})")
+            console.print(
+                f"calls marked in this recording ({len(ranges)}): "
+                + ", ".join(parts)
+                + ("" if wanted else "; show one with --call FN:N"),
+                markup=False,
+                highlight=False,
+            )
         if args.html:
-            record = _oom_record(local, console) if analysis.ooms else None
+            record = _oom_record(local, console) if whole.ooms else None
             try:
-                write_text(args.html, build_explorer(snapshot, args.file, analysis, args.top, record))
+                page = build_explorer(snapshot, args.file, whole, args.top, record, index, args.call)
+                write_text(args.html, page)
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
             console.print(f"HTML: {args.html}", markup=False, highlight=False)

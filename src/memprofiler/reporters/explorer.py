@@ -21,8 +21,10 @@ import numpy as np
 
 from memprofiler.analysis.gc_pause import gc_paused
 from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
+from memprofiler.analysis.snapshot_calls import call_ranges, entry_range, read_index
 from memprofiler.analysis.snapshot_lod import level_of_detail
 from memprofiler.analysis.snapshot_replay import DeviceReplay, StackTable, replay
+from memprofiler.analysis.snapshot_roles import role_index
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer_assets import EXPLORER_CSS, EXPLORER_JS
 from memprofiler.reporters.explorer_oom import banner_html, oom_view
@@ -110,6 +112,8 @@ def build_explorer(
     analysis: SnapshotAnalysis,
     top: int = 10,
     record: Mapping[str, Any] | None = None,
+    index: Mapping[str, Any] | None = None,
+    select: str | None = None,
 ) -> str:
     """The explorer page of one ``_snapshot()`` dict already checked and analysed.
 
@@ -122,6 +126,10 @@ def build_explorer(
         record: the OOM record's YAML (``oom_rank_{r}_{n}.yaml``) of an OOM pickle: the device's
             total, the step and the call counts that the banner states beside the pickle's own
             figures. A history with an ``oom`` entry gets the banner without it.
+        index: the window index beside a recording (:func:`snapshot_calls.read_index`): its
+            role map names the blocks older than the trace (drawn and listed by role), and
+            its calls (with those marked in the recording) can be picked to show their range.
+        select: the call (``training_step:3``) whose range the page opens on.
 
     Raises:
         ArtifactError: an entry lacks a field the replay needs.
@@ -132,7 +140,7 @@ def build_explorer(
     table = StackTable()
     try:
         with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
-            replays = replay(data, table)
+            replays = replay(data, table, role_index(index))
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     peaks = {d.device: d for d in analysis.devices}
@@ -160,9 +168,25 @@ def build_explorer(
         "strings": table.strings,
         "arrays": blob.manifest,
         "initial": oom_meta(oom) if oom else None,
+        "calls": _call_ranges(data, index),
+        "select": select,
     }
     summary = snapshot_html(SnapshotEntry(source, source, analysis), top)
     return _page(source, meta, blob.encode(), summary, banner_html(oom) if oom else "")
+
+
+def _call_ranges(data: Mapping[str, Any], index: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Each call marked in the recording with its entries per device (``[first, end)``)."""
+    traces = data.get("device_traces") or []
+    out = []
+    for rng in call_ranges(data, index):
+        ranges = {}
+        for dev, entries in enumerate(traces):
+            found = entry_range(entries, rng) if entries else None
+            if found is not None and found[1] > found[0]:
+                ranges[str(dev)] = list(found)
+        out.append({"key": rng.key, "ranges": ranges})
+    return out
 
 
 def _page(source: str, meta: dict[str, Any], blob: str, summary: str, banner: str = "") -> str:
@@ -197,5 +221,6 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
     """
     for k, entry in enumerate(model.snapshots):
         data = load_snapshot(entry.path)
-        page = build_explorer(data, entry.path, entry.analysis, top, entry.record)
+        index = read_index(entry.path)
+        page = build_explorer(data, entry.path, entry.analysis, top, entry.record, index)
         yield explorer_relpath(k, entry.path), page

@@ -55,10 +55,11 @@ async function unpack() {
 }
 
 const A = await unpack();
-const PY = 1, USER = 2, INTERNAL = 4;
+const PY = 1, USER = 2, INTERNAL = 4, ROLE = 32;
 const frameKind = A.frameKind, stackOff = A.stackOffsets, stackFr = A.stackFrames, stackLabel = A.stackLabel;
 function frameText(f) {
   const kind = frameKind[f], name = STR[A.frameName[f]], file = STR[A.frameFile[f]];
+  if (kind & ROLE) return name;  // a block's role (parameter, optimizer state...), not a frame
   if (kind & PY) return name + " (" + file.split("/").pop() + ":" + A.frameLine[f] + ")";
   const short = name.replace(/\(.*\)(\s*(const|\[clone [^\]]*\]))*\s*$/, "") || name;
   const base = file.split("/").pop();
@@ -115,11 +116,13 @@ const DEV = META.devices.map((m, k) => {
   return d;
 });
 
+const CALLS = META.calls || [];
 const app = $("mp-app");
 app.innerHTML = `
 <div class="bar">
   <label>device <select id="mp-dev">${DEV.map((d, k) => `<option value="${k}">${d.meta.device}</option>`).join("")}</select></label>
   <button id="mp-reset">whole trace</button><button id="mp-gopeak">peak</button>${META.initial ? '<button id="mp-gooom">the OOM</button>' : ""}<button id="mp-zoomsel" disabled>zoom to selection</button>
+  ${CALLS.length ? `<label>call <select id="mp-call"><option value="-1">whole recording</option>${CALLS.map((c, k) => `<option value="${k}">${esc(c.key)}</option>`).join("")}</select></label>` : ""}
   <label><input type="checkbox" id="mp-all"> show all frames</label>
   <span id="mp-view" class="muted"></span>
 </div>
@@ -525,6 +528,19 @@ $("mp-gopeak").addEventListener("click", () => { S.sel = dev().meta.peakIndex; s
 if (META.initial) $("mp-gooom").addEventListener("click", () => selectDevice(META.initial.device, META.initial));
 $("mp-zoomsel").addEventListener("click", () => { if (S.range) setView(S.range[0], S.range[1]); });
 $("mp-all").addEventListener("change", (e) => { S.all = e.target.checked; panels(); });
+// A collected call marked in the recording: its entries shaded, zoomed to, summarised.
+function selectCall(k) {
+  const c = CALLS[k], r = c && c.ranges[String(dev().meta.device)];
+  X.call = c ? c.key : null;
+  if (!r) { S.range = null; $("mp-range").textContent = c ? "call " + c.key + ": no entries on this device" : ""; setView(0, dev().meta.instants); return; }
+  S.range = [r[0], Math.max(r[0], r[1] - 1)];
+  rangeSelected();
+  $("mp-range").textContent = "call " + c.key + ": " + $("mp-range").textContent.replace(/^selection: /, "");
+  const pad = Math.max(4, (r[1] - r[0]) * 0.05);
+  setView(r[0] - pad, r[1] + pad);
+  X.callRange = r.slice();
+}
+if (CALLS.length) $("mp-call").addEventListener("change", (e) => selectCall(+e.target.value));
 window.addEventListener("resize", schedule);
 // For tests and benchmarks: where a block is drawn now, and a way to set the view.
 X.locate = (i) => {
@@ -546,6 +562,7 @@ X.blockCount = () => dev().start.length;
 X.drawnBlocks = () => Array.from(drawnIdx.subarray(0, drawnN));
 X.block = (i) => { const d = dev(); return {size: d.size[i], start: d.start[i], end: d.end[i], label: labelOf(d.stack[i])}; };
 selectDevice(META.initial ? META.initial.device : 0, META.initial);
+if (META.select) { const k = CALLS.findIndex((c) => c.key === META.select); if (k >= 0) { $("mp-call").value = String(k); selectCall(k); } }
 X.firstPaintMs = performance.now();
 // Once the page shows, redraw a few zoom levels off screen so the browser compiles the timeline's
 // loops before the first pan or zoom (a cold redraw of a million-entry trace took 2-4x longer).

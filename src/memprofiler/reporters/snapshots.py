@@ -6,13 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler.analysis.artifacts import AllocPickle, OomRecord, RunArtifacts
+from memprofiler.analysis.artifacts import AllocPickle, AllocWindow, OomRecord, RunArtifacts
 from memprofiler.analysis.snapshot import SnapshotAnalysis, analyze, load_snapshot
+from memprofiler.analysis.snapshot_calls import call_ranges, read_index
+from memprofiler.analysis.snapshot_roles import role_index
 
 
 @dataclass
 class SnapshotEntry:
-    """An allocator pickle (history or OOM) with its analysis."""
+    """An allocator pickle (history and OOM) with its analysis."""
 
     title: str
     path: str
@@ -24,21 +26,44 @@ class SnapshotEntry:
 def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
     """Load and analyse every allocator-history and OOM pickle of ``run``.
 
+    A window's recording is analysed with its role map, and titled with the calls marked in it.
+
     Raises:
         ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
     """
     entries = []
-    items: list[AllocPickle | OomRecord] = [*run.alloc_pickles, *[o for o in run.ooms if o.pickle_path]]
+    items: list[AllocPickle | AllocWindow | OomRecord] = [
+        *run.alloc_windows,
+        *run.alloc_pickles,
+        *[o for o in run.ooms if o.pickle_path],
+    ]
     for item in items:
-        path = item.path if isinstance(item, AllocPickle) else item.pickle_path
+        path = item.pickle_path if isinstance(item, OomRecord) else item.path
         assert path is not None
-        analysis = analyze(load_snapshot(path), str(path), top=top)
+        data = load_snapshot(path)
+        title = snapshot_title(item)
+        roles = None
+        if isinstance(item, AllocWindow):
+            index = read_index(path)
+            roles = role_index(index)
+            title = window_title(item, [r.key for r in call_ranges(data, index)])
+        analysis = analyze(data, str(path), top=top, roles=roles)
         record = item.info if isinstance(item, OomRecord) else None
-        entries.append(SnapshotEntry(snapshot_title(item), str(path), analysis, record))
+        entries.append(SnapshotEntry(title, str(path), analysis, record))
     return entries
 
 
-def snapshot_title(item: AllocPickle | OomRecord) -> str:
+def window_title(item: AllocWindow, calls: list[str]) -> str:
+    """``rank 0 window 0: training_step:2 .. training_step:4 (3 calls)``."""
+    if not calls:
+        return f"rank {item.rank} window {item.n} (no call marked)"
+    span = calls[0] if len(calls) == 1 else f"{calls[0]} .. {calls[-1]}"
+    return f"rank {item.rank} window {item.n}: {span} ({len(calls)} call{'s' if len(calls) > 1 else ''})"
+
+
+def snapshot_title(item: AllocPickle | AllocWindow | OomRecord) -> str:
     if isinstance(item, AllocPickle):
         return f"rank {item.rank} {item.fn} #{item.call} {item.phase}"
+    if isinstance(item, AllocWindow):
+        return f"rank {item.rank} window {item.n}"
     return f"rank {item.rank} OOM #{item.n}"

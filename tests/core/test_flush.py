@@ -117,8 +117,7 @@ def test_a_name_never_called_is_said_at_teardown_and_in_the_manifest(tmp_path):
         prof.teardown()
     # THEN one line says what was configured and what was seen
     line = (
-        "`train_step` (in `collect_funcs`) was never called; `@memprofilable` calls seen: "
-        "training_step x6, validation_step x3"
+        "`train_step` (in `collect_funcs`) was never called; calls seen: training_step x6, validation_step x3"
     )
     assert [str(w.message) for w in caught] == [f"memprofiler: {line}"]
     assert yaml.safe_load((tmp_path / "memprofiler_run.yaml").read_text())["notes"] == [line]

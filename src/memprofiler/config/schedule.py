@@ -108,3 +108,11 @@ class CollectFuncsConfig:
         for t in COLLECT_TYPES:
             out |= frozenset(getattr(self, t))
         return out
+
+    def keyed_funcs(self) -> dict[str, str]:
+        """Every function named anywhere -> the first dotted key naming it (``collect_funcs.cpu``)."""
+        keys: dict[str, str] = {}
+        for t in ("default", *COLLECT_TYPES):
+            for name in getattr(self, t):
+                keys.setdefault(name, f"collect_funcs.{t}")
+        return keys

@@ -6,6 +6,8 @@ Python of their own: ``collect_funcs`` names the methods, the callback wraps the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
 from lightning.pytorch.demos.transformer import LightningTransformer
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from _env import subprocess_env
 from conftest import TinyMLP, load_stats, make_trainer
 from memprofiler import MemProfilerCallback
 from memprofiler.lightning.cli import MemProfilerCLI
@@ -112,25 +115,37 @@ def test_demo_transformer_under_memprofiler_cli_with_a_memprofiler_group(tmp_pat
 
 
 def test_a_typo_is_one_line_at_set_up_naming_the_classes_and_the_close_match(tmp_path):
-    # GIVEN collect_funcs with a typo, under MemProfilerCLI
+    # GIVEN collect_funcs with a typo and Lightning's BoringModel, in a YAML file only
     cfg = {
         **_BORING,
         "memprofiler": {"collect_funcs": {"default": ["trainig_step"]}, "save_dir": str(tmp_path / "o")},
     }
-    # WHEN it trains
-    with pytest.warns(UserWarning) as caught:
-        MemProfilerCLI(args=["fit", "--config", _yaml(tmp_path, cfg)])
+    # WHEN `python -m memprofiler.lightning fit` trains it
+    proc = subprocess.run(
+        [sys.executable, "-m", "memprofiler.lightning", "fit", "--config", _yaml(tmp_path, cfg)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
     # THEN one line, once, names the key, the three classes searched and the method meant
-    lines = [str(w.message) for w in caught if "trainig_step" in str(w.message)]
-    assert lines == [
+    line = (
         "memprofiler: `collect_funcs.default` names `trainig_step`, which is not a method of `BoringModel` "
         "(the LightningModule), `BoringDataModule` (the DataModule) or `SingleDeviceStrategy` (the strategy); "
         'nothing collects it unless your code runs `profiler.profile("trainig_step")`; '
         "did you mean `training_step` or `post_training_step`?"
+    )
+    # (no source line under `python -m`: the user has no line of their own)
+    assert [ln for ln in proc.stderr.splitlines() if "trainig_step" in ln] == [
+        f"memprofiler:0: MemProfilerWarning: {line}"
     ]
+    # AND it came at set-up, before training ended
+    assert proc.stderr.index(line) < proc.stderr.index("`Trainer.fit` stopped")
     # AND the run's note says the same
     notes = yaml.safe_load((tmp_path / "o" / "memprofiler_run.yaml").read_text())["notes"]
-    assert notes == [lines[0].removeprefix("memprofiler: ")]
+    assert notes == [line.removeprefix("memprofiler: ")]
 
 
 def test_a_strategy_and_a_datamodule_method_are_collected_too(tmp_path):

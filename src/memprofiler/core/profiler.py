@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,10 +35,11 @@ from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.run_dir import RunManifest
 from memprofiler.output.timeline import MemoryTimeline
+from memprofiler.user_line import warn_at_user
 
 
 def _deprecated(what: str, instead: str) -> None:
-    warnings.warn(f"{what} is deprecated; pass {instead} instead", DeprecationWarning, stacklevel=3)
+    warn_at_user(f"{what} is deprecated; pass {instead} instead", DeprecationWarning)
 
 
 def detect_rank() -> int:

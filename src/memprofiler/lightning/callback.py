@@ -11,7 +11,6 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import Strategy
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from memprofiler import layout
@@ -25,6 +24,7 @@ from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 from memprofiler.output import urls
 from memprofiler.output.remote import is_url
+from memprofiler.user_line import warn_at_user
 
 
 def default_save_dir(trainer: pl.Trainer) -> Path | str:
@@ -277,11 +277,12 @@ def _follow_profiler_schedule(config: MemProfilerConfig, trainer: pl.Trainer) ->
         return config
     profiler = _extended_profiler(trainer)
     if profiler is None:
-        rank_zero_warn(
-            "memprofiler: `schedule.follow_profiler` is on but `trainer.profiler` is not "
-            "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given",
-            category=MemProfilerWarning,
-        )
+        if trainer.is_global_zero:
+            warn_at_user(
+                "memprofiler: `schedule.follow_profiler` is on but `trainer.profiler` is not "
+                "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given",
+                MemProfilerWarning,
+            )
         return config
     schedule = dataclasses.replace(profiler.schedule_cfg, follow_profiler=True)
     return dataclasses.replace(config, schedule=schedule)

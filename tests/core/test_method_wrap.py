@@ -96,6 +96,29 @@ def test_the_decorator_wins_and_nothing_is_wrapped_twice(tmp_path):
     prof.teardown()
 
 
+class Override(Decorated):
+    """Overrides the decorated method and calls it through super(), undecorated itself."""
+
+    def train_step(self, x: torch.Tensor) -> torch.Tensor:
+        return super().train_step(x) * 2
+
+
+def test_an_override_of_a_decorated_method_is_not_wrapped_over_it(tmp_path):
+    # GIVEN a subclass overriding a decorated method, calling it through super()
+    model = Override()
+    prof = _prof(tmp_path, ["train_step"])
+    prof.attach(model)
+    # WHEN wrapping runs and the method is called once
+    assert prof.wrap_methods([Owner("the model", model)]) == []
+    model.train_step(torch.ones(2))
+    # THEN the decorated base counts it once; the override is not wrapped around it
+    assert "train_step" in Override.__dict__ and not hasattr(
+        Override.__dict__["train_step"], "__memprofilable__"
+    )
+    assert prof.call_counts() == {"train_step": 1}
+    prof.teardown()
+
+
 def test_a_copy_and_a_pickle_of_the_model_are_unaffected(tmp_path):
     # GIVEN a wrapped, attached model
     model = Library()

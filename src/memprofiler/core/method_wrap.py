@@ -5,8 +5,9 @@ user may name: the LightningModule, the DataModule, the strategy. Each name in
 ``collect_funcs`` is looked up on them in that order, preferring one whose own code defines it
 over one that only inherits the framework's default hook; that owner gets it wrapped, at its class, exactly as ``@memprofilable`` wraps it
 (:func:`~memprofiler.core.decorator.collecting`), and the wrapping is undone by
-:meth:`WrappedMethods.restore`. A method already decorated is left alone: the decorator wins
-and nothing is wrapped twice.
+:meth:`WrappedMethods.restore`. A method decorated in the class or in a base (an override
+calling the decorated one through ``super()``) is left alone: the decorator wins and no call
+is counted twice.
 
 Why the class and not the instance: a function put into the instance's ``__dict__`` would be
 pickled with it (``torch.save(model)`` fails on a closure) and copied with it. At the class,
@@ -114,8 +115,11 @@ def _wrap_one(name: str, owners: Sequence[Owner], done: WrappedMethods) -> str |
             f"an attribute set on the instance of {owner.label()}, not a method of its class; "
             "it cannot be wrapped: decorate the function with `@memprofilable` instead"
         )
-    if getattr(found, "__memprofilable__", False):
-        _add_owner(done, owner.obj)  # the decorator wins; it only needs the attachment
+    if _decorated(owner.obj, name):
+        # The decorator wins, also on a base class whose method an override calls through
+        # super(): wrapping the override too would count each call twice. It only needs the
+        # attachment.
+        _add_owner(done, owner.obj)
         return None
     if not inspect.isfunction(found):
         return (
@@ -142,6 +146,11 @@ def _nowhere(name: str, owners: Sequence[Owner]) -> str:
         f"which is not a method of {searched}; nothing collects it unless your code runs "
         f'`profiler.profile("{name}")`; {hint}'
     )
+
+
+def _decorated(obj: Any, name: str) -> bool:
+    """Whether any class of ``obj`` defines ``name`` with ``@memprofilable``."""
+    return any(getattr(c.__dict__.get(name), "__memprofilable__", False) for c in type(obj).__mro__)
 
 
 def _defines(owner: Owner, name: str) -> bool:

@@ -80,6 +80,7 @@ def test_the_memory_trace_is_valid_json_after_every_append(tmp_path):
     assert spans == ["training_step.1", "training_step.2", "training_step.3"]
 
 
+@pytest.mark.slow
 def test_sigkill_after_many_collected_calls_leaves_them_on_disk(tmp_path):
     # GIVEN a plain loop collecting every call that is killed by SIGKILL after 120 calls
     script = textwrap.dedent(

@@ -7,6 +7,7 @@ import sys
 import threading
 import warnings
 
+import pytest
 from torch import nn
 
 from _env import subprocess_env
@@ -66,6 +67,7 @@ def test_with_no_user_frame_there_is_no_source_line(tmp_path):
     prof.teardown()
 
 
+@pytest.mark.slow
 def test_a_script_prints_its_own_line_under_the_warning(tmp_path):
     # GIVEN a user's script that builds a profiler the way its docs show
     script = tmp_path / "train.py"

@@ -114,6 +114,7 @@ def test_demo_transformer_under_memprofiler_cli_with_a_memprofiler_group(tmp_pat
     assert end["saved_tensors.unique_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_a_typo_is_one_line_at_set_up_naming_the_classes_and_the_close_match(tmp_path):
     # GIVEN collect_funcs with a typo and Lightning's BoringModel, in a YAML file only
     cfg = {

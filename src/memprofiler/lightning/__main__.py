@@ -22,7 +22,7 @@ from memprofiler.lightning.cli import MemProfilerCLI
 
 
 def main() -> None:
-    MemProfilerCLI()
+    MemProfilerCLI(parser_kwargs={"prog": "python -m memprofiler.lightning"})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine with only Python and pip:
 #   make demo   -> .venv, torch, memprofiler, then the demo run on CPU
-#   make test   -> the same with dev extras, then pytest
+#   make test   -> the same with dev extras, then pytest (the fast set, on every core; make test-slow: the rest)
 #   make docs   -> the documentation site in site/, built offline with warnings as errors
 PYTHON ?= python3
 VENV ?= .venv
@@ -47,8 +47,21 @@ demo: install
 demo-fsdp: install
 	$(PY) examples/demo.py fit --config configs/fsdp_cpu.yaml
 
+# The tests are spread over every core by pytest-xdist (the dev extra) when it imports, else run
+# one by one. `make test` leaves out the tests marked `slow` (each starts more processes: ranks,
+# a pytest inside pytest, a browser, the README's examples as scripts); `make test-slow` runs
+# those, and `make test-all` both. CI (.ci/run) runs `make test` and `make test-slow`.
+XDIST = $(shell $(PY) -c "import xdist" >/dev/null 2>&1 && echo "-n auto")
+
 test: install-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST) -m "not slow"
+
+.PHONY: test-slow test-all
+test-slow: install-dev
+	$(PY) -m pytest -q $(XDIST) -m slow
+
+test-all: install-dev
+	$(PY) -m pytest -q $(XDIST)
 
 # The config reference and each subcommand's usage are generated from the code at build time
 # (tools/mkdocs_hooks.py); mkdocs.yml sets strict, so a broken link or anchor fails the build.
@@ -65,6 +78,12 @@ bench: install
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info lightning_logs src/memprofiler/*.so
+
+# docs/img/report.png, the README's picture: the report of `make demo`'s own run, shot in headless
+# Chromium (Playwright with Debian's chromium; the network refused).
+.PHONY: screenshot
+screenshot: install-dev
+	$(PY) tools/report_screenshot.py --out docs/img/report.png
 
 .PHONY: bench-snapshot
 bench-snapshot: install

@@ -123,6 +123,7 @@ def test_a_skip_marker_and_indented_fences_are_read(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", _params("python"))
 def test_python_example_runs(example: Example, tmp_path: Path) -> None:
     script = tmp_path / "example.py"

@@ -56,6 +56,7 @@ def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
 _RAW_ROLE = re.compile(r":(?:py:)?(?:class|mod|func|meth|data|attr|exc|obj):(?:`|<code>)")
 
 
+@pytest.mark.slow
 def test_the_built_api_page_shows_no_raw_sphinx_role(tmp_path: Path) -> None:
     """tools/griffe_sphinx_roles.py turns the docstrings' roles into code and links to the shown objects."""
     pytest.importorskip("mkdocstrings_handlers.python")

@@ -5,9 +5,10 @@ Run from the repository root (about a minute on CPU)::
     python tools/report_screenshot.py            # demo run in a temporary directory
     python tools/report_screenshot.py --out docs/img/report.png
 
-It trains the demo (``examples/demo.py`` with ``configs/demo.yaml``, 6 collected training
-calls), writes ``memprofiler report``'s HTML and photographs its first screen through
-Playwright driving Debian's ``chromium`` with every non-file request aborted.
+It runs ``make demo``'s own command (``examples/demo.py fit --config configs/demo.yaml``, no
+override: the picture shows the calls the demo collects), writes ``memprofiler report``'s HTML
+as the README's caption says, and photographs its first screen through Playwright driving
+Debian's ``chromium`` with every non-file request aborted. ``make screenshot`` runs it.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "demo.py"), "fit", "--config", str(ROOT / "configs" / "demo.yaml"),
-             "--memprofiler.schedule.active", "6", "--trainer.limit_train_batches", "10"],
+            [sys.executable, str(ROOT / "examples" / "demo.py"), "fit", "--config", str(ROOT / "configs" / "demo.yaml")],
             cwd=tmp, env=env, check=True, capture_output=True,
         )  # fmt: skip
         html = Path(tmp) / "report.html"

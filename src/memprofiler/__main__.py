@@ -26,7 +26,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Subcommands of a ``MemProfilerCLI`` script that newcomers type after ``memprofiler``: the one
+#: line that points to where they are, in place of argparse's ``invalid choice``.
+ELSEWHERE = ("estimate", "fit", "validate", "test", "predict")
+
+
+def elsewhere_line(name: str) -> str:
+    """Where ``memprofiler NAME`` lives instead: a subcommand of the LightningCLI that trains."""
+    return (
+        f"memprofiler: `{name}` is a subcommand of the script that trains, not of `memprofiler`: run "
+        f"`python -m memprofiler.lightning {name} --config config.yaml` (the model as `model.class_path`), "
+        f"or `python train.py {name} ...` where train.py calls `MemProfilerCLI`"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given and given[0] in ELSEWHERE:
+        print(elsewhere_line(given[0]), file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     cmd = getattr(args, "_command", None)

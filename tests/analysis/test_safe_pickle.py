@@ -99,6 +99,7 @@ def test_missing_empty_truncated_and_foreign_files(tmp_path):
         assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_on_a_malicious_pickle_exits_2_without_traceback_or_side_effect(tmp_path):
     # GIVEN the malicious pickle handed to the command-line tool in a fresh process
     marker = tmp_path / "pwned_cli"

@@ -28,6 +28,18 @@ def test_version(capsys):
     assert capsys.readouterr().out == f"memprofiler {__version__}\n"
 
 
+@pytest.mark.parametrize("command", ["estimate", "fit"])
+def test_a_subcommand_of_the_training_script_points_there_in_one_line(capsys, command):
+    # WHEN a newcomer types `memprofiler estimate --config c.yaml` (not argparse's "invalid choice")
+    assert main([command, "--config", "c.yaml"]) == 2
+    # THEN one line says where it lives: the MemProfilerCLI module, or the user's own script
+    assert capsys.readouterr().err.splitlines() == [
+        f"memprofiler: `{command}` is a subcommand of the script that trains, not of `memprofiler`: run "
+        f"`python -m memprofiler.lightning {command} --config config.yaml` (the model as `model.class_path`), "
+        f"or `python train.py {command} ...` where train.py calls `MemProfilerCLI`"
+    ]
+
+
 @pytest.mark.parametrize("command", ["report", "check", "diff"])
 def test_directory_with_two_runs_reads_the_newest_and_says_so(tmp_path, capsys, command):
     # GIVEN a second run written into version_1 of the first one's save_dir (as `make demo` twice)

@@ -146,6 +146,7 @@ def test_markup_in_a_path_is_printed_as_is(tmp_path, capsys):
     assert f"Allocator snapshot {p}" in out
 
 
+@pytest.mark.slow
 def test_reading_commands_never_import_torch(snap_file):
     # GIVEN a fresh interpreter: importing torch costs ~2 s and ~250 MB RSS, more than
     # analysing a 1M-entry snapshot, and none of the reading commands needs it

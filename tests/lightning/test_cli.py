@@ -214,6 +214,7 @@ def test_bad_mixin_config_is_one_line_with_the_full_key(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_demo_prints_a_memprofiler_command_that_runs(tmp_path):
     import os
     import shlex

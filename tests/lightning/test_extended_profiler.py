@@ -397,6 +397,7 @@ def test_a_run_shorter_than_the_schedule_ends_cleanly(tmp_path):
     assert not list(tmp_path.glob("*.pt.trace.json"))
 
 
+@pytest.mark.slow  # long-running: six profiler cycles, each trace written and gzipped
 def test_memory_categories_follow_the_traces_gzip_and_retention(tmp_path):
     # GIVEN three cycles with memory categories on, gzip, and only the newest cycle kept
     from memprofiler.analysis.profiler_views import build_views

@@ -65,6 +65,7 @@ def _assert_last_two(names: list[str], read: Any) -> None:
         assert trace["memprofiler"]["batch"] == step and trace["memprofiler"]["epoch"] == 1
 
 
+@pytest.mark.slow  # long-running: six profiler cycles, each trace written and gzipped
 def test_gzip_and_keep_two_over_six_cycles_in_memprofilers_run_dir(tmp_path):
     # GIVEN six trace cycles, gzip, keep 2, and memprofiler in the same Trainer
     prof = _six_cycles_gzip_keep_two()
@@ -227,6 +228,7 @@ def test_sampler_stops_when_training_raises(tmp_path):
     assert any(e.get("ph") == "C" for e in timeline["traceEvents"])
 
 
+@pytest.mark.slow
 def test_sampler_stops_and_timeline_is_written_on_sigterm(tmp_path):
     # GIVEN a training process that sends itself SIGTERM in its 4th step
     script = textwrap.dedent(

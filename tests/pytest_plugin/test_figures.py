@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from memprofiler.__main__ import main
@@ -85,6 +86,7 @@ def test_a_second_run_into_the_same_dir_writes_version_1(inner):
     assert len(_stats(inner.path / "figures" / "version_1")) == 4
 
 
+@pytest.mark.slow
 def test_under_xdist_each_worker_measures_and_the_controller_writes_one_run(inner):
     # GIVEN the suite, one test over budget and one with a typo, run on two xdist workers
     inner.write(

@@ -105,6 +105,7 @@ def test_a_bucket_holds_the_figures(inner, s3_bucket):
     assert not (inner.path / "s3:").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_xdist_worker_keeps_what_it_measured_and_says_what_was_lost(inner):
     # GIVEN one xdist worker that measures two tests, then runs one that kills it
     inner.write(

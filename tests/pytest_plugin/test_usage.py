@@ -73,6 +73,7 @@ def test_aliases_and_check_names_parse_to_the_check_limits():
         parse_leak(("1MiB",), {})
 
 
+@pytest.mark.slow
 def test_a_run_without_the_markers_imports_no_torch(inner):
     # GIVEN a suite with no memory markers, run in a fresh interpreter with the plugin loaded
     inner.write(
@@ -109,6 +110,7 @@ def test_the_pytest11_entry_point_is_declared():
     assert any(dep.startswith("pytest-xdist") for dep in meta["project"]["optional-dependencies"]["dev"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("explicit", [False, True])
 def test_the_installed_entry_point_loads_the_plugin_with_or_without_dash_p(inner, monkeypatch, explicit):
     # GIVEN an installed distribution declaring the pyproject's pytest11 entry point

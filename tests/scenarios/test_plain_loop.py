@@ -112,6 +112,7 @@ print("not reached")
 """
 
 
+@pytest.mark.slow
 def test_sigterm_in_a_plain_loop_writes_the_files_and_still_dies_by_sigterm(tmp_path):
     import signal
     import subprocess

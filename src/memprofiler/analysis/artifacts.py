@@ -191,6 +191,38 @@ class RunArtifacts:
         notes = (self.manifest or {}).get("notes") or []
         return [str(n) for n in notes] if isinstance(notes, list) else [str(notes)]
 
+    def collected_nothing(self) -> bool:
+        """Whether the run has stats files and none holds a single snapshot.
+
+        A streamed file is read only up to its first entry (one block).
+        """
+        if not self.ranks or any(self.stats.get(r) for r in self.stats):
+            return False
+        for path in self.stats_files.values():
+            for block in iter_stats(path, []):
+                if block:
+                    return False
+        return True
+
+    def nothing_collected(self, notes_shown: bool = False) -> str:
+        """One line: the run collected no call, and why in its own words (the manifest's notes).
+
+        Args:
+            notes_shown: the notes were printed just above; point to them instead of repeating.
+        """
+        if self.notes:
+            return "no call was collected: " + (
+                "see the note above" if notes_shown else "; ".join(self.notes)
+            )
+        status = (self.manifest or {}).get("status")
+        if status is None:
+            why = f"it has no readable `{layout.RUN_MANIFEST}` (written by an older memprofiler?)"
+        elif status == "running":
+            why = f"its `{layout.RUN_MANIFEST}` says `status: running`: killed before it ended, or still running"
+        else:
+            why = f"its `{layout.RUN_MANIFEST}` says `status: {status}`; check `collect_funcs` and `schedule`"
+        return f"no call was collected, and the run left no note why: {why}"
+
     def snapshots(self) -> dict[str, dict[str, Any]]:
         """Every rank's snapshots in one dict; keys already carry the rank."""
         if self.stats_files:

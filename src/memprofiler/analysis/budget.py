@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
-from memprofiler.errors import ConfigError
+from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.units import format_value, parse_size
 
 
@@ -99,6 +99,8 @@ def check_budget(
                 matched[i] += 1
                 if not value <= limits[i].value:  # NaN compares false both ways: over budget
                     found.append((i, key, Violation(key, metric, value, limits[i])))
+    if not seen and run.collected_nothing():
+        raise ArtifactError(f"{run.root}: {run.nothing_collected()}; there is nothing to check")
     if keys and not checked_keys:
         raise ConfigError(
             "--key",

@@ -45,10 +45,11 @@ _BLOCK_END = re.compile(
     re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
 )
 #: A top-level key: a line at column 0 that is not a comment, nor an item of a sequence
-#: (``safe_dump`` writes a key's list items at column 0 too), nor a document marker. Matched
-#: from the newline before it (the header is the first line): a literal to search for, so a
-#: 100 MB file is counted in C at memory speed.
-_TOP_KEY = re.compile(r"\n(?!- |-\n|---|\.\.\.)[^\s#]")
+#: (``safe_dump`` writes a key's list items at column 0 too), nor a document marker, nor the
+#: ``{}`` a stats file with no entry holds (``entries=0``). Matched from the newline before it
+#: (the header is the first line): a literal to search for, so a 100 MB file is counted in C at
+#: memory speed.
+_TOP_KEY = re.compile(r"\n(?!- |-\n|---|\.\.\.|\{\}[ \t]*\r?\n)[^\s#]")
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from memprofiler.commands._shared import add_run_dir, add_top, load, warn_cuts
+
+if TYPE_CHECKING:
+    from memprofiler.analysis.artifacts import RunArtifacts
 
 
 class DiffCommand:
@@ -66,6 +70,7 @@ class DiffCommand:
             return 0
         min_change = parse_size(args.min_change, key="--min-change")
         a, b = load(self.name, args.run_a, streamed=True), load(self.name, args.run_b, streamed=True)
+        _refuse_empty((args.run_a, a), (args.run_b, b))
         found = (len(a.cuts), len(b.cuts))
         console = make_console()
         if args.per_call:
@@ -90,6 +95,19 @@ class DiffCommand:
         shown = frows[: args.top] if args.top > 0 else frows
         render_function_diff(shown, unmatched, console, total=len(frows))
         return 0
+
+
+def _refuse_empty(*runs: tuple[str, RunArtifacts]) -> None:
+    """A run that collected no call has nothing to compare: say so, and why, not "no differences".
+
+    Raises:
+        ArtifactError: one line naming each such run and its own note.
+    """
+    from memprofiler.errors import ArtifactError
+
+    empty = [f"{given}: {run.nothing_collected()}" for given, run in runs if run.collected_nothing()]
+    if empty:
+        raise ArtifactError("; ".join(empty) + "; there is nothing to compare")
 
 
 def _profiler_diff(args: argparse.Namespace) -> int:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-import warnings
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from memprofiler.errors import ConfigError
+from memprofiler.user_line import warn_at_user
 
 #: Keys of finetuning-scheduler's ``MemProfilerCfg`` that memprofiler renamed or dropped, by
 #: (our dataclass name, the ancestor's key). The value says what to write instead.
@@ -57,9 +57,7 @@ def renamed(cls: type, name: str, key: str, given: Collection[Any]) -> str:
     new_key = key[: len(key) - len(name)] + new
     if new in given:
         raise ConfigError(key, f"renamed to `{new_key}`, which is given too; keep only `{new_key}`")
-    warnings.warn(
-        f"memprofiler: config key `{key}` is deprecated; use `{new_key}`", FutureWarning, stacklevel=4
-    )
+    warn_at_user(f"memprofiler: config key `{key}` is deprecated; use `{new_key}`", FutureWarning)
     return new
 
 

@@ -80,9 +80,12 @@ class ScheduleConfig:
 
 @dataclass
 class CollectFuncsConfig:
-    """Which ``@memprofilable`` functions get which collection type.
+    """Which functions get which collection type.
 
-    The names in ``default`` are added to every other set.
+    A name is a ``@memprofilable`` method, a ``prof.profile(name)`` block, or, under the
+    Lightning callback, any method of the LightningModule, DataModule or strategy: the
+    callback wraps it by name at set-up, no decorator needed. The names in ``default`` are
+    added to every other set.
     """
 
     default: list[str] = field(default_factory=lambda: ["training_step"])
@@ -108,3 +111,11 @@ class CollectFuncsConfig:
         for t in COLLECT_TYPES:
             out |= frozenset(getattr(self, t))
         return out
+
+    def keyed_funcs(self) -> dict[str, str]:
+        """Every function named anywhere -> the first dotted key naming it (``collect_funcs.cpu``)."""
+        keys: dict[str, str] = {}
+        for t in ("default", *COLLECT_TYPES):
+            for name in getattr(self, t):
+                keys.setdefault(name, f"collect_funcs.{t}")
+        return keys

@@ -61,8 +61,16 @@ def memprofilable(fn: F) -> F:
         ...     @memprofilable
         ...     def training_step(self, batch, batch_idx): ...
     """
-    name = fn.__name__
     _refuse_plain_function(fn)
+    return collecting(fn, fn.__name__)
+
+
+def collecting(fn: F, name: str) -> F:
+    """``fn`` wrapped as ``@memprofilable`` wraps it, its calls counted under ``name``.
+
+    The decorator's body, shared with the wrapping of methods named in ``collect_funcs``
+    (:mod:`memprofiler.core.method_wrap`), so both collect a call the same way.
+    """
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:

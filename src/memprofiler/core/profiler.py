@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from memprofiler.config import MemProfilerConfig
 from memprofiler.core import run_setup, schedule
 from memprofiler.core.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.core.dispatch import CollectorSet
+from memprofiler.core.method_wrap import Owner, WrappedMethods, wrap_methods
 from memprofiler.core.run_files import RunFiles
 from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
@@ -35,10 +35,11 @@ from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.run_dir import RunManifest
 from memprofiler.output.timeline import MemoryTimeline
+from memprofiler.user_line import warn_at_user
 
 
 def _deprecated(what: str, instead: str) -> None:
-    warnings.warn(f"{what} is deprecated; pass {instead} instead", DeprecationWarning, stacklevel=3)
+    warn_at_user(f"{what} is deprecated; pass {instead} instead", DeprecationWarning)
 
 
 def detect_rank() -> int:
@@ -128,6 +129,7 @@ class MemProfiler:
         self._is_setup = False
         self._crashed = False
         self._collected_calls: dict[str, int] = {}
+        self._wrapped = WrappedMethods()
         # True from the end of a collected call until `step_end()`: step-long collectors
         # (module-wise trackers) are still recording backward and the optimizer step.
         self._step_open = False
@@ -313,6 +315,43 @@ class MemProfiler:
             if isinstance(obj, nn.Module) and self._attached is None:
                 self._attached = obj
 
+    def wrap_methods(self, owners: Sequence[Owner]) -> list[str]:
+        """Collect the ``collect_funcs`` methods of ``owners`` with no ``@memprofilable`` in their code.
+
+        Each configured name is wrapped, at its class, on the first owner that has it as a
+        method (see :mod:`memprofiler.core.method_wrap`); the owner is attached. A decorated
+        method is left as it is. A name no owner has is one warning now, naming the classes
+        searched and the close matches, and the run's note at the end. :meth:`teardown` (also
+        after an exception) undoes it; so does :meth:`unwrap_methods`.
+
+        Args:
+            owners: the objects to search, in order (the Lightning callback gives the
+                LightningModule, the DataModule and the strategy).
+
+        Returns:
+            ``Class.name`` of every method wrapped.
+
+        Example:
+            >>> prof.attach(model)  # doctest: +SKIP
+            >>> prof.wrap_methods([Owner("the model", model)])  # model.train_step is collected
+        """
+        if not (self.enabled and self._is_setup):
+            return []
+        self.unwrap_methods()
+        self._wrapped = wrap_methods(self.config.collect_funcs.keyed_funcs(), owners)
+        for obj in self._wrapped.owners:
+            self.attach(obj)
+        for line in self._wrapped.unresolved.values():
+            self.warn(line)
+        return self._wrapped.wrapped
+
+    def unwrap_methods(self) -> None:
+        """Undo :meth:`wrap_methods`: each class as it was, each owner detached. Idempotent."""
+        self._wrapped.restore()
+        for obj in self._wrapped.owners:
+            self.detach(obj)
+        self._wrapped.owners.clear()
+
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn(event)`` with a :class:`~memprofiler.output.events.SnapshotEvent` after
         every snapshot is recorded.
@@ -330,6 +369,7 @@ class MemProfiler:
 
     def teardown(self) -> list[Path]:
         """Write the files and release every hook and thread the collectors hold."""
+        self.unwrap_methods()
         written = self.dump(final=True)
         if self._is_setup and not self._crashed:
             written.extend(self._files.write_summary(after_exception=False))
@@ -500,7 +540,7 @@ class MemProfiler:
     def _notes(self, manifest: RunManifest) -> list[str]:
         """What the run failed to collect, one line per function, warned and kept in the manifest."""
         notes = run_setup.collection_notes(
-            self.config, self._calls, self._collected_calls, self._collected_funcs
+            self.config, self._calls, self._collected_calls, self._collected_funcs, self._wrapped.unresolved
         )
         for note in notes:
             self.warn(note)

@@ -130,8 +130,13 @@ def collection_notes(
     calls: Mapping[str, int],
     collected: Mapping[str, int],
     collected_funcs: frozenset[str],
+    unresolved: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """One line for each configured function that collected nothing, saying why."""
+    """One line for each configured function that collected nothing, saying why.
+
+    ``unresolved``: name -> why no method of that name could be wrapped (set-up's warning),
+    which says more than "never called".
+    """
     seen = ", ".join(f"{fn} x{n}" for fn, n in sorted(calls.items())) or "none"
     notes: list[str] = []
     for fn in sorted(collected_funcs):
@@ -139,7 +144,11 @@ def collection_notes(
             continue
         n = calls.get(fn, 0)
         if n == 0:
-            notes.append(f"`{fn}` (in `collect_funcs`) was never called; `@memprofilable` calls seen: {seen}")
+            why = (unresolved or {}).get(fn)
+            if why is not None:
+                notes.append(why)  # the set-up warning's words: warned once, kept in the manifest
+            else:
+                notes.append(f"`{fn}` (in `collect_funcs`) was never called; calls seen: {seen}")
             continue
         s = cfg.schedule
         bound = n + s.skip_first + s.wait + s.warmup + (s.warmup_iters or 0) + 2

@@ -1,12 +1,12 @@
-"""Warnings issued once per profiler, on rank zero unless asked otherwise."""
+"""Warnings issued once per profiler, on rank zero unless asked otherwise, at the user's line
+(:func:`memprofiler.user_line.warn_at_user`)."""
 
 from __future__ import annotations
 
-import warnings
-
 from memprofiler.errors import MemProfilerWarning, log
+from memprofiler.user_line import warn_at_user
 
-__all__ = ["MemProfilerWarning", "Warner", "log"]
+__all__ = ["MemProfilerWarning", "Warner", "log", "warn_at_user"]
 
 
 class Warner:
@@ -25,7 +25,7 @@ class Warner:
             return
         self._seen.add(message)
         log.debug("warning: %s", message)
-        warnings.warn(f"memprofiler: {message}", MemProfilerWarning, stacklevel=3)
+        warn_at_user(f"memprofiler: {message}", MemProfilerWarning)
 
     @property
     def seen(self) -> frozenset[str]:

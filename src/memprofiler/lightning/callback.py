@@ -10,12 +10,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.strategies import Strategy
 from typing_extensions import override
 
 from memprofiler import layout
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.config import MemProfilerConfig
+from memprofiler.core.method_wrap import Owner
 from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerWarning
 from memprofiler.lightning import _compat as compat
@@ -23,6 +24,7 @@ from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
 from memprofiler.output import urls
 from memprofiler.output.remote import is_url
+from memprofiler.user_line import warn_at_user
 
 
 def default_save_dir(trainer: pl.Trainer) -> Path | str:
@@ -36,7 +38,12 @@ def default_save_dir(trainer: pl.Trainer) -> Path | str:
 
 
 class MemProfilerCallback(Callback):
-    """Profiles the LightningModule's ``@memprofilable`` methods during fit, validate and test.
+    """Profiles the LightningModule's methods named in ``collect_funcs`` during fit, validate and test.
+
+    A named method of the LightningModule, the DataModule or the strategy is collected as if it
+    carried ``@memprofilable``: it is wrapped at ``setup`` and unwrapped at teardown (also after
+    an exception), so a model you cannot edit is profiled from the config alone. A name none of
+    them has is one warning at ``setup``.
 
     Files go to ``config.save_dir`` (default ``<trainer.log_dir>/memprofiler``), one set per
     global rank. They are written at fit end, on an exception (including SIGTERM, which
@@ -108,6 +115,9 @@ class MemProfilerCallback(Callback):
             # start hook.
             self.profiler.setup()
         self.profiler.attach(pl_module)
+        # `collect_funcs` names methods of these, collected with no `@memprofilable` in their code
+        # (Lightning's BoringModel, a Hugging Face model in a LightningModule): wrapped until teardown.
+        self.profiler.wrap_methods(_owners(trainer, pl_module))
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -208,6 +218,18 @@ class MemProfilerCallback(Callback):
             self.profiler.step_end()
 
 
+def _owners(trainer: pl.Trainer, pl_module: pl.LightningModule) -> list[Owner]:
+    """Where a name in ``collect_funcs`` is looked up, in this order: a method of the
+    LightningModule first (``training_step`` is the strategy's too: the module's is the one meant),
+    but an owner's own method before a default hook another inherits from its base."""
+    owners = [Owner("the LightningModule", pl_module, pl.LightningModule)]
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is not None:
+        owners.append(Owner("the DataModule", datamodule, pl.LightningDataModule))
+    owners.append(Owner("the strategy", trainer.strategy, Strategy))
+    return owners
+
+
 def _name_default_root_dir(err: ArtifactError, config: MemProfilerConfig) -> ArtifactError:
     """``err`` about the default ``save_dir``, saying it comes from ``trainer.default_root_dir``."""
     text = str(err)
@@ -255,11 +277,12 @@ def _follow_profiler_schedule(config: MemProfilerConfig, trainer: pl.Trainer) ->
         return config
     profiler = _extended_profiler(trainer)
     if profiler is None:
-        rank_zero_warn(
-            "memprofiler: `schedule.follow_profiler` is on but `trainer.profiler` is not "
-            "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given",
-            category=MemProfilerWarning,
-        )
+        if trainer.is_global_zero:
+            warn_at_user(
+                "memprofiler: `schedule.follow_profiler` is on but `trainer.profiler` is not "
+                "`memprofiler.ExtendedPyTorchProfiler`; using the memprofiler schedule as given",
+                MemProfilerWarning,
+            )
         return config
     schedule = dataclasses.replace(profiler.schedule_cfg, follow_profiler=True)
     return dataclasses.replace(config, schedule=schedule)

@@ -130,7 +130,8 @@ class HtmlReporter:
         calls = self.model.calls
         head = "<h2 id='calls'>Per-call memory by rank</h2>"
         if not calls:
-            return head + "<p>No collected calls in the per-rank stats.</p>"
+            line = self.model.run.nothing_collected(notes_shown=True)
+            return head + f"<p>{escape(line[:1].upper() + line[1:])}.</p>"
         out = [head]
         if not self.model.aggregated:
             for title, figure in _CALL_CHARTS:

@@ -84,7 +84,7 @@ class TerminalReporter:
     def _calls(self, console: Console, calls: Sequence[CallRow] | None = None, title: str = "") -> None:
         calls = self.model.calls if calls is None else calls
         if not calls:
-            console.print("no collected calls in the per-rank stats")
+            console.print(escape(self.model.run.nothing_collected(notes_shown=True)))
             return
         t = Table(title=title or "Collected calls (peaks that matter)")
         for col in ("rank", "function", "call"):

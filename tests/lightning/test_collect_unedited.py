@@ -67,7 +67,10 @@ def test_boring_model_under_lightning_cli_with_the_callback_yaml(tmp_path):
     }
     original = BoringModel.__dict__["training_step"]
     # WHEN a plain LightningCLI trains from that file
-    LightningCLI(args=["fit", "--config", _yaml(tmp_path, {**_BORING, "trainer": {"callbacks": [callback]}})])
+    LightningCLI(
+        args=["fit", "--config", _yaml(tmp_path, {**_BORING, "trainer": {"callbacks": [callback]}})],
+        trainer_defaults={"accelerator": "cpu"},
+    )
     # THEN calls 2 and 3 of the unedited training_step were collected
     stats = load_stats(out)
     assert list(stats) == [f"0.training_step.{c}.{p}" for c in (2, 3) for p in ("start", "end")]
@@ -101,7 +104,7 @@ def test_demo_transformer_under_memprofiler_cli_with_a_memprofiler_group(tmp_pat
         },
     }
     # WHEN MemProfilerCLI trains it from a YAML file
-    MemProfilerCLI(args=["fit", "--config", _yaml(tmp_path, cfg)])
+    MemProfilerCLI(args=["fit", "--config", _yaml(tmp_path, cfg)], trainer_defaults={"accelerator": "cpu"})
     # THEN call 2 of training_step was collected with the model's parameter bytes
     stats = load_stats(out)
     assert list(stats) == ["0.training_step.2.start", "0.training_step.2.end"]

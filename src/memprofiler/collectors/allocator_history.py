@@ -163,7 +163,13 @@ class AllocatorHistoryCollector(BaseCollector):
             self._release_windows()
 
     def close(self) -> None:
-        self._release_windows()
+        """The profiler tears down: a window still open (training ended inside it, as at
+        ``max_steps``) or calls marked since the last write are written before recording stops."""
+        try:
+            if self._dirty and self._save_dir is not None:
+                self._write(closing=True)
+        finally:
+            self._release_windows()
 
     def open_windows(self) -> frozenset[str]:
         """Functions whose collected window currently holds the recording."""

@@ -109,7 +109,11 @@ def _make(base: type[MemTracker]) -> Any:
         def __enter__(self) -> Any:
             self._quiet_metadata = _quiet_during_metadata_propagation(self)
             self._quiet_metadata.__enter__()
-            return super().__enter__()
+            try:
+                return super().__enter__()
+            except BaseException:
+                self._quiet_metadata.__exit__(None, None, None)
+                raise
 
         def __exit__(self, *args: Any) -> None:
             try:
@@ -196,10 +200,10 @@ def _quiet_during_metadata_propagation(tracker: Any) -> Iterator[None]:
 
     To learn an op's output shape DTensor runs the op on fake tensors of the global shape
     (``ShardingPropagator._propagate_tensor_meta_non_cached``), inside our fake mode, so the
-    tracker saw them as optimizer temporaries. Its cache hides this only where it hits: it
-    holds 128 schemas, and torch 2.11 keys an op's scalars (Adam's per-step ``addcdiv_``
-    value), so on a GPU node's torch each new step missed and the first FSDP estimate in a
-    process peaked in the optimizer (22,528 B instead of 21,504 B for the tests' net).
+    tracker saw them as optimizer temporaries. Its cache hides this only where it hits, and
+    torch 2.11 keys Adam's per-step ``addcdiv_`` value: on the GPU node's torch each new step
+    missed, and the first FSDP estimate in a process peaked in the optimizer (22,528 B instead
+    of 21,504 B for test_device_choice's net), the next one not.
     """
     try:
         from torch.distributed.tensor._sharding_prop import ShardingPropagator

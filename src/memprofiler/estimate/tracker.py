@@ -10,7 +10,9 @@ allocation log the CUDA allocator model replays. One tracker per estimate: no gl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -103,6 +105,29 @@ def _make(base: type[MemTracker]) -> Any:
     class _Tracked(base):  # type: ignore[valid-type, misc]
         ledger: Ledger
         phase: str
+        #: True while DTensor infers an op's output shape on fake tensors of its own: those
+        #: tensors exist on no device, in a real run or here, so they are not counted.
+        quiet = False
+
+        def __enter__(self) -> Any:
+            self._quiet_metadata = _quiet_during_metadata_propagation(self)
+            self._quiet_metadata.__enter__()
+            try:
+                return super().__enter__()
+            except BaseException:
+                self._quiet_metadata.__exit__(None, None, None)
+                raise
+
+        def __exit__(self, *args: Any) -> None:
+            try:
+                super().__exit__(*args)
+            finally:
+                self._quiet_metadata.__exit__(*args)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if self.quiet:
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _update_snap(
             self,
@@ -198,6 +223,42 @@ def _make(base: type[MemTracker]) -> Any:
 
     _Tracked.__name__ = f"Ledger{base.__name__}"
     return _Tracked
+
+
+@contextlib.contextmanager
+def _quiet_during_metadata_propagation(tracker: Any) -> Iterator[None]:
+    """While the block runs, ``tracker`` counts nothing DTensor's sharding propagator makes.
+
+    To learn an op's output shape DTensor runs the op on fake tensors of the global shape
+    (``ShardingPropagator._propagate_tensor_meta_non_cached``), inside our fake mode, so the
+    tracker saw them as optimizer temporaries. Its cache hides this only where it hits, and
+    torch 2.11 keys Adam's per-step ``addcdiv_`` value: on the GPU node's torch each new step
+    missed, and the first FSDP estimate in a process peaked in the optimizer (22,528 B instead
+    of 21,504 B for test_device_choice's net), the next one not.
+    """
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # a torch without DTensor: nothing to quiet
+        yield
+        return
+    name = "_propagate_tensor_meta_non_cached"
+    infer = ShardingPropagator.__dict__.get(name)
+    if infer is None:  # a torch that infers elsewhere: counted as before
+        yield
+        return
+
+    def quiet_infer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        was, tracker.quiet = tracker.quiet, True
+        try:
+            return infer(self, *args, **kwargs)
+        finally:
+            tracker.quiet = was
+
+    setattr(ShardingPropagator, name, quiet_infer)
+    try:
+        yield
+    finally:
+        setattr(ShardingPropagator, name, infer)
 
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:

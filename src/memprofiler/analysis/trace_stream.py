@@ -1,28 +1,31 @@
-"""Summarise a profiler trace in one streaming pass, in bounded memory.
+"""The one profiler trace reader: every view's figures from one pass over the file, then one
+ordered pass over what it kept, in bounded memory, whatever the order of the events.
 
-:func:`memprofiler.analysis.trace_events.read_trace` keeps every event the views use and
-:func:`memprofiler.analysis.profiler_ops.nest` places them afterwards: memory grows with the
-trace. Here each event is folded into the views' totals as it is read, and only what must be
-held is held:
+Torch writes every ``[memory]`` event after the last operator; merged or edited traces put
+them first, interleave them, or mix threads and ranks out of order. So the reader does not
+rely on the file's order:
 
-- per thread, the spans still open (a stack) and a reorder heap of :data:`REORDER` events
-  that puts the thread's events back in time order; per device, the same for memory events;
-- per device, the allocations not yet released (by address), the :data:`PAIRS_KEPT` largest
-  allocation / release pairs (all are counted) and the first :data:`RANGE_KEPT` memory
-  events, for the page's range selection;
-- one row of totals per operator, module, device and call path;
-- the busy periods of each step category, merged as they come (16 bytes per gap between
-  busy periods: the one part that still grows with the trace).
+1. **Scan** (file order): each event parsed on its own
+   (:func:`~memprofiler.analysis.trace_events.iter_events`); what needs no order is folded at
+   once (device time by ``External id``, busy periods of each step category, operators'
+   shapes, call times); each operator, module span and memory event becomes one fixed-width
+   record (:data:`RECORD`, 65 bytes). Records are sorted in runs of :data:`RUN` by
+   ``(time, span before memory event, longer span first, file order)`` and the runs spilled
+   to one temporary file.
+2. **Attribute** (time order): the runs are merged by time windows (each window holds at
+   most about :data:`RUN` records, sorted in numpy) and each record is folded in: per thread
+   the spans open at its time (a stack), so a memory event counts for every enclosing
+   operator and module; per device the curve, peak, allocation / release pairs by address.
 
-The memory curve, each memory event's bytes and call path, the operators' ``External id``
-and call times and the kernels' durations go to temporary files, read back at the end: the
-curve thinned to :data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points; past
+Held while reading: one run or window of records, the allocations not yet released (by
+address), the :data:`PAIRS_KEPT` largest pairs, the first :data:`RANGE_KEPT` memory events per
+device, one row per operator, module, device and call path, and the open spans. The memory
+curve, each memory event's bytes and call path, the operators' ``External id`` and call
+times and the kernels' durations go to temporary files, read back at the end: the curve
+thinned to :data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points; past
 :data:`RANGE_KEPT` events, the events in :data:`RANGE_BINS` bins for a range selection on
-whole bins; kernels joined to the operators that launched them in numpy batches.
-
-Every figure equals the in-memory path's (float sums may differ in the last bits). A trace
-whose events are further out of time order than the reorder heap raises :class:`Unordered`,
-and the caller reads it the in-memory way instead.
+whole bins; kernels joined to the operators that launched them in numpy batches. Every
+temporary file is closed on every path, errors included.
 """
 
 from __future__ import annotations
@@ -66,8 +69,15 @@ from memprofiler.analysis.trace_events import (
 )
 from memprofiler.errors import ArtifactError
 
-#: Events a thread's (or device's) reorder heap holds before releasing the earliest.
-REORDER = 4096
+#: Records sorted per run in the scan, and held per window in the ordered pass.
+RUN = 1 << 16
+#: One operator, module span or ``[memory]`` event: sort keys (time, 0 for a span / 1 for a
+#: memory event, minus duration, file order), thread, then a span's kind, name and
+#: ``External id``, or a memory event's device, address, bytes, allocated and reserved.
+RECORD = np.dtype(
+    [("ts", "f8"), ("what", "i1"), ("negdur", "f8"), ("idx", "i8"), ("thread", "i4"), ("kind", "i1"),
+     ("name", "i4"), ("ext", "i8"), ("nbytes", "i8"), ("allocated", "i8"), ("reserved", "i8")],
+)  # fmt: skip
 #: Allocation / release pairs kept per device (the largest); the rest are counted.
 PAIRS_KEPT = 20_000
 #: Memory events per device kept for the page's range selection (beyond: none).
@@ -79,6 +89,8 @@ RANGE_BINS = 2000
 RANGE_GROUPS = 100_000
 
 _OP, _MOD = 0, 1
+#: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
+_TORCH_MOD = 2
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
@@ -86,12 +98,12 @@ _WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "us
 _CHUNK = 65536
 
 
-class Unordered(Exception):
-    """The trace is too far out of time order to stream; read it the in-memory way."""
+def _clamp(v: int) -> int:
+    """``v`` within int64 (a hostile trace may write any integer)."""
+    return v if -_I64 <= v < _I64 else (_I64 - 1 if v > 0 else -_I64)
 
 
-class Relabel(Exception):
-    """Lightning's module spans appeared after torch's were swept: read again knowing it."""
+_I64 = 1 << 63
 
 
 class _Intervals:
@@ -178,11 +190,81 @@ class _Spill:
         self.file.close()
 
 
+class _Runs:
+    """Records in sorted runs of :data:`RUN`, spilled to one temporary file; merged back in
+    time order by :meth:`ordered`."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, ...]] = []
+        self.runs: list[tuple[int, int]] = []  # (first record, count)
+        self.count = 0
+        self.file: Any = None
+
+    def add(self, rec: tuple[Any, ...]) -> None:
+        self.pending.append(rec)
+        if len(self.pending) >= RUN:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        a = np.array(self.pending, dtype=RECORD)
+        self.pending = []
+        a = a[np.lexsort((a["idx"], a["negdur"], a["what"], a["ts"]))]
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="memprofiler-trace-", suffix=".bin")  # noqa: SIM115  # closed by close()
+        self.file.seek(self.count * RECORD.itemsize)
+        a.tofile(self.file)
+        self.runs.append((self.count, len(a)))
+        self.count += len(a)
+
+    def _read(self, first: int, n: int) -> Any:
+        self.file.seek(first * RECORD.itemsize)
+        return np.fromfile(self.file, dtype=RECORD, count=n)
+
+    def ordered(self) -> Iterator[Any]:
+        """Every record in sort order, in windows of about :data:`RUN` (numpy arrays)."""
+        self.flush()
+        if not self.runs:
+            return
+        step = max(1024, RUN // len(self.runs))
+        heads = [[first, n, self._read(first, min(n, step))] for first, n in self.runs]
+        for h in heads:
+            h[0] += len(h[2])
+            h[1] -= len(h[2])
+        while heads:
+            # Records on disk come after each run's buffer: the window ends at the earliest
+            # buffer end among runs with more on disk (all records at one time stay together).
+            bound = min((h[2]["ts"][-1] for h in heads if h[1]), default=None)
+            cuts = [len(h[2]) if bound is None else int(np.searchsorted(h[2]["ts"], bound)) for h in heads]
+            if not any(cuts):  # every buffer starts at the bound: read further where it ends there
+                for h in heads:
+                    if h[1] and h[2]["ts"][-1] == bound:
+                        more = self._read(h[0], min(h[1], len(h[2])))
+                        h[0] += len(more)
+                        h[1] -= len(more)
+                        h[2] = np.concatenate([h[2], more])
+                continue
+            win = np.concatenate([h[2][:c] for h, c in zip(heads, cuts, strict=True)])
+            for h, c in zip(heads, cuts, strict=True):
+                h[2] = h[2][c:]
+                if h[1] and len(h[2]) < step:
+                    more = self._read(h[0], min(h[1], step))
+                    h[0] += len(more)
+                    h[1] -= len(more)
+                    h[2] = np.concatenate([h[2], more])
+            heads = [h for h in heads if len(h[2])]
+            yield win[np.lexsort((win["idx"], win["negdur"], win["what"], win["ts"]))]
+
+    def close(self) -> None:
+        self.pending = []
+        if self.file is not None:
+            self.file.close()
+
+
 @dataclass
 class _Device:
     label: str
-    heap: list[tuple[Any, ...]] = field(default_factory=list)
-    last: tuple[float, int] = (float("-inf"), -1)
     curve: _Spill = field(default_factory=lambda: _Spill(4))
     """``(allocated, reserved, bytes, call path)`` of each memory event, in time order."""
     times: _Spill = field(default_factory=lambda: _Spill(1, "d"))
@@ -201,8 +283,6 @@ class _Device:
 
 @dataclass
 class _Thread:
-    heap: list[tuple[Any, ...]] = field(default_factory=list)
-    last: tuple[float, int, float, int] = (float("-inf"), 0, 0.0, -1)
     stack: list[list[Any]] = field(default_factory=list)
     """Open spans, outermost first: ``[kind, name, dur, end, child time, ext, seq, ops, mods]``."""
     ops: _Intervals = field(default_factory=_Intervals)
@@ -232,13 +312,14 @@ class Summary:
 
 
 class _Reader:
-    def __init__(self, path: Path, lightning: bool) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.lightning = lightning
-        self.torch_modules_seen = False
+        self.lightning = False
         self.names: list[str] = []
         self.ix: dict[str, int] = {}
-        self.threads: dict[tuple[Any, Any], _Thread] = {}
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.thread_list: list[_Thread] = []
+        self.records = _Runs()
         self.devices: list[_Device] = []
         self.dev_ix: dict[str, int] = {}
         self.ops: dict[int, OpRow] = {}
@@ -264,6 +345,20 @@ class _Reader:
         self.events = 0
         self.mem_index = 0
 
+    def close(self) -> None:
+        """Close every temporary file (each is already unlinked: closing frees its space)."""
+        self.records.close()
+        for sp in (self.ext, self.call_ts, self.call_name, self.kernel_ext, self.kernel_dur):
+            sp.close()
+        for u in (*self.device_kind, self.compute_kernels, self.comm_kernels, self.runtime, self.loading):
+            u.close()
+        for th in self.thread_list:
+            th.ops.close()
+            th.comm.close()
+        for d in self.devices:
+            d.curve.close()
+            d.times.close()
+
     def intern(self, text: str) -> int:
         i = self.ix.get(text)
         if i is None:
@@ -280,6 +375,8 @@ class _Reader:
         wanted = _WANTED
         for ev in iter_events(self.path):
             events += 1
+            if ev.__class__ is not dict:
+                continue
             ts = ev.get("ts")
             if ts.__class__ is not float and not isinstance(ts, (int, float)):
                 continue
@@ -299,21 +396,30 @@ class _Reader:
                 if ph == "i" and ev.get("name") == "[memory]":
                     memory(ev, float(ts))
         self.events, self.start = events, start
-        for key in list(self.threads):
-            th = self.threads[key]
-            while th.heap:
-                self._sweep(th, heapq.heappop(th.heap))
-            self._close(th, float("inf"), 0)
-        for d in self.devices:
-            while d.heap:
-                self._device_event(d, heapq.heappop(d.heap))
+        self._attribute()
 
-    def _thread(self, ev: dict[str, Any]) -> _Thread:
+    def _thread(self, ev: dict[str, Any]) -> int:
         key = (ev.get("pid"), ev.get("tid"))
-        th = self.threads.get(key)
-        if th is None:
-            th = self.threads[key] = _Thread()
-        return th
+        k = self.threads.get(key)
+        if k is None:
+            k = self.threads[key] = len(self.thread_list)
+            self.thread_list.append(_Thread())
+        return k
+
+    def _attribute(self) -> None:
+        """The ordered pass: every record in sort order through :meth:`_sweep`."""
+        threads, sweep, close = self.thread_list, self._sweep, self._close
+        lightning = self.lightning
+        for win in self.records.ordered():
+            for k in range(0, len(win), 8192):
+                for rec in win[k : k + 8192].tolist():
+                    if rec[1] == 0 and rec[5] == _TORCH_MOD:
+                        if lightning:
+                            continue
+                        rec = (*rec[:5], _MOD, *rec[6:])
+                    sweep(threads[rec[4]], rec)
+        for th in threads:
+            close(th, float("inf"), 0)
 
     def _span(self, ev: dict[str, Any], cat: Any, ts: float, seq: int) -> None:
         name = str(ev.get("name", ""))
@@ -361,15 +467,11 @@ class _Reader:
         n = self.intern(name)
         if kind == _MOD:
             if name.startswith("[pl][module]"):
-                if not self.lightning:
-                    if self.torch_modules_seen:
-                        raise Relabel
-                    self.lightning = True
+                self.lightning = True
             else:
-                self.torch_modules_seen = True
-                if self.lightning:
-                    return
-        th = self._thread(ev)
+                kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
+        t = self._thread(ev)
+        th = self.thread_list[t]
         if kind == _OP:
             dims = args.get("Input Dims")
             if isinstance(dims, list):
@@ -384,17 +486,11 @@ class _Reader:
             self.call_ts.add(ts)
             self.call_name.add(n)
             (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
-        item = (ts, 0, -dur, seq, kind, n, _int(args.get("External id")))
-        self._push(th, item)
-
-    def _push(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        heapq.heappush(th.heap, item)
-        if len(th.heap) > REORDER:
-            self._sweep(th, heapq.heappop(th.heap))
+        self.records.add((ts, 0, -dur, seq, t, kind, n, _clamp(_int(args.get("External id"))), 0, 0, 0))
 
     def _memory(self, ev: dict[str, Any], ts: float) -> None:
         args = _args(ev)
-        nbytes = _int(args.get("Bytes"), 0)
+        nbytes = _clamp(_int(args.get("Bytes"), 0))
         if nbytes == 0:
             return
         label = memory_device(args)
@@ -405,14 +501,15 @@ class _Reader:
         j = self.mem_index
         self.mem_index += 1
         addr, allocated, reserved = args.get("Addr"), args.get("Total Allocated"), args.get("Total Reserved")
-        payload = (
-            dev,
-            nbytes,
-            (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
-            allocated if allocated.__class__ is int else _int(allocated, 0),
-            reserved if reserved.__class__ is int else _int(reserved, 0),
-        )
-        self._push(self._thread(ev), (ts, 1, 0.0, j, payload))
+        self.records.add(
+            (
+                ts, 1, 0.0, j, self._thread(ev), 0, dev,
+                (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
+                nbytes,
+                _clamp(allocated if allocated.__class__ is int else _int(allocated, 0)),
+                _clamp(reserved if reserved.__class__ is int else _int(reserved, 0)),
+            )
+        )  # fmt: skip
 
     # -- the per-thread sweep (as profiler_ops.nest, one item at a time) -------------------
 
@@ -430,15 +527,11 @@ class _Reader:
             r.host_self_us += max(0.0, dur - child)
 
     def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        key = item[:4]
-        if key < th.last:
-            raise Unordered
-        th.last = key
         t, what = item[0], item[1]
         self._close(th, t, what)
         stack = th.stack
         if what == 0:
-            _, _, negdur, seq, kind, n, ext = item
+            _, _, negdur, seq, _, kind, n, ext, _, _, _ = item
             dur = -negdur
             if stack:
                 top = stack[-1]
@@ -462,7 +555,7 @@ class _Reader:
                 entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
             stack.append(entry)
             return
-        _, _, _, j, (dev, b, addr, allocated, reserved) = item
+        _, _, _, j, _, _, dev, addr, b, allocated, reserved = item
         if not stack:
             ops, mods, names = (), (), ()
         else:
@@ -508,17 +601,22 @@ class _Reader:
         sid = self.stack_ids.get(names)
         if sid is None:
             sid = self.stack_ids[names] = len(self.stack_ids)
-        heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, sid))
-        if len(d.heap) > REORDER:
-            self._device_event(d, heapq.heappop(d.heap))
+        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
 
     # -- per device, in time order ----------------------------------------------------------
 
-    def _device_event(self, d: _Device, item: tuple[Any, ...]) -> None:
-        t, j, b, addr, allocated, reserved, label, sid = item
-        if (t, j) < d.last:
-            raise Unordered
-        d.last = (t, j)
+    def _device_event(
+        self,
+        d: _Device,
+        t: float,
+        j: int,
+        b: int,
+        addr: int,
+        allocated: int,
+        reserved: int,
+        label: int,
+        sid: int,
+    ) -> None:
         d.curve.add(allocated, reserved, b, sid)
         d.times.add(t)
         d.count += 1
@@ -565,16 +663,18 @@ def summarise(path: str | Path) -> Summary:
 
     Raises:
         ArtifactError: the file is missing, unreadable, or holds no ``traceEvents``.
-        Unordered: the trace's events are too far out of time order to stream.
     """
     p = Path(path)
     rank, base = checked_header(p)
+    r = _Reader(p)
     try:
-        r = _Reader(p, lightning=False)
         r.read()
-    except Relabel:
-        r = _Reader(p, lightning=True)
-        r.read()
+        return _summary(r, p, rank, base)
+    finally:
+        r.close()
+
+
+def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     if r.events == 0:
         raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
     out = Summary(path=p, rank=rank, base_ns=base, events=r.events, names=r.names)
@@ -588,13 +688,6 @@ def summarise(path: str | Path) -> Summary:
     out.devices = [_device_view(r, d, out.start) for d in r.devices]
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
-    for sp in (r.ext, r.call_ts, r.call_name):
-        sp.close()
-    for u in (*r.device_kind, r.compute_kernels, r.comm_kernels, r.runtime, r.loading):
-        u.close()
-    for th in r.threads.values():
-        th.ops.close()
-        th.comm.close()
     return out
 
 
@@ -613,8 +706,6 @@ def _device_time(r: _Reader) -> None:
             batch = []
     if batch:
         _join(r, batch, chain_time)
-    r.kernel_ext.close()
-    r.kernel_dur.close()
     for (ops, mods), dur in zip(r.chains, chain_time.tolist(), strict=True):
         if not dur:
             continue
@@ -806,8 +897,6 @@ def _read_curve(
         _flush(groups, cur, len(bins) - 1)
         if len(groups) > RANGE_GROUPS:
             groups = None
-    d.times.close()
-    d.curve.close()
     return out, bins, groups
 
 
@@ -876,7 +965,7 @@ def _steps(r: _Reader, start: float) -> list[StepRow]:
     host = len(STEP_PARTS) - 2
     streams = [(KERNEL, r.compute_kernels), (KERNEL, r.comm_kernels)]
     streams += [(k, r.device_kind[k]) for k in (MEMCPY, MEMSET)] + [(3, r.runtime), (4, r.loading)]
-    streams += [(host, u) for th in r.threads.values() for u in (th.ops, th.comm)]
+    streams += [(host, u) for th in r.thread_list for u in (th.ops, th.comm)]
     parts = [[0.0] * (len(STEP_PARTS) - 1) for _ in windows]
     win = _Windows([(s, e) for _, s, e in windows])
     for a, b, counts in _segments(streams):
@@ -895,7 +984,7 @@ def _rank_row(rank: int, r: _Reader, step_rows: list[StepRow], start: float) -> 
     """As :func:`memprofiler.analysis.profiler_steps.rank_row`, in one sweep: computation is
     a thread's operators outside its own collectives (on the device: kernels other than
     collectives), communication any collective."""
-    threads = list(r.threads.values())
+    threads = r.thread_list
     if r.any_device:
         source = "device"
         streams = [(0, r.compute_kernels), (1, r.comm_kernels)]

@@ -60,7 +60,8 @@ from memprofiler.analysis.trace_events import (
     MEMCPY,
     MEMSET,
     MODULE_PREFIXES,
-    _args,
+    Event,
+    EventArgs,
     _int,
     _shapes_text,
     checked_header,
@@ -96,6 +97,14 @@ _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
 _WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
 _CHUNK = 65536
+
+
+_NO_ARGS = EventArgs()
+
+
+def _hashable(v: Any) -> Any:
+    """A ``pid`` / ``tid`` as a dictionary key (a hostile trace may give a list)."""
+    return v if v is None or isinstance(v, (str, int, float)) else repr(v)
 
 
 def _clamp(v: int) -> int:
@@ -160,17 +169,19 @@ class _Spill:
         self.width = width
         self.code = code
         self.buf: array[Any] = array(code)
-        self.count = 0
         fd, name = tempfile.mkstemp(prefix="memprofiler-trace-", suffix=".bin")
         self.file = os.fdopen(fd, "w+b")
         os.unlink(name)
 
     def add(self, *values: Any) -> None:
         self.buf.extend(values)
-        self.count += 1
         if len(self.buf) >= _CHUNK * self.width:
             self.buf.tofile(self.file)
             del self.buf[:]
+
+    def written(self) -> int:
+        """Values added so far."""
+        return self.file.tell() // self.buf.itemsize + len(self.buf)
 
     def read(self) -> Any:
         """Yield the records back, chunk by chunk, as flat arrays."""
@@ -279,6 +290,8 @@ class _Device:
     kept: list[tuple[float, int, int, int]] | None = field(default_factory=list)
     """``(ts, bytes, event index, call path)`` of the first :data:`RANGE_KEPT` events."""
     stats: dict[int, MemStat] = field(default_factory=dict)
+    acc: dict[tuple[int, tuple[int, ...]], list[int]] = field(default_factory=dict)
+    """(call path, module chain) -> [bytes, allocations, allocated bytes] of its memory events."""
 
 
 @dataclass
@@ -322,12 +335,12 @@ class _Reader:
         self.records = _Runs()
         self.devices: list[_Device] = []
         self.dev_ix: dict[str, int] = {}
+        self.dev_of: dict[tuple[Any, Any], int] = {}
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
         self.shape_ids: dict[str, int] = {}
-        self.call_ts = _Spill(1, "d")
-        self.call_name = _Spill(1)
+        self.calls = _Spill(2, "d")  # (time, name) of each operator call
         self.stack_ids: dict[tuple[int, ...], int] = {}
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         self.ext = _Spill(3)  # (External id, file order, chain)
@@ -344,11 +357,12 @@ class _Reader:
         self.end = float("-inf")
         self.events = 0
         self.mem_index = 0
+        self.kernels = False
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
         self.records.close()
-        for sp in (self.ext, self.call_ts, self.call_name, self.kernel_ext, self.kernel_dur):
+        for sp in (self.ext, self.calls, self.kernel_ext, self.kernel_dur):
             sp.close()
         for u in (*self.device_kind, self.compute_kernels, self.comm_kernels, self.runtime, self.loading):
             u.close()
@@ -375,31 +389,37 @@ class _Reader:
         wanted = _WANTED
         for ev in iter_events(self.path):
             events += 1
-            if ev.__class__ is not dict:
+            if ev is None:
                 continue
-            ts = ev.get("ts")
-            if ts.__class__ is not float and not isinstance(ts, (int, float)):
+            ts = ev.ts
+            if ts.__class__ is not float and (ts.__class__ is bool or not isinstance(ts, (int, float))):
                 continue
-            ph = ev.get("ph")
+            ph = ev.ph
             if ph == "X":
                 if ts < start:
                     start = float(ts)
                 seq += 1
-                cat = ev.get("cat")
+                cat = ev.cat
                 if cat in wanted or (
-                    cat == "python_function" and str(ev.get("name", "")).startswith("nn.Module: ")
+                    cat == "python_function"
+                    and ev.name.__class__ is str
+                    and ev.name.startswith("nn.Module: ")
                 ):
                     span(ev, cat, float(ts), seq)
             elif ph != "M":
                 if ts < start:
                     start = float(ts)
-                if ph == "i" and ev.get("name") == "[memory]":
-                    memory(ev, float(ts))
+                if ph == "i" and ev.name == "[memory]" and ev.args is not None:
+                    memory(ev, ev.args, float(ts))
         self.events, self.start = events, start
         self._attribute()
 
-    def _thread(self, ev: dict[str, Any]) -> int:
-        key = (ev.get("pid"), ev.get("tid"))
+    def _thread(self, ev: Event) -> int:
+        try:
+            return self.threads[ev.pid, ev.tid]
+        except (KeyError, TypeError):
+            pass
+        key = (_hashable(ev.pid), _hashable(ev.tid))
         k = self.threads.get(key)
         if k is None:
             k = self.threads[key] = len(self.thread_list)
@@ -410,6 +430,7 @@ class _Reader:
         """The ordered pass: every record in sort order through :meth:`_sweep`."""
         threads, sweep, close = self.thread_list, self._sweep, self._close
         lightning = self.lightning
+        self.kernels = self.kernel_ext.written() > 0  # operators' External ids are needed only then
         for win in self.records.ordered():
             for k in range(0, len(win), 8192):
                 for rec in win[k : k + 8192].tolist():
@@ -420,15 +441,21 @@ class _Reader:
                     sweep(threads[rec[4]], rec)
         for th in threads:
             close(th, float("inf"), 0)
+        self._spread()
 
-    def _span(self, ev: dict[str, Any], cat: Any, ts: float, seq: int) -> None:
-        name = str(ev.get("name", ""))
-        d = ev.get("dur")
-        dur = float(d) if isinstance(d, (int, float)) else 0.0
+    def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
+        name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
+        d = ev.dur
+        dur = (
+            float(d)
+            if d.__class__ is float or (isinstance(d, (int, float)) and d.__class__ is not bool)
+            else 0.0
+        )
         end = ts + dur
         if cat in _DEVICE_CATS:
             self.any_device = True
-            self.end = max(self.end, end)
+            if end > self.end:
+                self.end = end
             kind = _DEVICE_CATS[cat]
             if kind != KERNEL:
                 self.device_kind[kind].add(ts, end)
@@ -436,8 +463,7 @@ class _Reader:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
-            a = ev.get("args")
-            e = _int(a.get("External id")) if isinstance(a, dict) else -1
+            e = _int(ev.args.ext) if ev.args is not None else -1
             if e >= 0:
                 self.kernel_ext.add(e)
                 self.kernel_dur.add(dur)
@@ -448,7 +474,8 @@ class _Reader:
         if cat == "cpu_op":
             kind = _OP
         elif cat == "user_annotation":
-            self.end = max(self.end, end)
+            if end > self.end:
+                self.end = end
             if _STEP.match(name):
                 self.step_windows.append((name, ts, end))
                 return
@@ -461,9 +488,9 @@ class _Reader:
             kind = _MOD
         else:
             return
-        self.end = max(self.end, end)
-        args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
+        if end > self.end:
+            self.end = end
+        args = ev.args if ev.args is not None else _NO_ARGS
         n = self.intern(name)
         if kind == _MOD:
             if name.startswith("[pl][module]"):
@@ -473,7 +500,7 @@ class _Reader:
         t = self._thread(ev)
         th = self.thread_list[t]
         if kind == _OP:
-            dims = args.get("Input Dims")
+            dims = args.dims
             if isinstance(dims, list):
                 c = self.shapes.get(n)
                 if c is None:
@@ -483,24 +510,33 @@ class _Reader:
                 if sid is None:
                     sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
                 c[sid] += 1
-            self.call_ts.add(ts)
-            self.call_name.add(n)
+            self.calls.add(ts, n)
             (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
-        self.records.add((ts, 0, -dur, seq, t, kind, n, _clamp(_int(args.get("External id"))), 0, 0, 0))
+        ext = args.ext
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
+        self.records.add((ts, 0, -dur, seq, t, kind, n, ext, 0, 0, 0))
 
-    def _memory(self, ev: dict[str, Any], ts: float) -> None:
-        args = _args(ev)
-        nbytes = _clamp(_int(args.get("Bytes"), 0))
-        if nbytes == 0:
-            return
+    def _device(self, args: EventArgs) -> int:
         label = memory_device(args)
         dev = self.dev_ix.get(label)
         if dev is None:
             dev = self.dev_ix[label] = len(self.devices)
             self.devices.append(_Device(label))
+        with contextlib.suppress(TypeError):  # an unhashable device type or id: not cached
+            self.dev_of[args.device_type, args.device_id] = dev
+        return dev
+
+    def _memory(self, ev: Event, args: EventArgs, ts: float) -> None:
+        nbytes = _clamp(_int(args.nbytes, 0))
+        if nbytes == 0:
+            return
+        try:
+            dev = self.dev_of[args.device_type, args.device_id]
+        except (KeyError, TypeError):
+            dev = self._device(args)
         j = self.mem_index
         self.mem_index += 1
-        addr, allocated, reserved = args.get("Addr"), args.get("Total Allocated"), args.get("Total Reserved")
+        addr, allocated, reserved = args.addr, args.allocated, args.reserved
         self.records.add(
             (
                 ts, 1, 0.0, j, self._thread(ev), 0, dev,
@@ -543,7 +579,7 @@ class _Reader:
                 if op_parent is not None:
                     op_parent[4] += dur
                 ops = (n, *ops)
-                if ext >= 0:
+                if ext >= 0 and self.kernels:
                     c = self.chains.get((ops, kmods))
                     if c is None:
                         c = self.chains[ops, kmods] = len(self.chains)
@@ -556,41 +592,34 @@ class _Reader:
             stack.append(entry)
             return
         _, _, _, j, _, _, dev, addr, b, allocated, reserved = item
-        if not stack:
-            ops, mods, names = (), (), ()
-        else:
+        if stack:
             inner = stack[-1]
-            ops, mods, names = inner[5], inner[9], inner[10]
-            if names is None:
-                names = inner[10] = tuple(dict.fromkeys(ops))
+            where = inner[10]
+            if where is None:
+                where = inner[10] = self._where(inner[5], inner[9])
+        else:
+            where = self._where((), ())
+        sid, label, key = where
         d = self.devices[dev]
-        for k, n in enumerate(names):
-            r = self.ops[n] if n in self.ops else self.ops.setdefault(n, OpRow(self.names[n]))
-            st = d.stats.get(n)
-            if st is None:
-                st = d.stats[n] = MemStat(self.names[n])
-            r.increase += b
-            st.increase += b
-            if b > 0:
-                r.alloc_bytes += b
-                st.alloc_count += 1
-                st.alloc_size += b
-            if k == 0:
-                r.self_increase += b
-                st.self_increase += b
-                if b > 0:
-                    r.self_alloc_bytes += b
-                    st.self_alloc_count += 1
-                    st.self_alloc_size += b
-        for k, mn in enumerate(mods):
-            m = self.mods.get(mn)
-            if m is None:
-                m = self.mods[mn] = OpRow(module_name(self.names[mn]))
-            m.increase += b
-            m.alloc_bytes += max(b, 0)
-            if k == 0:
-                m.self_increase += b
-                m.self_alloc_bytes += max(b, 0)
+        # Summed per call path and module chain; spread over the operators and modules at the end.
+        acc = d.acc.get(key)
+        if acc is None:
+            acc = d.acc[key] = [0, 0, 0]
+        acc[0] += b
+        if b > 0:
+            acc[1] += 1
+            acc[2] += b
+        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
+
+    def _where(
+        self, ops: tuple[int, ...], mods: tuple[int, ...]
+    ) -> tuple[int, int, tuple[int, tuple[int, ...]]]:
+        """A memory event's place under open operators ``ops`` and modules ``mods`` (innermost
+        first): its call path's id, the label of its pair, the key its bytes are summed under."""
+        names = tuple(dict.fromkeys(ops))
+        sid = self.stack_ids.get(names)
+        if sid is None:
+            sid = self.stack_ids[names] = len(self.stack_ids)
         label = -1
         if ops:
             inner = self.names[ops[0]]
@@ -598,10 +627,42 @@ class _Reader:
                 label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
                 label = ops[0]
-        sid = self.stack_ids.get(names)
-        if sid is None:
-            sid = self.stack_ids[names] = len(self.stack_ids)
-        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
+        return sid, label, (sid, mods)
+
+    def _spread(self) -> None:
+        """Each device's memory, summed per call path and module chain, to its operators
+        (``self``: the innermost), the device's statistics and the modules."""
+        stacks = list(self.stack_ids)
+        for d in self.devices:
+            for (sid, mods), (b, count, size) in d.acc.items():
+                for k, n in enumerate(stacks[sid]):
+                    r = self.ops.get(n)
+                    if r is None:
+                        r = self.ops[n] = OpRow(self.names[n])
+                    st = d.stats.get(n)
+                    if st is None:
+                        st = d.stats[n] = MemStat(self.names[n])
+                    r.increase += b
+                    st.increase += b
+                    r.alloc_bytes += size
+                    st.alloc_count += count
+                    st.alloc_size += size
+                    if k == 0:
+                        r.self_increase += b
+                        st.self_increase += b
+                        r.self_alloc_bytes += size
+                        st.self_alloc_count += count
+                        st.self_alloc_size += size
+                for k, mn in enumerate(mods):
+                    m = self.mods.get(mn)
+                    if m is None:
+                        m = self.mods[mn] = OpRow(module_name(self.names[mn]))
+                    m.increase += b
+                    m.alloc_bytes += size
+                    if k == 0:
+                        m.self_increase += b
+                        m.self_alloc_bytes += size
+            d.acc.clear()
 
     # -- per device, in time order ----------------------------------------------------------
 
@@ -822,8 +883,10 @@ def _device_view(
 
 def _calls(r: _Reader) -> Any:
     """``(ts, name)`` of every operator call, back from the temporary files."""
-    for ts, names in zip(r.call_ts.read(), r.call_name.read(), strict=True):
-        yield from zip(ts, names, strict=True)
+    for chunk in r.calls.read():
+        it = iter(chunk)
+        for ts, n in zip(it, it, strict=True):
+            yield ts, int(n)
 
 
 def _call_slots(

@@ -241,7 +241,7 @@ def _scan(f: _Limited, fail: str) -> Iterator[Event | None]:
         pos = buf.index(b"{", cut + 1)
     f.unread(buf[pos:])
     with io.TextIOWrapper(io.BufferedReader(f), encoding="utf-8") as text:
-        yield from _scan_exact(text, fail, f)
+        yield from _scan_exact(text, fail)
 
 
 def _last_separator(buf: bytes, pos: int) -> int:
@@ -258,10 +258,11 @@ def _last_separator(buf: bytes, pos: int) -> int:
     return -1
 
 
-def _scan_exact(f: IO[str], fail: str, raw: _Limited) -> Iterator[Event | None]:
+def _scan_exact(f: IO[str], fail: str) -> Iterator[Event | None]:
     """The events from the start of one (or the gap before one) to the end of ``traceEvents``."""
     buf = f.read(_BLOCK)
-    pos = 0
+    pos = base = 0  # base: characters of this text before buf[0]
+    failed_at = -1
     decode = _DECODER.raw_decode
     gap = _GAP.match
     comma = True  # the next event may start: first, or a ',' came after the last one
@@ -277,6 +278,7 @@ def _scan_exact(f: IO[str], fail: str, raw: _Limited) -> Iterator[Event | None]:
                 raise ArtifactError(
                     f"{fail} (cut short: traceEvents never closes); re-copy the file or re-export it"
                 )
+            base += pos
             buf = buf[pos:] + more
             pos = 0
             continue
@@ -284,7 +286,7 @@ def _scan_exact(f: IO[str], fail: str, raw: _Limited) -> Iterator[Event | None]:
             return
         if not comma:
             raise ArtifactError(
-                f"{fail} (no ',' between events at byte {raw.total:,} or before); {_FIX_SOURCE}"
+                f"{fail} (no ',' between events at character {base + p:,} of the events); {_FIX_SOURCE}"
             )
         try:
             ev, end = decode(buf, p)
@@ -298,17 +300,21 @@ def _scan_exact(f: IO[str], fail: str, raw: _Limited) -> Iterator[Event | None]:
                 f"of {sys.getrecursionlimit():,} levels); {_FIX_SOURCE}"
             ) from None
         except json.JSONDecodeError as err:
-            where = f"{err.msg}, {len(buf) - err.pos:,} characters before byte {raw.total:,}"
+            where = f"{err.msg} at character {base + err.pos:,} of the events"
+            if base + err.pos == failed_at and err.pos < len(buf):  # more text did not help
+                raise ArtifactError(f"{fail} (not JSON: {where}); {_FIX_SOURCE}") from None
             if len(buf) - p > MAX_EVENT_CHARS:
                 raise ArtifactError(
                     f"{fail} ({where}: not JSON, or an event longer than {MAX_EVENT_CHARS:,} characters, "
                     f"the reader's limit MAX_EVENT_CHARS); {_FIX_SOURCE}"
                 ) from None
+            failed_at = base + err.pos
             more = f.read(_BLOCK)
             if not more:
                 raise ArtifactError(
-                    f"{fail} ({err.msg} at the end: cut short); re-copy the file or re-export it"
+                    f"{fail} ({where}: cut short, or not JSON); re-copy the file or re-export it"
                 ) from None
+            base += p
             buf = buf[p:] + more
             pos = 0
             continue

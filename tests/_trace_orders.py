@@ -79,8 +79,11 @@ def figures(view: Any) -> Any:
     """A trace view as plain JSON data (the path left out), for comparison with a golden file."""
     d = dataclasses.asdict(view)
     d.pop("path")
+    d.pop("peak_gaps")  # added after the golden files were written (tested on their own)
     for c in d["categories"]:
         c.pop("source")
+        c.pop("origins")
+        c.pop("preexisting_at_peak")
     return json.loads(json.dumps(d))
 
 

@@ -15,10 +15,11 @@ from typing import Any
 
 from memprofiler import layout
 from memprofiler.analysis.memory_categories import CategoryTimeline, read_category_file
+from memprofiler.analysis.peak_gap import PeakGap, explain, trace_device
 from memprofiler.analysis.profiler_memory import DeviceMemory, MemPair, MemStat
 from memprofiler.analysis.profiler_ops import OpRow
 from memprofiler.analysis.profiler_steps import RankRow, StepRow
-from memprofiler.analysis.trace_events import find_traces, is_trace_file
+from memprofiler.analysis.trace_events import checked_header, find_traces, is_trace_file
 from memprofiler.analysis.trace_stream import summarise
 from memprofiler.errors import ArtifactError
 
@@ -54,6 +55,8 @@ class TraceView:
     categories: list[CategoryTimeline]
     has_device_time: bool
     rank_row: RankRow | None = None
+    peak_gaps: list[PeakGap] = field(default_factory=list)
+    """Per device with memory by category: its two peaks and one sentence on why they differ."""
 
     @property
     def title(self) -> str:
@@ -73,6 +76,11 @@ class ProfilerViews:
         return max(self.ranks, key=lambda r: (r.step_us, -r.rank)) if len(self.ranks) > 1 else None
 
 
+#: The categories file's times are whole µs (truncated); a probe just before the next µs reads
+#: every trace event of the same µs.
+_TRUNCATED_US = 0.999
+
+
 def categories_path(trace_path: Path) -> Path:
     """``x.pt.trace.json[.gz]`` -> ``x.memory_categories.json[.gz]`` beside it (the gzipped
     name when only that one exists)."""
@@ -90,9 +98,24 @@ def trace_view(path: Path) -> TraceView:
     Raises:
         ArtifactError: the trace or its categories file is unreadable.
     """
-    s = summarise(path)
     cats = categories_path(path)
+    # The categories' peak instants, on the trace's clock: where to read the allocator's count.
+    probes: dict[str, list[float]] = {}
+    base_ns = checked_header(path)[1]
+    if cats.is_file() and base_ns:
+        for tl in read_category_file(cats, 0.0):
+            if (dev := trace_device(tl.device)) is not None:
+                probes.setdefault(dev, []).append(tl.peak_ms * 1000 + _TRUNCATED_US - base_ns / 1000)
+    s = summarise(path, probes)
     wall = s.start + s.base_ns / 1000 if s.base_ns else None
+    categories = read_category_file(cats, wall) if cats.is_file() else []
+    gaps = []
+    for tl in categories:
+        dev = trace_device(tl.device)
+        dv = next((d for d in s.devices if d[0].device == dev), None)
+        if dv is not None:
+            at = next((v for (d, _), v in s.allocated_at.items() if d == dev), None) if base_ns else None
+            gaps.append(explain(dv[0], tl, at))
     return TraceView(
         path=path,
         rank=s.rank,
@@ -101,9 +124,10 @@ def trace_view(path: Path) -> TraceView:
         ops=s.ops,
         modules=s.modules,
         steps=s.steps,
-        categories=read_category_file(cats, wall) if cats.is_file() else [],
+        categories=categories,
         has_device_time=s.has_device_time,
         rank_row=s.rank_row,
+        peak_gaps=gaps,
     )
 
 

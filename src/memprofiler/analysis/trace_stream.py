@@ -37,7 +37,7 @@ import tempfile
 from array import array
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,6 +322,8 @@ class Summary:
     steps: list[StepRow] = field(default_factory=list)
     rank_row: RankRow | None = None
     has_device_time: bool = False
+    allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
+    """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
 
 
 class _Reader:
@@ -358,6 +360,8 @@ class _Reader:
         self.events = 0
         self.mem_index = 0
         self.kernels = False
+        self.probes: dict[str, list[float]] = {}
+        self.allocated_at: dict[tuple[str, float], int] = {}
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
@@ -719,8 +723,11 @@ class _Reader:
             heapq.heapreplace(d.pairs, entry)
 
 
-def summarise(path: str | Path) -> Summary:
+def summarise(path: str | Path, probes: dict[str, list[float]] | None = None) -> Summary:
     """Read ``path`` once and fold it into every view's figures.
+
+    ``probes``: per device label (``CPU``, ``GPU0``), trace times (µs) at which to read the
+    allocated bytes (:attr:`Summary.allocated_at`), after every event at or before each.
 
     Raises:
         ArtifactError: the file is missing, unreadable, or holds no ``traceEvents``.
@@ -728,6 +735,7 @@ def summarise(path: str | Path) -> Summary:
     p = Path(path)
     rank, base = checked_header(p)
     r = _Reader(p)
+    r.probes = probes or {}
     try:
         r.read()
         return _summary(r, p, rank, base)
@@ -749,6 +757,7 @@ def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     out.devices = [_device_view(r, d, out.start) for d in r.devices]
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
+    out.allocated_at = r.allocated_at
     return out
 
 
@@ -814,7 +823,9 @@ def _device_view(
     for lab, size, a in d.open.values():
         r._pair(d, lab, size, a, None)
     d.open.clear()
-    curve, bins, groups = _read_curve(d, start, binned=d.kept is None)
+    curve, bins, groups = _read_curve(
+        d, start, binned=d.kept is None, probes=r.probes.get(d.label, []), found=r.allocated_at
+    )
     dm = DeviceMemory(
         device=d.label,
         curve=curve,
@@ -911,7 +922,11 @@ def _call_slots(
 
 
 def _read_curve(
-    d: _Device, start: float, binned: bool
+    d: _Device,
+    start: float,
+    binned: bool,
+    probes: Sequence[float] = (),
+    found: dict[tuple[str, float], int] | None = None,
 ) -> tuple[list[tuple[float, int, int]], list[list[float]], list[list[int]] | None]:
     """The curve back from its temporary files, thinned as ``profiler_memory._thin`` does;
     when ``binned``, also the events in about :data:`RANGE_BINS` bins (``[first ms, last ms]``;
@@ -927,6 +942,11 @@ def _read_curve(
     cur: dict[int, list[int]] = {}
     in_bin = 0
     for times, values in zip(d.times.read(), d.curve.read(), strict=True):
+        if probes and found is not None and len(times):
+            at = np.searchsorted(np.frombuffer(times, dtype=np.float64), probes, side="right") - 1
+            for probe, i in zip(probes, at.tolist(), strict=True):
+                if i >= 0:
+                    found[d.label, probe] = values[4 * i]
         for i, ts in enumerate(times):
             t = _ms(start, ts)
             p = (t, values[4 * i], values[4 * i + 1])

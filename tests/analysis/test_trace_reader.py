@@ -62,6 +62,7 @@ def test_tiny_runs_windows_blocks_and_spill_chunks_give_the_same_figures(order, 
 def test_the_gpu_trace_in_small_windows_and_kernel_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_stream, "RUN", 257)
     monkeypatch.setattr(trace_stream, "_JOIN", 3)
+    monkeypatch.setattr(trace_events, "_BLOCK", 300)  # strings longer than a block: the exact path
     path = write_order(GPU_TRACE, "shuffled", tmp_path)
     got = figures(trace_view(path))
     assert_same(got, read_golden("gpu_demo", "shuffled"))
@@ -193,3 +194,24 @@ def test_every_temporary_file_is_closed_on_success_and_on_error(tmp_path, monkey
     with pytest.raises(Exception, match="not a readable profiler trace"):
         trace_view(cut)
     assert opened and all(f.closed for f in opened)
+
+
+@pytest.mark.parametrize("block", [1, 7, 64])
+def test_the_exact_path_reads_any_cut_of_words_numbers_and_strings(block, tmp_path, monkeypatch):
+    # GIVEN events with literals, exponents, escapes and long strings, read 1-64 characters at a
+    # time on the exact path only (no block cut)
+    monkeypatch.setattr(trace_events, "_BLOCK", block)
+    monkeypatch.setattr(trace_events, "_SEP", __import__("re").compile(rb"(?!)"))
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "a\"b\u00e9" * 40, "pid": 1, "tid": True, "ts": 1.5e3, "dur": -0.0,
+         "args": {"x": [None, False, True, 12345678901234567890, -1e-7]}},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": None, "ts": 2000, "args": {"Bytes": 64, "Addr": 1}},
+    ]  # fmt: skip
+    path = tmp_path / "w_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}, indent=3))
+    got = list(trace_events.iter_events(path))
+    # THEN every event is what json.loads reads
+    assert [(e.ph, e.name, e.tid, e.ts, e.dur) for e in got] == [
+        (e["ph"], e["name"], e["tid"], e["ts"], e.get("dur")) for e in events
+    ]
+    assert got[1].args is not None and got[1].args.nbytes == 64

@@ -49,6 +49,8 @@ MAX_EVENT_CHARS = 16 * 2**20
 MAX_TRACE_BYTES = 256 * 2**30
 #: Bytes (characters on the exact path) read at a time.
 _BLOCK = 1 << 20
+#: Characters from the end of the text within which a decoding error may be a cut word or number.
+_TAIL = 16
 _FIX_SOURCE = "the file was not written by torch.profiler or was edited; re-export it"
 
 
@@ -262,7 +264,6 @@ def _scan_exact(f: IO[str], fail: str) -> Iterator[Event | None]:
     """The events from the start of one (or the gap before one) to the end of ``traceEvents``."""
     buf = f.read(_BLOCK)
     pos = base = 0  # base: characters of this text before buf[0]
-    failed_at = -1
     decode = _DECODER.raw_decode
     gap = _GAP.match
     comma = True  # the next event may start: first, or a ',' came after the last one
@@ -301,18 +302,20 @@ def _scan_exact(f: IO[str], fail: str) -> Iterator[Event | None]:
             ) from None
         except json.JSONDecodeError as err:
             where = f"{err.msg} at character {base + err.pos:,} of the events"
-            if base + err.pos == failed_at and err.pos < len(buf):  # more text did not help
+            # The scanner stopped before the end of the text it has, in a way more text cannot
+            # change (an unterminated string reports where it starts; a cut word or number ends
+            # within a few characters of the end): the event is not JSON.
+            if err.pos < len(buf) - _TAIL and not err.msg.startswith("Unterminated string"):
                 raise ArtifactError(f"{fail} (not JSON: {where}); {_FIX_SOURCE}") from None
             if len(buf) - p > MAX_EVENT_CHARS:
                 raise ArtifactError(
                     f"{fail} ({where}: not JSON, or an event longer than {MAX_EVENT_CHARS:,} characters, "
                     f"the reader's limit MAX_EVENT_CHARS); {_FIX_SOURCE}"
                 ) from None
-            failed_at = base + err.pos
-            more = f.read(_BLOCK)
+            more = f.read(max(_BLOCK, len(buf) - p))  # doubling: a long event takes few retries
             if not more:
                 raise ArtifactError(
-                    f"{fail} ({where}: cut short, or not JSON); re-copy the file or re-export it"
+                    f"{fail} ({where}: cut short); re-copy the file or re-export it"
                 ) from None
             base += p
             buf = buf[p:] + more

@@ -338,6 +338,7 @@ class _Reader:
         self.devices: list[_Device] = []
         self.dev_ix: dict[str, int] = {}
         self.dev_of: dict[tuple[Any, Any], int] = {}
+        self.comm_names: dict[int, bool] = {}
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
@@ -456,6 +457,9 @@ class _Reader:
             else 0.0
         )
         end = ts + dur
+        if cat == "cpu_op":
+            self._op(ev, name, ts, dur, end, seq)
+            return
         if cat in _DEVICE_CATS:
             self.any_device = True
             if end > self.end:
@@ -475,9 +479,7 @@ class _Reader:
         if cat in ("cuda_runtime", "cuda_driver"):
             self.runtime.add(ts, end)
             return
-        if cat == "cpu_op":
-            kind = _OP
-        elif cat == "user_annotation":
+        if cat == "user_annotation":
             if end > self.end:
                 self.end = end
             if _STEP.match(name):
@@ -501,11 +503,25 @@ class _Reader:
                 self.lightning = True
             else:
                 kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
+        ext = args.ext
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
+        self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
+
+    def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
+        """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
+        if end > self.end:
+            self.end = end
+        n = self.ix.get(name)
+        if n is None:
+            n = self.intern(name)
+            self.comm_names[n] = name.startswith(_COMM_OPS)
         t = self._thread(ev)
         th = self.thread_list[t]
-        if kind == _OP:
+        args = ev.args
+        ext = -1
+        if args is not None:
             dims = args.dims
-            if isinstance(dims, list):
+            if dims.__class__ is list:
                 c = self.shapes.get(n)
                 if c is None:
                     c = self.shapes[n] = Counter()
@@ -514,11 +530,14 @@ class _Reader:
                 if sid is None:
                     sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
                 c[sid] += 1
-            self.calls.add(ts, n)
-            (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
-        ext = args.ext
-        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
-        self.records.add((ts, 0, -dur, seq, t, kind, n, ext, 0, 0, 0))
+            ext = args.ext
+            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
+        self.calls.add(ts, n)
+        (th.comm if self.comm_names[n] else th.ops).add(ts, end)
+        pending = self.records.pending
+        pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
+        if len(pending) >= RUN:
+            self.records.flush()
 
     def _device(self, args: EventArgs) -> int:
         label = memory_device(args)

@@ -62,12 +62,14 @@ def test_odd_field_types_are_skipped_not_a_traceback(tmp_path):
         {**_mem(31, 128), "args": {"Bytes": "many", "Addr": None}},
         {**_mem(32, 2**80)},
         _op(40),
+        {**_op(50), "ts": 10**400},  # an integer past float's range: no time
+        {**_op(60), "dur": 10**400, "args": {"External id": 1e300}},
     ]
     path = tmp_path / "types_rank_0.1.pt.trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     view = trace_view(path)
-    assert view.events == 6
-    assert sum(r.calls for r in view.ops) == 3  # ts "late" is no time: that event is skipped
+    assert view.events == 8
+    assert sum(r.calls for r in view.ops) == 4  # ts "late" and 10**400 are no time: skipped
     (dev,) = view.devices
     assert dev.memory.event_count == 1  # the unreadable Bytes is no event; 2**80 is held at int64's top
 

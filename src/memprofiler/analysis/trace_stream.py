@@ -107,6 +107,16 @@ def _hashable(v: Any) -> Any:
     return v if v is None or isinstance(v, (str, int, float)) else repr(v)
 
 
+def _float(v: Any) -> float | None:
+    """A time or duration as a float; ``None`` for one that is not a number or past float's range."""
+    if v.__class__ is bool or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
 def _clamp(v: int) -> int:
     """``v`` within int64 (a hostile trace may write any integer)."""
     return v if -_I64 <= v < _I64 else (_I64 - 1 if v > 0 else -_I64)
@@ -397,12 +407,12 @@ class _Reader:
             if ev is None:
                 continue
             ts = ev.ts
-            if ts.__class__ is not float and (ts.__class__ is bool or not isinstance(ts, (int, float))):
+            if ts.__class__ is not float and (ts := _float(ts)) is None:
                 continue
             ph = ev.ph
             if ph == "X":
                 if ts < start:
-                    start = float(ts)
+                    start = ts
                 seq += 1
                 cat = ev.cat
                 if cat in wanted or (
@@ -410,12 +420,12 @@ class _Reader:
                     and ev.name.__class__ is str
                     and ev.name.startswith("nn.Module: ")
                 ):
-                    span(ev, cat, float(ts), seq)
+                    span(ev, cat, ts, seq)
             elif ph != "M":
                 if ts < start:
-                    start = float(ts)
+                    start = ts
                 if ph == "i" and ev.name == "[memory]" and ev.args is not None:
-                    memory(ev, ev.args, float(ts))
+                    memory(ev, ev.args, ts)
         self.events, self.start = events, start
         self._attribute()
 
@@ -451,11 +461,7 @@ class _Reader:
     def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
         name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
         d = ev.dur
-        dur = (
-            float(d)
-            if d.__class__ is float or (isinstance(d, (int, float)) and d.__class__ is not bool)
-            else 0.0
-        )
+        dur = d if d.__class__ is float else (_float(d) or 0.0)
         end = ts + dur
         if cat == "cpu_op":
             self._op(ev, name, ts, dur, end, seq)
@@ -471,7 +477,7 @@ class _Reader:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
-            e = _int(ev.args.ext) if ev.args is not None else -1
+            e = _clamp(_int(ev.args.ext)) if ev.args is not None else -1
             if e >= 0:
                 self.kernel_ext.add(e)
                 self.kernel_dur.add(dur)
@@ -504,7 +510,7 @@ class _Reader:
             else:
                 kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
         ext = args.ext
-        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
         self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
 
     def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
@@ -531,7 +537,7 @@ class _Reader:
                     sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
                 c[sid] += 1
             ext = args.ext
-            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _int(ext)
+            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
         self.calls.add(ts, n)
         (th.comm if self.comm_names[n] else th.ops).add(ts, end)
         pending = self.records.pending

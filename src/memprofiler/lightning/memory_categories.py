@@ -49,7 +49,14 @@ def write_category_timeline(
     if not all(getattr(prof, name, False) for name in _NEEDS):
         return []
     try:
-        return [write(json.dumps(category_events(prof)).encode())]
+        doc = category_events(prof)
+        if "tensors_error" in doc:
+            warn(
+                "ExtendedPyTorchProfiler wrote its memory categories without the operator, module and "
+                f"shape of each tensor: {doc['tensors_error']}",
+                all_ranks=True,
+            )
+        return [write(json.dumps(doc).encode())]
     except Exception as err:  # torch's classifier is private API: a fault must not reach training
         warn(f"ExtendedPyTorchProfiler could not write its memory categories: {err!r}", all_ranks=True)
         return []
@@ -81,15 +88,19 @@ def category_events(prof: Any) -> dict[str, Any]:
             add(t, nbytes, key, version + 1)
         elif action == mp.Action.DESTROY:
             add(t, -nbytes, key, version)
-    return {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "time_unit": "us",
         "torch": torch.__version__,
         "categories": names,
         "devices": devices,
-        "tensors": tensor_origins(profile, {row[2] for rows in devices.values() for row in rows}),
     }
+    try:  # private API again: without it the categories still stand
+        doc["tensors"] = tensor_origins(profile, {row[2] for rows in devices.values() for row in rows})
+    except Exception as err:
+        doc["tensors_error"] = repr(err)
+    return doc
 
 
 def tensor_origins(profile: Any, ids: set[int]) -> dict[str, list[Any]]:

@@ -593,8 +593,9 @@ class _Reader:
 
     def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
         t, what = item[0], item[1]
-        self._close(th, t, what)
         stack = th.stack
+        if stack and stack[-1][3] <= t:
+            self._close(th, t, what)
         if what == 0:
             _, _, negdur, seq, _, kind, n, ext, _, _, _ = item
             dur = -negdur

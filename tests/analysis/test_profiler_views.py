@@ -10,10 +10,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from memprofiler.analysis.profiler_memory import memory_stats, pairs_in
-from memprofiler.analysis.profiler_ops import nest
+from _range_stats import pairs_in, range_stats
 from memprofiler.analysis.profiler_views import build_views, trace_view
-from memprofiler.analysis.trace_events import read_trace
 from memprofiler.errors import ArtifactError
 
 #: The known allocation each step makes: 1 MiB of float32 by ``aten::ones``.
@@ -79,22 +77,21 @@ def test_operator_view_counts_calls_and_records_input_shapes(cpu_trace):
 
 
 def test_range_selection_keeps_only_events_in_range(cpu_trace):
-    trace = read_trace(cpu_trace)
-    nesting = nest(trace)
     view = trace_view(cpu_trace)
     cpu = view.devices[0]
+    assert cpu.range_data is not None
     first = min(
         p.alloc_ms for p in cpu.pairs if p.op == "aten::ones (aten::empty)" and p.alloc_ms is not None
     )
     # WHEN the range ends at the first step's 1 MiB allocation (the trace's first memory event)
-    stats = {s.name: s for s in memory_stats(trace, nesting, cpu.memory, 0.0, first)}
+    stats = {s.name: s for s in range_stats(cpu.range_data, 0.0, first)}
     # THEN aten::ones was called once in it and allocated 1 MiB
     assert stats["aten::ones"].calls == 1
     assert stats["aten::ones"].alloc_size == ONES_BYTES
     assert set(stats) == {"aten::ones", "aten::empty"}
     assert [p.size for p in pairs_in(cpu.pairs, 0.0, first)] == [ONES_BYTES]
     # AND the whole range gives the whole-trace table
-    assert memory_stats(trace, nesting, cpu.memory) == cpu.stats
+    assert range_stats(cpu.range_data) == cpu.stats
 
 
 def test_gzipped_trace_reads_the_same(cpu_trace, tmp_path):

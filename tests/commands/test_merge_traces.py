@@ -203,3 +203,24 @@ def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"memprofiler merge-traces: error: {out}: cannot write the merged trace (")
     assert err.count("\n") == 1
+
+
+def test_a_gzip_that_expands_past_the_limit_is_one_line(tmp_path, capsys, monkeypatch):
+    import gzip
+
+    from memprofiler.analysis import trace_merge
+
+    # GIVEN a 1 MiB limit and a small gzip'd trace that expands past it
+    monkeypatch.setattr(trace_merge, "MAX_FILE_BYTES", 2**20)
+    events = [
+        {"ph": "C", "name": "m", "pid": 0, "tid": 0, "ts": float(k), "args": {"v": k}} for k in range(40_000)
+    ]
+    path = tmp_path / "memory_trace_rank_0.json"
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    assert path.stat().st_size < 2**20
+    # THEN merge-traces refuses it in one line naming the limit, having read no more than it
+    assert main(["merge-traces", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "longer than 1,048,576 bytes decompressed" in err and "MAX_FILE_BYTES" in err and err.count("\n") == 1
+    )

@@ -20,6 +20,7 @@ from fake_cuda import no_gpu
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback, memprofilable
 from memprofiler.config import ScheduleConfig
 from memprofiler.errors import ConfigError
+from memprofiler.units import format_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -320,6 +321,22 @@ def test_traces_and_memory_categories_are_read_back_by_the_profiler_views(tmp_pa
     assert cpu.peak_ms == pytest.approx(view.devices[0].memory.peak_ms, abs=0.01)
     # AND Lightning's module names label the module view
     assert {"net (Sequential)", "net.0 (Linear)", "net.2 (Linear)"} <= {m.name for m in view.modules}
+    # AND each tensor live at the peak says what made it: the scratch tensor aten::ones (through
+    # its factory), the first layer's weight its shape [32, 16] as the operators saw it
+    origin = {t: cpu.origins[t] for t, *_ in cpu.live_at_peak if t in cpu.origins}
+    scratch = next(t for t, _, _, b in cpu.live_at_peak if b == STEP_ALLOC_BYTES)
+    assert origin[scratch].operator == "aten::ones (aten::empty)"
+    assert origin[scratch].shape in ("", "[16777216] float32")  # a shape only if an operator read it
+    assert "[32, 16] float32" in {o.shape for o in origin.values()}
+    gradients = [t for t, _, c, _ in cpu.live_at_peak if c == "gradient"]
+    assert gradients and all(origin[t].operator and origin[t].shape for t in gradients)
+    # AND the two peaks are put side by side: the same memory, parameters from before the cycle
+    # among the categories
+    (gap,) = view.peak_gaps
+    assert gap.device == "CPU" and gap.allocated_at_category_peak is not None
+    assert gap.preexisting >= params
+    assert gap.reason.startswith(f"The allocator peaks at {format_bytes(gap.allocated_peak)}")
+    assert "the same memory" in gap.reason
 
 
 def test_memory_categories_are_skipped_without_the_options_they_need(tmp_path):

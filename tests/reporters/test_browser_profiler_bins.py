@@ -9,13 +9,11 @@ import json
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from _range_stats import range_stats
 from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
 from memprofiler.analysis import trace_stream
-from memprofiler.analysis.profiler_memory import device_memory, memory_stats
-from memprofiler.analysis.profiler_ops import nest
 from memprofiler.analysis.profiler_views import build_views
-from memprofiler.analysis.trace_events import read_trace
 
 pytestmark = BROWSER_MARKS
 
@@ -43,9 +41,12 @@ def test_binned_range_selection_equals_the_analysis_of_the_widened_range(tmp_pat
                 del scratch
                 model(torch.randn(8, 16)).sum().backward()
     prof.export_chrome_trace(str(path))
+    full = build_views([path])
+    assert full is not None
+    whole_rd = full.traces[0].devices[0].range_data  # every event: the oracle's input
+    assert whole_rd is not None and "events" in whole_rd
     monkeypatch.setattr(trace_stream, "RANGE_KEPT", 10)
-    n = read_trace(path)
-    monkeypatch.setattr(trace_stream, "RANGE_BINS", max(2, len(n.memory.ts) // 4))
+    monkeypatch.setattr(trace_stream, "RANGE_BINS", max(2, len(whole_rd["events"]) // 4))
     html = tmp_path / "v.html"
     assert main(["report", str(path), "-o", str(html)]) == 0
     views = build_views([path])
@@ -57,8 +58,6 @@ def test_binned_range_selection_equals_the_analysis_of_the_widened_range(tmp_pat
     # a range from inside the second bin to inside the next-to-last one
     lo = (bins[1][0] + bins[1][1]) / 2 if bins[1][1] > bins[1][0] else bins[1][0]
     hi = bins[-2][0]
-    trace = read_trace(path)
-    nesting = nest(trace)
     with open_page(html) as view:
         before = json.loads(view.eval(_STATS))
         view.eval(f"window.memprofilerSelectRange('mem-0-0', {lo}, {hi})")
@@ -67,9 +66,8 @@ def test_binned_range_selection_equals_the_analysis_of_the_widened_range(tmp_pat
         whole = json.loads(view.eval(_STATS))
         text = view.eval("document.querySelector('#mem-0-0 p.range').textContent")
     assert view.errors == [] and view.offsite == []
-    # THEN the statistics are those of the range widened to whole bins, by the held analysis
-    held = device_memory(trace)[0]
-    assert after == _cells(memory_stats(trace, nesting, held, bins[1][0], bins[-2][1]))
+    # THEN the statistics are those of the range widened to whole bins, from every event
+    assert after == _cells(range_stats(whole_rd, bins[1][0], bins[-2][1]))
     assert after != before
     # AND the whole trace gives the whole-trace table again
     assert whole == before == _cells(dv.stats)

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
+from _range_stats import range_stats
 from _tiny_lightning import TinyModel
 from browser import BROWSER_MARKS, open_page
 from memprofiler import ExtendedPyTorchProfiler
 from memprofiler.__main__ import main
-from memprofiler.analysis.profiler_memory import memory_stats
-from memprofiler.analysis.profiler_ops import nest
 from memprofiler.analysis.profiler_views import build_views
-from memprofiler.analysis.trace_events import read_trace
 
 pytestmark = BROWSER_MARKS
 
@@ -73,8 +71,6 @@ def test_profiler_views_render_offline_and_equal_the_analysis(tmp_path):
     assert main(["report", *map(str, paths), "-o", str(html)]) == 0
     views = build_views(paths)
     assert views is not None
-    trace = read_trace(cpu)
-    nesting = nest(trace)
     cpu_dev = views.traces[0].devices[0]
     ones = next(p for p in cpu_dev.pairs if p.op == "aten::ones (aten::empty)")
     lo, hi = 0.0, ones.alloc_ms
@@ -91,7 +87,7 @@ def test_profiler_views_render_offline_and_equal_the_analysis(tmp_path):
     expected = [_stat_cells(d.stats) for t in views.traces for d in t.devices]
     assert before["stats"] == expected
     # AND the selected range gives the analysis of that range
-    assert after["stats"][0] == _stat_cells(memory_stats(trace, nesting, cpu_dev.memory, lo, hi))
+    assert after["stats"][0] == _stat_cells(range_stats(cpu_dev.range_data, lo, hi))
     assert after["stats"][0] != before["stats"][0]
     assert after["stats"][1:] == before["stats"][1:]
     # AND the category peak and the ranks are those of the analysis

@@ -32,3 +32,14 @@ def read_maybe_gzip(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as f:
         raw = f.read()
     return gzip.decompress(raw) if raw[:2] == GZIP_MAGIC else raw
+
+
+def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The content of ``path``, decompressed when it is gzip, but at most ``limit + 1`` bytes
+    (read as a stream: a gzip bomb stops there); longer than ``limit`` means past it.
+
+    Raises:
+        OSError, EOFError: unreadable, or a gzip file that is corrupt or cut short.
+    """
+    with open_maybe_gzip(path) as f:
+        return f.read(limit + 1)

@@ -8,7 +8,7 @@ tensors live at the peak.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,19 @@ class CategoryTimeline:
     live_at_peak: list[tuple[int, int, str, int]]
     """``(tensor id, version, category, bytes)`` of the largest tensors live at the peak."""
     t0_us: float
+    origins: dict[int, TensorOrigin] = field(default_factory=dict)
+    """What made each tensor of :attr:`live_at_peak` (files that record it: memprofiler 0.x+)."""
+    preexisting_at_peak: int = 0
+    """Bytes live at the peak of tensors that existed before the cycle (``t_us`` -1)."""
+
+
+@dataclass(frozen=True)
+class TensorOrigin:
+    """The operator and module that allocated a tensor, and its shape (``""`` when not seen)."""
+
+    operator: str
+    module: str
+    shape: str
 
 
 def read_category_file(path: str | Path, t0_us: float | None = None) -> list[CategoryTimeline]:
@@ -63,7 +76,26 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
             f"{p}: not a {FORMAT} file; it is written by memprofiler's ExtendedPyTorchProfiler"
         )
     cats = [str(c) for c in doc.get("categories", [])]
-    return [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
+    tensors = doc.get("tensors")
+    out = [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
+    if isinstance(tensors, dict):
+        for tl in out:
+            tl.origins = {
+                t: o for t, *_ in tl.live_at_peak if (o := _origin(tensors.get(str(t)))) is not None
+            }
+    return out
+
+
+def _origin(row: Any) -> TensorOrigin | None:
+    if not isinstance(row, list) or len(row) < 4:
+        return None
+    op, module, sizes, dtype = row[:4]
+    shape = ""
+    if isinstance(sizes, list) and all(isinstance(x, int) for x in sizes):
+        shape = (
+            "[" + ", ".join(map(str, sizes)) + "]" + (f" {dtype}" if isinstance(dtype, str) and dtype else "")
+        )
+    return TensorOrigin(str(op or ""), str(module or ""), shape)
 
 
 def _timeline(p: Path, device: str, cats: list[str], rows: Any, t0_us: float | None) -> CategoryTimeline:
@@ -90,7 +122,7 @@ def _timeline(p: Path, device: str, cats: list[str], rows: Any, t0_us: float | N
     peak_k = max(range(len(totals)), key=lambda k: (totals[k], -k)) if totals else 0
     peak = totals[peak_k] if totals else 0
     peak_at = times[peak_k] if times else 0.0
-    live = _live_at(events, t0, peak_at, cats)
+    live, pre = _live_at(events, t0, peak_at, cats)
     return CategoryTimeline(
         source=p,
         device=device,
@@ -102,17 +134,22 @@ def _timeline(p: Path, device: str, cats: list[str], rows: Any, t0_us: float | N
         peak_by_category={c: stacks[peak_k][i] for i, c in enumerate(cats)} if stacks else {},
         live_at_peak=live,
         t0_us=t0,
+        preexisting_at_peak=pre,
     )
 
 
 def _live_at(
     events: list[tuple[int, int, int, int, int]], t0: float, at_ms: float, cats: list[str]
-) -> list[tuple[int, int, str, int]]:
+) -> tuple[list[tuple[int, int, str, int]], int]:
+    """The largest tensors live at ``at_ms``, and the bytes live then of those from before the cycle."""
     live: dict[tuple[int, int], tuple[int, int]] = {}
+    before: set[int] = set()  # tensors from before the cycle (their later versions too)
     for t, delta, tid, ver, cat in events:
         when = 0.0 if t < 0 else round((t - t0) / 1000.0, 6)
         if when > at_ms:
             break
+        if t < 0:
+            before.add(tid)
         if delta > 0:
             live[(tid, ver)] = (cat, delta)
         else:
@@ -120,7 +157,8 @@ def _live_at(
     rows = [
         (tid, ver, cats[c] if 0 <= c < len(cats) else "unknown", b) for (tid, ver), (c, b) in live.items()
     ]
-    return sorted(rows, key=lambda r: (-r[3], r[0], r[1]))[:LIVE_AT_PEAK]
+    pre = sum(b for (tid, _), (_, b) in live.items() if tid in before)
+    return sorted(rows, key=lambda r: (-r[3], r[0], r[1]))[:LIVE_AT_PEAK], pre
 
 
 def thinned(tl: CategoryTimeline, points: int = SERIES_POINTS) -> tuple[list[float], list[list[int]]]:

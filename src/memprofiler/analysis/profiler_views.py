@@ -15,25 +15,13 @@ from typing import Any
 
 from memprofiler import layout
 from memprofiler.analysis.memory_categories import CategoryTimeline, read_category_file
-from memprofiler.analysis.profiler_memory import (
-    DeviceMemory,
-    MemPair,
-    MemStat,
-    device_memory,
-    memory_stats,
-    ms,
-    pairs,
-)
-from memprofiler.analysis.profiler_ops import Nesting, OpRow, module_rows, nest, op_rows
-from memprofiler.analysis.profiler_steps import RankRow, StepRow, rank_row, steps
-from memprofiler.analysis.trace_events import OP, Trace, find_traces, is_trace_file, read_trace
-from memprofiler.analysis.trace_stream import Unordered, summarise
+from memprofiler.analysis.peak_gap import PeakGap, explain, trace_device
+from memprofiler.analysis.profiler_memory import DeviceMemory, MemPair, MemStat
+from memprofiler.analysis.profiler_ops import OpRow
+from memprofiler.analysis.profiler_steps import RankRow, StepRow
+from memprofiler.analysis.trace_events import checked_header, find_traces, is_trace_file
+from memprofiler.analysis.trace_stream import summarise
 from memprofiler.errors import ArtifactError
-
-#: Memory events of one device the page carries for range selection when the trace is held in
-#: memory; beyond it the page shows the whole-trace tables only (a streamed trace's page works
-#: on bins of events instead: :data:`~memprofiler.analysis.trace_stream.RANGE_BINS`).
-RANGE_EVENTS = 20_000
 
 
 @dataclass
@@ -42,10 +30,11 @@ class DeviceView:
     pairs: list[MemPair]
     stats: list[MemStat]
     range_data: dict[str, Any] | None
-    """Compact events for the page's range selection; ``None`` past :data:`RANGE_EVENTS`."""
+    """Compact events (or, past :data:`~memprofiler.analysis.trace_stream.RANGE_KEPT` events,
+    bins of events) for the page's range selection; ``None`` when too many to carry."""
     pair_count: int = -1
     """How many allocation / release pairs the device has: ``pairs`` holds the
-    :data:`~memprofiler.analysis.trace_stream.PAIRS_KEPT` largest when the trace was streamed."""
+    :data:`~memprofiler.analysis.trace_stream.PAIRS_KEPT` largest."""
 
     def __post_init__(self) -> None:
         if self.pair_count < 0:
@@ -66,6 +55,8 @@ class TraceView:
     categories: list[CategoryTimeline]
     has_device_time: bool
     rank_row: RankRow | None = None
+    peak_gaps: list[PeakGap] = field(default_factory=list)
+    """Per device with memory by category: its two peaks and one sentence on why they differ."""
 
     @property
     def title(self) -> str:
@@ -85,6 +76,11 @@ class ProfilerViews:
         return max(self.ranks, key=lambda r: (r.step_us, -r.rank)) if len(self.ranks) > 1 else None
 
 
+#: The categories file's times are whole µs (truncated); a probe just before the next µs reads
+#: every trace event of the same µs.
+_TRUNCATED_US = 0.999
+
+
 def categories_path(trace_path: Path) -> Path:
     """``x.pt.trace.json[.gz]`` -> ``x.memory_categories.json[.gz]`` beside it (the gzipped
     name when only that one exists)."""
@@ -95,19 +91,31 @@ def categories_path(trace_path: Path) -> Path:
 
 
 def trace_view(path: Path) -> TraceView:
-    """Read and summarise one trace (and its memory categories file, if any), streaming it
-    (:func:`memprofiler.analysis.trace_stream.summarise`, bounded memory) unless its events
-    are too far out of time order, then holding it (:func:`held_trace_view`).
+    """Read and summarise one trace (and its memory categories file, if any) with the one
+    trace reader (:func:`memprofiler.analysis.trace_stream.summarise`: bounded memory, any
+    order of events).
 
     Raises:
         ArtifactError: the trace or its categories file is unreadable.
     """
-    try:
-        s = summarise(path)
-    except Unordered:
-        return held_trace_view(path)
     cats = categories_path(path)
+    # The categories' peak instants, on the trace's clock: where to read the allocator's count.
+    probes: dict[str, list[float]] = {}
+    base_ns = checked_header(path)[1]
+    if cats.is_file() and base_ns:
+        for tl in read_category_file(cats, 0.0):
+            if (dev := trace_device(tl.device)) is not None:
+                probes.setdefault(dev, []).append(tl.peak_ms * 1000 + _TRUNCATED_US - base_ns / 1000)
+    s = summarise(path, probes)
     wall = s.start + s.base_ns / 1000 if s.base_ns else None
+    categories = read_category_file(cats, wall) if cats.is_file() else []
+    gaps = []
+    for tl in categories:
+        dev = trace_device(tl.device)
+        dv = next((d for d in s.devices if d[0].device == dev), None)
+        if dv is not None:
+            at = next((v for (d, _), v in s.allocated_at.items() if d == dev), None) if base_ns else None
+            gaps.append(explain(dv[0], tl, at))
     return TraceView(
         path=path,
         rank=s.rank,
@@ -116,70 +124,11 @@ def trace_view(path: Path) -> TraceView:
         ops=s.ops,
         modules=s.modules,
         steps=s.steps,
-        categories=read_category_file(cats, wall) if cats.is_file() else [],
+        categories=categories,
         has_device_time=s.has_device_time,
         rank_row=s.rank_row,
+        peak_gaps=gaps,
     )
-
-
-def held_trace_view(path: Path) -> TraceView:
-    """:func:`trace_view` with every event the views use held in memory
-    (:func:`~memprofiler.analysis.trace_events.read_trace`): any event order.
-
-    Raises:
-        ArtifactError: the trace or its categories file is unreadable.
-    """
-    trace = read_trace(path)
-    nesting = nest(trace)
-    devices = []
-    for dm in device_memory(trace):
-        all_pairs = pairs(trace, nesting, dm)
-        rdata = range_data(trace, nesting, dm, all_pairs) if len(dm.events) <= RANGE_EVENTS else None
-        devices.append(DeviceView(dm, all_pairs, memory_stats(trace, nesting, dm), rdata))
-    cats = categories_path(path)
-    step_rows = steps(trace)
-    view = TraceView(
-        path=path,
-        rank=trace.rank,
-        events=trace.events,
-        devices=devices,
-        ops=op_rows(trace, nesting),
-        modules=module_rows(trace, nesting),
-        steps=step_rows,
-        categories=read_category_file(cats, _wall_start(trace)) if cats.is_file() else [],
-        has_device_time=len(trace.device.ts) > 0,
-    )
-    view.rank_row = rank_row(trace.rank or 0, trace, step_rows)
-    return view
-
-
-def range_data(trace: Trace, nesting: Nesting, dm: DeviceMemory, all_pairs: list[MemPair]) -> dict[str, Any]:
-    """What the page's script needs to recompute the memory tables over a selected range.
-
-    ``names``: operator names; ``stacks``: name indexes open at an event, innermost first;
-    ``events``: ``[ms, bytes, stack]``; ``calls``: name index -> call start times (ms) of
-    the operators in a stack; ``pairs``: ``[operator, size, alloc ms, release ms]``.
-    """
-    h = trace.host
-    names: dict[int, int] = {}
-    stacks: dict[tuple[int, ...], int] = {}
-    events = []
-    for t, b, j in dm.events:
-        key = tuple(
-            names.setdefault(n, len(names)) for n in dict.fromkeys(h.name[s] for s in nesting.mem_ops[j])
-        )
-        events.append([t, b, stacks.setdefault(key, len(stacks))])
-    calls: dict[int, list[float]] = {}
-    for i in range(len(h.ts)):
-        if h.kind[i] == OP and (k := names.get(h.name[i])) is not None:
-            calls.setdefault(k, []).append(ms(trace, h.ts[i]))
-    return {
-        "names": [trace.names[n] for n in names],
-        "stacks": [list(s) for s in stacks],
-        "events": events,
-        "calls": [sorted(calls.get(k, [])) for k in range(len(names))],
-        "pairs": [[p.op, p.size, p.alloc_ms, p.release_ms] for p in all_pairs],
-    }
 
 
 def traces_in(paths: Iterable[Path]) -> list[Path]:
@@ -241,8 +190,3 @@ def merged_rows(views: Iterable[TraceView], modules: bool = False) -> dict[str, 
             m.self_increase += r.self_increase
             m.increase += r.increase
     return out
-
-
-def _wall_start(trace: Trace) -> float | None:
-    """The trace's time zero on the memory profiler's clock (µs), when the trace gives its base."""
-    return trace.start + trace.base_ns / 1000 if trace.base_ns else None

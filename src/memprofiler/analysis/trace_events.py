@@ -1,25 +1,23 @@
-"""Stream a PyTorch profiler (Kineto) Chrome trace into compact columns, held in memory.
+"""A PyTorch profiler (Kineto) Chrome trace, event by event: where the files are, their
+header (rank, base time), each ``traceEvents`` entry parsed on its own, with limits.
 
-A trace is read event by event with ``ijson`` (never ``json.load`` of the whole file, which
-takes about ten times the file's size in memory); plain and gzipped files alike. Only the
-events the profiler views use are kept, as typed arrays of about 50 bytes each:
-host spans (operators, annotations, ``nn.Module`` spans, ``ProfilerStep#N``), device spans
-(kernels, memcpy, memset), CUDA runtime calls and ``[memory]`` instant events. Python stack
-frames (``with_stack``), usually the bulk of a trace, are dropped. Memory grows with the
-trace: the views read it with :mod:`memprofiler.analysis.trace_stream` (bounded) and come
-here only for a trace too far out of time order to stream.
+Never ``json.load`` of the whole file (about ten times the file's size in memory); plain and
+gzipped files alike. :mod:`memprofiler.analysis.trace_stream` folds the events into the views.
 """
 
 from __future__ import annotations
 
+import io
+import json
+import math
 import re
-from array import array
+import sys
+import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-import ijson
+import msgspec
 
 from memprofiler.analysis.compressed import open_maybe_gzip
 from memprofiler.errors import ArtifactError
@@ -45,97 +43,15 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"_rank_(\d+)\.")
 _RANK_IN_HEADER = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 _BASE_IN_HEADER = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
-
-
-def _ints() -> array[int]:
-    return array("q")
-
-
-def _floats() -> array[float]:
-    return array("d")
-
-
-@dataclass
-class HostSpans:
-    """Operators, annotations, modules and steps on the host: one entry per ``X`` event."""
-
-    ts: array[float] = field(default_factory=_floats)
-    dur: array[float] = field(default_factory=_floats)
-    thread: array[int] = field(default_factory=_ints)
-    name: array[int] = field(default_factory=_ints)
-    kind: array[int] = field(default_factory=lambda: array("b"))
-    ext: array[int] = field(default_factory=_ints)
-    """``External id`` (links an operator to the kernels it launched); -1 when absent."""
-    shapes: array[int] = field(default_factory=_ints)
-    """Index of the ``Input Dims`` text in :attr:`Trace.names`; -1 when not recorded."""
-
-
-@dataclass
-class DeviceSpans:
-    """Kernels, memcpy and memset on a device."""
-
-    ts: array[float] = field(default_factory=_floats)
-    dur: array[float] = field(default_factory=_floats)
-    kind: array[int] = field(default_factory=lambda: array("b"))
-    ext: array[int] = field(default_factory=_ints)
-    comm: array[int] = field(default_factory=lambda: array("b"))
-    """1 for a collective (NCCL/RCCL) kernel."""
-
-
-@dataclass
-class MemoryEvents:
-    """``[memory]`` instant events: one allocation (bytes > 0) or release (bytes < 0) each."""
-
-    ts: array[float] = field(default_factory=_floats)
-    thread: array[int] = field(default_factory=_ints)
-    nbytes: array[int] = field(default_factory=_ints)
-    addr: array[int] = field(default_factory=_ints)
-    device: array[int] = field(default_factory=_ints)
-    """Index into :attr:`Trace.devices`."""
-    allocated: array[int] = field(default_factory=_ints)
-    reserved: array[int] = field(default_factory=_ints)
-
-
-@dataclass
-class Trace:
-    """One trace file, in columns."""
-
-    path: Path
-    rank: int | None
-    names: list[str] = field(default_factory=list)
-    host: HostSpans = field(default_factory=HostSpans)
-    device: DeviceSpans = field(default_factory=DeviceSpans)
-    runtime: tuple[array[float], array[float]] = field(default_factory=lambda: (_floats(), _floats()))
-    """``(ts, dur)`` of CUDA runtime and driver calls."""
-    memory: MemoryEvents = field(default_factory=MemoryEvents)
-    devices: list[str] = field(default_factory=list)
-    """Memory devices in order of appearance: ``CPU``, ``GPU0``..."""
-    events: int = 0
-    """Every event read, kept or not."""
-    start: float = 0.0
-    """Earliest timestamp (µs) of any event read: the views' time zero."""
-    base_ns: int = 0
-    """``baseTimeNanoseconds``: add it (as µs) to a timestamp for the wall clock torch's memory
-    profiler uses; 0 when the trace does not say."""
-    modules_from_lightning: bool = False
-    """Whether Lightning's ``[pl][module]`` spans are present (then torch's ``nn.Module:`` spans,
-    the same modules under other names, are left out of the module view)."""
-    _ix: dict[str, int] = field(default_factory=dict, repr=False)
-    _threads: dict[tuple[Any, Any], int] = field(default_factory=dict, repr=False)
-
-    def intern(self, text: str) -> int:
-        i = self._ix.get(text)
-        if i is None:
-            i = self._ix[text] = len(self.names)
-            self.names.append(text)
-        return i
-
-    def thread_of(self, pid: Any, tid: Any) -> int:
-        return self._threads.setdefault((pid, tid), len(self._threads))
-
-    @property
-    def has_memory(self) -> bool:
-        return len(self.memory.ts) > 0
+#: One event's text at most (torch's longest are a few KiB: an operator's ``Input Dims``).
+MAX_EVENT_CHARS = 16 * 2**20
+#: A trace's decompressed content at most (a 6M-event torch trace is about 2 GiB).
+MAX_TRACE_BYTES = 256 * 2**30
+#: Bytes (characters on the exact path) read at a time.
+_BLOCK = 1 << 20
+#: Characters from the end of the text within which a decoding error may be a cut word or number.
+_TAIL = 16
+_FIX_SOURCE = "the file was not written by torch.profiler or was edited; re-export it"
 
 
 def is_trace_file(path: str | Path) -> bool:
@@ -172,129 +88,254 @@ def checked_header(p: Path) -> tuple[int | None, int]:
         raise ArtifactError(f"{p}: not a readable profiler trace ({err})") from None
 
 
-def iter_events(path: Path) -> Iterator[dict[str, Any]]:
-    """Each entry of ``traceEvents``, parsed one at a time.
+class EventArgs(msgspec.Struct, gc=False):
+    """The ``args`` keys the views read (the others are skipped unparsed)."""
+
+    ext: Any = msgspec.field(default=None, name="External id")
+    dims: Any = msgspec.field(default=None, name="Input Dims")
+    nbytes: Any = msgspec.field(default=None, name="Bytes")
+    addr: Any = msgspec.field(default=None, name="Addr")
+    allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    device_type: Any = msgspec.field(default=None, name="Device Type")
+    device_id: Any = msgspec.field(default=None, name="Device Id")
+
+
+class Event(msgspec.Struct, gc=False):
+    """One ``traceEvents`` entry: the keys the views read, each as the file gives it."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: EventArgs | None = None
+
+
+def _event(d: Any) -> Event | None:
+    """A decoded entry as an :class:`Event` (``None`` for one that is not an object)."""
+    if not isinstance(d, dict):
+        return None
+    a = d.get("args")
+    args = None
+    if isinstance(a, dict):
+        g = a.get
+        args = EventArgs(
+            g("External id"), g("Input Dims"), g("Bytes"), g("Addr"),
+            g("Total Allocated"), g("Total Reserved"), g("Device Type"), g("Device Id"),
+        )  # fmt: skip
+    g = d.get
+    return Event(g("ph"), g("cat"), g("name"), g("pid"), g("tid"), g("ts"), g("dur"), args)
+
+
+def iter_events(path: Path) -> Iterator[Event | None]:
+    """Each entry of ``traceEvents`` as an :class:`Event` (``None`` for an entry that is not
+    an object: a number or a string, for the caller to count and skip).
+
+    Fast path: the decompressed bytes are read in blocks of :data:`_BLOCK`, cut after the last
+    ``}, {`` between two events, and each cut decoded at once by ``msgspec`` into
+    :class:`Event` (the keys the views do not read are skipped, not built). A cut that does not
+    decode (a ``}, {`` inside an event, or a malformed file) and the last event go to the exact
+    path: each event decoded on its own by the standard library's scanner, which names what is
+    wrong. Limits, each one line (never a parser traceback, nor an exhausted memory): an event
+    longer than :data:`MAX_EVENT_CHARS`, nested deeper than the JSON scanner's limit (Python's
+    recursion limit, 1,000 levels by default), ``NaN`` / ``Infinity`` / out-of-range numbers,
+    decompressed content longer than :data:`MAX_TRACE_BYTES`, a cut or corrupt gzip stream,
+    text that is not UTF-8.
 
     Raises:
-        ArtifactError: the file is unreadable or not a JSON trace.
+        ArtifactError: the file is unreadable, not a JSON trace, or past a limit.
     """
+    fail = f"{path}: not a readable profiler trace"
     try:
         with open_maybe_gzip(path) as f:
-            yield from ijson.items(f, "traceEvents.item", use_float=True)
-    except (OSError, EOFError, ijson.JSONError, UnicodeDecodeError) as err:
-        raise ArtifactError(
-            f"{path}: not a readable profiler trace ({err}); pass a *.pt.trace.json[.gz]"
-        ) from None
+            yield from _scan(_Limited(f, fail), fail)
+    except (OSError, EOFError, zlib.error) as err:
+        raise ArtifactError(f"{fail} ({_one_line(err)}); re-copy the file or re-export it") from None
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{fail} (not UTF-8 text); {_FIX_SOURCE}") from None
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Stream ``path`` into a :class:`Trace`.
+class _Limited(io.RawIOBase):
+    """Bytes of ``f``, with the bytes taken back by :meth:`unread` first; past
+    :data:`MAX_TRACE_BYTES` in all, an :class:`ArtifactError`."""
 
-    Raises:
-        ArtifactError: the file is missing, unreadable, or holds no ``traceEvents``.
+    def __init__(self, f: IO[bytes], fail: str) -> None:
+        self.f, self.fail, self.total, self.head = f, fail, 0, b""
 
-    Example:
-        >>> t = read_trace("fit_rank_0.1.pt.trace.json")  # doctest: +SKIP
-        >>> t.names[t.host.name[0]]
-        'ProfilerStep#2'
-    """
-    p = Path(path)
-    rank, base = checked_header(p)
-    trace = Trace(path=p, rank=rank, base_ns=base)
-    start = float("inf")
-    for ev in iter_events(p):
-        trace.events += 1
-        ts = ev.get("ts")
-        if not isinstance(ts, (int, float)):
+    def readable(self) -> bool:
+        return True
+
+    def unread(self, data: bytes) -> None:
+        self.head = data + self.head
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        out = self.f.read(n)
+        self.total += len(out)
+        if self.total > MAX_TRACE_BYTES:
+            raise ArtifactError(
+                f"{self.fail} (longer than {MAX_TRACE_BYTES:,} bytes decompressed, the reader's limit "
+                "MAX_TRACE_BYTES; a gzip bomb?)"
+            )
+        return out
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NotFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise _NotFinite(text)
+    return v
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_EVENTS = msgspec.json.Decoder(list[Event])
+_GAP = re.compile(r"[ \t\n\r]*(,?)[ \t\n\r]*")
+_OPEN = re.compile(rb'"traceEvents"[ \t\n\r]*:[ \t\n\r]*\[')
+#: Between two events: the end of one, a comma, the start of the next.
+_SEP = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
+
+
+def _scan(f: _Limited, fail: str) -> Iterator[Event | None]:
+    buf = f.read(_BLOCK)
+    while (m := _OPEN.search(buf)) is None:
+        more = f.read(_BLOCK)
+        if not more or f.total > MAX_EVENT_CHARS:
+            raise ArtifactError(f"{fail} (no traceEvents list); pass a trace written by torch.profiler")
+        buf = buf[-64:] + more
+    pos = m.end()
+    done = False
+    while True:
+        if not done and len(buf) - pos < _BLOCK:
+            more = f.read(_BLOCK)
+            done = not more
+            buf = buf[pos:] + more
+            pos = 0
+        cut = _last_separator(buf, pos)
+        if cut < 0:
+            break
+        try:
+            events = _EVENTS.decode(b"[" + buf[pos : cut + 1] + b"]")
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            break  # the exact path says what is wrong, or reads what the cut got wrong
+        yield from events
+        pos = buf.index(b"{", cut + 1)
+    f.unread(buf[pos:])
+    with io.TextIOWrapper(io.BufferedReader(f), encoding="utf-8") as text:
+        yield from _scan_exact(text, fail)
+
+
+def _last_separator(buf: bytes, pos: int) -> int:
+    """Where the last ``}`` of a ``}, {`` at or after ``pos`` is (searched in the last 64 KiB
+    first), or -1."""
+    for lo in (max(pos, len(buf) - 65536), pos):
+        last = None
+        for last in _SEP.finditer(buf, lo):  # noqa: B007  # the last one is wanted
+            pass
+        if last is not None:
+            return last.start()
+        if lo == pos:
+            break
+    return -1
+
+
+def _scan_exact(f: IO[str], fail: str) -> Iterator[Event | None]:
+    """The events from the start of one (or the gap before one) to the end of ``traceEvents``."""
+    buf = f.read(_BLOCK)
+    pos = base = 0  # base: characters of this text before buf[0]
+    decode = _DECODER.raw_decode
+    gap = _GAP.match
+    comma = True  # the next event may start: first, or a ',' came after the last one
+    while True:
+        g = gap(buf, pos)
+        assert g is not None  # every part of the pattern is optional
+        p = g.end()
+        if g.group(1):
+            comma = True
+        if p == len(buf):  # the gap runs to the end of the block: read on
+            more = f.read(_BLOCK)
+            if not more:
+                raise ArtifactError(
+                    f"{fail} (cut short: traceEvents never closes); re-copy the file or re-export it"
+                )
+            base += pos
+            buf = buf[pos:] + more
+            pos = 0
             continue
-        ph = ev.get("ph")
-        if ph != "M" and ts < start:
-            start = float(ts)
-        if ph == "X":
-            _add_span(trace, ev, float(ts))
-        elif ph == "i" and ev.get("name") == "[memory]":
-            _add_memory(trace, ev, float(ts))
-    if trace.events == 0:
-        raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
-    trace.start = 0.0 if start == float("inf") else start
-    trace.modules_from_lightning = any(n.startswith(LIGHTNING_MODULE_PREFIX) for n in trace.names)
-    return trace
-
-
-def _args(ev: dict[str, Any]) -> dict[str, Any]:
-    a = ev.get("args")
-    return a if isinstance(a, dict) else {}
+        if buf[p] == "]":
+            return
+        if not comma:
+            raise ArtifactError(
+                f"{fail} (no ',' between events at character {base + p:,} of the events); {_FIX_SOURCE}"
+            )
+        try:
+            ev, end = decode(buf, p)
+        except _NotFinite as err:
+            raise ArtifactError(
+                f"{fail} ({err} is not JSON: numbers must be finite); {_FIX_SOURCE}"
+            ) from None
+        except RecursionError:
+            raise ArtifactError(
+                f"{fail} (an event nested deeper than the JSON scanner's limit, Python's recursion limit "
+                f"of {sys.getrecursionlimit():,} levels); {_FIX_SOURCE}"
+            ) from None
+        except json.JSONDecodeError as err:
+            where = f"{err.msg} at character {base + err.pos:,} of the events"
+            # The scanner stopped before the end of the text it has, in a way more text cannot
+            # change (an unterminated string reports where it starts; a cut word or number ends
+            # within a few characters of the end): the event is not JSON.
+            if err.pos < len(buf) - _TAIL and not err.msg.startswith("Unterminated string"):
+                raise ArtifactError(f"{fail} (not JSON: {where}); {_FIX_SOURCE}") from None
+            if len(buf) - p > MAX_EVENT_CHARS:
+                raise ArtifactError(
+                    f"{fail} ({where}: not JSON, or an event longer than {MAX_EVENT_CHARS:,} characters, "
+                    f"the reader's limit MAX_EVENT_CHARS); {_FIX_SOURCE}"
+                ) from None
+            more = f.read(max(_BLOCK, len(buf) - p))  # doubling: a long event takes few retries
+            if not more:
+                raise ArtifactError(
+                    f"{fail} ({where}: cut short); re-copy the file or re-export it"
+                ) from None
+            base += p
+            buf = buf[p:] + more
+            pos = 0
+            continue
+        comma = False
+        pos = end
+        yield _event(ev)
 
 
 def _int(v: Any, default: int = -1) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
 
-def _add_span(trace: Trace, ev: dict[str, Any], ts: float) -> None:
-    cat = ev.get("cat")
-    name = str(ev.get("name", ""))
-    dur = float(ev["dur"]) if isinstance(ev.get("dur"), (int, float)) else 0.0
-    if cat in _DEVICE_CATS:
-        d = trace.device
-        d.ts.append(ts)
-        d.dur.append(dur)
-        d.kind.append(_DEVICE_CATS[cat])
-        d.ext.append(_int(_args(ev).get("External id")))
-        low = name.lower()
-        d.comm.append(1 if cat == "kernel" and ("nccl" in low or "rccl" in low) else 0)
-        return
-    if cat in ("cuda_runtime", "cuda_driver"):
-        trace.runtime[0].append(ts)
-        trace.runtime[1].append(dur)
-        return
-    if cat == "cpu_op":
-        kind = OP
-    elif cat == "user_annotation":
-        kind = STEP if _STEP.match(name) else MODULE if name.startswith(MODULE_PREFIXES) else ANNOTATION
-    elif cat == "python_function" and name.startswith("nn.Module: "):
-        kind = MODULE
-    else:
-        return
-    args = _args(ev)
-    h = trace.host
-    h.ts.append(ts)
-    h.dur.append(dur)
-    h.thread.append(trace.thread_of(ev.get("pid"), ev.get("tid")))
-    h.name.append(trace.intern(name))
-    h.kind.append(kind)
-    h.ext.append(_int(args.get("External id")))
-    dims = args.get("Input Dims")
-    h.shapes.append(trace.intern(_shapes_text(dims)) if isinstance(dims, list) else -1)
-
-
 def _shapes_text(dims: list[Any]) -> str:
     return "[" + ", ".join(str([_int(x, 0) for x in d]) if isinstance(d, list) else "[]" for d in dims) + "]"
 
 
-def memory_device(args: dict[str, Any]) -> str:
+def memory_device(args: EventArgs) -> str:
     """The device of a ``[memory]`` event from its ``args``: ``CPU``, ``GPU0``, ``MPS0``..."""
-    dtype, did = _int(args.get("Device Type"), 0), _int(args.get("Device Id"))
+    dtype, did = _int(args.device_type, 0), _int(args.device_id)
     label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
     return label if dtype == 0 else f"{label}{max(did, 0)}"
-
-
-def _add_memory(trace: Trace, ev: dict[str, Any], ts: float) -> None:
-    args = _args(ev)
-    nbytes = _int(args.get("Bytes"), 0)
-    if nbytes == 0:
-        return
-    label = memory_device(args)
-    try:
-        dev = trace.devices.index(label)
-    except ValueError:
-        dev = len(trace.devices)
-        trace.devices.append(label)
-    m = trace.memory
-    m.ts.append(ts)
-    m.thread.append(trace.thread_of(ev.get("pid"), ev.get("tid")))
-    m.nbytes.append(nbytes)
-    # Addresses are unsigned 64-bit: fold them into the signed column.
-    m.addr.append(_int(args.get("Addr"), 0) % (1 << 63))
-    m.device.append(dev)
-    m.allocated.append(_int(args.get("Total Allocated"), 0))
-    m.reserved.append(_int(args.get("Total Reserved"), 0))

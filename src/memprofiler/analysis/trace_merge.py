@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from memprofiler.analysis.compressed import read_maybe_gzip
+from memprofiler.analysis.compressed import read_at_most
 from memprofiler.analysis.run_ids import check_one_run, trace_run_id
 from memprofiler.analysis.trace_events import find_traces
 from memprofiler.errors import ArtifactError
@@ -31,6 +31,8 @@ _STEP_FILE = re.compile(r"^step_timeline_rank_(\d+)\.json$")
 _PROFILER_FILE = re.compile(r"^.+_rank_(\d+)\.\d+\.pt\.trace\.json(\.gz)?$")
 #: Process metadata the merge writes itself, so every rank is named the same way.
 _PROCESS_META = ("process_name", "process_labels", "process_sort_index")
+#: A file merge-traces reads (decompressed) at most: it holds each whole while merging.
+MAX_FILE_BYTES = 2**30
 #: Flow-event phases: their ids are only unique within one file.
 _FLOW_PHASES = ("s", "t", "f")
 #: A rank's flow ids move above ``rank << _FLOW_ID_BITS``; per-file ids are far below 2**40.
@@ -104,7 +106,14 @@ def _check_dir(run_dir: str | Path) -> Path:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(read_maybe_gzip(path))
+        raw = read_at_most(path, MAX_FILE_BYTES)
+        if len(raw) > MAX_FILE_BYTES:
+            raise ArtifactError(
+                f"{str(path)!r} is refused: longer than {MAX_FILE_BYTES:,} bytes decompressed, what merge-traces "
+                "reads whole (MAX_FILE_BYTES; a gzip bomb?); read a large profiler trace alone with "
+                "`memprofiler report`, which streams it"
+            )
+        data = json.loads(raw)
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"{str(path)!r} is not a readable JSON trace ({err})") from None
     except RecursionError:

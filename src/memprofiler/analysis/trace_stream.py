@@ -1,28 +1,31 @@
-"""Summarise a profiler trace in one streaming pass, in bounded memory.
+"""The one profiler trace reader: every view's figures from one pass over the file, then one
+ordered pass over what it kept, in bounded memory, whatever the order of the events.
 
-:func:`memprofiler.analysis.trace_events.read_trace` keeps every event the views use and
-:func:`memprofiler.analysis.profiler_ops.nest` places them afterwards: memory grows with the
-trace. Here each event is folded into the views' totals as it is read, and only what must be
-held is held:
+Torch writes every ``[memory]`` event after the last operator; merged or edited traces put
+them first, interleave them, or mix threads and ranks out of order. So the reader does not
+rely on the file's order:
 
-- per thread, the spans still open (a stack) and a reorder heap of :data:`REORDER` events
-  that puts the thread's events back in time order; per device, the same for memory events;
-- per device, the allocations not yet released (by address), the :data:`PAIRS_KEPT` largest
-  allocation / release pairs (all are counted) and the first :data:`RANGE_KEPT` memory
-  events, for the page's range selection;
-- one row of totals per operator, module, device and call path;
-- the busy periods of each step category, merged as they come (16 bytes per gap between
-  busy periods: the one part that still grows with the trace).
+1. **Scan** (file order): each event parsed on its own
+   (:func:`~memprofiler.analysis.trace_events.iter_events`); what needs no order is folded at
+   once (device time by ``External id``, busy periods of each step category, operators'
+   shapes, call times); each operator, module span and memory event becomes one fixed-width
+   record (:data:`RECORD`, 65 bytes). Records are sorted in runs of :data:`RUN` by
+   ``(time, span before memory event, longer span first, file order)`` and the runs spilled
+   to one temporary file.
+2. **Attribute** (time order): the runs are merged by time windows (each window holds at
+   most about :data:`RUN` records, sorted in numpy) and each record is folded in: per thread
+   the spans open at its time (a stack), so a memory event counts for every enclosing
+   operator and module; per device the curve, peak, allocation / release pairs by address.
 
-The memory curve, each memory event's bytes and call path, the operators' ``External id``
-and call times and the kernels' durations go to temporary files, read back at the end: the
-curve thinned to :data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points; past
+Held while reading: one run or window of records, the allocations not yet released (by
+address), the :data:`PAIRS_KEPT` largest pairs, the first :data:`RANGE_KEPT` memory events per
+device, one row per operator, module, device and call path, and the open spans. The memory
+curve, each memory event's bytes and call path, the operators' ``External id`` and call
+times and the kernels' durations go to temporary files, read back at the end: the curve
+thinned to :data:`~memprofiler.analysis.profiler_memory.CURVE_POINTS` points; past
 :data:`RANGE_KEPT` events, the events in :data:`RANGE_BINS` bins for a range selection on
-whole bins; kernels joined to the operators that launched them in numpy batches.
-
-Every figure equals the in-memory path's (float sums may differ in the last bits). A trace
-whose events are further out of time order than the reorder heap raises :class:`Unordered`,
-and the caller reads it the in-memory way instead.
+whole bins; kernels joined to the operators that launched them in numpy batches. Every
+temporary file is closed on every path, errors included.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import tempfile
 from array import array
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +60,8 @@ from memprofiler.analysis.trace_events import (
     MEMCPY,
     MEMSET,
     MODULE_PREFIXES,
-    _args,
+    Event,
+    EventArgs,
     _int,
     _shapes_text,
     checked_header,
@@ -66,8 +70,15 @@ from memprofiler.analysis.trace_events import (
 )
 from memprofiler.errors import ArtifactError
 
-#: Events a thread's (or device's) reorder heap holds before releasing the earliest.
-REORDER = 4096
+#: Records sorted per run in the scan, and held per window in the ordered pass.
+RUN = 1 << 16
+#: One operator, module span or ``[memory]`` event: sort keys (time, 0 for a span / 1 for a
+#: memory event, minus duration, file order), thread, then a span's kind, name and
+#: ``External id``, or a memory event's device, address, bytes, allocated and reserved.
+RECORD = np.dtype(
+    [("ts", "f8"), ("what", "i1"), ("negdur", "f8"), ("idx", "i8"), ("thread", "i4"), ("kind", "i1"),
+     ("name", "i4"), ("ext", "i8"), ("nbytes", "i8"), ("allocated", "i8"), ("reserved", "i8")],
+)  # fmt: skip
 #: Allocation / release pairs kept per device (the largest); the rest are counted.
 PAIRS_KEPT = 20_000
 #: Memory events per device kept for the page's range selection (beyond: none).
@@ -79,6 +90,8 @@ RANGE_BINS = 2000
 RANGE_GROUPS = 100_000
 
 _OP, _MOD = 0, 1
+#: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
+_TORCH_MOD = 2
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
@@ -86,12 +99,30 @@ _WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "us
 _CHUNK = 65536
 
 
-class Unordered(Exception):
-    """The trace is too far out of time order to stream; read it the in-memory way."""
+_NO_ARGS = EventArgs()
 
 
-class Relabel(Exception):
-    """Lightning's module spans appeared after torch's were swept: read again knowing it."""
+def _hashable(v: Any) -> Any:
+    """A ``pid`` / ``tid`` as a dictionary key (a hostile trace may give a list)."""
+    return v if v is None or isinstance(v, (str, int, float)) else repr(v)
+
+
+def _float(v: Any) -> float | None:
+    """A time or duration as a float; ``None`` for one that is not a number or past float's range."""
+    if v.__class__ is bool or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def _clamp(v: int) -> int:
+    """``v`` within int64 (a hostile trace may write any integer)."""
+    return v if -_I64 <= v < _I64 else (_I64 - 1 if v > 0 else -_I64)
+
+
+_I64 = 1 << 63
 
 
 class _Intervals:
@@ -148,17 +179,19 @@ class _Spill:
         self.width = width
         self.code = code
         self.buf: array[Any] = array(code)
-        self.count = 0
         fd, name = tempfile.mkstemp(prefix="memprofiler-trace-", suffix=".bin")
         self.file = os.fdopen(fd, "w+b")
         os.unlink(name)
 
     def add(self, *values: Any) -> None:
         self.buf.extend(values)
-        self.count += 1
         if len(self.buf) >= _CHUNK * self.width:
             self.buf.tofile(self.file)
             del self.buf[:]
+
+    def written(self) -> int:
+        """Values added so far."""
+        return self.file.tell() // self.buf.itemsize + len(self.buf)
 
     def read(self) -> Any:
         """Yield the records back, chunk by chunk, as flat arrays."""
@@ -178,11 +211,81 @@ class _Spill:
         self.file.close()
 
 
+class _Runs:
+    """Records in sorted runs of :data:`RUN`, spilled to one temporary file; merged back in
+    time order by :meth:`ordered`."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, ...]] = []
+        self.runs: list[tuple[int, int]] = []  # (first record, count)
+        self.count = 0
+        self.file: Any = None
+
+    def add(self, rec: tuple[Any, ...]) -> None:
+        self.pending.append(rec)
+        if len(self.pending) >= RUN:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        a = np.array(self.pending, dtype=RECORD)
+        self.pending = []
+        a = a[np.lexsort((a["idx"], a["negdur"], a["what"], a["ts"]))]
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="memprofiler-trace-", suffix=".bin")  # noqa: SIM115  # closed by close()
+        self.file.seek(self.count * RECORD.itemsize)
+        a.tofile(self.file)
+        self.runs.append((self.count, len(a)))
+        self.count += len(a)
+
+    def _read(self, first: int, n: int) -> Any:
+        self.file.seek(first * RECORD.itemsize)
+        return np.fromfile(self.file, dtype=RECORD, count=n)
+
+    def ordered(self) -> Iterator[Any]:
+        """Every record in sort order, in windows of about :data:`RUN` (numpy arrays)."""
+        self.flush()
+        if not self.runs:
+            return
+        step = max(1024, RUN // len(self.runs))
+        heads = [[first, n, self._read(first, min(n, step))] for first, n in self.runs]
+        for h in heads:
+            h[0] += len(h[2])
+            h[1] -= len(h[2])
+        while heads:
+            # Records on disk come after each run's buffer: the window ends at the earliest
+            # buffer end among runs with more on disk (all records at one time stay together).
+            bound = min((h[2]["ts"][-1] for h in heads if h[1]), default=None)
+            cuts = [len(h[2]) if bound is None else int(np.searchsorted(h[2]["ts"], bound)) for h in heads]
+            if not any(cuts):  # every buffer starts at the bound: read further where it ends there
+                for h in heads:
+                    if h[1] and h[2]["ts"][-1] == bound:
+                        more = self._read(h[0], min(h[1], len(h[2])))
+                        h[0] += len(more)
+                        h[1] -= len(more)
+                        h[2] = np.concatenate([h[2], more])
+                continue
+            win = np.concatenate([h[2][:c] for h, c in zip(heads, cuts, strict=True)])
+            for h, c in zip(heads, cuts, strict=True):
+                h[2] = h[2][c:]
+                if h[1] and len(h[2]) < step:
+                    more = self._read(h[0], min(h[1], step))
+                    h[0] += len(more)
+                    h[1] -= len(more)
+                    h[2] = np.concatenate([h[2], more])
+            heads = [h for h in heads if len(h[2])]
+            yield win[np.lexsort((win["idx"], win["negdur"], win["what"], win["ts"]))]
+
+    def close(self) -> None:
+        self.pending = []
+        if self.file is not None:
+            self.file.close()
+
+
 @dataclass
 class _Device:
     label: str
-    heap: list[tuple[Any, ...]] = field(default_factory=list)
-    last: tuple[float, int] = (float("-inf"), -1)
     curve: _Spill = field(default_factory=lambda: _Spill(4))
     """``(allocated, reserved, bytes, call path)`` of each memory event, in time order."""
     times: _Spill = field(default_factory=lambda: _Spill(1, "d"))
@@ -197,12 +300,12 @@ class _Device:
     kept: list[tuple[float, int, int, int]] | None = field(default_factory=list)
     """``(ts, bytes, event index, call path)`` of the first :data:`RANGE_KEPT` events."""
     stats: dict[int, MemStat] = field(default_factory=dict)
+    acc: dict[tuple[int, tuple[int, ...]], list[int]] = field(default_factory=dict)
+    """(call path, module chain) -> [bytes, allocations, allocated bytes] of its memory events."""
 
 
 @dataclass
 class _Thread:
-    heap: list[tuple[Any, ...]] = field(default_factory=list)
-    last: tuple[float, int, float, int] = (float("-inf"), 0, 0.0, -1)
     stack: list[list[Any]] = field(default_factory=list)
     """Open spans, outermost first: ``[kind, name, dur, end, child time, ext, seq, ops, mods]``."""
     ops: _Intervals = field(default_factory=_Intervals)
@@ -229,24 +332,28 @@ class Summary:
     steps: list[StepRow] = field(default_factory=list)
     rank_row: RankRow | None = None
     has_device_time: bool = False
+    allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
+    """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
 
 
 class _Reader:
-    def __init__(self, path: Path, lightning: bool) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.lightning = lightning
-        self.torch_modules_seen = False
+        self.lightning = False
         self.names: list[str] = []
         self.ix: dict[str, int] = {}
-        self.threads: dict[tuple[Any, Any], _Thread] = {}
+        self.threads: dict[tuple[Any, Any], int] = {}
+        self.thread_list: list[_Thread] = []
+        self.records = _Runs()
         self.devices: list[_Device] = []
         self.dev_ix: dict[str, int] = {}
+        self.dev_of: dict[tuple[Any, Any], int] = {}
+        self.comm_names: dict[int, bool] = {}
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
         self.shape_ids: dict[str, int] = {}
-        self.call_ts = _Spill(1, "d")
-        self.call_name = _Spill(1)
+        self.calls = _Spill(2, "d")  # (time, name) of each operator call
         self.stack_ids: dict[tuple[int, ...], int] = {}
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
         self.ext = _Spill(3)  # (External id, file order, chain)
@@ -263,6 +370,23 @@ class _Reader:
         self.end = float("-inf")
         self.events = 0
         self.mem_index = 0
+        self.kernels = False
+        self.probes: dict[str, list[float]] = {}
+        self.allocated_at: dict[tuple[str, float], int] = {}
+
+    def close(self) -> None:
+        """Close every temporary file (each is already unlinked: closing frees its space)."""
+        self.records.close()
+        for sp in (self.ext, self.calls, self.kernel_ext, self.kernel_dur):
+            sp.close()
+        for u in (*self.device_kind, self.compute_kernels, self.comm_kernels, self.runtime, self.loading):
+            u.close()
+        for th in self.thread_list:
+            th.ops.close()
+            th.comm.close()
+        for d in self.devices:
+            d.curve.close()
+            d.times.close()
 
     def intern(self, text: str) -> int:
         i = self.ix.get(text)
@@ -280,49 +404,72 @@ class _Reader:
         wanted = _WANTED
         for ev in iter_events(self.path):
             events += 1
-            ts = ev.get("ts")
-            if ts.__class__ is not float and not isinstance(ts, (int, float)):
+            if ev is None:
                 continue
-            ph = ev.get("ph")
+            ts = ev.ts
+            if ts.__class__ is not float and (ts := _float(ts)) is None:
+                continue
+            ph = ev.ph
             if ph == "X":
                 if ts < start:
-                    start = float(ts)
+                    start = ts
                 seq += 1
-                cat = ev.get("cat")
+                cat = ev.cat
                 if cat in wanted or (
-                    cat == "python_function" and str(ev.get("name", "")).startswith("nn.Module: ")
+                    cat == "python_function"
+                    and ev.name.__class__ is str
+                    and ev.name.startswith("nn.Module: ")
                 ):
-                    span(ev, cat, float(ts), seq)
+                    span(ev, cat, ts, seq)
             elif ph != "M":
                 if ts < start:
-                    start = float(ts)
-                if ph == "i" and ev.get("name") == "[memory]":
-                    memory(ev, float(ts))
+                    start = ts
+                if ph == "i" and ev.name == "[memory]" and ev.args is not None:
+                    memory(ev, ev.args, ts)
         self.events, self.start = events, start
-        for key in list(self.threads):
-            th = self.threads[key]
-            while th.heap:
-                self._sweep(th, heapq.heappop(th.heap))
-            self._close(th, float("inf"), 0)
-        for d in self.devices:
-            while d.heap:
-                self._device_event(d, heapq.heappop(d.heap))
+        self._attribute()
 
-    def _thread(self, ev: dict[str, Any]) -> _Thread:
-        key = (ev.get("pid"), ev.get("tid"))
-        th = self.threads.get(key)
-        if th is None:
-            th = self.threads[key] = _Thread()
-        return th
+    def _thread(self, ev: Event) -> int:
+        try:
+            return self.threads[ev.pid, ev.tid]
+        except (KeyError, TypeError):
+            pass
+        key = (_hashable(ev.pid), _hashable(ev.tid))
+        k = self.threads.get(key)
+        if k is None:
+            k = self.threads[key] = len(self.thread_list)
+            self.thread_list.append(_Thread())
+        return k
 
-    def _span(self, ev: dict[str, Any], cat: Any, ts: float, seq: int) -> None:
-        name = str(ev.get("name", ""))
-        d = ev.get("dur")
-        dur = float(d) if isinstance(d, (int, float)) else 0.0
+    def _attribute(self) -> None:
+        """The ordered pass: every record in sort order through :meth:`_sweep`."""
+        threads, sweep, close = self.thread_list, self._sweep, self._close
+        lightning = self.lightning
+        self.kernels = self.kernel_ext.written() > 0  # operators' External ids are needed only then
+        for win in self.records.ordered():
+            for k in range(0, len(win), 8192):
+                for rec in win[k : k + 8192].tolist():
+                    if rec[1] == 0 and rec[5] == _TORCH_MOD:
+                        if lightning:
+                            continue
+                        rec = (*rec[:5], _MOD, *rec[6:])
+                    sweep(threads[rec[4]], rec)
+        for th in threads:
+            close(th, float("inf"), 0)
+        self._spread()
+
+    def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
+        name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
+        d = ev.dur
+        dur = d if d.__class__ is float else (_float(d) or 0.0)
         end = ts + dur
+        if cat == "cpu_op":
+            self._op(ev, name, ts, dur, end, seq)
+            return
         if cat in _DEVICE_CATS:
             self.any_device = True
-            self.end = max(self.end, end)
+            if end > self.end:
+                self.end = end
             kind = _DEVICE_CATS[cat]
             if kind != KERNEL:
                 self.device_kind[kind].add(ts, end)
@@ -330,8 +477,7 @@ class _Reader:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
-            a = ev.get("args")
-            e = _int(a.get("External id")) if isinstance(a, dict) else -1
+            e = _clamp(_int(ev.args.ext)) if ev.args is not None else -1
             if e >= 0:
                 self.kernel_ext.add(e)
                 self.kernel_dur.add(dur)
@@ -339,10 +485,9 @@ class _Reader:
         if cat in ("cuda_runtime", "cuda_driver"):
             self.runtime.add(ts, end)
             return
-        if cat == "cpu_op":
-            kind = _OP
-        elif cat == "user_annotation":
-            self.end = max(self.end, end)
+        if cat == "user_annotation":
+            if end > self.end:
+                self.end = end
             if _STEP.match(name):
                 self.step_windows.append((name, ts, end))
                 return
@@ -355,24 +500,34 @@ class _Reader:
             kind = _MOD
         else:
             return
-        self.end = max(self.end, end)
-        args = ev.get("args")
-        args = args if isinstance(args, dict) else {}
+        if end > self.end:
+            self.end = end
+        args = ev.args if ev.args is not None else _NO_ARGS
         n = self.intern(name)
         if kind == _MOD:
             if name.startswith("[pl][module]"):
-                if not self.lightning:
-                    if self.torch_modules_seen:
-                        raise Relabel
-                    self.lightning = True
+                self.lightning = True
             else:
-                self.torch_modules_seen = True
-                if self.lightning:
-                    return
-        th = self._thread(ev)
-        if kind == _OP:
-            dims = args.get("Input Dims")
-            if isinstance(dims, list):
+                kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
+        ext = args.ext
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+        self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
+
+    def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
+        """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
+        if end > self.end:
+            self.end = end
+        n = self.ix.get(name)
+        if n is None:
+            n = self.intern(name)
+            self.comm_names[n] = name.startswith(_COMM_OPS)
+        t = self._thread(ev)
+        th = self.thread_list[t]
+        args = ev.args
+        ext = -1
+        if args is not None:
+            dims = args.dims
+            if dims.__class__ is list:
                 c = self.shapes.get(n)
                 if c is None:
                     c = self.shapes[n] = Counter()
@@ -381,38 +536,45 @@ class _Reader:
                 if sid is None:
                     sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
                 c[sid] += 1
-            self.call_ts.add(ts)
-            self.call_name.add(n)
-            (th.comm if name.startswith(_COMM_OPS) else th.ops).add(ts, end)
-        item = (ts, 0, -dur, seq, kind, n, _int(args.get("External id")))
-        self._push(th, item)
+            ext = args.ext
+            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+        self.calls.add(ts, n)
+        (th.comm if self.comm_names[n] else th.ops).add(ts, end)
+        pending = self.records.pending
+        pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
+        if len(pending) >= RUN:
+            self.records.flush()
 
-    def _push(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        heapq.heappush(th.heap, item)
-        if len(th.heap) > REORDER:
-            self._sweep(th, heapq.heappop(th.heap))
-
-    def _memory(self, ev: dict[str, Any], ts: float) -> None:
-        args = _args(ev)
-        nbytes = _int(args.get("Bytes"), 0)
-        if nbytes == 0:
-            return
+    def _device(self, args: EventArgs) -> int:
         label = memory_device(args)
         dev = self.dev_ix.get(label)
         if dev is None:
             dev = self.dev_ix[label] = len(self.devices)
             self.devices.append(_Device(label))
+        with contextlib.suppress(TypeError):  # an unhashable device type or id: not cached
+            self.dev_of[args.device_type, args.device_id] = dev
+        return dev
+
+    def _memory(self, ev: Event, args: EventArgs, ts: float) -> None:
+        nbytes = _clamp(_int(args.nbytes, 0))
+        if nbytes == 0:
+            return
+        try:
+            dev = self.dev_of[args.device_type, args.device_id]
+        except (KeyError, TypeError):
+            dev = self._device(args)
         j = self.mem_index
         self.mem_index += 1
-        addr, allocated, reserved = args.get("Addr"), args.get("Total Allocated"), args.get("Total Reserved")
-        payload = (
-            dev,
-            nbytes,
-            (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
-            allocated if allocated.__class__ is int else _int(allocated, 0),
-            reserved if reserved.__class__ is int else _int(reserved, 0),
-        )
-        self._push(self._thread(ev), (ts, 1, 0.0, j, payload))
+        addr, allocated, reserved = args.addr, args.allocated, args.reserved
+        self.records.add(
+            (
+                ts, 1, 0.0, j, self._thread(ev), 0, dev,
+                (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
+                nbytes,
+                _clamp(allocated if allocated.__class__ is int else _int(allocated, 0)),
+                _clamp(reserved if reserved.__class__ is int else _int(reserved, 0)),
+            )
+        )  # fmt: skip
 
     # -- the per-thread sweep (as profiler_ops.nest, one item at a time) -------------------
 
@@ -430,15 +592,12 @@ class _Reader:
             r.host_self_us += max(0.0, dur - child)
 
     def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        key = item[:4]
-        if key < th.last:
-            raise Unordered
-        th.last = key
         t, what = item[0], item[1]
-        self._close(th, t, what)
         stack = th.stack
+        if stack and stack[-1][3] <= t:
+            self._close(th, t, what)
         if what == 0:
-            _, _, negdur, seq, kind, n, ext = item
+            _, _, negdur, seq, _, kind, n, ext, _, _, _ = item
             dur = -negdur
             if stack:
                 top = stack[-1]
@@ -450,7 +609,7 @@ class _Reader:
                 if op_parent is not None:
                     op_parent[4] += dur
                 ops = (n, *ops)
-                if ext >= 0:
+                if ext >= 0 and self.kernels:
                     c = self.chains.get((ops, kmods))
                     if c is None:
                         c = self.chains[ops, kmods] = len(self.chains)
@@ -462,42 +621,35 @@ class _Reader:
                 entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
             stack.append(entry)
             return
-        _, _, _, j, (dev, b, addr, allocated, reserved) = item
-        if not stack:
-            ops, mods, names = (), (), ()
-        else:
+        _, _, _, j, _, _, dev, addr, b, allocated, reserved = item
+        if stack:
             inner = stack[-1]
-            ops, mods, names = inner[5], inner[9], inner[10]
-            if names is None:
-                names = inner[10] = tuple(dict.fromkeys(ops))
+            where = inner[10]
+            if where is None:
+                where = inner[10] = self._where(inner[5], inner[9])
+        else:
+            where = self._where((), ())
+        sid, label, key = where
         d = self.devices[dev]
-        for k, n in enumerate(names):
-            r = self.ops[n] if n in self.ops else self.ops.setdefault(n, OpRow(self.names[n]))
-            st = d.stats.get(n)
-            if st is None:
-                st = d.stats[n] = MemStat(self.names[n])
-            r.increase += b
-            st.increase += b
-            if b > 0:
-                r.alloc_bytes += b
-                st.alloc_count += 1
-                st.alloc_size += b
-            if k == 0:
-                r.self_increase += b
-                st.self_increase += b
-                if b > 0:
-                    r.self_alloc_bytes += b
-                    st.self_alloc_count += 1
-                    st.self_alloc_size += b
-        for k, mn in enumerate(mods):
-            m = self.mods.get(mn)
-            if m is None:
-                m = self.mods[mn] = OpRow(module_name(self.names[mn]))
-            m.increase += b
-            m.alloc_bytes += max(b, 0)
-            if k == 0:
-                m.self_increase += b
-                m.self_alloc_bytes += max(b, 0)
+        # Summed per call path and module chain; spread over the operators and modules at the end.
+        acc = d.acc.get(key)
+        if acc is None:
+            acc = d.acc[key] = [0, 0, 0]
+        acc[0] += b
+        if b > 0:
+            acc[1] += 1
+            acc[2] += b
+        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
+
+    def _where(
+        self, ops: tuple[int, ...], mods: tuple[int, ...]
+    ) -> tuple[int, int, tuple[int, tuple[int, ...]]]:
+        """A memory event's place under open operators ``ops`` and modules ``mods`` (innermost
+        first): its call path's id, the label of its pair, the key its bytes are summed under."""
+        names = tuple(dict.fromkeys(ops))
+        sid = self.stack_ids.get(names)
+        if sid is None:
+            sid = self.stack_ids[names] = len(self.stack_ids)
         label = -1
         if ops:
             inner = self.names[ops[0]]
@@ -505,20 +657,57 @@ class _Reader:
                 label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
                 label = ops[0]
-        sid = self.stack_ids.get(names)
-        if sid is None:
-            sid = self.stack_ids[names] = len(self.stack_ids)
-        heapq.heappush(d.heap, (t, j, b, addr, allocated, reserved, label, sid))
-        if len(d.heap) > REORDER:
-            self._device_event(d, heapq.heappop(d.heap))
+        return sid, label, (sid, mods)
+
+    def _spread(self) -> None:
+        """Each device's memory, summed per call path and module chain, to its operators
+        (``self``: the innermost), the device's statistics and the modules."""
+        stacks = list(self.stack_ids)
+        for d in self.devices:
+            for (sid, mods), (b, count, size) in d.acc.items():
+                for k, n in enumerate(stacks[sid]):
+                    r = self.ops.get(n)
+                    if r is None:
+                        r = self.ops[n] = OpRow(self.names[n])
+                    st = d.stats.get(n)
+                    if st is None:
+                        st = d.stats[n] = MemStat(self.names[n])
+                    r.increase += b
+                    st.increase += b
+                    r.alloc_bytes += size
+                    st.alloc_count += count
+                    st.alloc_size += size
+                    if k == 0:
+                        r.self_increase += b
+                        st.self_increase += b
+                        r.self_alloc_bytes += size
+                        st.self_alloc_count += count
+                        st.self_alloc_size += size
+                for k, mn in enumerate(mods):
+                    m = self.mods.get(mn)
+                    if m is None:
+                        m = self.mods[mn] = OpRow(module_name(self.names[mn]))
+                    m.increase += b
+                    m.alloc_bytes += size
+                    if k == 0:
+                        m.self_increase += b
+                        m.self_alloc_bytes += size
+            d.acc.clear()
 
     # -- per device, in time order ----------------------------------------------------------
 
-    def _device_event(self, d: _Device, item: tuple[Any, ...]) -> None:
-        t, j, b, addr, allocated, reserved, label, sid = item
-        if (t, j) < d.last:
-            raise Unordered
-        d.last = (t, j)
+    def _device_event(
+        self,
+        d: _Device,
+        t: float,
+        j: int,
+        b: int,
+        addr: int,
+        allocated: int,
+        reserved: int,
+        label: int,
+        sid: int,
+    ) -> None:
         d.curve.add(allocated, reserved, b, sid)
         d.times.add(t)
         d.count += 1
@@ -560,21 +749,27 @@ class _Reader:
             heapq.heapreplace(d.pairs, entry)
 
 
-def summarise(path: str | Path) -> Summary:
+def summarise(path: str | Path, probes: dict[str, list[float]] | None = None) -> Summary:
     """Read ``path`` once and fold it into every view's figures.
+
+    ``probes``: per device label (``CPU``, ``GPU0``), trace times (µs) at which to read the
+    allocated bytes (:attr:`Summary.allocated_at`), after every event at or before each.
 
     Raises:
         ArtifactError: the file is missing, unreadable, or holds no ``traceEvents``.
-        Unordered: the trace's events are too far out of time order to stream.
     """
     p = Path(path)
     rank, base = checked_header(p)
+    r = _Reader(p)
+    r.probes = probes or {}
     try:
-        r = _Reader(p, lightning=False)
         r.read()
-    except Relabel:
-        r = _Reader(p, lightning=True)
-        r.read()
+        return _summary(r, p, rank, base)
+    finally:
+        r.close()
+
+
+def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     if r.events == 0:
         raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
     out = Summary(path=p, rank=rank, base_ns=base, events=r.events, names=r.names)
@@ -588,13 +783,7 @@ def summarise(path: str | Path) -> Summary:
     out.devices = [_device_view(r, d, out.start) for d in r.devices]
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
-    for sp in (r.ext, r.call_ts, r.call_name):
-        sp.close()
-    for u in (*r.device_kind, r.compute_kernels, r.comm_kernels, r.runtime, r.loading):
-        u.close()
-    for th in r.threads.values():
-        th.ops.close()
-        th.comm.close()
+    out.allocated_at = r.allocated_at
     return out
 
 
@@ -613,8 +802,6 @@ def _device_time(r: _Reader) -> None:
             batch = []
     if batch:
         _join(r, batch, chain_time)
-    r.kernel_ext.close()
-    r.kernel_dur.close()
     for (ops, mods), dur in zip(r.chains, chain_time.tolist(), strict=True):
         if not dur:
             continue
@@ -662,7 +849,9 @@ def _device_view(
     for lab, size, a in d.open.values():
         r._pair(d, lab, size, a, None)
     d.open.clear()
-    curve, bins, groups = _read_curve(d, start, binned=d.kept is None)
+    curve, bins, groups = _read_curve(
+        d, start, binned=d.kept is None, probes=r.probes.get(d.label, []), found=r.allocated_at
+    )
     dm = DeviceMemory(
         device=d.label,
         curve=curve,
@@ -731,8 +920,10 @@ def _device_view(
 
 def _calls(r: _Reader) -> Any:
     """``(ts, name)`` of every operator call, back from the temporary files."""
-    for ts, names in zip(r.call_ts.read(), r.call_name.read(), strict=True):
-        yield from zip(ts, names, strict=True)
+    for chunk in r.calls.read():
+        it = iter(chunk)
+        for ts, n in zip(it, it, strict=True):
+            yield ts, int(n)
 
 
 def _call_slots(
@@ -757,7 +948,11 @@ def _call_slots(
 
 
 def _read_curve(
-    d: _Device, start: float, binned: bool
+    d: _Device,
+    start: float,
+    binned: bool,
+    probes: Sequence[float] = (),
+    found: dict[tuple[str, float], int] | None = None,
 ) -> tuple[list[tuple[float, int, int]], list[list[float]], list[list[int]] | None]:
     """The curve back from its temporary files, thinned as ``profiler_memory._thin`` does;
     when ``binned``, also the events in about :data:`RANGE_BINS` bins (``[first ms, last ms]``;
@@ -773,6 +968,11 @@ def _read_curve(
     cur: dict[int, list[int]] = {}
     in_bin = 0
     for times, values in zip(d.times.read(), d.curve.read(), strict=True):
+        if probes and found is not None and len(times):
+            at = np.searchsorted(np.frombuffer(times, dtype=np.float64), probes, side="right") - 1
+            for probe, i in zip(probes, at.tolist(), strict=True):
+                if i >= 0:
+                    found[d.label, probe] = values[4 * i]
         for i, ts in enumerate(times):
             t = _ms(start, ts)
             p = (t, values[4 * i], values[4 * i + 1])
@@ -806,8 +1006,6 @@ def _read_curve(
         _flush(groups, cur, len(bins) - 1)
         if len(groups) > RANGE_GROUPS:
             groups = None
-    d.times.close()
-    d.curve.close()
     return out, bins, groups
 
 
@@ -876,7 +1074,7 @@ def _steps(r: _Reader, start: float) -> list[StepRow]:
     host = len(STEP_PARTS) - 2
     streams = [(KERNEL, r.compute_kernels), (KERNEL, r.comm_kernels)]
     streams += [(k, r.device_kind[k]) for k in (MEMCPY, MEMSET)] + [(3, r.runtime), (4, r.loading)]
-    streams += [(host, u) for th in r.threads.values() for u in (th.ops, th.comm)]
+    streams += [(host, u) for th in r.thread_list for u in (th.ops, th.comm)]
     parts = [[0.0] * (len(STEP_PARTS) - 1) for _ in windows]
     win = _Windows([(s, e) for _, s, e in windows])
     for a, b, counts in _segments(streams):
@@ -895,7 +1093,7 @@ def _rank_row(rank: int, r: _Reader, step_rows: list[StepRow], start: float) -> 
     """As :func:`memprofiler.analysis.profiler_steps.rank_row`, in one sweep: computation is
     a thread's operators outside its own collectives (on the device: kernels other than
     collectives), communication any collective."""
-    threads = list(r.threads.values())
+    threads = r.thread_list
     if r.any_device:
         source = "device"
         streams = [(0, r.compute_kernels), (1, r.comm_kernels)]

@@ -3,7 +3,7 @@ ranks), inline: SVG drawn here, data and a small script in the page, nothing fet
 
 The memory curve takes a range selection (drag across it): the script recomputes the memory
 events and per-operator statistics tables of that device from the events embedded in the
-page, the same way :func:`memprofiler.analysis.profiler_memory.memory_stats` does.
+page, as the reader (:mod:`memprofiler.analysis.trace_stream`) does for the whole trace.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from memprofiler.analysis.memory_categories import CategoryTimeline, thinned
+from memprofiler.analysis.memory_categories import CategoryTimeline, TensorOrigin, thinned
+from memprofiler.analysis.peak_gap import PeakGap, trace_device
 from memprofiler.analysis.profiler_memory import MemPair, MemStat
 from memprofiler.analysis.profiler_ops import OpRow
 from memprofiler.analysis.profiler_steps import STEP_PARTS
@@ -91,7 +92,8 @@ def _trace_html(tv: TraceView, n: int, top: int) -> str:
     for d, dv in enumerate(tv.devices):
         out.append(_memory_html(dv, n, d))
     for c, tl in enumerate(tv.categories):
-        out.append(_categories_html(tl, categories_id(n, c)))
+        gap = next((g for g in tv.peak_gaps if g.device == trace_device(tl.device)), None)
+        out.append(_categories_html(tl, categories_id(n, c), gap))
     idx = shown_ops(tv, top)
     out.append(
         _ops_html(
@@ -244,7 +246,7 @@ def _stat_row(s: MemStat, row_id: str) -> str:
     )  # fmt: skip
 
 
-def _categories_html(tl: CategoryTimeline, key: str) -> str:
+def _categories_html(tl: CategoryTimeline, key: str, gap: PeakGap | None = None) -> str:
     times, stacks = thinned(tl)
     present = [i for i, _ in enumerate(tl.categories) if any(s[i] for s in stacks)]
     chart = stacked_area(
@@ -259,18 +261,27 @@ def _categories_html(tl: CategoryTimeline, key: str) -> str:
         for c, b in sorted(tl.peak_by_category.items(), key=lambda kv: -kv[1])
         if b
     ]
+    none = TensorOrigin("", "", "")
     live = [
-        "<tr>" + _cell(str(t), t) + _cell(str(v), v) + _cell(c, num=False) + _bytes(b) + "</tr>"
+        "<tr>" + _cell(str(t), t) + _cell(str(v), v) + _cell(c, num=False) + _bytes(b)
+        + _cell(o.operator or "-", num=False) + _cell(o.module or "-", num=False) + _cell(o.shape or "-", num=False)
+        + "</tr>"
         for t, v, c, b in tl.live_at_peak
-    ]
+        for o in (tl.origins.get(t, none),)
+    ]  # fmt: skip
     return (
         f"<div id='{escape(key, quote=True)}'><h4>Memory by category: {escape(tl.device)}</h4>{chart}"
         f"<p class='catpeak'>Peak {tl.peak_bytes:,} bytes ({format_bytes(tl.peak_bytes)}) at {tl.peak_ms:.3f} ms.</p>"
+        + (f"<p class='peakwhy'>{escape(gap.reason)}</p>" if gap is not None else "")
         + _table(["category", "live at the peak"], at_peak, attrs=" data-kind='catpeak'")
         + _fold(
             f"{key}-live",
             f"Largest tensors live at the peak ({len(live):,})",
-            _table(["tensor id", "version", "category", "size"], live, attrs=" data-kind='live'"),
+            _table(
+                ["tensor id", "version", "category", "size", "operator", "module", "shape"],
+                live,
+                attrs=" data-kind='live'",
+            ),
             len(live),
         )
         + "</div>"

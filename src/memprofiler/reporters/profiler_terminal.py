@@ -81,6 +81,8 @@ class ProfilerTerminalReporter:
             console.print(
                 f"{tl.device}: memory by category, peak {format_bytes(tl.peak_bytes)} at {tl.peak_ms:.3f} ms: {parts}"
             )
+        for gap in tv.peak_gaps:
+            console.print(f"{gap.device}: {escape(gap.reason)}")
         self._ops(console, tv.ops, "operator", tv.has_device_time, "Operators by host self time")
         if tv.modules:
             self._ops(console, tv.modules, "module", tv.has_device_time, "Modules by host total time")

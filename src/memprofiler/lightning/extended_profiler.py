@@ -256,6 +256,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._cycle = 0
         self._tables: list[tuple[int, str]] = []
         self._written: list[Path] = []
+        #: Run-level files (the step timeline) this profiler wrote: not an earlier run's.
+        self._own_run_files: set[Path] = set()
         self._flusher: _FlushOnException | None = None
         self._trainer_ref: weakref.ReferenceType[pl.Trainer] | None = None
         self._closed = False
@@ -291,8 +293,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         host sampler. Called once every callback is set up, before training.
 
         Raises:
-            ConfigError: the trace folder already holds traces and ``overwrite`` is false, or
-                the name templates do not tell the ranks of a multi-process run apart.
+            ConfigError: the trace folder already holds traces and ``overwrite`` is false, the
+                name templates do not tell the ranks of a multi-process run apart, or a filled-in
+                name is no file name or leaves the output directory.
         """
         if self._output is not None and self._output.sampler is not None:
             self._output.sampler.stop()
@@ -306,8 +309,14 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         output = TraceOutput(
             self.trace_files_cfg, self.timeline_cfg, out, fields, self.step_timeline, self._warn
         )
+        output.files.check_paths(kinds=[(CATEGORIES, ".json")])
         output.files.check_unique_per_rank()
-        output.files.check_overwrite(exclude=set(self._written))
+        run_files = [
+            output.files.folder / layout.PROFILER_SUMMARY_TXT.format(stage=self._stage_name, rank=self.rank)
+        ]
+        if self.step_timeline is not None:
+            run_files.append(output.files.folder / layout.STEP_TIMELINE_JSON.format(rank=self.rank))
+        output.files.check_overwrite(exclude={*self._written, *self._own_run_files}, run_files=run_files)
         self._output = output
         output.start()
 
@@ -374,11 +383,16 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._written += write_category_timeline(
                 prof, lambda data: output.files.write_bytes(CATEGORIES, cycle, data), self._warn
             )
-            output.dump_timeline()
+            self._dump_timeline(output)
         except Exception as err:
             self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
             )
+
+    def _dump_timeline(self, output: TraceOutput) -> None:
+        path = output.dump_timeline()
+        if path is not None:
+            self._own_run_files.add(path)
 
     def _table(self, prof: torch.profiler.profile) -> str:
         data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
@@ -426,14 +440,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if not text or output is None:
             return
         stage = self._stage_name
-        path = output.files.root / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
+        # Beside the traces: a run given its own folder owns every file it writes.
+        path = output.files.folder / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
         self._written.append(write_text(path, text + os.linesep))
 
     @override
     def summary(self) -> str:
         """Stop profiling (writing the cycle in progress) and return every cycle's table.
 
-        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in ``dirpath``.
+        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in the trace folder.
         """
         if not self._profiler_kwargs.get("enabled", True):
             return ""
@@ -456,7 +471,10 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if output is None:
             return
         try:
-            if not output.finish():
+            finished = output.finish()
+            if output.timeline_path is not None:
+                self._own_run_files.add(output.timeline_path)
+            if not finished:
                 self._warn("ExtendedPyTorchProfiler: not every trace file reached the remote store")
         except Exception as err:
             self._warn(f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True)

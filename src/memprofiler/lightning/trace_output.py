@@ -113,6 +113,8 @@ class TraceOutput:
         self.files = TraceFiles(files_cfg, out.root, fields, mirror=out.mirror, warn=warn)
         self.timeline = timeline
         self.sampler: HostSampler | None = None
+        #: The step timeline file :meth:`finish` wrote.
+        self.timeline_path: Path | None = None
         if timeline is not None and timeline_cfg.samples_host:
             self.sampler = HostSampler(
                 timeline_cfg.host_interval_s,
@@ -141,5 +143,5 @@ class TraceOutput:
         """Stop the sampler, write the step timeline, wait for a remote store. Never raises OSError."""
         if self.sampler is not None:
             self.sampler.stop()
-        self.dump_timeline()
+        self.timeline_path = self.dump_timeline()
         return self.files.finish()

@@ -73,15 +73,24 @@ class HostCollector(BaseCollector):
             method = "clear_refs" if clear_refs_supported() else "sampler"
         self.method = method
         self._interval_s = interval_ms / 1000.0
-        self._proc = psutil.Process()
+        self._proc_error: Exception | None = None
+        try:  # reads /proc/self/stat: a locked-down /proc refuses it; start() then faults once
+            self._proc: psutil.Process | None = psutil.Process()
+        except Exception as err:
+            self._proc, self._proc_error = None, err
         self._sampler: _Sampler | None = None
+
+    def _process(self) -> psutil.Process:
+        if self._proc is None:
+            raise self._proc_error or OSError("psutil.Process() failed")
+        return self._proc
 
     def _begin_peak(self) -> None:
         if self.method == "clear_refs":
             with open(_CLEAR_REFS, "w") as f:
                 f.write("5")
         else:
-            self._sampler = _Sampler(self._proc, self._interval_s)
+            self._sampler = _Sampler(self._process(), self._interval_s)
             self._sampler.start()
 
     def _end_peak(self, rss_end: int) -> int:
@@ -94,13 +103,14 @@ class HostCollector(BaseCollector):
         return max(peak, rss_end)
 
     def start(self, ctx: CallContext) -> Mapping[str, Any]:
+        proc = self._process()
         self._begin_peak()
-        mem = self._proc.memory_info()
+        mem = proc.memory_info()
         ctx.scratch["host.rss_start"] = mem.rss
         return {metrics.RSS: mem.rss, metrics.VMS: mem.vms}
 
     def end(self, ctx: CallContext, ok: bool) -> Mapping[str, Any]:
-        mem = self._proc.memory_info()
+        mem = self._process().memory_info()
         peak = self._end_peak(mem.rss)
         return {
             metrics.RSS: mem.rss,

@@ -111,6 +111,7 @@ class TraceOutput:
         warn: Any,
     ) -> None:
         self.files = TraceFiles(files_cfg, out.root, fields, mirror=out.mirror, warn=warn)
+        self._warn = warn
         self.timeline = timeline
         self.sampler: HostSampler | None = None
         #: The step timeline file :meth:`finish` wrote.
@@ -125,8 +126,18 @@ class TraceOutput:
             timeline.host = self.sampler
 
     def start(self) -> None:
+        """Start the host sampler; a fault warns and turns it off, training goes on."""
         if self.sampler is not None:
-            self.sampler.start()
+            try:
+                self.sampler.start()
+            except Exception as err:
+                self._warn(
+                    f"host sampler could not start ({type(err).__name__}: {err}); no host rows",
+                    all_ranks=True,
+                )
+                self.sampler = None
+                if self.timeline is not None:
+                    self.timeline.host = None
 
     def dump_timeline(self) -> Path | None:
         """Rewrite the rank's whole-run step timeline beside the traces."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import tempfile
 import time
@@ -32,6 +33,9 @@ from memprofiler.output.snapshot_cache import SnapshotCache
 from memprofiler.output.stats_file import StatsFile
 from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.output.writers import write_pickle
+
+#: Errors of a full disk (or quota): every file keeps what it held, one warning for the run.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 #: How long rank 0 waits for the other ranks' figures at the end of a run without collectives,
 #: and after an exception (when the others may be stuck in another collective).
@@ -81,6 +85,7 @@ class RunFiles:
         self.timeline: MemoryTimeline | None = None
         #: Snapshots dropped from memory after they reached the stats file.
         self.evicted = 0
+        self._disk_full_warned = False
         self.summary_collective = summary_collective
         self._summaries = 0
         self._pickle_cache = SnapshotCache()
@@ -180,6 +185,16 @@ class RunFiles:
                 except Exception as err:  # each file on its own: one failure must not cost the others
                     if stats is not None and what == stats.path.name:
                         self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
+                    if isinstance(err, OSError) and err.errno in _DISK_FULL:
+                        if not self._disk_full_warned:  # one line for every file and every flush
+                            self._disk_full_warned = True
+                            self.warn(
+                                f"{self.save_dir} is full ({err.strerror}) writing {what}: every file "
+                                "keeps the records written before it filled and stays valid; newer "
+                                "snapshots stay in memory and are retried at each flush",
+                                all_ranks=True,
+                            )
+                        continue
                     self.warn(f"could not write {what} in {self.save_dir}: {err!r}", all_ranks=True)
         return written
 

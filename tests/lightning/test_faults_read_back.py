@@ -18,6 +18,7 @@ from _tiny_lightning import TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
 from memprofiler.__main__ import main
+from memprofiler.analysis.run_ids import profiler_trace_run_id
 
 
 def _strict_json(path: Path) -> Any:
@@ -112,6 +113,9 @@ def test_every_file_written_under_psutil_faults_is_valid_and_reported(tmp_path, 
     host = {e["name"] for e in timeline["traceEvents"] if e.get("cat") == "memprofiler.host"}
     assert {"host.memory_used", "host.net_sent"} <= host
     assert not host & {"host.memory_percent", "process.rss", "process.cpu_percent", "host.cpu_percent"}
+    # AND the profiler's traces carry the run's id, memprofiler's (in the manifest)
+    run_id = yaml.safe_load((run / "memprofiler_run.yaml").read_text())["run_id"]
+    assert profiler_trace_run_id(run / kinds["profiler trace"]) == run_id
     # AND memprofiler reads back what it wrote: the run report and the profiler views
     assert main(["report", str(run), "-o", str(tmp_path / "r.html"), "--traces", str(run)]) == 0
     assert (tmp_path / "r.html").stat().st_size > 0

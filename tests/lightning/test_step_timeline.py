@@ -22,6 +22,7 @@ from _env import subprocess_env
 from _tiny_lightning import TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
+from memprofiler.analysis.run_ids import profiler_trace_run_id
 from memprofiler.errors import ConfigError
 from memprofiler.output.step_timeline import DATA_TID, HOOK_TID
 
@@ -157,6 +158,9 @@ def test_overwrite_never_rewrites_a_run_whose_traces_are_named_otherwise(tmp_pat
         tmp_path, ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files=own), steps=3
     ).fit(model)
     assert model.calls == 3 and (tmp_path / "second" / "step_timeline_rank_0.json").is_file()
+    # AND each run's traces carry its own run id (a profiler without memprofiler's callback)
+    ids = {profiler_trace_run_id(p) for p in tmp_path.rglob("*.pt.trace.json")}
+    assert len(ids) == 2 and None not in ids
 
 
 class _SleepyCallback(pl.Callback):

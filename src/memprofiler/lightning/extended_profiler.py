@@ -47,6 +47,7 @@ from memprofiler import layout
 from memprofiler.config._build import build_dataclass
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
+from memprofiler.core import run_setup
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
 from memprofiler.lightning import _compat as compat
@@ -256,6 +257,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._cycle = 0
         self._tables: list[tuple[int, str]] = []
         self._written: list[Path] = []
+        #: The run's id, written into every trace: memprofiler's when its callback runs in the
+        #: same Trainer, else agreed by the ranks when the first stage starts.
+        self._run_id: str | None = None
         #: Run-level files (the step timeline) this profiler wrote: not an earlier run's.
         self._own_run_files: set[Path] = set()
         self._flusher: _FlushOnException | None = None
@@ -278,10 +282,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if timeline not in self._timelines:
             self._timelines.append(timeline)
 
-    def use_run_dir(self, save_dir: Path, mirror: RemoteMirror | None) -> None:
+    def use_run_dir(self, save_dir: Path, mirror: RemoteMirror | None, run_id: str | None = None) -> None:
         """Write traces into a memprofiler run directory (uploaded by ``mirror`` when remote),
         unless ``dirpath`` was given."""
         self._run_dir = OutputDir(Path(save_dir), mirror)
+        if run_id:
+            self._run_id = run_id
 
     @property
     def trace_output(self) -> TraceOutput | None:
@@ -303,6 +309,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._output = None
         if out is None:
             return
+        if self._run_id is None:
+            self._run_id = run_setup.share_new_id(self.rank)
         fields = run_fields(trainer, self.rank, self._stage_name, self.trace_files_cfg.run_name)
         if self.step_timeline is not None:
             self.step_timeline.rank = self.rank
@@ -427,7 +435,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                     merge_into_trace(trace, timeline, pid=pid, span=span)
                 if self.step_timeline is not None:
                     self.step_timeline.merge_into(trace, pid=pid, span=span)
-            trace["memprofiler"] = {"rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
+            # First in the file: a reader learns rank and run from the first bytes (run_ids.py).
+            ident = {"run_id": self._run_id, "rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
+            trace = {"memprofiler": ident, **{k: v for k, v in trace.items() if k != "memprofiler"}}
             return json.dumps(trace).encode()
         except (ValueError, TypeError, KeyError) as err:
             self._warn(

@@ -126,3 +126,30 @@ def _no_gpu(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+def test_a_full_disk_keeps_the_trace_cycles_written_before_with_one_warning(tmp_path, disk, monkeypatch):
+    # GIVEN three trace cycles, the disk full once the first is written
+    real = ExtendedPyTorchProfiler._on_trace_ready
+
+    def then_fill(self: ExtendedPyTorchProfiler, prof: Any) -> None:
+        real(self, prof)
+        disk.left = 0
+
+    monkeypatch.setattr(ExtendedPyTorchProfiler, "_on_trace_ready", then_fill)
+    prof = ExtendedPyTorchProfiler(
+        dirpath=tmp_path, schedule_cfg={"wait": 1, "warmup": 1, "active": 1, "repeat": 3}
+    )
+    model = TinyModel()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _trainer(tmp_path, prof, steps=8).fit(model)
+    # THEN training ran, one line said the disk is full, cycle 1 is whole and the only one
+    assert model.calls == 8
+    full = [str(w.message) for w in caught if "full" in str(w.message) or "No space" in str(w.message)]
+    assert len(full) == 1 and "disk is full" in full[0] and "from cycle 2 on" in full[0], full
+    assert sorted(p.name for p in tmp_path.glob("*.pt.trace.json")) == ["fit_rank_0.1.pt.trace.json"]
+    trace = _strict_json(tmp_path / "fit_rank_0.1.pt.trace.json")
+    assert [e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")][:1]
+    assert _strict_json(tmp_path / "step_timeline_rank_0.json")["traceEvents"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left

@@ -35,7 +35,7 @@ from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.output.writers import write_pickle
 
 #: Errors of a full disk (or quota): every file keeps what it held, one warning for the run.
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 #: How long rank 0 waits for the other ranks' figures at the end of a run without collectives,
 #: and after an exception (when the others may be stuck in another collective).
@@ -185,7 +185,7 @@ class RunFiles:
                 except Exception as err:  # each file on its own: one failure must not cost the others
                     if stats is not None and what == stats.path.name:
                         self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
-                    if isinstance(err, OSError) and err.errno in _DISK_FULL:
+                    if isinstance(err, OSError) and err.errno in DISK_FULL:
                         if not self._disk_full_warned:  # one line for every file and every flush
                             self._disk_full_warned = True
                             self.warn(

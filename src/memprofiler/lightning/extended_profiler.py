@@ -48,6 +48,7 @@ from memprofiler.config._build import build_dataclass
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.core import run_setup
+from memprofiler.core.run_files import DISK_FULL as _DISK_FULL
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
 from memprofiler.lightning import _compat as compat
@@ -260,6 +261,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         #: The run's id, written into every trace: memprofiler's when its callback runs in the
         #: same Trainer, else agreed by the ranks when the first stage starts.
         self._run_id: str | None = None
+        self._disk_full = False
         #: Run-level files (the step timeline) this profiler wrote: not an earlier run's.
         self._own_run_files: set[Path] = set()
         self._flusher: _FlushOnException | None = None
@@ -393,9 +395,26 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             )
             self._dump_timeline(output)
         except Exception as err:
+            if self._disk_is_full(err):
+                return
             self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
             )
+
+    def _disk_is_full(self, err: BaseException) -> bool:
+        """Whether ``err`` is a full disk; if so, say it once for the run (each file the profiler
+        writes is atomic, so what was written before the disk filled stays whole)."""
+        if not (isinstance(err, OSError) and err.errno in _DISK_FULL):
+            return False
+        if not self._disk_full:
+            self._disk_full = True
+            self._warn(
+                f"ExtendedPyTorchProfiler: the trace folder's disk is full ({err.strerror}) from "
+                f"cycle {self._cycle} on; the files written before are kept whole, later ones "
+                "(traces, step timeline, summary) are not written",
+                all_ranks=True,
+            )
+        return True
 
     def _dump_timeline(self, output: TraceOutput) -> None:
         path = output.dump_timeline()
@@ -425,9 +444,18 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         return files.write_bytes(TRACE, cycle, data)
 
     def _merged(self, kineto: bytes, cycle: TraceCycle) -> bytes:
-        """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone."""
+        """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone.
+
+        Raises:
+            ValueError: Kineto's file is no JSON object (cut short on a full disk): not written.
+        """
         try:
             trace = json.loads(kineto)
+        except ValueError as err:
+            raise ValueError(f"Kineto's trace is no JSON ({err}); the cycle is not written") from None
+        if not isinstance(trace, dict):
+            raise ValueError("Kineto's trace is no JSON object; the cycle is not written")
+        try:
             pid = os.getpid()  # Kineto draws CPU events under this process's pid: our rows join them
             span = trace_span_ns(trace)  # one pass over Kineto's events for every timeline merged
             if span is not None:
@@ -470,7 +498,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self._write_summary(text)
         except OSError as err:
-            self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
+            if not self._disk_is_full(err):
+                self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
         self._tables = []
         self._finish_output()
         return text
@@ -487,7 +516,10 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             if not finished:
                 self._warn("ExtendedPyTorchProfiler: not every trace file reached the remote store")
         except Exception as err:
-            self._warn(f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True)
+            if not self._disk_is_full(err):
+                self._warn(
+                    f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True
+                )
 
     @override
     def _cache_functions_events(self) -> None:

@@ -151,8 +151,16 @@ class TraceOutput:
             return self.timeline.dump(folder)
 
     def finish(self) -> bool:
-        """Stop the sampler, write the step timeline, wait for a remote store. Never raises OSError."""
+        """Stop the sampler, write the step timeline, wait for a remote store.
+
+        Raises:
+            OSError: the step timeline could not be written (the store is waited for first).
+        """
         if self.sampler is not None:
             self.sampler.stop()
-        self.timeline_path = self.dump_timeline()
+        try:
+            self.timeline_path = self.dump_timeline()
+        except OSError:
+            self.files.finish()  # the traces still go to a remote store
+            raise
         return self.files.finish()

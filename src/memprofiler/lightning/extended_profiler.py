@@ -530,7 +530,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self.function_events = None
             self._warn("ExtendedPyTorchProfiler: the run ended before the schedule recorded any step")
             return
-        super()._cache_functions_events()
+        try:
+            super()._cache_functions_events()
+        except Exception as err:  # torch's event parsing (private results) after a finished fit
+            self.function_events = None
+            self._warn(
+                f"ExtendedPyTorchProfiler: torch could not list the last cycle's events ({err!r}); "
+                "its traces are written, its summary table is left out",
+                all_ranks=True,
+            )
 
     def flush_after_exception(self) -> None:
         """Write the trace of the cycle in progress and the summary; never raises."""

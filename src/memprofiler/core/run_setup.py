@@ -116,10 +116,11 @@ def share_run_id(rank: int, manifest: RunManifest | None) -> str | None:
     return _agree("run_id", rank, lambda: manifest.run_id if manifest is not None else "")
 
 
-def share_new_id(rank: int) -> str:
+def share_new_id(rank: int) -> str | None:
     """A new run id, rank 0's on every rank that can ask it (a process group's store); for a
-    run without memprofiler's run directory (the extended profiler alone)."""
-    return _agree("profiler_run_id", rank, lambda: uuid.uuid4().hex[:12]) or uuid.uuid4().hex[:12]
+    run without memprofiler's run directory (the extended profiler alone). ``None`` on a rank
+    that cannot ask: an id of its own would tell its files apart from its run's."""
+    return _agree("profiler_run_id", rank, lambda: uuid.uuid4().hex[:12]) or None
 
 
 def _from_rank0(store: object | None, key: str) -> str | None:

@@ -311,7 +311,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._output = None
         if out is None:
             return
-        if self._run_id is None:
+        if self._run_id is None and self._run_dir is None:
+            # alone (no memprofiler callback, whose run id `use_run_dir` passed): the ranks agree
             self._run_id = run_setup.share_new_id(self.rank)
         fields = run_fields(trainer, self.rank, self._stage_name, self.trace_files_cfg.run_name)
         if self.step_timeline is not None:

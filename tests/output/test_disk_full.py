@@ -160,3 +160,33 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_a_run_on_a_real_64_kib_filesystem_keeps_what_fitted(tiny_tmpfs):
     messages = _run(tiny_tmpfs, 250)
     assert _check_run(tiny_tmpfs, messages) < 500
+
+
+def test_a_full_disk_keeps_memory_bounded_and_writes_the_newest_at_the_end(tmp_path, disk):
+    # GIVEN at most 20 snapshots in memory and a disk that fills after about 10 calls
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    config = {
+        "schedule": {"warmup": 0, "active": 100_000},
+        "flush_every_calls": 5,
+        "max_snapshots_in_memory": 20,
+    }
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        prof = MemProfiler(config, save_dir=tmp_path, rank=0)
+        with prof:
+            prof.setup(model)
+            disk.left = 6 << 10
+            for _ in range(150):
+                with prof.profile("training_step", module=model):
+                    model(x).sum().backward()
+                # THEN memory stays bounded while the disk is full (no retry of every pending one)
+                assert len(prof._files.snapshots) <= 20 + 2 * 5  # + those of the calls since the last flush
+            disk.left = 1 << 30  # room again before the run ends
+    # AND the end of the run wrote the newest snapshots, after the ones that fitted before
+    stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
+    calls = sorted({int(k.split(".")[2]) for k in stats})
+    assert calls[-1] == 150 and "0.training_step.150.end" in stats
+    assert prof._files.lost_to_full_disk == 300 - len(stats)
+    json.loads((tmp_path / "memory_trace_rank_0.json").read_text())

@@ -86,6 +86,8 @@ class RunFiles:
         #: Snapshots dropped from memory after they reached the stats file.
         self.evicted = 0
         self._disk_full_warned = False
+        #: Snapshots dropped unwritten because the disk was full (the oldest beyond the limit).
+        self.lost_to_full_disk = 0
         self.summary_collective = summary_collective
         self._summaries = 0
         self._pickle_cache = SnapshotCache()
@@ -149,10 +151,15 @@ class RunFiles:
         """
         written: list[Path] = []
         cfg = self.config
-        unflushed, changed = self._unflushed, self._changed
-        self._unflushed, self._changed = [], []
         self._calls_since_flush = 0
         self._last_flush = time.monotonic()
+        if self._disk_full_warned and not final:
+            # The disk filled: retrying every flush would render every pending snapshot again
+            # each time (quadratic); they wait in memory, bounded, for the end of the run.
+            self._evict_unwritten()
+            return written
+        unflushed, changed = self._unflushed, self._changed
+        self._unflushed, self._changed = [], []
         writers: list[tuple[str, Callable[[], Path]]] = []
         stats = self.stats
         if stats is not None:
@@ -191,7 +198,8 @@ class RunFiles:
                             self.warn(
                                 f"{self.save_dir} is full ({err.strerror}) writing {what}: every file "
                                 "keeps the records written before it filled and stays valid; newer "
-                                "snapshots stay in memory and are retried at each flush",
+                                "snapshots wait in memory (the newest `max_snapshots_in_memory`) "
+                                "and are written at the end of the run if there is room then",
                                 all_ranks=True,
                             )
                         continue
@@ -211,6 +219,20 @@ class RunFiles:
         notes = notes_of(manifest)
         manifest.finish(manifest.status if manifest.status == "crashed" else "finished", notes)
         return write_manifest(self.save_dir, manifest)
+
+    def _evict_unwritten(self) -> None:
+        """On a full disk: keep the newest ``max_snapshots_in_memory`` snapshots, drop older ones
+        never written (counted in :attr:`lost_to_full_disk`)."""
+        excess = len(self.snapshots) - self.config.max_snapshots_in_memory
+        if excess <= 0:
+            return
+        on_disk = self.stats.written if self.stats is not None else frozenset()
+        for key in list(self.snapshots)[:excess]:
+            del self.snapshots[key]
+            self.lost_to_full_disk += key not in on_disk
+        keep = set(self.snapshots)
+        self._unflushed = [k for k in self._unflushed if k in keep]
+        self._changed = [k for k in self._changed if k in keep]
 
     def _evict_written(self) -> None:
         """Drop the oldest snapshots from memory once they are on disk (bounded memory)."""

@@ -124,8 +124,11 @@ def packer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
+# A disk that fills: the writers' seam raising ENOSPC after N bytes (full-disk tests).
+from _disk_budget import disk  # noqa: E402
+
 # Session fixtures with real run directories, for the command and report tests.
 from run_fixtures import full_run, real_runs  # noqa: E402
 from s3_server import s3_bucket, s3_server  # noqa: E402
 
-__all__ = ["full_run", "real_runs", "s3_bucket", "s3_server"]
+__all__ = ["disk", "full_run", "real_runs", "s3_bucket", "s3_server"]

@@ -121,6 +121,49 @@ def test_wrong_field_types_are_one_line_exit_2(tmp_path, capsys, payload, messag
     assert capsys.readouterr().err == f"memprofiler snapshot: error: {p}: {message}\n"
 
 
+def _segment(total: int, *blocks: tuple[int, str]) -> dict[str, object]:
+    return {
+        "device": 0,
+        "address": 4096,
+        "total_size": total,
+        "blocks": [{"size": size, "requested_size": size, "state": state} for size, state in blocks],
+    }
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (
+            {"segments": [_segment(1024, (-512, "active_allocated"))], "device_traces": []},
+            "malformed allocator snapshot (segments[0]: block size must be >= 0 bytes, got -512)",
+        ),
+        (
+            {"segments": [_segment(-1024)], "device_traces": []},
+            "malformed allocator snapshot (segments[0]: total_size must be >= 0 bytes, got -1024)",
+        ),
+        (
+            {"segments": [_segment(1024, (2048, "inactive"))], "device_traces": []},
+            "malformed allocator snapshot (segments[0]: its blocks hold 2048 bytes, more than its total_size 1024)",
+        ),
+        (
+            _trace({"action": "alloc", "addr": 1, "size": -(1 << 30), "time_us": 1}),
+            "malformed allocator snapshot (device_traces[0][0] (alloc): size must be >= 0 bytes, got -1073741824)",
+        ),
+        (
+            _trace({"action": "segment_alloc", "addr": 1, "size": -5, "time_us": 1}),
+            "malformed allocator snapshot (device_traces[0][0] (segment_alloc): size must be >= 0 bytes, got -5)",
+        ),
+    ],
+)
+def test_impossible_values_are_one_line_exit_2(tmp_path, capsys, payload, message):
+    # GIVEN a snapshot with a negative size (or blocks larger than their segment)
+    p = tmp_path / "bad.pickle"
+    p.write_bytes(pickle.dumps(payload, protocol=4))
+    # THEN one line naming the file, the field and its value, exit 2
+    assert main(["snapshot", str(p)]) == 2
+    assert capsys.readouterr().err == f"memprofiler snapshot: error: {p}: {message}\n"
+
+
 def test_a_trace_listed_many_times_is_refused_not_expanded(tmp_path, capsys):
     # GIVEN a small pickle naming one 1000-entry trace 2000 times (memo references)
     trace = [{"action": "alloc", "addr": i, "size": 8, "time_us": i, "frames": []} for i in range(1000)]

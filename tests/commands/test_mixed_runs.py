@@ -102,3 +102,65 @@ def test_one_runs_files_and_older_files_without_an_id_still_merge(tmp_path, caps
     merged = json.loads((tmp_path / "m.json").read_text())
     assert merged["otherData"]["memprofiler_ranks"] == [0, 1, 2]
     assert main(["report", *dirs, "--no-html"]) == 0
+
+
+def _profiler_trace(path: Path, run_id: str | None, rank: int = 0, gz: bool = False) -> Path:
+    """A small extended-profiler trace of run ``run_id``: its identity first, as the profiler
+    writes it, then one step with one operator."""
+    import gzip
+
+    trace: dict[str, object] = {}
+    if run_id is not None:
+        trace["memprofiler"] = {"run_id": run_id, "rank": rank, "cycle": 1}
+    trace["traceEvents"] = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 50,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 20},
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(trace).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def test_report_traces_refuses_traces_of_two_runs(tmp_path, capsys):
+    # GIVEN rank 0's trace of run aaa and rank 1's (gzip'd) of run bbb in one folder
+    a = _profiler_trace(tmp_path / "t" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    b = _profiler_trace(tmp_path / "t" / "fit_rank_1.1.pt.trace.json.gz", "bbb222", rank=1, gz=True)
+    # WHEN reported as traces THEN one line names a file of each run, exit 2
+    assert main(["report", str(tmp_path / "t"), "--no-html"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{str(a)!r} is from run aaa111 but {str(b)!r} from run bbb222" in err
+    # AND traces of a run directory's other run given with --traces are refused the same way
+    _rank_files(tmp_path / "run", 0, "ccc333")
+    assert main(["report", str(tmp_path / "run"), "--traces", str(a), "--no-html"]) == 2
+    assert "from run ccc333" in capsys.readouterr().err
+
+
+def test_diff_profiler_refuses_a_side_holding_two_runs(tmp_path, capsys):
+    _profiler_trace(tmp_path / "before" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    _profiler_trace(tmp_path / "before" / "old" / "fit_rank_0.1.pt.trace.json", "ddd444")
+    _profiler_trace(tmp_path / "after" / "fit_rank_0.1.pt.trace.json", "bbb222")
+    assert main(["diff", str(tmp_path / "before"), str(tmp_path / "after"), "--profiler"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "from run aaa111" in err and "from run ddd444" in err
+    # one run a side (and traces without an id) compare as before
+    (tmp_path / "before" / "old" / "fit_rank_0.1.pt.trace.json").unlink()
+    _profiler_trace(tmp_path / "before" / "fit_rank_1.1.pt.trace.json", None, rank=1)
+    assert main(["diff", str(tmp_path / "before"), str(tmp_path / "after"), "--profiler"]) == 0
+
+
+def test_a_folder_of_traces_alone_is_reported_as_traces(tmp_path, capsys):
+    _profiler_trace(tmp_path / "t" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    assert main(["report", str(tmp_path / "t"), "--no-html"]) == 0
+    out = capsys.readouterr().out
+    assert "no memprofiler run files, only profiler traces: showing their views" in out
+    assert "--traces" in out and "aten::mm" in out

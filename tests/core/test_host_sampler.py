@@ -94,3 +94,57 @@ def test_timeline_config_checks_name_the_key(kwargs, key):
     with pytest.raises(ConfigError, match=rf"^`{key.replace('[', '[[]')}`"):
         TimelineConfig(**kwargs)
     assert not TimelineConfig(host_interval_s=0).samples_host
+
+
+def test_permission_denied_on_proc_at_start_drops_those_groups_and_the_rest_go_on(monkeypatch):
+    # GIVEN a locked-down /proc: the process entry and the CPU counters refuse to be read
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", "/proc/self/stat")
+
+    monkeypatch.setattr(psutil, "Process", denied)
+    monkeypatch.setattr(psutil, "cpu_percent", denied)
+    messages: list[str] = []
+    # WHEN built and started THEN nothing raises
+    sampler = HostSampler(0.01, ["cpu", "memory", "rss"], on_error=messages.append).start()
+    try:
+        time.sleep(0.05)
+    finally:
+        sampler.stop()
+    # AND cpu and rss are dropped with one line each, memory goes on with psutil's own values
+    assert sampler.metrics == ["memory"]
+    assert len(messages) == 2 and all("PermissionError" in m and "dropped" in m for m in messages)
+    assert "cannot read cpu" in messages[0] and "cannot read rss" in messages[1]
+    assert sampler.samples and all(
+        set(v) == {"host.memory_used", "host.memory_percent"} for _, v in sampler.samples
+    )
+
+
+def test_permission_denied_mid_run_drops_only_that_group(monkeypatch):
+    sampler = HostSampler(0.5, ["memory", "rss"], on_error=(messages := []).append)
+    assert set(sampler.sample()[1]) == {"host.memory_used", "host.memory_percent", "process.rss"}
+
+    def denied() -> None:
+        raise PermissionError("/proc/meminfo")
+
+    monkeypatch.setattr(psutil, "virtual_memory", denied)
+    sampler.sample()
+    sampler.sample()
+    assert sampler.metrics == ["rss"] and len(messages) == 1
+    assert set(sampler.samples[-1][1]) == {"process.rss"}
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), True])
+def test_values_that_are_no_finite_number_are_never_kept(monkeypatch, bad):
+    # GIVEN psutil handing a non-finite (or no) value for one track mid-run
+    class VM:
+        total, available, percent = 8 << 30, 6 << 30, bad
+
+    monkeypatch.setattr(psutil, "virtual_memory", VM)
+    messages: list[str] = []
+    sampler = HostSampler(0.5, ["memory"], on_error=messages.append)
+    # WHEN sampled twice THEN the good track is kept, the bad one skipped with one message
+    sampler.sample()
+    sampler.sample()
+    assert [v for _, v in sampler.samples] == [{"host.memory_used": float(2 << 30)}] * 2
+    assert len(messages) == 1 and messages[0].startswith(f"host sampler: host.memory_percent read {bad!r}")
+    assert sampler.metrics == ["memory"]

@@ -259,8 +259,50 @@ def test_the_old_import_path_warns_and_gives_the_same_class():
     assert old.MemProfilerCLI is MemProfilerCLI is memprofiler.MemProfilerCLI
 
 
-def test_a_renamed_key_in_the_group_names_its_new_name(tmp_path, capsys):
-    path = _config(tmp_path, {"memprofiler": {"fsdp_mem_tracker_units": "KiB"}})
+def test_ancestor_keys_in_the_group_are_read_with_a_deprecation(tmp_path):
+    # GIVEN a finetuning-scheduler config's renamed keys in the group, as docs/migration.md
+    # promises they still load: `fsdp_mem_track_module_depth` and `collect_funcs.fsdp`
+    out = tmp_path / "out"
+    group = {
+        "schedule": {"warmup": 0, "active": 1},
+        "save_dir": str(out),
+        "collect_funcs": {"default": ["training_step"], "fsdp": ["training_step"]},
+        "track_module_mem": True,
+        "fsdp_mem_track_module_depth": 1,
+        "fsdp_mem_tracker_units": "KiB",
+    }
+    path = _config(tmp_path, {"memprofiler": group})
+    # WHEN the CLI runs THEN each old key warns once, naming the new one, and is read
+    with pytest.warns(FutureWarning) as caught:
+        cli = MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+    messages = [str(w.message) for w in caught if "deprecated" in str(w.message)]
+    assert (
+        "memprofiler: config key `memprofiler.fsdp_mem_track_module_depth` is deprecated; use `memprofiler.module_mem_depth`"
+        in messages
+    )
+    assert (
+        "memprofiler: config key `memprofiler.collect_funcs.fsdp` is deprecated; use `memprofiler.collect_funcs.module_mem`"
+        in messages
+    )
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, MemProfilerCallback)]
+    assert cb.config.module_mem_depth == 1 and cb.config.module_mem_units == "KiB"
+    assert cb.config.collect_funcs.module_mem == ["training_step"]
+    assert list(load_stats(out)) == ["0.training_step.1.start", "0.training_step.1.end"]
+
+
+def test_an_ancestor_key_on_the_command_line_is_read_with_a_deprecation(tmp_path):
+    out = tmp_path / "out"
+    path = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": 0, "active": 1}, "save_dir": str(out)}})
+    with pytest.warns(FutureWarning, match=r"`memprofiler.fsdp_mem_tracker_units` is deprecated"):
+        cli = MemProfilerCLI(
+            DemoGPT, args=["fit", "--config", str(path), "--memprofiler.fsdp_mem_tracker_units=KiB"]
+        )
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, MemProfilerCallback)]
+    assert cb.config.module_mem_units == "KiB"
+
+
+def test_an_old_and_a_new_key_together_are_one_line(tmp_path, capsys):
+    path = _config(tmp_path, {"memprofiler": {"fsdp_mem_tracker_units": "KiB", "module_mem_units": "MiB"}})
     line = _exit_2_line(tmp_path, capsys, ["fit", "--config", str(path)])
     assert line == "`memprofiler.fsdp_mem_tracker_units`: renamed: use `module_mem_units`"
 

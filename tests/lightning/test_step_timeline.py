@@ -22,6 +22,7 @@ from _env import subprocess_env
 from _tiny_lightning import TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
+from memprofiler.analysis.run_ids import profiler_trace_run_id
 from memprofiler.errors import ConfigError
 from memprofiler.output.step_timeline import DATA_TID, HOOK_TID
 
@@ -120,6 +121,47 @@ def test_a_folder_with_earlier_traces_is_refused_before_training_unless_overwrit
     prof = ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files={"overwrite": True})
     _trainer(tmp_path, prof, steps=3).fit(model)
     assert model.calls == 3
+
+
+def test_overwrite_never_rewrites_a_run_whose_traces_are_named_otherwise(tmp_path):
+    # GIVEN a first run in dirpath whose traces carry its run name
+    first = {"filename": "a_{stage}_rank_{rank}.{cycle}.pt.trace.json"}
+    _trainer(
+        tmp_path, ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files=first), steps=3
+    ).fit(TinyModel())
+    timeline = (tmp_path / "step_timeline_rank_0.json").read_bytes()
+    summary = (tmp_path / "fit_rank_0_summary.txt").read_bytes()
+    # WHEN a second run names its traces otherwise, without and then with overwrite
+    second = {"filename": "b_{stage}_rank_{rank}.{cycle}.pt.trace.json"}
+    model = TinyModel()
+    with pytest.raises(
+        ConfigError, match=r"fit_rank_0_summary.txt is from an earlier run; set `trace_files.overwrite"
+    ):
+        _trainer(
+            tmp_path,
+            ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files=second),
+            steps=3,
+        ).fit(model)
+    prof = ExtendedPyTorchProfiler(
+        dirpath=tmp_path, schedule_cfg=CYCLE, trace_files={**second, "overwrite": True}
+    )
+    with pytest.raises(
+        ConfigError, match=r"traces are named otherwise \('a_fit_rank_0.1.pt.trace.json'\).*own folder"
+    ):
+        _trainer(tmp_path, prof, steps=3).fit(model)
+    # THEN neither trained, and the first run's step timeline and summary are untouched
+    assert model.calls == 0
+    assert (tmp_path / "step_timeline_rank_0.json").read_bytes() == timeline
+    assert (tmp_path / "fit_rank_0_summary.txt").read_bytes() == summary
+    # AND in its own folder the second run trains
+    own = {**second, "folder": "second"}
+    _trainer(
+        tmp_path, ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files=own), steps=3
+    ).fit(model)
+    assert model.calls == 3 and (tmp_path / "second" / "step_timeline_rank_0.json").is_file()
+    # AND each run's traces carry its own run id (a profiler without memprofiler's callback)
+    ids = {profiler_trace_run_id(p) for p in tmp_path.rglob("*.pt.trace.json")}
+    assert len(ids) == 2 and None not in ids
 
 
 class _SleepyCallback(pl.Callback):

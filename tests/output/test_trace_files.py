@@ -135,3 +135,112 @@ def test_a_name_the_readers_would_not_find_is_refused(name):
     with pytest.raises(ConfigError, match=r"`filename`: got .*; end it in '\.pt\.trace\.json'"):
         TraceFilesConfig(filename=name)
     TraceFilesConfig(filename=name.split(".")[0] + ".pt.trace.json.gz")  # with it, accepted
+
+
+def test_retention_never_deletes_the_path_the_current_cycle_just_wrote(tmp_path):
+    # GIVEN a name without {cycle} built past the config's check (as a subclass or an older
+    # config could), keep 1: every cycle writes the same path
+    cfg = TraceFilesConfig(filename="latest.pt.trace.json")
+    cfg.num_traces_to_keep = 1
+    files = TraceFiles(cfg, tmp_path, FIELDS)
+    # WHEN three cycles are written
+    for n in range(1, 4):
+        files.write_bytes(TRACE, files.cycle(n, epoch=0, batch=n), json.dumps({"cycle": n}).encode())
+    # THEN the newest trace is still there (retiring cycle 2 skipped the path cycle 3 wrote)
+    assert json.loads((tmp_path / "latest.pt.trace.json").read_text()) == {"cycle": 3}
+
+
+def test_retention_never_deletes_a_file_it_did_not_write(tmp_path):
+    # GIVEN keep 1 and cycle 1's file replaced by someone else (another run, a user's copy)
+    files = _files(tmp_path, num_traces_to_keep=1)
+    first = files.write_bytes(TRACE, files.cycle(1, epoch=0, batch=1), b'{"a": 1}')
+    first.unlink()
+    first.write_text('{"theirs": true, "longer": 1}')
+    # WHEN cycle 2 retires cycle 1
+    files.write_bytes(TRACE, files.cycle(2, epoch=0, batch=2), b"{}")
+    # THEN the replaced file stays; retention forgot it
+    assert json.loads(first.read_text()) == {"theirs": True, "longer": 1}
+    assert sorted(files.cycles()) == [2]
+
+
+def test_a_name_that_cannot_tell_cycles_apart_is_refused_with_retention():
+    # GIVEN a natural `latest.pt.trace.json` with num_traces_to_keep: 1
+    with pytest.raises(ConfigError) as err:
+        TraceFilesConfig(filename="latest.pt.trace.json", num_traces_to_keep=1)
+    # THEN one line names the key and the fix
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("`filename`: 'latest.pt.trace.json' names no {cycle} or {batch}")
+    assert "add {cycle}" in message
+    TraceFilesConfig(filename="latest.pt.trace.json")  # keep all: rewriting one file is allowed
+    TraceFilesConfig(filename="b{batch}.pt.trace.json", num_traces_to_keep=1)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ({"folder": "../out"}, r"`folder`: got '\.\./out'; '\.\.' would put traces outside"),
+        ({"folder": "a/../../b"}, r"`folder`: .*'\.\.'"),
+        ({"filename": "../x.{cycle}.pt.trace.json"}, r"`filename`: .* without '/'"),
+        ({"run_name": ".."}, r"`run_name`: got '\.\.'; give a plain name"),
+        ({"run_name": "a/../../b"}, r"`run_name`"),
+        (
+            {"filename": "{rank:>100000000}.{cycle}.pt.trace.json"},
+            r"`filename`: \{rank:>100000000\} .*width <= 20",
+        ),
+        ({"filename": "{rank!r}.{cycle}.pt.trace.json"}, r"`filename`: \{rank!r\}"),
+        ({"filename": "{rank:{cycle}}.pt.trace.json"}, r"`filename`: \{rank:\{cycle\}\}"),
+        ({"filename": "a\0{cycle}.pt.trace.json"}, r"`filename`: .* NUL"),
+    ],
+)
+def test_templates_leaving_the_directory_or_no_file_name_are_refused_in_one_line(cfg, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        TraceFilesConfig(**cfg)
+    assert "\n" not in str(err.value)
+
+
+def test_ordinary_format_specs_stay_allowed(tmp_path):
+    files = _files(tmp_path, filename="{stage:_<6}r{rank:03}.b{batch:06d}.{cycle:x}.pt.trace.json")
+    files.check_paths()
+    assert (
+        files.path_for(TRACE, files.cycle(11, epoch=0, batch=42)).name == "fit___r001.b000042.b.pt.trace.json"
+    )
+
+
+def test_expanded_names_are_checked_before_training(tmp_path):
+    # a 300-character name: refused before training, naming the key and the length limit
+    files = _files(tmp_path, filename="x" * 300 + ".{cycle}.pt.trace.json")
+    with pytest.raises(
+        ConfigError, match=r"`trace_files.filename`: .* bytes long, over the filesystem's 255"
+    ):
+        files.check_paths()
+    # a companion name over the limit although the trace name fits
+    files = _files(tmp_path, filename="x" * 225 + ".{cycle}.pt.trace.json")
+    files.check_paths()
+    with pytest.raises(ConfigError, match="over the filesystem's"):
+        files.check_paths(kinds=[("memory_categories", ".json")])
+    # a run name from the logger with a separator, used in the file name
+    odd = {**FIELDS, "run_name": "team/exp"}
+    with pytest.raises(ConfigError, match=r"`trace_files.run_name`: .* path separator"):
+        TraceFiles(TraceFilesConfig(filename="{run_name}.{cycle}.pt.trace.json"), tmp_path, odd).check_paths()
+    # ... and with '..' in the folder
+    odd = {**FIELDS, "run_name": ".."}
+    with pytest.raises(ConfigError, match=r"`trace_files.run_name`: .*'\.\.' leaves the output directory"):
+        TraceFiles(TraceFilesConfig(folder="{run_name}/t"), tmp_path, odd).check_paths()
+
+
+def test_a_symlinked_folder_leading_out_of_the_run_directory_is_refused(tmp_path):
+    run, outside = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    outside.mkdir()
+    (run / "traces").symlink_to(outside, target_is_directory=True)
+    files = _files(run, folder="traces")
+    with pytest.raises(ConfigError, match=r"`trace_files.folder`: .* resolves to .*elsewhere, outside"):
+        files.check_paths()
+    # a symlink made after the check: the write refuses (the profiler warns, training goes on)
+    files = _files(run, folder="later")
+    files.check_paths()
+    (run / "later").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ValueError, match="outside"):
+        files.write_bytes(TRACE, files.cycle(1, epoch=0, batch=1), b"{}")
+    assert list(outside.iterdir()) == []

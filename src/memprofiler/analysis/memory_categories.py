@@ -7,13 +7,15 @@ tensors live at the peak.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.compressed import read_maybe_gzip
+from memprofiler.analysis.compressed import GZIP_MAGIC
 from memprofiler.errors import ArtifactError
 
 FORMAT = layout.MEMORY_CATEGORIES_FORMAT
@@ -21,6 +23,10 @@ FORMAT = layout.MEMORY_CATEGORIES_FORMAT
 SERIES_POINTS = 600
 #: Tensors listed as live at the peak, largest first.
 LIVE_AT_PEAK = 25
+#: The most (decompressed) bytes a categories file may hold. A cycle's file is a few MB (about
+#: 40 bytes per allocation event); a gzip'd file expanding past this (a gzip bomb: 2 MB that
+#: expand to 2.2 GB) is refused after reading this much, in bounded memory.
+MAX_FILE_BYTES = 256 << 20
 
 
 @dataclass
@@ -68,14 +74,21 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     """
     p = Path(path)
     try:
-        doc = json.loads(read_maybe_gzip(p))
-    except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:
+        doc = json.loads(_read_capped(p))
+    except RecursionError:
+        raise ArtifactError(
+            f"{p}: nested deeper than a memory categories file (4 levels) can be; not one"
+        ) from None
+    except (OSError, UnicodeDecodeError, ValueError, EOFError, zlib.error) as err:
         raise ArtifactError(f"{p}: not a readable memory categories file ({err})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("devices"), dict):
         raise ArtifactError(
             f"{p}: not a {FORMAT} file; it is written by memprofiler's ExtendedPyTorchProfiler"
         )
-    cats = [str(c) for c in doc.get("categories", [])]
+    categories = doc.get("categories", [])
+    if not isinstance(categories, list):
+        raise ArtifactError(f"{p}: 'categories' is not a list; not a {FORMAT} file")
+    cats = [str(c) for c in categories]
     tensors = doc.get("tensors")
     out = [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
     if isinstance(tensors, dict):
@@ -98,12 +111,35 @@ def _origin(row: Any) -> TensorOrigin | None:
     return TensorOrigin(str(op or ""), str(module or ""), shape)
 
 
+def _read_capped(p: Path) -> bytes:
+    """The content of ``p`` (gunzipped when gzip), at most :data:`MAX_FILE_BYTES` of it read.
+
+    Raises:
+        ArtifactError: it holds more.
+    """
+    with open(p, "rb") as raw:
+        gz = raw.read(2) == GZIP_MAGIC
+        raw.seek(0)
+        if gz:
+            with gzip.GzipFile(fileobj=raw) as stream:
+                data = stream.read(MAX_FILE_BYTES + 1)
+        else:
+            data = raw.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        what = "expands to" if gz else "holds"
+        raise ArtifactError(
+            f"{p}: {what} more than {MAX_FILE_BYTES >> 20} MiB, the most memprofiler reads "
+            "from a memory categories file (a cycle's file is a few MB); not read"
+        )
+    return data
+
+
 def _timeline(p: Path, device: str, cats: list[str], rows: Any, t0_us: float | None) -> CategoryTimeline:
     try:
         events = sorted(
             ((int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4])) for r in rows), key=lambda e: e[0]
         )
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError):
         raise ArtifactError(f"{p}: device {device}: malformed event row") from None
     real = [e[0] for e in events if e[0] >= 0]
     t0 = t0_us if t0_us is not None else (min(real) if real else 0.0)

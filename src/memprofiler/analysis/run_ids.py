@@ -1,8 +1,9 @@
 """The run id each per-rank file carries, and the check that files read as one run come from one.
 
 A stats YAML keeps it on its second line (``layout.RUN_ID_LINE``), a memory trace in
-``otherData`` (``layout.TRACE_RUN_ID_KEY``), the manifest as ``run_id``. Files written before
-the id existed carry none and are taken as they are.
+``otherData`` (``layout.TRACE_RUN_ID_KEY``), the manifest as ``run_id``, a profiler trace in
+the ``memprofiler`` object that opens the file (``run_id``). Files written before the id
+existed carry none and are taken as they are.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
+from memprofiler.analysis.compressed import open_maybe_gzip
 from memprofiler.errors import ArtifactError
+
+#: The extended profiler's traces open with ``{"memprofiler": {"run_id": "...", ...``.
+_PROFILER_RUN_ID = re.compile(rb'^\s*\{\s*"memprofiler"\s*:\s*\{\s*"run_id"\s*:\s*"([0-9A-Za-z_.-]{1,64})"')
 
 _RUN_LINE = re.compile(re.escape(layout.RUN_ID_LINE).replace(re.escape("{run_id}"), r"(\S+)") + r"\r?$")
 
@@ -36,6 +41,18 @@ def trace_run_id(trace: Mapping[str, Any]) -> str | None:
     other = trace.get("otherData")
     value = other.get(layout.TRACE_RUN_ID_KEY) if isinstance(other, Mapping) else None
     return value if isinstance(value, str) and value else None
+
+
+def profiler_trace_run_id(path: Path) -> str | None:
+    """The run id at the head of an extended-profiler trace (gzip'd or not), or ``None``
+    (a plain ``torch.profiler`` trace, an older one, or an unreadable file: its reader says so)."""
+    try:
+        with open_maybe_gzip(path) as f:
+            head = f.read(4096)
+    except (OSError, EOFError, ValueError):
+        return None
+    match = _PROFILER_RUN_ID.match(head)
+    return match.group(1).decode() if match else None
 
 
 def check_one_run(found: Iterable[tuple[str, str | None]]) -> None:

@@ -267,6 +267,14 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
+def _size(value: Any, what: str) -> int:
+    # A byte count below zero is no allocator state: it would draw a negative memory curve
+    # and a peak below what was live.
+    if _int(value, what) < 0:
+        raise _BadField(f"{what} must be >= 0 bytes, got {value}"[:200])
+    return value
+
+
 def _opt_int(value: Any, what: str) -> int | None:
     return None if value is None else _int(value, what)
 
@@ -274,18 +282,25 @@ def _opt_int(value: Any, what: str) -> int | None:
 def _segment_info(seg: Mapping[str, Any], k: int) -> SegmentInfo:
     allocated = requested = largest_free = 0
     where = f"segments[{k}]"
+    blocks_total = 0
     for b in seg.get("blocks", []):
-        size = _int(b["size"], f"{where}: block size")
+        size = _size(b["size"], f"{where}: block size")
+        blocks_total += size
         if b["state"] in _LIVE_STATES:
             allocated += size
-            requested += _int(_requested(b), f"{where}: block requested_size")
+            requested += _size(b.get("requested_size", size), f"{where}: block requested_size")
         elif size > largest_free:
             largest_free = size
+    total_size = _size(seg["total_size"], f"{where}: total_size")
+    if blocks_total > total_size:
+        raise _BadField(
+            f"{where}: its blocks hold {blocks_total} bytes, more than its total_size {total_size}"
+        )
     return SegmentInfo(
-        device=_int(seg.get("device", 0), f"{where}: device"),
-        address=_int(seg.get("address", 0), f"{where}: address"),
+        device=_size(seg.get("device", 0), f"{where}: device"),
+        address=_size(seg.get("address", 0), f"{where}: address"),
         stream=_int(seg.get("stream", 0), f"{where}: stream"),
-        total_size=_int(seg["total_size"], f"{where}: total_size"),
+        total_size=total_size,
         allocated=allocated,
         requested=requested,
         largest_free=largest_free,
@@ -313,8 +328,8 @@ def _analyze_device(
     ooms: list[OomEntry] = []
     for i, e in enumerate(entries):
         a = e["action"]
-        if a in _SIZED and type(e["size"]) is not int:
-            _int(e["size"], f"device_traces[{dev}][{i}] ({a}): size")
+        if a in _SIZED and (type(e["size"]) is not int or e["size"] < 0):
+            _size(e["size"], f"device_traces[{dev}][{i}] ({a}): size")
         if i == b_edge:
             if i:
                 timeline_rel.append((i - 1, b_max, b_res))

@@ -117,7 +117,11 @@ class HostCollector(BaseCollector):
             method = "clear_refs" if clear_refs_supported() else "sampler"
         self.method = method
         self._interval_s = interval_ms / 1000.0
-        self._proc = psutil.Process()
+        self._proc_error: Exception | None = None
+        try:  # reads /proc/self/stat: a locked-down /proc refuses it; start() then faults once
+            self._proc: psutil.Process | None = psutil.Process()
+        except Exception as err:
+            self._proc, self._proc_error = None, err
         self._sampler: _Sampler | None = None
         self._procfs = _Procfs() if self.method == "clear_refs" else None
 
@@ -125,14 +129,19 @@ class HostCollector(BaseCollector):
         """``(rss, vms)``: from the open ``statm`` with clear_refs (Linux), else psutil."""
         if self._procfs is not None:
             return self._procfs.rss_vms()
-        mem = self._proc.memory_info()
+        mem = self._process().memory_info()
         return mem.rss, mem.vms
+
+    def _process(self) -> psutil.Process:
+        if self._proc is None:
+            raise self._proc_error or OSError("psutil.Process() failed")
+        return self._proc
 
     def _begin_peak(self) -> None:
         if self._procfs is not None:
             self._procfs.reset_hwm()
         else:
-            self._sampler = _Sampler(self._proc, self._interval_s)
+            self._sampler = _Sampler(self._process(), self._interval_s)
             self._sampler.start()
 
     def _end_peak(self, rss_end: int) -> int:

@@ -6,7 +6,7 @@ Profiler traces (``*.pt.trace.json[.gz]``) under a RUN_DIR, given in its place o
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,14 +65,28 @@ class ReportCommand:
             # an estimate alone: its line, no run report
             make_console().print(report_line(args.run_dir[0], None), markup=False, highlight=False)
             return 0
-        run = load_many(self.name, args.run_dir, streamed=True)
+        try:
+            run = load_many(self.name, args.run_dir, streamed=True)
+        except ArtifactError as err:
+            held = _only_traces(args.run_dir, err)
+            if not held:
+                raise
+            # A folder of profiler traces alone (an ExtendedPyTorchProfiler without memprofiler's
+            # callback): its views, and a line saying why there is no run report.
+            make_console().print(
+                f"{', '.join(args.run_dir)}: no memprofiler run files, only profiler traces: showing "
+                "their views (to add traces to a run's report: memprofiler report RUN_DIR --traces DIR)",
+                markup=False,
+                highlight=False,
+            )
+            return _traces_only(args, [*args.run_dir, *traces])
         found = len(run.cuts)
         with named_as_given():  # the stats files are read here, a block at a time
             model = build_model(run, top=args.top)
         warn_cuts(self.name, run.cuts[found:])
         console = make_console()
         TerminalReporter(model, top=args.top).render(console)
-        views = _views([run.root, *traces], console, args.top)
+        views = _views([run.root, *traces], console, args.top, run.run_ids)
         if len(args.run_dir) == 1 and (line := report_line(args.run_dir[0], model.run)):
             console.print(line, markup=False, highlight=False)
         if not args.no_html:
@@ -90,9 +104,16 @@ class ReportCommand:
         return 0
 
 
-def _views(paths: Sequence[str | Path], console: Console, top: int) -> ProfilerViews | None:
-    """Read the traces under ``paths`` and print their views; ``None`` when there is none."""
-    from memprofiler.analysis.profiler_views import build_views
+def _views(
+    paths: Sequence[str | Path], console: Console, top: int, run_ids: Mapping[str, str | None] | None = None
+) -> ProfilerViews | None:
+    """Read the traces under ``paths`` and print their views; ``None`` when there is none.
+
+    Raises:
+        ArtifactError: the traces (and the run directory's files, ``run_ids``) are of two runs.
+    """
+    from memprofiler.analysis.profiler_views import build_views, traces_in
+    from memprofiler.analysis.run_ids import check_one_run, profiler_trace_run_id
     from memprofiler.reporters.profiler_terminal import ProfilerTerminalReporter
 
     for p in paths:
@@ -100,7 +121,9 @@ def _views(paths: Sequence[str | Path], console: Console, top: int) -> ProfilerV
             raise ArtifactError(
                 f"{p}: no such trace or directory; pass a *.pt.trace.json[.gz] or a directory"
             )
-    views = build_views([Path(p) for p in paths])
+    files = traces_in([Path(p) for p in paths])
+    check_one_run([*(run_ids or {}).items(), *((str(f), profiler_trace_run_id(f)) for f in files)])
+    views = build_views(files)
     if views is not None:
         ProfilerTerminalReporter(views, top=top).render(console)
     return views
@@ -121,6 +144,16 @@ def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]
         for n, tv in enumerate(views.traces)
         for tl in tv.categories
     ]
+
+
+def _only_traces(run_dirs: Sequence[str], err: ArtifactError) -> bool:
+    """Whether ``err`` is "no memprofiler files" for local directories that hold profiler traces."""
+    from memprofiler.analysis.profiler_views import traces_in
+
+    if "no memprofiler files found" not in str(err):
+        return False
+    dirs = [Path(d) for d in run_dirs]
+    return all(d.is_dir() for d in dirs) and bool(traces_in(dirs))
 
 
 def _sections(views: ProfilerViews | None, top: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import dataclass
 
@@ -15,6 +16,16 @@ FOLDER_FIELDS = ("run_name", "rank", "local_rank", "node_rank", "world_size", "s
 FILENAME_FIELDS = (*FOLDER_FIELDS, "epoch", "batch", "cycle")
 #: The suffix of a gzip-compressed trace; Perfetto and TensorBoard read ``.pt.trace.json.gz``.
 GZIP_SUFFIX = ".gz"
+#: Fields that differ from one trace cycle to the next (``batch`` is the profiler step, which
+#: only grows): a ``filename`` without one of them gives every cycle the same file.
+CYCLE_FIELDS = ("cycle", "batch")
+#: The widest padding a format spec may ask for: an int needs at most 20 characters.
+MAX_FORMAT_WIDTH = 20
+#: What a field's format spec may hold: ``[[fill]align][sign][0][width][type]``, the width at
+#: most :data:`MAX_FORMAT_WIDTH` and the fill a letter, digit, ``_``, ``-`` or ``.``
+#: (``{batch:06d}``, ``{rank:>3}``, ``{stage:_<8}``). ``{rank:>100000000}`` would make a name
+#: no filesystem takes, at every cycle's write, after training started.
+_FORMAT_SPEC = re.compile(r"(?:[0-9A-Za-z_.\-]?[<>=^])?[+\- ]?0?(?P<width>[0-9]{1,2})?[dsxXob]?")
 
 
 def template_fields(template: str) -> list[str]:
@@ -26,20 +37,37 @@ def template_fields(template: str) -> list[str]:
 
 
 def check_template(key: str, template: str, allowed: tuple[str, ...]) -> None:
-    """Refuse a template that names a field outside ``allowed`` (or a positional/indexed one).
+    """Refuse a template that names a field outside ``allowed`` (or a positional/indexed one),
+    converts a field (``!r``), pads it wider than :data:`MAX_FORMAT_WIDTH` or holds a NUL.
 
     Raises:
         ConfigError: one line naming ``key``, the bad field and the allowed ones.
     """
+    if "\0" in template:
+        raise ConfigError(key, f"{template!r} holds a NUL character, which no file name may hold")
     try:
-        names = template_fields(template)
+        parsed = [
+            (name, conversion, spec)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
     except ValueError as err:
-        raise ConfigError(key, f"{template!r} {err}") from None
+        raise ConfigError(key, f"{template!r} is not a valid template ({err})") from None
     listed = ", ".join("{" + f + "}" for f in allowed)
-    for name in names:
+    for name, conversion, spec in parsed:
+        shown = "{" + name + "}" if name else "{}"
         if name not in allowed:
-            shown = "{" + name + "}" if name else "{}"
             raise ConfigError(key, f"unknown field {shown} in {template!r}; allowed: {listed}")
+        match = _FORMAT_SPEC.fullmatch(spec or "")
+        width = int(match.group("width") or 0) if match else 0
+        if conversion is not None or match is None or width > MAX_FORMAT_WIDTH:
+            bad = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "") + "}"
+            raise ConfigError(
+                key,
+                f"{bad} in {template!r}: a field takes at most a padding spec such as "
+                f"{{{name}:0{min(6, MAX_FORMAT_WIDTH)}}} or {{{name}:>4}} (width <= {MAX_FORMAT_WIDTH}, "
+                "no conversion, no nested field)",
+            )
 
 
 @dataclass
@@ -82,14 +110,39 @@ class TraceFilesConfig:
                 f"got {self.filename!r}; end it in '.pt.trace.json' (memprofiler report, "
                 "merge-traces and retention find traces by that ending)",
             )
-        if self.folder.startswith("/"):
+        if self.folder.startswith(("/", "\\")):
             raise ConfigError(
                 "folder", f"got {self.folder!r}; give a folder relative to the output directory"
             )
+        if ".." in re.split(r"[/\\]", self.folder):
+            raise ConfigError(
+                "folder", f"got {self.folder!r}; '..' would put traces outside the output directory"
+            )
+        if "/" in self.filename or "\\" in self.filename:
+            raise ConfigError(
+                "filename",
+                f"got {self.filename!r}; give a file name without '/' and put folders in "
+                "`trace_files.folder`",
+            )
+        if self.run_name is not None:
+            bad = [c for c in ("/", "\\", "\0") if c in self.run_name]
+            if bad or self.run_name in (".", ".."):
+                raise ConfigError(
+                    "run_name",
+                    f"got {self.run_name!r}; give a plain name (no '/', '\\', NUL, '.' or '..'): it "
+                    "names files and folders inside the output directory",
+                )
         if self.num_traces_to_keep == 0 or self.num_traces_to_keep < -1:
             raise ConfigError(
                 "num_traces_to_keep",
                 f"got {self.num_traces_to_keep}; give -1 (keep all) or a count >= 1",
+            )
+        if self.num_traces_to_keep >= 1 and not set(CYCLE_FIELDS) & set(template_fields(self.filename)):
+            raise ConfigError(
+                "filename",
+                f"{self.filename!r} names no {{cycle}} or {{batch}}, so every trace cycle writes the "
+                f"same file and `num_traces_to_keep: {self.num_traces_to_keep}` cannot keep cycles "
+                "apart; add {cycle} to the name, or set `num_traces_to_keep: -1` to rewrite one file",
             )
 
     @property

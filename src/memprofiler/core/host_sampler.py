@@ -12,6 +12,8 @@ they line up with the operators of a PyTorch profiler trace without calibration.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 import time
 from collections import deque
@@ -68,8 +70,14 @@ class HostSampler:
         self._on_error = on_error
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._proc = psutil.Process()
+        self._proc: psutil.Process | None = None
+        self._proc_error: Exception | None = None
+        try:  # reads /proc/self/stat: a locked-down /proc refuses it
+            self._proc = psutil.Process()
+        except Exception as err:
+            self._proc_error = err
         self._last: dict[str, tuple[int, float]] = {}  # cumulative counters at the last sample
+        self._bad_values: set[str] = set()  # tracks already warned about a non-finite value
 
     @property
     def running(self) -> bool:
@@ -81,8 +89,12 @@ class HostSampler:
             return self
         self._stop.clear()
         # CPU percentages are since the previous call: prime them so the first sample is real.
-        psutil.cpu_percent(interval=None)
-        self._proc.cpu_percent(interval=None)
+        if vocab.HOST_CPU in self.metrics:
+            try:
+                psutil.cpu_percent(interval=None)
+                self._process().cpu_percent(interval=None)
+            except Exception as err:
+                self._drop(vocab.HOST_CPU, err)
         self.sample()
         self._thread = threading.Thread(target=self._run, name="memprofiler-host-sampler", daemon=True)
         self._thread.start()
@@ -115,33 +127,51 @@ class HostSampler:
         values: dict[str, float] = {}
         for group in list(self.metrics):
             try:
-                values.update(self._read(group, t_ns))
-            except Exception as err:  # psutil.Error, OSError, a missing /proc entry
-                self.metrics.remove(group)
-                if self._on_error is not None:
-                    self._on_error(
-                        f"host sampler: cannot read {group} ({type(err).__name__}: {err}); dropped"
-                    )
+                read = self._read(group, t_ns)
+            except Exception as err:  # psutil.Error, OSError, PermissionError on /proc
+                self._drop(group, err)
+                continue
+            for track, value in read.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    values[track] = float(value)
+                elif track not in self._bad_values:  # None, NaN, inf: never written to a trace
+                    self._bad_values.add(track)
+                    self._error(f"host sampler: {track} read {value!r}; such values are skipped")
         if not values:
             return None
         sample = (t_ns, values)
         self.samples.append(sample)
         return sample
 
+    def _drop(self, group: str, err: Exception) -> None:
+        if group in self.metrics:
+            self.metrics.remove(group)
+            self._error(f"host sampler: cannot read {group} ({type(err).__name__}: {err}); dropped")
+
+    def _error(self, message: str) -> None:
+        if self._on_error is not None:
+            with contextlib.suppress(Exception):  # a warning hook must not stop the sampler
+                self._on_error(message)
+
+    def _process(self) -> psutil.Process:
+        if self._proc is None:
+            raise self._proc_error or OSError("psutil.Process() failed")
+        return self._proc
+
     def _read(self, group: str, t_ns: int) -> dict[str, float]:
         if group == vocab.HOST_CPU:
             return {
                 vocab.HOST_CPU_PERCENT: psutil.cpu_percent(interval=None),
-                vocab.PROCESS_CPU_PERCENT: self._proc.cpu_percent(interval=None),
+                vocab.PROCESS_CPU_PERCENT: self._process().cpu_percent(interval=None),
             }
         if group == vocab.HOST_MEMORY:
             vm = psutil.virtual_memory()
             return {
-                vocab.HOST_MEMORY_USED: float(vm.total - vm.available),
+                vocab.HOST_MEMORY_USED: vm.total - vm.available,
                 vocab.HOST_MEMORY_PERCENT: vm.percent,
             }
         if group == vocab.RSS:
-            return {vocab.PROCESS_RSS: float(self._proc.memory_info().rss)}
+            return {vocab.PROCESS_RSS: float(self._process().memory_info().rss)}
         if group == vocab.HOST_DISK:
             disk = psutil.disk_io_counters()
             if disk is None:
@@ -155,6 +185,9 @@ class HostSampler:
     def _rates(self, t_ns: int, totals: dict[str, float]) -> dict[str, float]:
         out: dict[str, float] = {}
         for track, total in totals.items():
+            if not isinstance(total, (int, float)) or not math.isfinite(total):
+                out[track] = total  # refused (and warned about once) by `sample`
+                continue
             last = self._last.get(track)
             self._last[track] = (t_ns, float(total))
             if last is not None and t_ns > last[0]:

@@ -172,6 +172,13 @@ class MemProfiler:
         return self._files.requested
 
     @property
+    def run_id(self) -> str | None:
+        """The run's id, in every file it writes (set at :meth:`setup`; ``None`` on a rank that
+        could not learn rank 0's)."""
+        stats = self._files.stats
+        return stats.run_id if stats is not None else None
+
+    @property
     def timeline(self) -> MemoryTimeline | None:
         """Chrome-trace view of the snapshots (``dump_memory_trace``); built at set-up."""
         return self._files.timeline

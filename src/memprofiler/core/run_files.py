@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import os
 import tempfile
 import time
@@ -32,6 +33,9 @@ from memprofiler.output.snapshot_cache import SnapshotCache
 from memprofiler.output.stats_file import StatsFile
 from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.output.writers import write_pickle
+
+#: Errors of a full disk (or quota): every file keeps what it held, one warning for the run.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 #: How long rank 0 waits for the other ranks' figures at the end of a run without collectives,
 #: and after an exception (when the others may be stuck in another collective).
@@ -81,6 +85,9 @@ class RunFiles:
         self.timeline: MemoryTimeline | None = None
         #: Snapshots dropped from memory after they reached the stats file.
         self.evicted = 0
+        self._disk_full_warned = False
+        #: Snapshots dropped unwritten because the disk was full (the oldest beyond the limit).
+        self.lost_to_full_disk = 0
         self.summary_collective = summary_collective
         self._summaries = 0
         self._pickle_cache = SnapshotCache()
@@ -144,10 +151,15 @@ class RunFiles:
         """
         written: list[Path] = []
         cfg = self.config
-        unflushed, changed = self._unflushed, self._changed
-        self._unflushed, self._changed = [], []
         self._calls_since_flush = 0
         self._last_flush = time.monotonic()
+        if self._disk_full_warned and not final:
+            # The disk filled: retrying every flush would render every pending snapshot again
+            # each time (quadratic); they wait in memory, bounded, for the end of the run.
+            self._evict_unwritten()
+            return written
+        unflushed, changed = self._unflushed, self._changed
+        self._unflushed, self._changed = [], []
         writers: list[tuple[str, Callable[[], Path]]] = []
         stats = self.stats
         if stats is not None:
@@ -180,6 +192,17 @@ class RunFiles:
                 except Exception as err:  # each file on its own: one failure must not cost the others
                     if stats is not None and what == stats.path.name:
                         self._unflushed, self._changed = unflushed + self._unflushed, changed + self._changed
+                    if isinstance(err, OSError) and err.errno in DISK_FULL:
+                        if not self._disk_full_warned:  # one line for every file and every flush
+                            self._disk_full_warned = True
+                            self.warn(
+                                f"{self.save_dir} is full ({err.strerror}) writing {what}: every file "
+                                "keeps the records written before it filled and stays valid; newer "
+                                "snapshots wait in memory (the newest `max_snapshots_in_memory`) "
+                                "and are written at the end of the run if there is room then",
+                                all_ranks=True,
+                            )
+                        continue
                     self.warn(f"could not write {what} in {self.save_dir}: {err!r}", all_ranks=True)
         return written
 
@@ -196,6 +219,20 @@ class RunFiles:
         notes = notes_of(manifest)
         manifest.finish(manifest.status if manifest.status == "crashed" else "finished", notes)
         return write_manifest(self.save_dir, manifest)
+
+    def _evict_unwritten(self) -> None:
+        """On a full disk: keep the newest ``max_snapshots_in_memory`` snapshots, drop older ones
+        never written (counted in :attr:`lost_to_full_disk`)."""
+        excess = len(self.snapshots) - self.config.max_snapshots_in_memory
+        if excess <= 0:
+            return
+        on_disk = self.stats.written if self.stats is not None else frozenset()
+        for key in list(self.snapshots)[:excess]:
+            del self.snapshots[key]
+            self.lost_to_full_disk += key not in on_disk
+        keep = set(self.snapshots)
+        self._unflushed = [k for k in self._unflushed if k in keep]
+        self._changed = [k for k in self._changed if k in keep]
 
     def _evict_written(self) -> None:
         """Drop the oldest snapshots from memory once they are on disk (bounded memory)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -113,6 +114,13 @@ def share_run_id(rank: int, manifest: RunManifest | None) -> str | None:
     """The run id every rank writes into its files: rank 0's manifest's, posted like the
     directory (``None`` on a rank with no process group to ask through)."""
     return _agree("run_id", rank, lambda: manifest.run_id if manifest is not None else "")
+
+
+def share_new_id(rank: int) -> str | None:
+    """A new run id, rank 0's on every rank that can ask it (a process group's store); for a
+    run without memprofiler's run directory (the extended profiler alone). ``None`` on a rank
+    that cannot ask: an id of its own would tell its files apart from its run's."""
+    return _agree("profiler_run_id", rank, lambda: uuid.uuid4().hex[:12]) or None
 
 
 def _from_rank0(store: object | None, key: str) -> str | None:

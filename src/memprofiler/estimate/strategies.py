@@ -42,13 +42,14 @@ def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
         raise ConfigError(
             "strategy", f"got {strategy!r}; use one of {', '.join(STRATEGIES)} ({NOT_SUPPORTED})"
         )
-    if not isinstance(world_size, int) or world_size < 1:
+    # bool is an int to Python: `world_size=True` would be estimated as 1 rank
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError("world_size", f"got {world_size!r}; use an integer >= 1")
     if strategy == "single" and world_size != 1:
         raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp' or 'fsdp'")
     if precision not in PRECISIONS:
         raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
-    if not isinstance(steps, int) or steps < 1:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ConfigError("steps", f"got {steps!r}; use an integer >= 1 (2 covers optimizer state)")
 
 

@@ -107,7 +107,7 @@ class MemProfilerCallback(Callback):
             extended = _extended_profiler(trainer)
             if extended is not None:
                 # One save_dir for everything: the traces go to this run's directory (and store).
-                extended.use_run_dir(self.profiler.save_dir, self.profiler.mirror)
+                extended.use_run_dir(self.profiler.save_dir, self.profiler.mirror, self.profiler.run_id)
                 if self.profiler.timeline is not None:
                     extended.add_memory_timeline(self.profiler.timeline)
         else:

@@ -19,9 +19,9 @@ import yaml
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import CollectFuncsConfig, MemProfilerConfig
 from memprofiler.config._build import build_dataclass
-from memprofiler.config.keys import check_path
+from memprofiler.config.keys import check_path, renamed
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
 from memprofiler.errors import ConfigError
@@ -53,6 +53,23 @@ class MemProfilerArgumentParser(LightningArgumentParser):
             _config_path.reset(token)
 
     @override
+    def parse_string(self, *args: Any, **kwargs: Any) -> Any:
+        # Renamed keys of the `memprofiler:` group (the ancestor's `fsdp_mem_track_module_depth`,
+        # `collect_funcs.fsdp`...) are read under their new names with a deprecation warning,
+        # as from a dict: jsonargparse alone knows only the current fields.
+        if "content" in kwargs:
+            kwargs["content"] = read_renamed_keys(kwargs["content"])
+        elif args:
+            args = (read_renamed_keys(args[0]), *args[1:])
+        return super().parse_string(*args, **kwargs)
+
+    @override
+    def parse_args(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        if args is not None:
+            args = [_renamed_option(a) if isinstance(a, str) else a for a in args]
+        return super().parse_args(args, *rest, **kwargs)
+
+    @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         better = rewrite_message(message, ex)
         if better is None:
@@ -66,6 +83,63 @@ class MemProfilerArgumentParser(LightningArgumentParser):
         self._logger.error(message)
         sys.stderr.write(f"error: {message}\n")
         self.exit(2)
+
+
+def read_renamed_keys(content: Any) -> Any:
+    """A config text whose ``memprofiler:`` group uses renamed keys, with the new names (a
+    ``FutureWarning`` naming both for each); any other text as it is."""
+    if not isinstance(content, str) or GROUP not in content:
+        return content
+    try:
+        data = yaml.safe_load(content)
+    except yaml.YAMLError:
+        return content  # jsonargparse reports it, with the file
+    if not isinstance(data, dict):
+        return content
+    changed = False
+    try:
+        for holder in _groups(data):
+            changed |= _rename_in(holder, MemProfilerConfig, GROUP)
+    except ConfigError:
+        return content  # an old key beside its new name: jsonargparse refuses the old one
+    return yaml.safe_dump(data, sort_keys=False) if changed else content
+
+
+def _groups(data: dict[Any, Any]) -> Iterator[dict[Any, Any]]:
+    """The ``memprofiler:`` group mappings of a config: at the top, or under a subcommand."""
+    for holder in (data, *(v for v in data.values() if isinstance(v, dict))):
+        group = holder.get(GROUP)
+        if isinstance(group, dict):
+            yield group
+
+
+def _rename_in(mapping: dict[Any, Any], cls: type, prefix: str) -> bool:
+    changed = False
+    for name in list(mapping):
+        key = f"{prefix}.{name}"
+        new = renamed(cls, str(name), key, mapping) if isinstance(name, str) else name
+        if new != name:
+            mapping[new] = mapping.pop(name)
+            changed = True
+    funcs = mapping.get("collect_funcs")
+    if isinstance(funcs, dict):
+        changed |= _rename_in(funcs, CollectFuncsConfig, f"{prefix}.collect_funcs")
+    return changed
+
+
+def _renamed_option(arg: str) -> str:
+    """``--memprofiler.<old key>[=value]`` as ``--memprofiler.<new key>``, with the warning."""
+    if not arg.startswith(f"--{GROUP}."):
+        return arg
+    option, eq, value = arg.partition("=")
+    parts = option[2:].split(".")
+    cls: type = MemProfilerConfig
+    if len(parts) == 3 and parts[1] == "collect_funcs":
+        cls = CollectFuncsConfig
+    elif len(parts) != 2:
+        return arg
+    new = renamed(cls, parts[-1], ".".join(parts), ())
+    return arg if new == parts[-1] else "--" + ".".join([*parts[:-1], new]) + eq + value
 
 
 def rewrite_message(message: str, ex: BaseException | None) -> str | None:

@@ -47,6 +47,8 @@ from memprofiler import layout
 from memprofiler.config._build import build_dataclass
 from memprofiler.config.timeline import TimelineConfig
 from memprofiler.config.trace_files import TraceFilesConfig
+from memprofiler.core import run_setup
+from memprofiler.core.run_files import DISK_FULL as _DISK_FULL
 from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
 from memprofiler.lightning import _compat as compat
@@ -256,6 +258,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._cycle = 0
         self._tables: list[tuple[int, str]] = []
         self._written: list[Path] = []
+        #: The run's id, written into every trace: memprofiler's when its callback runs in the
+        #: same Trainer, else agreed by the ranks when the first stage starts.
+        self._run_id: str | None = None
+        self._disk_full = False
+        #: Run-level files (the step timeline) this profiler wrote: not an earlier run's.
+        self._own_run_files: set[Path] = set()
         self._flusher: _FlushOnException | None = None
         self._trainer_ref: weakref.ReferenceType[pl.Trainer] | None = None
         self._closed = False
@@ -276,10 +284,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if timeline not in self._timelines:
             self._timelines.append(timeline)
 
-    def use_run_dir(self, save_dir: Path, mirror: RemoteMirror | None) -> None:
+    def use_run_dir(self, save_dir: Path, mirror: RemoteMirror | None, run_id: str | None = None) -> None:
         """Write traces into a memprofiler run directory (uploaded by ``mirror`` when remote),
         unless ``dirpath`` was given."""
         self._run_dir = OutputDir(Path(save_dir), mirror)
+        if run_id:
+            self._run_id = run_id
 
     @property
     def trace_output(self) -> TraceOutput | None:
@@ -291,8 +301,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         host sampler. Called once every callback is set up, before training.
 
         Raises:
-            ConfigError: the trace folder already holds traces and ``overwrite`` is false, or
-                the name templates do not tell the ranks of a multi-process run apart.
+            ConfigError: the trace folder already holds traces and ``overwrite`` is false, the
+                name templates do not tell the ranks of a multi-process run apart, or a filled-in
+                name is no file name or leaves the output directory.
         """
         if self._output is not None and self._output.sampler is not None:
             self._output.sampler.stop()
@@ -300,14 +311,23 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         self._output = None
         if out is None:
             return
+        if self._run_id is None and self._run_dir is None:
+            # alone (no memprofiler callback, whose run id `use_run_dir` passed): the ranks agree
+            self._run_id = run_setup.share_new_id(self.rank)
         fields = run_fields(trainer, self.rank, self._stage_name, self.trace_files_cfg.run_name)
         if self.step_timeline is not None:
             self.step_timeline.rank = self.rank
         output = TraceOutput(
             self.trace_files_cfg, self.timeline_cfg, out, fields, self.step_timeline, self._warn
         )
+        output.files.check_paths(kinds=[(CATEGORIES, ".json")])
         output.files.check_unique_per_rank()
-        output.files.check_overwrite(exclude=set(self._written))
+        run_files = [
+            output.files.folder / layout.PROFILER_SUMMARY_TXT.format(stage=self._stage_name, rank=self.rank)
+        ]
+        if self.step_timeline is not None:
+            run_files.append(output.files.folder / layout.STEP_TIMELINE_JSON.format(rank=self.rank))
+        output.files.check_overwrite(exclude={*self._written, *self._own_run_files}, run_files=run_files)
         self._output = output
         output.start()
 
@@ -374,11 +394,33 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._written += write_category_timeline(
                 prof, lambda data: output.files.write_bytes(CATEGORIES, cycle, data), self._warn
             )
-            output.dump_timeline()
+            self._dump_timeline(output)
         except Exception as err:
+            if self._disk_is_full(err):
+                return
             self._warn(
                 f"ExtendedPyTorchProfiler could not write trace cycle {self._cycle}: {err!r}", all_ranks=True
             )
+
+    def _disk_is_full(self, err: BaseException) -> bool:
+        """Whether ``err`` is a full disk; if so, say it once for the run (each file the profiler
+        writes is atomic, so what was written before the disk filled stays whole)."""
+        if not (isinstance(err, OSError) and err.errno in _DISK_FULL):
+            return False
+        if not self._disk_full:
+            self._disk_full = True
+            self._warn(
+                f"ExtendedPyTorchProfiler: the trace folder's disk is full ({err.strerror}) from "
+                f"cycle {self._cycle} on; the files written before are kept whole, later ones "
+                "(traces, step timeline, summary) are not written",
+                all_ranks=True,
+            )
+        return True
+
+    def _dump_timeline(self, output: TraceOutput) -> None:
+        path = output.dump_timeline()
+        if path is not None:
+            self._own_run_files.add(path)
 
     def _table(self, prof: torch.profiler.profile) -> str:
         data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
@@ -403,9 +445,18 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         return files.write_bytes(TRACE, cycle, data)
 
     def _merged(self, kineto: bytes, cycle: TraceCycle) -> bytes:
-        """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone."""
+        """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone.
+
+        Raises:
+            ValueError: Kineto's file is no JSON object (cut short on a full disk): not written.
+        """
         try:
             trace = json.loads(kineto)
+        except ValueError as err:
+            raise ValueError(f"Kineto's trace is no JSON ({err}); the cycle is not written") from None
+        if not isinstance(trace, dict):
+            raise ValueError("Kineto's trace is no JSON object; the cycle is not written")
+        try:
             pid = os.getpid()  # Kineto draws CPU events under this process's pid: our rows join them
             span = trace_span_ns(trace)  # one pass over Kineto's events for every timeline merged
             if span is not None:
@@ -413,7 +464,9 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
                     merge_into_trace(trace, timeline, pid=pid, span=span)
                 if self.step_timeline is not None:
                     self.step_timeline.merge_into(trace, pid=pid, span=span)
-            trace["memprofiler"] = {"rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
+            # First in the file: a reader learns rank and run from the first bytes (run_ids.py).
+            ident = {"run_id": self._run_id, "rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
+            trace = {"memprofiler": ident, **{k: v for k, v in trace.items() if k != "memprofiler"}}
             return json.dumps(trace).encode()
         except (ValueError, TypeError, KeyError) as err:
             self._warn(
@@ -426,14 +479,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if not text or output is None:
             return
         stage = self._stage_name
-        path = output.files.root / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
+        # Beside the traces: a run given its own folder owns every file it writes.
+        path = output.files.folder / layout.PROFILER_SUMMARY_TXT.format(stage=stage, rank=self.rank)
         self._written.append(write_text(path, text + os.linesep))
 
     @override
     def summary(self) -> str:
         """Stop profiling (writing the cycle in progress) and return every cycle's table.
 
-        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in ``dirpath``.
+        The text also goes to ``{stage}_rank_{rank}_summary.txt`` in the trace folder.
         """
         if not self._profiler_kwargs.get("enabled", True):
             return ""
@@ -445,7 +499,8 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         try:
             self._write_summary(text)
         except OSError as err:
-            self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
+            if not self._disk_is_full(err):
+                self._warn(f"ExtendedPyTorchProfiler could not write its summary: {err}", all_ranks=True)
         self._tables = []
         self._finish_output()
         return text
@@ -456,10 +511,16 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         if output is None:
             return
         try:
-            if not output.finish():
+            finished = output.finish()
+            if output.timeline_path is not None:
+                self._own_run_files.add(output.timeline_path)
+            if not finished:
                 self._warn("ExtendedPyTorchProfiler: not every trace file reached the remote store")
         except Exception as err:
-            self._warn(f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True)
+            if not self._disk_is_full(err):
+                self._warn(
+                    f"ExtendedPyTorchProfiler could not finish its trace files: {err!r}", all_ranks=True
+                )
 
     @override
     def _cache_functions_events(self) -> None:
@@ -470,7 +531,15 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self.function_events = None
             self._warn("ExtendedPyTorchProfiler: the run ended before the schedule recorded any step")
             return
-        super()._cache_functions_events()
+        try:
+            super()._cache_functions_events()
+        except Exception as err:  # torch's event parsing (private results) after a finished fit
+            self.function_events = None
+            self._warn(
+                f"ExtendedPyTorchProfiler: torch could not list the last cycle's events ({err!r}); "
+                "its traces are written, its summary table is left out",
+                all_ranks=True,
+            )
 
     def flush_after_exception(self) -> None:
         """Write the trace of the cycle in progress and the summary; never raises."""

@@ -111,8 +111,11 @@ class TraceOutput:
         warn: Any,
     ) -> None:
         self.files = TraceFiles(files_cfg, out.root, fields, mirror=out.mirror, warn=warn)
+        self._warn = warn
         self.timeline = timeline
         self.sampler: HostSampler | None = None
+        #: The step timeline file :meth:`finish` wrote.
+        self.timeline_path: Path | None = None
         if timeline is not None and timeline_cfg.samples_host:
             self.sampler = HostSampler(
                 timeline_cfg.host_interval_s,
@@ -123,8 +126,18 @@ class TraceOutput:
             timeline.host = self.sampler
 
     def start(self) -> None:
+        """Start the host sampler; a fault warns and turns it off, training goes on."""
         if self.sampler is not None:
-            self.sampler.start()
+            try:
+                self.sampler.start()
+            except Exception as err:
+                self._warn(
+                    f"host sampler could not start ({type(err).__name__}: {err}); no host rows",
+                    all_ranks=True,
+                )
+                self.sampler = None
+                if self.timeline is not None:
+                    self.timeline.host = None
 
     def dump_timeline(self) -> Path | None:
         """Rewrite the rank's whole-run step timeline beside the traces."""
@@ -138,8 +151,16 @@ class TraceOutput:
             return self.timeline.dump(folder)
 
     def finish(self) -> bool:
-        """Stop the sampler, write the step timeline, wait for a remote store. Never raises OSError."""
+        """Stop the sampler, write the step timeline, wait for a remote store.
+
+        Raises:
+            OSError: the step timeline could not be written (the store is waited for first).
+        """
         if self.sampler is not None:
             self.sampler.stop()
-        self.dump_timeline()
+        try:
+            self.timeline_path = self.dump_timeline()
+        except OSError:
+            self.files.finish()  # the traces still go to a remote store
+            raise
         return self.files.finish()

@@ -219,7 +219,10 @@ class StatsFile:
             return self.path
         if not new:
             return self.path
+        text = "".join(entry_yaml(k, snapshots[k]) for k in new) + block_end(len(self._order) + len(new))
+        # A failed append (a full disk) is cut back off by `append_bytes`: the entries stay
+        # unwritten, so they stay in memory and the next flush tries them again.
+        append_bytes(self.path, text.encode(), fsync=fsync)
         self._order.extend(new)
         self._written.update(new)
-        text = "".join(entry_yaml(k, snapshots[k]) for k in new) + block_end(len(self._order))
-        return append_bytes(self.path, text.encode(), fsync=fsync)
+        return self.path

@@ -14,6 +14,7 @@ Rows (``tid``) are fixed numbers far above real thread ids, named by metadata ev
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -36,6 +37,10 @@ DATA_TID = 0x7FFF0002
 #: Track kinds a span can go to.
 HOOKS, DATA = "hooks", "data"
 _ROWS = {HOOKS: (HOOK_TID, HOOK_CATEGORY, "lightning hooks"), DATA: (DATA_TID, DATA_CATEGORY, "data loader")}
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class SampleSource(Protocol):
@@ -110,6 +115,8 @@ class StepTimeline:
             for t_ns, values in self.host.between(lo, hi):
                 ts = (t_ns - base_ns) / 1000.0
                 for track_name, value in values.items():
+                    if not _finite(value):  # a sample source other than HostSampler may hand NaN
+                        continue
                     out.append(
                         {
                             "ph": "C",

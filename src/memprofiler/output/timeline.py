@@ -58,7 +58,8 @@ def _counter_values(metrics: dict[str, Any]) -> dict[str, int | float]:
     out: dict[str, int | float] = {}
     for track, metric in COUNTER_TRACKS.items():
         value = metrics.get(metric)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        # NaN/inf would make the file no JSON (json.dumps writes bare NaN): never written.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             out[track] = value
     return out
 

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import gzip
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +38,51 @@ from memprofiler.output.writers import atomic_write_bytes
 TRACE = "trace"
 #: gzip level: 6 packs a Kineto trace about 10x at a fraction of the cost of 9.
 _GZIP_LEVEL = 6
+#: The longest file name most filesystems take (bytes), when the filesystem cannot be asked.
+NAME_MAX = 255
+#: Sample values of the per-cycle fields the names are checked with before training: the
+#: widest a long run reaches (a billion profiler steps, a million cycles and epochs).
+_SAMPLE_CYCLE = {"cycle": 1_000_000, "epoch": 1_000_000, "batch": 1_000_000_000}
+
+#: Any trace memprofiler's readers find (gzip'd or not).
+_TRACE_NAME = re.compile(r"\.pt\.trace\.json(\.gz)?$")
+
+#: A file's identity when this run wrote it: device, inode, size, modification time.
+_Identity = tuple[int, int, int, int]
+
+
+def _identity(path: Path) -> _Identity | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the filesystem of ``folder`` (or its nearest existing
+    ancestor) takes."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return int(os.pathconf(probe, "PC_NAME_MAX"))
+    except (OSError, ValueError, AttributeError):
+        return NAME_MAX
+
+
+def name_problem(name: str, name_max: int = NAME_MAX) -> str | None:
+    """Why ``name`` is no valid file name (one path component), or ``None``."""
+    if not name or name in (".", ".."):
+        return f"{name!r} is no file name"
+    if "\0" in name:
+        return f"{name!r} holds a NUL character"
+    if "/" in name or "\\" in name:
+        return f"{name!r} holds a path separator"
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > name_max:
+        return f"{name[:40]!r}... is {size} bytes long, over the filesystem's {name_max}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -83,6 +129,8 @@ class TraceFiles:
         self._warn = warn or (lambda message: None)
         #: cycle index -> files written for it, oldest cycle first.
         self._cycles: dict[int, list[Path]] = {}
+        #: file -> its identity when this run last wrote it: retention deletes no other file.
+        self._identity: dict[Path, _Identity | None] = {}
 
     # ------------------------------------------------------------------ naming
     @property
@@ -98,6 +146,16 @@ class TraceFiles:
             values.setdefault(name, "")
         return TraceCycle(index=index, fields=values)
 
+    def file_name(self, kind: str, fields: Mapping[str, Any], suffix: str = ".json") -> str:
+        """The name of the ``kind`` file of a cycle with ``fields`` (see :meth:`path_for`)."""
+        name = self.config.filename.format(**fields)
+        if kind != TRACE:
+            stem = name.removesuffix(".json").removesuffix(".pt.trace")
+            name = f"{stem}.{kind}{suffix}"
+        if self.config.use_gzip and not name.endswith(GZIP_SUFFIX):
+            name += GZIP_SUFFIX
+        return name
+
     def path_for(self, kind: str, cycle: TraceCycle, suffix: str = ".json") -> Path:
         """Where the ``kind`` file of ``cycle`` goes.
 
@@ -105,14 +163,24 @@ class TraceFiles:
         named after it: ``rank0.4.pt.trace.json`` gives ``rank0.4.{kind}{suffix}``.
         With ``use_gzip`` the name ends in ``.gz`` and the file must be gzip
         (:meth:`write_bytes` does that).
+
+        Raises:
+            ValueError: the name is no file name, or the folder resolves (through a symlink
+                made since training started) outside the output directory; the writer warns.
         """
-        name = self.config.filename.format(**cycle.fields)
-        if kind != TRACE:
-            stem = name.removesuffix(".json").removesuffix(".pt.trace")
-            name = f"{stem}.{kind}{suffix}"
-        if self.config.use_gzip and not name.endswith(GZIP_SUFFIX):
-            name += GZIP_SUFFIX
-        return self.folder / name
+        name = self.file_name(kind, cycle.fields, suffix)
+        problem = name_problem(name)
+        if problem is not None:
+            raise ValueError(f"trace file name {problem}")
+        folder = self.folder
+        self._check_inside(folder)
+        return folder / name
+
+    def _check_inside(self, folder: Path) -> None:
+        root = self.root.resolve()
+        resolved = folder.resolve()
+        if resolved != root and root not in resolved.parents:
+            raise ValueError(f"the trace folder {folder} resolves to {resolved}, outside {root}")
 
     # ------------------------------------------------------------------ writing
     def write_bytes(self, kind: str, cycle: TraceCycle, data: bytes) -> Path:
@@ -127,7 +195,10 @@ class TraceFiles:
     def written(self, cycle: TraceCycle, paths: Iterable[Path]) -> None:
         """Record files of ``cycle`` written by someone else too; retire cycles beyond the limit."""
         files = self._cycles.setdefault(cycle.index, [])
-        files.extend(Path(p) for p in paths if Path(p) not in files)
+        for p in map(Path, paths):
+            if p not in files:
+                files.append(p)
+            self._identity[p] = _identity(p)
         keep = self.config.num_traces_to_keep
         while keep >= 1 and len(self._cycles) > keep:
             oldest = min(self._cycles)
@@ -140,7 +211,15 @@ class TraceFiles:
         return {k: list(v) for k, v in self._cycles.items()}
 
     def _retire(self, paths: list[Path]) -> None:
+        """Delete files of a retired cycle: only those this run wrote and nobody changed since,
+        never one a kept cycle (the one just written included) wrote too."""
+        kept = {p for files in self._cycles.values() for p in files}
         for path in paths:
+            if path in kept:
+                continue
+            written = self._identity.pop(path, None)
+            if written is None or _identity(path) != written:
+                continue  # not (or no longer) the file this run wrote: not ours to delete
             try:
                 if self.mirror is not None:
                     self.mirror.remove(path.relative_to(self.root).as_posix())
@@ -154,6 +233,45 @@ class TraceFiles:
         return self.mirror.sync(wait=True) if self.mirror is not None else True
 
     # ------------------------------------------------------------------ checks before training
+    def check_paths(self, kinds: Iterable[tuple[str, str]] = ()) -> None:
+        """Expand every template now and refuse names that would fail at each cycle's write.
+
+        The folder must stay inside the output directory once ``..`` and symlinks are
+        resolved; the trace name, and each companion's ``(kind, suffix)`` in ``kinds``, must be
+        a file name the folder's filesystem takes (no separator or NUL, at most its name length)
+        for the widest cycle, epoch and batch numbers a run reaches.
+
+        Raises:
+            ConfigError: one line naming ``trace_files.folder`` / ``filename`` / ``run_name``.
+        """
+        try:
+            rel = self.config.folder.format(**self.run_fields).strip("/")
+            sample = {**self.run_fields, **_SAMPLE_CYCLE}
+            names = [self.file_name(TRACE, sample)] + [self.file_name(k, sample, sfx) for k, sfx in kinds]
+        except (ValueError, TypeError, KeyError) as err:
+            raise ConfigError(
+                "trace_files.filename", f"{self.config.filename!r} cannot be filled in: {err}"
+            ) from None
+        key = "trace_files.run_name" if "{run_name" in self.config.folder else "trace_files.folder"
+        parts = [p for p in re.split(r"[/\\]", rel) if p]
+        for part in parts:
+            problem = name_problem(part) if part != ".." else "'..' leaves the output directory"
+            if problem is not None:
+                raise ConfigError(key, f"the trace folder {rel!r} is refused: {problem}")
+        folder = self.folder
+        try:
+            self._check_inside(folder)
+        except (ValueError, OSError) as err:
+            raise ConfigError(key, f"{err}; give a folder inside the output directory") from None
+        name_max = _name_max(folder)
+        key = "trace_files.run_name" if "{run_name" in self.config.filename else "trace_files.filename"
+        for name in names:
+            problem = name_problem(name, name_max)
+            if problem is not None:
+                raise ConfigError(
+                    key, f"{self.config.filename!r} gives the trace file name {problem}; shorten or fix it"
+                )
+
     def check_unique_per_rank(self) -> None:
         """Refuse templates that would make every rank of a multi-process run write the same file.
 
@@ -171,31 +289,72 @@ class TraceFiles:
             f"{self.run_fields['world_size']} ranks would write the same files; add {{rank}}",
         )
 
-    def check_overwrite(self, exclude: Iterable[Path] = ()) -> None:
-        """Refuse a trace folder that already holds trace files, unless ``overwrite``.
+    def check_overwrite(self, exclude: Iterable[Path] = (), run_files: Iterable[Path] = ()) -> None:
+        """Refuse to write over an earlier run's files, unless ``overwrite`` says so and it is safe.
+
+        The rule: ``overwrite: true`` lets this run replace an earlier run's files, and a run's
+        files are its traces plus the run-level files with fixed names (``run_files``: the step
+        timeline, the summary). Replacing them is only whole when the earlier run's traces are
+        replaced too, i.e. match this run's ``filename``. When the folder holds traces named
+        otherwise beside a run-level file this run would rewrite, the earlier run meant to
+        coexist: rewriting its step timeline and summary would leave its traces beside another
+        run's timeline, so that is refused even with ``overwrite: true``.
 
         Args:
             exclude: files this run wrote itself (an earlier stage of the same Trainer).
+            run_files: the run-level files this rank will write, under ``root``.
 
         Raises:
             ConfigError: one line naming the folder, a file in it and the fix.
         """
-        if self.config.overwrite:
-            return
         pattern = template_regex(self.config.trace_filename)
+        own = {Path(p) for p in exclude}
         names: list[str] = []
-        own = {Path(p).name for p in exclude if Path(p).parent == self.folder}
         if self.folder.is_dir():
-            names = [p.name for p in self.folder.iterdir() if p.is_file() and p.name not in own]
+            names = [p.name for p in self.folder.iterdir() if p.is_file() and self.folder / p.name not in own]
         if self.mirror is not None:
             rel = self.folder.relative_to(self.root).as_posix()
             remote = self.mirror.remote if rel == "." else self.mirror.remote.child(rel)
             names += remote.names()
+        where = self.mirror.remote.url if self.mirror is not None else str(self.folder)
         clash = sorted(n for n in names if pattern.match(n))
-        if clash:
-            where = self.mirror.remote.url if self.mirror is not None else str(self.folder)
+        if clash and not self.config.overwrite:
             raise ConfigError(
                 "trace_files.overwrite",
                 f"the trace folder {where} already holds {clash[0]!r} from an earlier run; set "
                 "`trace_files.overwrite: true` or choose another `trace_files.folder` or `dirpath`",
             )
+        taken = sorted(p for p in map(Path, run_files) if p not in own and self._exists(p))
+        if not taken:
+            return
+        if not self.config.overwrite:
+            raise ConfigError(
+                "trace_files.overwrite",
+                f"{taken[0]} is from an earlier run; set `trace_files.overwrite: true` or choose "
+                "another `trace_files.folder` or `dirpath`",
+            )
+        others = sorted(n for n in names if _TRACE_NAME.search(n) and not pattern.match(n))
+        if others:
+            raise ConfigError(
+                "trace_files.overwrite",
+                f"{taken[0]} belongs to an earlier run whose traces are named otherwise "
+                f"({others[0]!r}); overwriting would replace its step timeline and summary but "
+                "keep its traces; give this run its own folder (e.g. `trace_files.folder: "
+                '"{run_name}"`) or `dirpath`',
+            )
+
+    def _exists(self, path: Path) -> bool:
+        if path.is_file():
+            return True
+        if self.mirror is None:
+            return False
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            return False
+        parent, _, name = rel.rpartition("/")
+        remote = self.mirror.remote.child(parent) if parent else self.mirror.remote
+        try:
+            return name in remote.names()
+        except Exception:
+            return False

@@ -41,6 +41,24 @@ def _umask() -> int:
 #: Mode of every file written: what ``open()`` would create.
 FILE_MODE = 0o666 & ~_umask()
 
+#: The system calls every writer here goes through: a seam for tests that fill the disk
+#: (``OSError(ENOSPC)`` after N bytes) without a small filesystem.
+_write = os.write
+_pwrite = os.pwrite
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view) :]
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = _pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``.
@@ -51,11 +69,12 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            os.fchmod(fd, FILE_MODE)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -109,30 +128,44 @@ def append_bytes(path: str | os.PathLike[str], data: bytes, fsync: bool = False)
     """Append ``data`` in one ``write``; the file must exist (start it with :func:`atomic_write_bytes`).
 
     No fsync by default: what a killed process wrote is in the page cache and reaches the disk
-    anyway; fsync only guards against the machine itself going down.
+    anyway; fsync only guards against the machine itself going down. A write that fails part
+    way (a full disk) is cut back off: the file ends where it ended before, at a whole record.
     """
     path = Path(path)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if fsync:
-            os.fsync(fd)
+        size = os.fstat(fd).st_size
+        try:
+            _write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, size)  # shrinking needs no free space
+            raise
     finally:
         os.close(fd)
     return path
 
 
 def rewrite_tail(path: str | os.PathLike[str], offset: int, data: bytes, fsync: bool = False) -> Path:
-    """Replace everything from byte ``offset`` on with ``data`` (a JSON file's closing part)."""
+    """Replace everything from byte ``offset`` on with ``data`` (a JSON file's closing part).
+
+    A write that fails part way (a full disk) puts the old closing part back: the file stays
+    the whole document it was (the old part fitted before, in blocks the file still holds).
+    """
     path = Path(path)
-    fd = os.open(path, os.O_WRONLY)
+    fd = os.open(path, os.O_RDWR)
     try:
-        os.pwrite(fd, data, offset)
-        os.ftruncate(fd, offset + len(data))
-        if fsync:
-            os.fsync(fd)
+        old = os.pread(fd, max(0, os.fstat(fd).st_size - offset), offset)
+        try:
+            _pwrite_all(fd, data, offset)
+            os.ftruncate(fd, offset + len(data))
+            if fsync:
+                os.fsync(fd)
+        except BaseException:
+            _pwrite_all(fd, old, offset)  # over blocks the file holds: needs no free space
+            os.ftruncate(fd, offset + len(old))
+            raise
     finally:
         os.close(fd)
     return path

@@ -8,7 +8,7 @@
 #
 # Logs go to $OUT (the device tool's folder), named with the GPU, for benchmarks/results/.
 # The device image has torch and lightning; carry wheels of what it lacks in .whl/
-# (jsonargparse with docstring-parser and typeshed-client for its `signatures` extra, ijson).
+# (jsonargparse with docstring-parser and typeshed-client for its `signatures` extra, msgspec).
 # The S3 and browser tests skip without moto/s3fs/playwright.
 set -uo pipefail
 OUT=${OUT:-/tmp/memprofiler_gpu}

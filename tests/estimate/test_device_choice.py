@@ -299,6 +299,7 @@ def test_dtensors_shape_inference_is_not_counted_where_its_cache_misses(ws):
         strategy="fsdp",
         world_size=ws,
         device="cuda",
+        gpu="H100",
     ).to_dict()
     # THEN those tensors are not counted: the figures are identical
     assert missed == hit

@@ -274,7 +274,9 @@ def test_ancestor_keys_in_the_group_are_read_with_a_deprecation(tmp_path):
     path = _config(tmp_path, {"memprofiler": group})
     # WHEN the CLI runs THEN each old key warns once, naming the new one, and is read
     with pytest.warns(FutureWarning) as caught:
-        cli = MemProfilerCLI(DemoGPT, args=["fit", "--config", str(path)])
+        cli = MemProfilerCLI(
+            DemoGPT, args=["fit", "--config", str(path)], trainer_defaults={"accelerator": "cpu"}
+        )
     messages = [str(w.message) for w in caught if "deprecated" in str(w.message)]
     assert (
         "memprofiler: config key `memprofiler.fsdp_mem_track_module_depth` is deprecated; use `memprofiler.module_mem_depth`"
@@ -295,7 +297,9 @@ def test_an_ancestor_key_on_the_command_line_is_read_with_a_deprecation(tmp_path
     path = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": 0, "active": 1}, "save_dir": str(out)}})
     with pytest.warns(FutureWarning, match=r"`memprofiler.fsdp_mem_tracker_units` is deprecated"):
         cli = MemProfilerCLI(
-            DemoGPT, args=["fit", "--config", str(path), "--memprofiler.fsdp_mem_tracker_units=KiB"]
+            DemoGPT,
+            args=["fit", "--config", str(path), "--memprofiler.fsdp_mem_tracker_units=KiB"],
+            trainer_defaults={"accelerator": "cpu"},
         )
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, MemProfilerCallback)]
     assert cb.config.module_mem_units == "KiB"

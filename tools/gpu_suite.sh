@@ -4,7 +4,7 @@
 #   1. the four set-up orders of ../shared/fixtures/gpu/logs/segv_repro.py, each in its own
 #      process (exit 139 there was the segmentation fault; every case must now exit 0);
 #   2. `pytest -m cuda`;
-#   3. the whole suite, `pytest -q -n 8`.
+#   3. the whole suite, `pytest -q -n 8` (WORKERS=N for another count).
 #
 # Logs go to $OUT (the device tool's folder), named with the GPU, for benchmarks/results/.
 # The device image has torch and lightning; carry wheels of what it lacks in .whl/
@@ -58,4 +58,4 @@ EOF
 done 2>&1 | tee "$cases"
 
 python3 -m pytest -q -p no:cacheprovider -m cuda 2>&1 | tee "$OUT/pytest_cuda_$gpu.log" | tail -5
-python3 -m pytest -q -p no:cacheprovider -n 8 2>&1 | tee "$OUT/pytest_full_$gpu.log" | tail -25
+python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-8}" 2>&1 | tee "$OUT/pytest_full_$gpu.log" | tail -25

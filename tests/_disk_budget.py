@@ -3,8 +3,10 @@ ENOSPC after N bytes, as a small filesystem would."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,21 +14,41 @@ from memprofiler.output import writers
 
 
 class DiskBudget:
-    """The writers' system calls with a disk that takes ``left`` more bytes, then ENOSPC.
+    """The writers' system calls on a disk that takes ``left`` more bytes, then ENOSPC.
 
     Like a real full disk, the call that crosses the limit writes what fits (a short count)
-    and the next one raises.
+    and the next one raises; and like a real one, space comes back when a file shrinks or is
+    deleted (a failed temporary file, an append cut back): what is used is what the files under
+    ``root`` hold now.
     """
 
-    def __init__(self, left: int) -> None:
-        self.left = left
+    def __init__(self, root: Path, left: int | None = None) -> None:
+        self.root = root
+        self._capacity: int | None = None
+        if left is not None:
+            self.left = left
+
+    def _used(self) -> int:
+        total = 0
+        for folder, _, files in os.walk(self.root):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):  # a temporary file just replaced
+                    total += os.lstat(os.path.join(folder, name)).st_size
+        return total
+
+    @property
+    def left(self) -> int:
+        return (1 << 60) if self._capacity is None else self._capacity - self._used()
+
+    @left.setter
+    def left(self, value: int) -> None:
+        self._capacity = self._used() + value
 
     def _take(self, n: int) -> int:
-        if self.left <= 0:
+        left = self.left
+        if left <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        n = min(n, self.left)
-        self.left -= n
-        return n
+        return min(n, left)
 
     def write(self, fd: int, data: memoryview | bytes) -> int:
         return os.write(fd, bytes(data[: self._take(len(data))]))
@@ -42,8 +64,8 @@ class DiskBudget:
 
 
 @pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> DiskBudget:
-    budget = DiskBudget(1 << 60)
+def disk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DiskBudget:
+    budget = DiskBudget(tmp_path)
     monkeypatch.setattr(writers, "_write", budget.write)
     monkeypatch.setattr(writers, "_pwrite", budget.pwrite)
     return budget

@@ -564,14 +564,17 @@ class _CudaMLP(pl.LightningModule):
 def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
     from torch.cuda import _memory_viz
 
-    # GIVEN a small model training on CUDA with history for step 2
-    cb = MemProfilerCallback({"cuda_allocator_history": True, "save_dir": str(tmp_path)})
+    # GIVEN a small model training on CUDA with history for step 3, its window opening at call 2
+    # (after the first optimizer step made Adam's state: on the H200 a window opening at call 1
+    # found only the parameters alive, as it should)
+    cfg = {"cuda_allocator_history": True, "save_dir": str(tmp_path), "schedule": {"skip_first": 1}}
+    cb = MemProfilerCallback(cfg)
     trainer = make_trainer(tmp_path, [cb], max_steps=4, accelerator="cuda")
     trainer.fit(_CudaMLP())
     recording = _load(tmp_path / "cuda_alloc_rank_0.window_0.pickle")
-    # THEN the allocator kept memprofiler's marks of call 2, on the trace's clock
+    # THEN the allocator kept memprofiler's marks of call 3, on the trace's clock
     ranges = call_ranges(recording)
-    assert [r.key for r in ranges] == ["training_step:2"] and ranges[0].source == "annotation"
+    assert [r.key for r in ranges] == ["training_step:3"] and ranges[0].source == "annotation"
     start = call_view(recording, ranges[0], "start")
     end = call_view(recording, ranges[0], "end")
     # THEN the traces hold allocs and completed frees with Python frames
@@ -585,7 +588,7 @@ def test_gpu_pickles_are_real_memory_viz_snapshots(tmp_path):
     assert "entries" in _memory_viz.trace(recording)
     assert _memory_viz.segsum(recording)
     assert "Active Memory Timeline" in _memory_viz.trace_plot(recording)
-    # AND the parameters alive before the window are named in its index
+    # AND the parameters and optimizer state alive before the window are named in its index
     roles = {r["role"] for r in _index(tmp_path)["roles"]}
     assert {"parameter", "optimizer state"} <= roles
     # AND recording is off after the window

@@ -11,12 +11,14 @@ import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import yaml
 from torch import nn
 
+from fake_cuda import FakeCudaBackend, no_gpu
 from memprofiler import MemProfiler
 from memprofiler.__main__ import main
 from memprofiler.output.stats_file import StatsFile
@@ -40,13 +42,12 @@ def test_stats_yaml_keeps_every_snapshot_that_fitted(tmp_path, disk):
             snaps[f"0.training_step.{k}.end"] = _snapshot(k)
         with pytest.raises(OSError, match="No space left"):
             stats.flush(snaps, [f"0.training_step.{k}.end" for k in (n, n + 1)])
-    # THEN the file is the 3 snapshots written before it filled, valid, with its end line
+    # THEN the file is the 3 snapshots written before it filled and the one that fitted alone
+    # after them (entry by entry once a batch does not fit), valid, with its end line
     on_disk = yaml.safe_load(stats.path.read_text())
-    assert on_disk == {k: v for k, v in snaps.items() if int(k.split(".")[2]) <= 3}
-    assert stats.path.read_text().endswith(
-        "#memprofiler-end 3\n"
-    ) or stats.path.read_text().rstrip().endswith("3")
-    assert stats.written == {f"0.training_step.{n}.end" for n in (1, 2, 3)}
+    assert on_disk == {k: v for k, v in snaps.items() if int(k.split(".")[2]) <= 4}
+    assert stats.path.read_text().rstrip().endswith("4")
+    assert stats.written == {f"0.training_step.{n}.end" for n in (1, 2, 3, 4)}
     # AND once there is room again the unwritten ones go out
     disk.left = 1 << 30
     stats.flush(snaps, [k for k in snaps if k not in stats.written])
@@ -93,14 +94,18 @@ def _events(timeline: MemoryTimeline, n: int, start: int = 0) -> int:
     return start + n
 
 
-def _run(save_dir: Path, calls: int) -> list[str]:
+def _run(save_dir: Path, calls: int, cuda: Any = None) -> list[str]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     x = torch.randn(8, 16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        # the same snapshots on every machine (a GPU machine adds CUDA statistics to each)
         prof = MemProfiler(
-            {"schedule": {"warmup": 0, "active": 100_000}, "flush_every_calls": 5}, save_dir=save_dir, rank=0
+            {"schedule": {"warmup": 0, "active": 100_000}, "flush_every_calls": 5},
+            save_dir=save_dir,
+            rank=0,
+            cuda=cuda or no_gpu(),
         )
         with prof:
             prof.setup(model)
@@ -138,6 +143,34 @@ def test_a_run_on_a_filling_disk_keeps_what_fitted_with_one_warning(tmp_path, di
     messages = _run(tmp_path, 200)
     # THEN one warning, and stats YAML and memory trace hold what fitted, valid
     assert _check_run(tmp_path, messages) < 400
+
+
+def test_a_first_flush_larger_than_the_room_left_keeps_the_snapshots_that_fitted(tmp_path, disk, monkeypatch):
+    # GIVEN a GPU machine's snapshots (each with the ~125 CUDA allocator statistics, several KiB):
+    # on the H200 the first flush of 5 calls did not fit 12 KiB and no stats file or memory
+    # trace was left at all
+    real = MemProfiler.setup
+
+    def setup_then_fill(self: MemProfiler, *args: object, **kwargs: object) -> object:
+        out = real(self, *args, **kwargs)
+        disk.left = 12 << 10
+        return out
+
+    monkeypatch.setattr(MemProfiler, "setup", setup_then_fill)
+    # WHEN 200 calls are collected
+    messages = _run(tmp_path, 200, cuda=FakeCudaBackend())
+    # THEN one warning, and both files are there, valid, with the whole snapshots that fitted
+    full = [m for m in messages if "is full" in m]
+    assert len(full) == 1
+    stats = yaml.safe_load((tmp_path / "rank_0_memory_stats.yaml").read_text())
+    keys = list(stats)
+    assert keys and keys == [
+        f"0.training_step.{k // 2 + 1}.{('start', 'end')[k % 2]}" for k in range(len(keys))
+    ]
+    assert all(len(v) > 100 for v in stats.values())  # the CUDA statistics are in each
+    trace = json.loads((tmp_path / "memory_trace_rank_0.json").read_text())
+    assert trace["traceEvents"] and trace["otherData"]["memprofiler_rank"] == 0
+    assert main(["report", str(tmp_path), "--no-html"]) == 0
 
 
 @pytest.fixture

@@ -207,22 +207,52 @@ class StatsFile:
         """
         new = [k for k in keys if k not in self._written and k in snapshots]
         if not self._started or self._order == [] or any(k in self._written for k in changed):
-            order = [k for k in self._order if k in snapshots] + new
-            body = "".join(entry_yaml(k, snapshots[k]) for k in order) or "{}\n"
-            head = f"{layout.YAML_HEADER}\n" + (
-                f"{layout.RUN_ID_LINE.format(run_id=self.run_id)}\n" if self.run_id else ""
-            )
-            atomic_write_bytes(self.path, f"{head}{body}{block_end(len(order))}".encode())
-            self._started = True
-            self._order = order
-            self._written = set(order)
+            kept = [k for k in self._order if k in snapshots]
+            self._rewrite(snapshots, kept, new)
             return self.path
         if not new:
             return self.path
+        try:
+            self._append(snapshots, new, fsync)
+        except OSError:
+            # A full disk: keep as many whole entries as still fit, one at a time; the rest stay
+            # unwritten, in memory, and the next flush tries them again.
+            for k in new:
+                try:
+                    self._append(snapshots, [k], fsync)
+                except OSError:
+                    break
+            raise
+        return self.path
+
+    def _rewrite(self, snapshots: Mapping[str, Any], kept: list[str], new: list[str]) -> None:
+        """The whole file, atomically: ``kept`` and as many of ``new`` as fit (all, on a disk with
+        room; on a full one, the first half, quarter... so a first flush of many calls still
+        leaves a valid file with the snapshots that fitted). Raises the disk's error if not all did."""
+        head = f"{layout.YAML_HEADER}\n" + (
+            f"{layout.RUN_ID_LINE.format(run_id=self.run_id)}\n" if self.run_id else ""
+        )
+        n, error = len(new), None
+        while True:
+            order = kept + new[:n]
+            body = "".join(entry_yaml(k, snapshots[k]) for k in order) or "{}\n"
+            try:
+                atomic_write_bytes(self.path, f"{head}{body}{block_end(len(order))}".encode())
+                break
+            except OSError as err:
+                if n == 0:
+                    raise
+                error, n = error or err, n // 2
+        self._started = True
+        self._order = order
+        self._written = set(order)
+        if error is not None:
+            raise error
+
+    def _append(self, snapshots: Mapping[str, Any], new: list[str], fsync: bool) -> None:
         text = "".join(entry_yaml(k, snapshots[k]) for k in new) + block_end(len(self._order) + len(new))
-        # A failed append (a full disk) is cut back off by `append_bytes`: the entries stay
-        # unwritten, so they stay in memory and the next flush tries them again.
+        # A failed append (a full disk) is cut back off by `append_bytes`: the file ends at its
+        # last whole entry and the entries stay unwritten.
         append_bytes(self.path, text.encode(), fsync=fsync)
         self._order.extend(new)
         self._written.update(new)
-        return self.path

@@ -243,13 +243,20 @@ class MemoryTimeline:
         marks = self._marks[self._file_n :]
         if self._file != (path, base) or not path.exists():
             text = self.to_json()
-            write_text(path, text)
+            try:
+                write_text(path, text)
+            except OSError:
+                self._start_on_a_full_disk(path, base)
+                raise
             self._file, self._file_n = (path, base), len(self._marks)
             self._file_starts = dict(self._render_starts)
             self._file_tail_at = len(text.encode()) - len(self._tail().encode())
             return path
-        if not marks:
-            return path
+        if marks:
+            self._append(path, base, marks)
+        return path
+
+    def _append(self, path: Path, base: int, marks: list[Any]) -> None:
         starts = dict(self._file_starts)
         events = [e for m in marks for e in self._mark_events(m, self.rank, base, starts)]
         # One encoder call for all: the same text as one json.dumps per event, joined by ", "
@@ -259,7 +266,23 @@ class MemoryTimeline:
         self._file_n += len(marks)
         self._file_starts = starts
         self._file_tail_at += len(added)
-        return path
+
+    def _start_on_a_full_disk(self, path: Path, base: int) -> None:
+        """The whole first write did not fit: start the file with its metadata alone (a valid
+        trace), then add the marks one by one while they fit; the rest wait for the next dump."""
+        meta = ", ".join(json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}"))
+        head = f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {base}, "traceEvents": [{meta}'
+        try:
+            write_text(path, head + self._tail())
+        except OSError:
+            return  # not even that: the file stays absent and the next dump starts it again
+        self._file, self._file_n, self._file_starts = (path, base), 0, {}
+        self._file_tail_at = len(head.encode())
+        for mark in list(self._marks):
+            try:
+                self._append(path, base, [mark])
+            except OSError:
+                return
 
     def forget_written(self, keep: int) -> None:
         """Drop all but the newest ``keep`` marks that the file already holds (bounded memory)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from html import escape
 
 import pytest
 
@@ -97,9 +98,10 @@ def test_the_recorded_gpu_runs_two_peaks_are_explained_on_the_page(tmp_path):
     assert "65.00 MiB more" in gpu.reason and "'unknown' (35.13 MiB)" in gpu.reason
     cpu = next(g for g in view.peak_gaps if g.device == "CPU")
     assert "existed before the profiler started" in cpu.reason
-    # AND the page says it, under each device's memory by category
+    # AND the page says it under each device's memory by category, and in the overview's peaks
     views = build_views([tmp_path])
     assert views is not None
     html = profiler_page(views, "t")
-    assert html.count("<p class='peakwhy'>") == 2
+    assert html.count("<p class='peakwhy'>") == 2 + 2
+    assert f"<p class='peakwhy'>GPU0: {escape(gpu.reason)}</p>" in html
     assert all(f">{col}<" in html for col in ("operator", "module", "shape"))

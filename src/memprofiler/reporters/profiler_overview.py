@@ -154,7 +154,11 @@ def _peaks_overview(tv: TraceView, n: int) -> str:
     head = (
         "<tr><th>device</th><th>from</th><th>peak allocated</th><th>peak reserved</th><th>at (ms)</th></tr>"
     )
-    return f"<p><b>Peak per device</b></p><table class='pv-peaks'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+    why = "".join(f"<p class='peakwhy'>{escape(g.device)}: {escape(g.reason)}</p>" for g in tv.peak_gaps)
+    return (
+        f"<p><b>Peak per device</b></p><table class='pv-peaks'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+        + why
+    )
 
 
 def _memory_tops(tv: TraceView, n: int) -> str:

@@ -81,7 +81,11 @@ def _group(
     legend = "".join(
         f"<span><i style='background:{COLOURS[k]}'></i>{escape(LABELS[k])}</span>" for k in present
     )
-    sources = "; ".join(sorted({escape(s.source.rstrip(".")) for s in shown}))
+    found = {s.source.rstrip(".") for s in shown}
+    # a call without saved tensors says less of the same: keep only the fullest wording
+    sources = "; ".join(
+        escape(t) for t in sorted(found) if not any(o != t and o.startswith(t) for o in found)
+    )
     return "\n".join(
         [
             f"<p>{_headline(worst)}</p>" if lead else f"<h3>{escape(kind)}</h3>",
@@ -99,7 +103,7 @@ def _headline(s: CallSplit) -> str:
     parts = ", ".join(f"{b(v)} {escape(LABELS[k])}" for k, v in sorted(s.parts, key=lambda kv: -kv[1]))
     rank = f" (rank {s.rank})" if s.rank >= 0 else ""
     return (
-        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> {escape(s.peak_name)}: {parts}."
+        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> ({escape(s.peak_name)}): {parts}."
     )
 
 

@@ -30,6 +30,7 @@ the difference of two variants). Run as
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     random.seed(0)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         hooks = {"enable_memory_hooks": True}
@@ -198,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         "goal_us": 200,
         "rounds": args.rounds,
         "calls_per_round": args.calls,
-        "machine_note": "2 shared CPU cores (8 jobs in parallel); CUDA stats through the fake allocator "
-        "(torch.cuda.memory_stats() itself is not timed)",
+        "machine_note": f"{os.cpu_count()} CPU cores shared with other jobs; CUDA stats through the fake "
+        "allocator (torch.cuda.memory_stats() itself is not timed)",
+        "machine_load": f"1-minute load average {load_before[0]:.2f} at the start, "
+        f"{os.getloadavg()[0]:.2f} at the end",
     }
     emit(result, args.out)
     return 0

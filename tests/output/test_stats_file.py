@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -120,3 +121,33 @@ def test_what_json_cannot_write_alike_falls_back_to_block_yaml(metrics, block):
 
 def _py(v):
     return v.item() if isinstance(v, np.generic) else v
+
+
+class _Count(int):
+    """An ``int`` subclass: not the all-``int`` template's case."""
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        {"allocated_bytes.all.current": 0, "rss": 123, "big": 2**70, "neg": -5},
+        {"100%": 1, "a%d": 2, "%s%%": 3},  # the template's own escapes
+        {"unicode é日本": 1, 'quo"te': 2, "back\\slash": 3},
+        {"flag": True, "n": 1},  # bool is no int here
+        {"f": 1.0, "n": 1},
+        {"f": 1e-05, "n": 1},
+        {"c": _Count(4), "n": 1},
+        {"s": "x", "n": 1},
+        {"surrogate \U0001f600": 1},  # JSON's escaped surrogate: block YAML
+    ],
+)
+def test_an_all_int_snapshot_is_one_json_line_as_json_dumps_writes_it(metrics):
+    # GIVEN a snapshot, recorded twice (the second time from the cached template)
+    for _ in range(2):
+        text = entry_yaml("0.training_step.1.end", metrics)
+        # THEN it reads back equal
+        plain = {k: int(v) if type(v) is _Count else v for k, v in metrics.items()}
+        assert _same(yaml.safe_load(text)["0.training_step.1.end"], plain)
+    # AND a mapping of plain ints is exactly json.dumps's line
+    if all(type(v) is int for v in metrics.values()) and "\U0001f600" not in "".join(metrics):
+        assert text == f"0.training_step.1.end: {json.dumps(metrics)}\n"

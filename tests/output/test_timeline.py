@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,39 @@ def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
     events = json.loads(timeline.to_json())["traceEvents"]
     assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"]
     assert timeline.to_json() == json.dumps(timeline.to_trace())
+
+
+class _Bytes(int):
+    """An ``int`` subclass: ``json.dumps`` writes it with ``int.__repr__``."""
+
+    def __repr__(self) -> str:
+        return "not JSON"
+
+
+def test_appended_events_are_the_text_json_dumps_writes(tmp_path):
+    # GIVEN a trace file grown by appends (written directly, without event dicts) of marks
+    # with awkward function names, every kind of number, starts without ends, empty values
+    timeline = MemoryTimeline(rank=3)
+    values = [
+        {"rss": 123, "rss_peak": 2**70, "cuda.allocated": 0},
+        {"rss": 1.5, "cuda.reserved": 1e-05, "cuda.allocated_peak": 1e22, "saved_tensors.unique_bytes": -0.0},
+        {"rss": _Bytes(7), "rss_peak": True, "cuda.reserved": math.nan, "cuda.reserved_peak": -3},
+        {},
+    ]
+    fns = ["training_step", 'say "hi"', "é\U0001f600.step", "a\\b"]
+    t_ns = 1_700_000_000_123_456_789
+    path = tmp_path / "memory_trace_rank_3.json"
+    for call in range(1, 9):
+        fn = fns[call % len(fns)]
+        phases = ("start", "end") if call % 3 else ("end",) if call % 2 else ("start",)
+        for phase in phases:
+            t_ns += 1_234_567 * call
+            timeline.on_snapshot(_event(3, fn, call, phase, t_ns, values[(call + len(phase)) % len(values)]))
+        timeline.dump(tmp_path)
+        # THEN after every append the file is exactly the JSON of the whole trace
+        assert path.read_text() == json.dumps(timeline.to_trace())
+    # AND it holds the spans and counters (bool and NaN never written)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} >= {'say "hi".1', "é\U0001f600.step.2"}
+    counters = [e["args"]["bytes"] for e in events if e["ph"] == "C"]
+    assert 2**70 in counters and 7 in counters and not any(isinstance(v, bool) for v in counters)

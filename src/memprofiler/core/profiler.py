@@ -468,7 +468,7 @@ class MemProfiler:
             call=call,
             rank=self._rank,
             module=module if module is not None else self.module,
-            closes_window=schedule.closes_window(sched, call),
+            closes_window=schedule.closes_window(sched, call, act),
         )
         if act is schedule.Action.WARMUP:
             self._collectors.warmup(regs, ctx)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import itertools
 import os
 import tempfile
 import time
@@ -127,7 +128,7 @@ class RunFiles:
         """Late (step-end) metrics into the ``end`` snapshot ``key``."""
         if self.config.dump_memorystats_pickle:
             self._pickle_cache.touch(key)  # first: a SIGTERM dump may run mid-update
-        if self.stats is not None and key in self.stats.written:
+        if self.stats is not None and self.stats.has(key):
             self._changed.append(key)
         self.snapshots.setdefault(key, {}).update(metrics)
         if key not in self._unflushed:
@@ -163,9 +164,10 @@ class RunFiles:
         writers: list[tuple[str, Callable[[], Path]]] = []
         stats = self.stats
         if stats is not None:
-            pending = len(set(unflushed) - stats.written)
-            if len(self.snapshots) > len(stats.written) + pending:  # entries set by hand, not recorded
-                unflushed = unflushed + [k for k in self.snapshots if k not in stats.written]
+            # `has`, not a copy of every key written: that copy grew with the run, at every flush.
+            pending = stats.count_unwritten(unflushed)
+            if len(self.snapshots) > stats.n_written + pending:  # entries set by hand, not recorded
+                unflushed = unflushed + [k for k in self.snapshots if not stats.has(k)]
         if cfg.dump_memorystats_yaml and stats is not None:
             writers.append(
                 (stats.path.name, lambda: stats.flush(self.snapshots, unflushed, changed, fsync=final))
@@ -240,9 +242,9 @@ class RunFiles:
         stats = self.stats
         if len(self.snapshots) <= limit or stats is None or self.config.dump_memorystats_pickle:
             return  # the pickle is rewritten whole from memory: keep everything for it
-        written = stats.written
         excess = len(self.snapshots) - limit
-        for key in [k for k in self.snapshots if k in written][:excess]:
+        # The oldest come first: stop at the `excess`-th written one, not at the end of memory.
+        for key in list(itertools.islice((k for k in self.snapshots if stats.has(k)), excess)):
             del self.snapshots[key]
         self.evicted += excess
         if self.timeline is not None:

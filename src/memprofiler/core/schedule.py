@@ -76,6 +76,11 @@ def opens_window(cfg: ScheduleConfig, call: int) -> bool:
     return prev is Action.NONE or prev is Action.RECORD_AND_SAVE
 
 
-def closes_window(cfg: ScheduleConfig, call: int) -> bool:
-    """True when ``call`` collects and the next call neither warms up nor collects."""
-    return action(cfg, call).collects and action(cfg, call + 1) is Action.NONE
+def closes_window(cfg: ScheduleConfig, call: int, current: Action | None = None) -> bool:
+    """True when ``call`` collects and the next call neither warms up nor collects.
+
+    ``current``: ``action(cfg, call)`` where the caller has it already (once per collected call).
+    """
+    if current is None:
+        current = action(cfg, call)
+    return current.collects and action(cfg, call + 1) is Action.NONE

@@ -12,9 +12,10 @@ attention kernel from its CUDA selection rules, the reserved figure from the all
 The estimate's cuBLAS part is reported on its own, beside the workspace the measurement freed
 with ``torch._C._cuda_clearCublasWorkspaces()`` (GPT-2, fp32).
 
-T5 is estimated twice: as measured (transformers 5.17's T5 had no SDPA path, so its attention
-ran eagerly: ``attn_implementation="eager"``) and with this machine's transformers (which routes
-T5 through ``scaled_dot_product_attention``), which no measurement matches.
+T5 is estimated twice: eagerly (``attn_implementation="eager"``: only a run that keeps the
+attention matrices reaches the measured peak, so the measurement ran eagerly, although
+transformers 5.17's T5 has the same SDPA path as the one installed here) and with this machine's
+default (``scaled_dot_product_attention``), which no measurement matches.
 
 Run (a CPU-only machine):
 ``PYTHONPATH=src:tests python benchmarks/estimate_gpu.py --out benchmarks/results/estimate_gpu_h200.json``

@@ -20,6 +20,7 @@ from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
 from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
 from memprofiler.estimate.cuda_dispatch import CudaDispatch
+from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
 from memprofiler.estimate.failures import (
     ModuleStack,
     device_failure,
@@ -157,6 +158,11 @@ def estimate(
                 opt = _checked_optimizer(optimizer(model.parameters()))
             else:
                 raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
+            if target is not None and foreach_as_on_cuda(opt):
+                notes.append(
+                    f"optimizer: {type(opt).__name__} steps with torch's foreach kernels, its default on CUDA "
+                    "(all parameters at once; the CPU default is a loop over parameters)"
+                )
             alloc_conf = AllocatorConfig.from_env()
             tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger

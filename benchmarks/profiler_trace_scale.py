@@ -240,8 +240,8 @@ def main() -> None:
         n = max(r["events"] for rs in runs.values() for r in rs)
         result: dict[str, Any] = {
             "benchmark": "profiler_trace_scale",
-            "machine_note": "2-CPU VM shared with 7 other engineers' jobs (load average about 8), no GPU: "
-            "wall times are several times the CPU times; compare variants by CPU seconds",
+            "machine_note": f"{os.cpu_count()}-CPU machine, no GPU, load average "
+            f"{os.getloadavg()[0]:.1f} at the end (on a loaded machine compare variants by CPU seconds)",
             "source": source,
             "trace": str(trace.name),
             "events": n,

@@ -129,16 +129,21 @@ def _check_run(save_dir: Path, messages: list[str]) -> int:
     return len(stats)
 
 
-def test_a_run_on_a_filling_disk_keeps_what_fitted_with_one_warning(tmp_path, disk, monkeypatch):
-    # GIVEN a disk with 12 KiB left once the run directory is set up
+def _fill_after_setup(monkeypatch: pytest.MonkeyPatch, disk: Any, left: int) -> None:
+    """The disk has ``left`` bytes once the profiler has set its run directory up."""
     real = MemProfiler.setup
 
     def setup_then_fill(self: MemProfiler, *args: object, **kwargs: object) -> object:
         out = real(self, *args, **kwargs)
-        disk.left = 12 << 10
+        disk.left = left
         return out
 
     monkeypatch.setattr(MemProfiler, "setup", setup_then_fill)
+
+
+def test_a_run_on_a_filling_disk_keeps_what_fitted_with_one_warning(tmp_path, disk, monkeypatch):
+    # GIVEN a disk with 12 KiB left once the run directory is set up
+    _fill_after_setup(monkeypatch, disk, 12 << 10)
     # WHEN 200 calls are collected
     messages = _run(tmp_path, 200)
     # THEN one warning, and stats YAML and memory trace hold what fitted, valid
@@ -149,14 +154,7 @@ def test_a_first_flush_larger_than_the_room_left_keeps_the_snapshots_that_fitted
     # GIVEN a GPU machine's snapshots (each with the ~125 CUDA allocator statistics, several KiB):
     # on the H200 the first flush of 5 calls did not fit 12 KiB and no stats file or memory
     # trace was left at all
-    real = MemProfiler.setup
-
-    def setup_then_fill(self: MemProfiler, *args: object, **kwargs: object) -> object:
-        out = real(self, *args, **kwargs)
-        disk.left = 12 << 10
-        return out
-
-    monkeypatch.setattr(MemProfiler, "setup", setup_then_fill)
+    _fill_after_setup(monkeypatch, disk, 12 << 10)
     # WHEN 200 calls are collected
     messages = _run(tmp_path, 200, cuda=FakeCudaBackend())
     # THEN one warning, and both files are there, valid, with the whole snapshots that fitted

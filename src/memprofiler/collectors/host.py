@@ -39,11 +39,16 @@ def clear_refs_supported() -> bool:
 
 
 def _read_hwm() -> int | None:
-    with open(_STATUS) as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return None
+    with open(_STATUS, "rb") as f:
+        return _parse_hwm(f.read())
+
+
+def _parse_hwm(status: bytes) -> int | None:
+    """``VmHWM`` of a ``/proc/self/status`` text, in bytes; ``None`` where the kernel has none."""
+    at = status.find(b"VmHWM:")
+    if at < 0:
+        return None
+    return int(status[at + 6 : status.index(b"kB", at)]) * 1024
 
 
 _STATM = "/proc/self/statm"
@@ -70,11 +75,7 @@ class _Procfs:
         os.write(self._fd(_CLEAR_REFS, os.O_WRONLY), b"5")
 
     def hwm(self) -> int | None:
-        data = os.pread(self._fd(_STATUS, os.O_RDONLY), 1 << 16, 0)
-        at = data.find(b"VmHWM:")
-        if at < 0:
-            return None
-        return int(data[at + 6 : data.index(b"kB", at)]) * 1024
+        return _parse_hwm(os.pread(self._fd(_STATUS, os.O_RDONLY), 1 << 16, 0))
 
     def rss_vms(self) -> tuple[int, int]:
         size, resident = os.pread(self._fd(_STATM, os.O_RDONLY), 128, 0).split()[:2]

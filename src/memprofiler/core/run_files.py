@@ -228,10 +228,10 @@ class RunFiles:
         excess = len(self.snapshots) - self.config.max_snapshots_in_memory
         if excess <= 0:
             return
-        on_disk = self.stats.written if self.stats is not None else frozenset()
+        stats = self.stats
         for key in list(self.snapshots)[:excess]:
             del self.snapshots[key]
-            self.lost_to_full_disk += key not in on_disk
+            self.lost_to_full_disk += stats is None or not stats.has(key)
         keep = set(self.snapshots)
         self._unflushed = [k for k in self._unflushed if k in keep]
         self._changed = [k for k in self._changed if k in keep]

@@ -390,8 +390,6 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         return f"<p><b>{escape(title)}</b></p>" + table(["function", "call", "bytes"], rows)
     series, bands = [], []
     for fn, (xs, ys) in lines:
-        if not xs:
-            continue
         bins = binned(xs, ys)
         series.append((fn, [(x, band.mid) for x, band in bins]))
         bands.append([(x, band.lo, band.hi) for x, band in bins])

@@ -244,7 +244,7 @@ class HtmlReporter:
                     [[m, bytes_cell(b), w] for m, b, w in top],
                 )
             )
-            every = len(self.model.top_saved_modules(10**9))
+            every = len(self.model.top_saved_modules(None))
             if every > len(top):
                 # Each row is a module's largest figure over the calls: these do not add up, so
                 # the rest is counted, not summed into an "other" row.

@@ -9,13 +9,12 @@ what was alive when the allocation failed.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from memprofiler.analysis.snapshot_frames import PYTHON, USER, frame_kind
+from memprofiler.analysis.snapshot_frames import PYTHON, USER, frame_kind, frame_text
 from memprofiler.analysis.snapshot_replay import DeviceReplay
 from memprofiler.reporters.html_cells import b
 
@@ -56,21 +55,14 @@ class OomView:
 def user_frame(frames: Sequence[Any] | None) -> tuple[str, str] | None:
     """``(name (file:line), full path:line)`` of the first frame of the user's own code, else of
     the first Python frame; ``None`` for a stack with neither."""
-    found = None
+    # a foreign snapshot's odd frame (not a mapping) is not one to name
+    named = [f for f in frames or () if isinstance(f, Mapping)]
+    kinds = [frame_kind(str(f.get("name", "?")), str(f.get("filename", "?"))) for f in named]
     for want in (USER, PYTHON):
-        for f in frames or ():
-            if not isinstance(f, Mapping):
-                continue  # a foreign snapshot's odd frame: not one to name
-            name, filename = str(f.get("name", "?")), str(f.get("filename", "?"))
-            if frame_kind(name, filename) & want:
-                found = (name, filename, f.get("line", "?"))
-                break
-        if found:
-            break
-    if found is None:
-        return None
-    name, filename, line = found
-    return f"{name} ({os.path.basename(filename)}:{line})", f"{filename}:{line}"
+        for f, kind in zip(named, kinds, strict=True):
+            if kind & want:
+                return frame_text(f, kind), f"{f.get('filename', '?')}:{f.get('line', '?')}"
+    return None
 
 
 def opening_window(index: int, instants: int) -> tuple[int, int]:

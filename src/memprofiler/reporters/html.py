@@ -72,6 +72,17 @@ def _flat_note(title: str, values: Sequence[float], over: str = "in every call")
     )
 
 
+def _bars(
+    rows: Sequence[tuple[str, float, int]], title: str, figure: str, over: str = "in every call"
+) -> str:
+    """The bars of one figure, or one line of its totals where they sit on a shared baseline and
+    would all look equal."""
+    values = [v for _, v, _ in rows]
+    if figure in _BASELINE_FIGURES and _flat(values):
+        return _flat_note(title, values, over)
+    return svg.hbar_chart(rows, format_bytes, title)
+
+
 class HtmlReporter:
     """Renders a :class:`ReportModel` to one HTML page.
 
@@ -140,10 +151,8 @@ class HtmlReporter:
                     for c in calls
                     if (v := c.value(figure)) is not None
                 ]
-                if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
-                    out.append(_flat_note(title, [v for _, v, _ in rows]))
-                elif rows:
-                    out.append(svg.hbar_chart(rows, format_bytes, title))
+                if rows:
+                    out.append(_bars(rows, title, figure.name))
             out.append(_calls_table(calls))
             return "\n".join(out)
         funcs = self.model.functions()
@@ -157,12 +166,8 @@ class HtmlReporter:
                 for f in funcs
                 if figure.name in f.bands
             ]
-            if rows and figure.name in _BASELINE_FIGURES and _flat([v for _, v, _ in rows]):
-                out.append(
-                    _flat_note(f"{title}, median per function", [v for _, v, _ in rows], "in every function")
-                )
-            elif rows:
-                out.append(svg.hbar_chart(rows, format_bytes, f"{title}, median per function"))
+            if rows:
+                out.append(_bars(rows, f"{title}, median per function", figure.name, "in every function"))
         figs = [g.name for g in BANDED if any(g.name in f.bands for f in funcs)]
         cols = ["rank", "function", "calls"] + [
             f"{fig} {s}" for fig in figs for s in ("min", "median", "max")
@@ -239,7 +244,7 @@ class HtmlReporter:
                     [[m, bytes_cell(b), w] for m, b, w in top],
                 )
             )
-            every = len(self.model.top_saved_modules(10**9))
+            every = len(self.model.top_saved_modules(None))
             if every > len(top):
                 # Each row is a module's largest figure over the calls: these do not add up, so
                 # the rest is counted, not summed into an "other" row.
@@ -385,8 +390,6 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         return f"<p><b>{escape(title)}</b></p>" + table(["function", "call", "bytes"], rows)
     series, bands = [], []
     for fn, (xs, ys) in lines:
-        if not xs:
-            continue
         bins = binned(xs, ys)
         series.append((fn, [(x, band.mid) for x, band in bins]))
         bands.append([(x, band.lo, band.hi) for x, band in bins])

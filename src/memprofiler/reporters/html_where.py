@@ -62,7 +62,8 @@ def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimel
 def _group(
     model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bool, lead: bool, count: int
 ) -> str:
-    shown = group  # already the highest MAX_BARS of their kind (top_calls), in call order
+    """One kind's bars, legend, note and numbers; ``group`` is already the calls of the highest
+    peaks of that kind (at most :data:`MAX_BARS`, by :func:`top_calls`), in call order."""
     note = (
         f" Shown: the {len(group)} calls with the highest peaks of {count:,}." if count > len(group) else ""
     )
@@ -72,16 +73,16 @@ def _group(
             s.peak,
             [(k, v, COLOURS[k], LABELS[k]) for k, v in s.parts],
         )
-        for s in shown
+        for s in group
     ]
-    worst = max(shown, key=lambda s: s.peak)
+    worst = max(group, key=lambda s: s.peak)
     per = "profiled device" if kind == "memory-categories peak" else "call"
     chart = svg.stacked_hbars(rows, format_bytes, f"{kind} per {per}, by what holds it", width=620)
-    present = [k for k, _, _ in PARTS if any(k == p for s in shown for p, _ in s.parts)]
+    present = [k for k, _, _ in PARTS if any(k == p for s in group for p, _ in s.parts)]
     legend = "".join(
         f"<span><i style='background:{COLOURS[k]}'></i>{escape(LABELS[k])}</span>" for k in present
     )
-    found = {s.source.rstrip(".") for s in shown}
+    found = {s.source.rstrip(".") for s in group}
     # a call without saved tensors says less of the same: keep only the fullest wording
     sources = "; ".join(
         escape(t) for t in sorted(found) if not any(o != t and o.startswith(t) for o in found)
@@ -93,8 +94,8 @@ def _group(
             f"{_modules(model, worst) if lead else ''}</div>",
             f"<p class='muted'>Each bar is a {per}'s "
             f"{escape(kind)}, split from {sources}. The parts add "
-            f"up to the peak; what no figure explains is “other”.{note}{_capped(shown)}</p>",
-            _numbers(shown, present),
+            f"up to the peak; what no figure explains is “other”.{note}{_capped(group)}</p>",
+            _numbers(group, present),
         ]
     )
 

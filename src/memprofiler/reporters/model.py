@@ -80,8 +80,9 @@ class ReportModel:
         best = heapq.nlargest(n, (i for i, v in enumerate(col) if v != _NA), key=col.__getitem__)
         return [self.calls[i] for i in best]
 
-    def top_saved_modules(self, n: int = 10) -> list[tuple[str, int, str]]:
-        """``(module, bytes, where)``: each module's largest saved bytes over calls and ranks."""
+    def top_saved_modules(self, n: int | None = 10) -> list[tuple[str, int, str]]:
+        """``(module, bytes, where)``: each module's largest saved bytes over calls and ranks
+        (the ``n`` largest; ``None``: every module)."""
         if self._saved_modules is None:
             self._saved_modules = self._saved_module_peaks()
         return self._saved_modules[:n]

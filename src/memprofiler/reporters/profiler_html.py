@@ -374,7 +374,7 @@ def _ops_html(
     if shapes:
         cols.append("input shapes (most frequent)")
     body: list[str] = []
-    for r in rows:
+    for k, r in enumerate(rows):
         cells = [_cell(r.name, num=False), _cell(f"{r.calls:,}", r.calls)]
         cells += [_cell(_ms(r.host_self_us), r.host_self_us), _cell(_ms(r.host_total_us), r.host_total_us)]
         if device:
@@ -390,7 +390,7 @@ def _ops_html(
         ]
         if shapes:
             cells.append(_cell("; ".join(f"{s} x{c}" for s, c in r.shapes), num=False))
-        rid = f" id='{row_ids[len(body)]}'" if len(body) < len(row_ids) else ""
+        rid = f" id='{row_ids[k]}'" if k < len(row_ids) else ""
         body.append(f"<tr{rid}>" + "".join(cells) + "</tr>")
     kind = "ops" if shapes else "modules"
     first = len(rows) if listed is None else min(listed, len(rows))

@@ -56,13 +56,13 @@ def modules_id(n: int) -> str:
     return f"modules-{n}"
 
 
-def top_by_time(tv: TraceView, n: int = TOP_OPS) -> list[tuple[str, list[int]]]:
-    """``(what, indexes into tv.ops)``: the operators with the most host self time and, where the
-    trace has device time, the most device self time."""
-    out = [("host self time", _top(tv.ops, lambda r: r.host_self_us, n))]
+def top_by_time(tv: TraceView, n: int = TOP_OPS) -> list[tuple[str, Callable[[OpRow], float], list[int]]]:
+    """``(what, its time of a row, indexes into tv.ops)``: the operators with the most host self
+    time and, where the trace has device time, the most device self time."""
+    times: list[tuple[str, Callable[[OpRow], float]]] = [("host self time", lambda r: r.host_self_us)]
     if tv.has_device_time:
-        out.append(("device self time", _top(tv.ops, lambda r: r.device_self_us, n)))
-    return out
+        times.append(("device self time", lambda r: r.device_self_us))
+    return [(what, key, _top(tv.ops, key, n)) for what, key in times]
 
 
 def _top(rows: list[OpRow], key: Callable[[OpRow], float], n: int) -> list[int]:
@@ -74,7 +74,7 @@ def shown_ops(tv: TraceView, top: int) -> list[int]:
     """Indexes of the operators the operator table shows: the first ``top`` (by host self time,
     the reader's order), then any the overview links to that are not among them."""
     shown = list(range(min(top, len(tv.ops))))
-    for _, idx in top_by_time(tv):
+    for _, _, idx in top_by_time(tv):
         shown += [i for i in idx if i not in shown]
     return shown
 
@@ -122,7 +122,7 @@ def _steps_overview(tv: TraceView, n: int) -> str:
                 [(p, round(v), STEP_COLOURS[STEP_PARTS.index(p)], p) for p, v in parts],
             )
         ],
-        lambda us: f"{us / 1000:,.3f} ms",
+        _ms,
         "step time split",
         width=620,
     )
@@ -183,8 +183,7 @@ def _memory_tops(tv: TraceView, n: int) -> str:
 
 def _time_tops(tv: TraceView, n: int) -> str:
     out = []
-    for what, idx in top_by_time(tv):
-        get = (lambda r: r.host_self_us) if what.startswith("host") else (lambda r: r.device_self_us)
+    for what, get, idx in top_by_time(tv):
         items = [
             f"<li>{_link(op_row_id(n, i), escape(tv.ops[i].name))} <span class='muted'>{_ms(get(tv.ops[i]))}</span></li>"
             for i in idx

@@ -181,8 +181,7 @@ def integer_ticks(x0: float, x1: float, most: int = 8) -> list[int]:
 
 def _next_step(step: int) -> int:
     """1, 2, 5, 10, 20, 50, ..."""
-    head = int(str(step)[0])
-    return step * 2 if head == 1 else step * 5 // 2 if head == 2 else step * 2
+    return step * 5 // 2 if str(step)[0] == "2" else step * 2
 
 
 def _open(width: int, height: int, title: str) -> str:

@@ -7,7 +7,6 @@ tensors live at the peak.
 
 from __future__ import annotations
 
-import gzip
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.compressed import GZIP_MAGIC
+from memprofiler.analysis.compressed import GZIP_MAGIC, read_at_most
 from memprofiler.errors import ArtifactError
 
 FORMAT = layout.MEMORY_CATEGORIES_FORMAT
@@ -117,16 +116,10 @@ def _read_capped(p: Path) -> bytes:
     Raises:
         ArtifactError: it holds more.
     """
-    with open(p, "rb") as raw:
-        gz = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        if gz:
-            with gzip.GzipFile(fileobj=raw) as stream:
-                data = stream.read(MAX_FILE_BYTES + 1)
-        else:
-            data = raw.read(MAX_FILE_BYTES + 1)
+    data = read_at_most(p, MAX_FILE_BYTES)
     if len(data) > MAX_FILE_BYTES:
-        what = "expands to" if gz else "holds"
+        with open(p, "rb") as raw:
+            what = "expands to" if raw.read(2) == GZIP_MAGIC else "holds"
         raise ArtifactError(
             f"{p}: {what} more than {MAX_FILE_BYTES >> 20} MiB, the most memprofiler reads "
             "from a memory categories file (a cycle's file is a few MB); not read"

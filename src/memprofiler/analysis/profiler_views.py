@@ -8,7 +8,7 @@ breakdown. Across ranks: computation, communication and overlap, and the slowest
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from memprofiler.analysis.peak_gap import PeakGap, explain, trace_device
 from memprofiler.analysis.profiler_memory import DeviceMemory, MemPair, MemStat
 from memprofiler.analysis.profiler_ops import OpRow
 from memprofiler.analysis.profiler_steps import RankRow, StepRow
+from memprofiler.analysis.run_ids import check_one_run, profiler_trace_run_id
 from memprofiler.analysis.trace_events import checked_header, find_traces, is_trace_file
 from memprofiler.analysis.trace_stream import summarise
 from memprofiler.errors import ArtifactError
@@ -138,6 +139,18 @@ def traces_in(paths: Iterable[Path]) -> list[Path]:
         found = find_traces(p) if p.is_dir() else [p] if is_trace_file(p) else []
         out += [f for f in found if f not in out]
     return out
+
+
+def one_run_traces(paths: Iterable[Path], run_ids: Mapping[str, str | None] | None = None) -> list[Path]:
+    """:func:`traces_in`, refused when the traces (with the files of ``run_ids``, a run
+    directory's) come from two runs: their views would be summed in silently.
+
+    Raises:
+        ArtifactError: files of two runs (:func:`~memprofiler.analysis.run_ids.check_one_run`).
+    """
+    files = traces_in(paths)
+    check_one_run([*(run_ids or {}).items(), *((str(f), profiler_trace_run_id(f)) for f in files)])
+    return files
 
 
 def build_views(paths: Sequence[Path]) -> ProfilerViews | None:

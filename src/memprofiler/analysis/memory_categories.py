@@ -71,6 +71,16 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     Raises:
         ArtifactError: the file is unreadable or not in the expected format.
     """
+    return category_timelines(read_category_doc(path), path, t0_us)
+
+
+def read_category_doc(path: str | Path) -> dict[str, Any]:
+    """The checked content of a ``*.memory_categories.json``, for :func:`category_timelines`
+    (to build timelines on two clocks from one read).
+
+    Raises:
+        ArtifactError: the file is unreadable or not in the expected format.
+    """
     p = Path(path)
     try:
         doc = json.loads(_read_capped(p))
@@ -87,7 +97,19 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     categories = doc.get("categories", [])
     if not isinstance(categories, list):
         raise ArtifactError(f"{p}: 'categories' is not a list; not a {FORMAT} file")
-    cats = [str(c) for c in categories]
+    return doc
+
+
+def category_timelines(
+    doc: dict[str, Any], path: str | Path, t0_us: float | None = None
+) -> list[CategoryTimeline]:
+    """:func:`read_category_file` of a document :func:`read_category_doc` read from ``path``.
+
+    Raises:
+        ArtifactError: a device's events are malformed.
+    """
+    p = Path(path)
+    cats = [str(c) for c in doc.get("categories", [])]
     tensors = doc.get("tensors")
     out = [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
     if isinstance(tensors, dict):

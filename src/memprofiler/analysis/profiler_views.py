@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.memory_categories import CategoryTimeline, read_category_file
+from memprofiler.analysis.memory_categories import CategoryTimeline, category_timelines, read_category_doc
 from memprofiler.analysis.peak_gap import PeakGap, explain, trace_device
 from memprofiler.analysis.profiler_memory import DeviceMemory, MemPair, MemStat
 from memprofiler.analysis.profiler_ops import OpRow
@@ -103,13 +103,16 @@ def trace_view(path: Path) -> TraceView:
     # The categories' peak instants, on the trace's clock: where to read the allocator's count.
     probes: dict[str, list[float]] = {}
     base_ns = checked_header(path)[1]
-    if cats.is_file() and base_ns:
-        for tl in read_category_file(cats, 0.0):
+    doc = read_category_doc(cats) if cats.is_file() and base_ns else None
+    if doc is not None:
+        for tl in category_timelines(doc, cats, 0.0):
             if (dev := trace_device(tl.device)) is not None:
                 probes.setdefault(dev, []).append(tl.peak_ms * 1000 + _TRUNCATED_US - base_ns / 1000)
     s = summarise(path, probes)
     wall = s.start + s.base_ns / 1000 if s.base_ns else None
-    categories = read_category_file(cats, wall) if cats.is_file() else []
+    if doc is None and cats.is_file():  # without a base time it is read only now, after the trace
+        doc = read_category_doc(cats)
+    categories = category_timelines(doc, cats, wall) if doc is not None else []
     gaps = []
     for tl in categories:
         dev = trace_device(tl.device)

@@ -17,31 +17,27 @@ from memprofiler.analysis.artifacts import load_run
 NOTE = "`train_step` (in `collect_funcs`) was never called; calls seen: training_step x4"
 
 
-@pytest.fixture
-def empty_run(tmp_path: Path) -> Path:
-    """A real run whose `collect_funcs` names a function the loop never profiles."""
-    out = tmp_path / "empty"
-    prof = MemProfiler({"collect_funcs": {"default": ["train_step"]}}, save_dir=out, rank=0).setup()
-    for _ in range(4):
+def _run(out: Path, config: dict, calls: int) -> Path:
+    """A real run of ``calls`` profiled training steps under ``config``, torn down quietly."""
+    prof = MemProfiler(config, save_dir=out, rank=0).setup()
+    for _ in range(calls):
         with prof.profile("training_step"):
             pass
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prof.teardown()
     return out
+
+
+@pytest.fixture
+def empty_run(tmp_path: Path) -> Path:
+    """A real run whose `collect_funcs` names a function the loop never profiles."""
+    return _run(tmp_path / "empty", {"collect_funcs": {"default": ["train_step"]}}, 4)
 
 
 @pytest.fixture
 def full_run_dir(tmp_path: Path) -> Path:
-    out = tmp_path / "full"
-    prof = MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=out, rank=0).setup()
-    for _ in range(2):
-        with prof.profile("training_step"):
-            pass
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        prof.teardown()
-    return out
+    return _run(tmp_path / "full", {"schedule": {"warmup": 0, "active": 2}}, 2)
 
 
 def test_the_stats_file_of_such_a_run_is_complete_and_reads_as_empty(empty_run):

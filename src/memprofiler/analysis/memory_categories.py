@@ -7,7 +7,6 @@ tensors live at the peak.
 
 from __future__ import annotations
 
-import gzip
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.compressed import GZIP_MAGIC
+from memprofiler.analysis.compressed import GZIP_MAGIC, read_at_most
 from memprofiler.errors import ArtifactError
 
 FORMAT = layout.MEMORY_CATEGORIES_FORMAT
@@ -72,6 +71,16 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     Raises:
         ArtifactError: the file is unreadable or not in the expected format.
     """
+    return category_timelines(read_category_doc(path), path, t0_us)
+
+
+def read_category_doc(path: str | Path) -> dict[str, Any]:
+    """The checked content of a ``*.memory_categories.json``, for :func:`category_timelines`
+    (to build timelines on two clocks from one read).
+
+    Raises:
+        ArtifactError: the file is unreadable or not in the expected format.
+    """
     p = Path(path)
     try:
         doc = json.loads(_read_capped(p))
@@ -88,7 +97,19 @@ def read_category_file(path: str | Path, t0_us: float | None = None) -> list[Cat
     categories = doc.get("categories", [])
     if not isinstance(categories, list):
         raise ArtifactError(f"{p}: 'categories' is not a list; not a {FORMAT} file")
-    cats = [str(c) for c in categories]
+    return doc
+
+
+def category_timelines(
+    doc: dict[str, Any], path: str | Path, t0_us: float | None = None
+) -> list[CategoryTimeline]:
+    """:func:`read_category_file` of a document :func:`read_category_doc` read from ``path``.
+
+    Raises:
+        ArtifactError: a device's events are malformed.
+    """
+    p = Path(path)
+    cats = [str(c) for c in doc.get("categories", [])]
     tensors = doc.get("tensors")
     out = [_timeline(p, str(dev), cats, rows, t0_us) for dev, rows in sorted(doc["devices"].items()) if rows]
     if isinstance(tensors, dict):
@@ -117,16 +138,10 @@ def _read_capped(p: Path) -> bytes:
     Raises:
         ArtifactError: it holds more.
     """
-    with open(p, "rb") as raw:
-        gz = raw.read(2) == GZIP_MAGIC
-        raw.seek(0)
-        if gz:
-            with gzip.GzipFile(fileobj=raw) as stream:
-                data = stream.read(MAX_FILE_BYTES + 1)
-        else:
-            data = raw.read(MAX_FILE_BYTES + 1)
+    data = read_at_most(p, MAX_FILE_BYTES)
     if len(data) > MAX_FILE_BYTES:
-        what = "expands to" if gz else "holds"
+        with open(p, "rb") as raw:
+            what = "expands to" if raw.read(2) == GZIP_MAGIC else "holds"
         raise ArtifactError(
             f"{p}: {what} more than {MAX_FILE_BYTES >> 20} MiB, the most memprofiler reads "
             "from a memory categories file (a cycle's file is a few MB); not read"

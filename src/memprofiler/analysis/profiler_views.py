@@ -8,17 +8,18 @@ breakdown. Across ranks: computation, communication and overlap, and the slowest
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
-from memprofiler.analysis.memory_categories import CategoryTimeline, read_category_file
+from memprofiler.analysis.memory_categories import CategoryTimeline, category_timelines, read_category_doc
 from memprofiler.analysis.peak_gap import PeakGap, explain, trace_device
 from memprofiler.analysis.profiler_memory import DeviceMemory, MemPair, MemStat
 from memprofiler.analysis.profiler_ops import OpRow
 from memprofiler.analysis.profiler_steps import RankRow, StepRow
+from memprofiler.analysis.run_ids import check_one_run, profiler_trace_run_id
 from memprofiler.analysis.trace_events import checked_header, find_traces, is_trace_file
 from memprofiler.analysis.trace_stream import summarise
 from memprofiler.errors import ArtifactError
@@ -102,13 +103,16 @@ def trace_view(path: Path) -> TraceView:
     # The categories' peak instants, on the trace's clock: where to read the allocator's count.
     probes: dict[str, list[float]] = {}
     base_ns = checked_header(path)[1]
-    if cats.is_file() and base_ns:
-        for tl in read_category_file(cats, 0.0):
+    doc = read_category_doc(cats) if cats.is_file() and base_ns else None
+    if doc is not None:
+        for tl in category_timelines(doc, cats, 0.0):
             if (dev := trace_device(tl.device)) is not None:
                 probes.setdefault(dev, []).append(tl.peak_ms * 1000 + _TRUNCATED_US - base_ns / 1000)
     s = summarise(path, probes)
     wall = s.start + s.base_ns / 1000 if s.base_ns else None
-    categories = read_category_file(cats, wall) if cats.is_file() else []
+    if doc is None and cats.is_file():  # without a base time it is read only now, after the trace
+        doc = read_category_doc(cats)
+    categories = category_timelines(doc, cats, wall) if doc is not None else []
     gaps = []
     for tl in categories:
         dev = trace_device(tl.device)
@@ -138,6 +142,18 @@ def traces_in(paths: Iterable[Path]) -> list[Path]:
         found = find_traces(p) if p.is_dir() else [p] if is_trace_file(p) else []
         out += [f for f in found if f not in out]
     return out
+
+
+def one_run_traces(paths: Iterable[Path], run_ids: Mapping[str, str | None] | None = None) -> list[Path]:
+    """:func:`traces_in`, refused when the traces (with the files of ``run_ids``, a run
+    directory's) come from two runs: their views would be summed in silently.
+
+    Raises:
+        ArtifactError: files of two runs (:func:`~memprofiler.analysis.run_ids.check_one_run`).
+    """
+    files = traces_in(paths)
+    check_one_run([*(run_ids or {}).items(), *((str(f), profiler_trace_run_id(f)) for f in files)])
+    return files
 
 
 def build_views(paths: Sequence[Path]) -> ProfilerViews | None:

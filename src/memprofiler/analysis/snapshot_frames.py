@@ -35,6 +35,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memprofiler.analysis.snapshot_roles import ROLE_FILE
+
 PYTHON = 1
 USER = 2
 INTERNAL = 4
@@ -43,10 +45,9 @@ CPP = 8
 #: with ``INTERNAL``.
 DISPATCH = 16
 #: A synthetic frame naming a block's role (parameter, optimizer state...; see
-#: :mod:`snapshot_roles`); always with ``PYTHON | USER`` so it is shown and labels the block.
+#: :mod:`snapshot_roles`, file :data:`ROLE_FILE`); always with ``PYTHON | USER`` so it is shown
+#: and labels the block.
 ROLE = 32
-#: ``filename`` of those frames (:data:`memprofiler.analysis.snapshot_roles.ROLE_FILE`).
-_ROLE_FILE = "<memprofiler role>"
 
 #: Label of a block whose stack the snapshot lacks.
 NO_STACK = "(no stack recorded)"
@@ -132,7 +133,7 @@ _ARGS = re.compile(r"\(.*\)(\s*(const|\[clone [^]]*\]))*\s*$")
 
 def frame_kind(name: str, filename: str) -> int:
     """The kind bits of one frame (``PYTHON``, ``USER``, ``INTERNAL``, ``CPP``, ``DISPATCH``, ``ROLE``)."""
-    if filename == _ROLE_FILE:
+    if filename == ROLE_FILE:
         return PYTHON | USER | ROLE
     if filename.endswith(".py"):
         if _OWN_PY.search(filename) or _DISPATCH_PY.search(filename):

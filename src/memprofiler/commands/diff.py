@@ -115,8 +115,7 @@ def _profiler_diff(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from memprofiler.analysis.profiler_diff import diff_views
-    from memprofiler.analysis.profiler_views import build_views, traces_in
-    from memprofiler.analysis.run_ids import check_one_run, profiler_trace_run_id
+    from memprofiler.analysis.profiler_views import build_views, one_run_traces
     from memprofiler.errors import ArtifactError
     from memprofiler.reporters.profiler_terminal import render_profiler_diff
     from memprofiler.reporters.terminal import make_console
@@ -124,8 +123,7 @@ def _profiler_diff(args: argparse.Namespace) -> int:
     views = []
     for given in (args.run_a, args.run_b):
         # each side is one run: traces of another run under it would be summed in silently
-        files = traces_in([Path(given)]) if Path(given).exists() else []
-        check_one_run((str(f), profiler_trace_run_id(f)) for f in files)
+        files = one_run_traces([Path(given)]) if Path(given).exists() else []
         v = build_views(files) if files else None
         if v is None:
             raise ArtifactError(

@@ -112,8 +112,7 @@ def _views(
     Raises:
         ArtifactError: the traces (and the run directory's files, ``run_ids``) are of two runs.
     """
-    from memprofiler.analysis.profiler_views import build_views, traces_in
-    from memprofiler.analysis.run_ids import check_one_run, profiler_trace_run_id
+    from memprofiler.analysis.profiler_views import build_views, one_run_traces
     from memprofiler.reporters.profiler_terminal import ProfilerTerminalReporter
 
     for p in paths:
@@ -121,9 +120,7 @@ def _views(
             raise ArtifactError(
                 f"{p}: no such trace or directory; pass a *.pt.trace.json[.gz] or a directory"
             )
-    files = traces_in([Path(p) for p in paths])
-    check_one_run([*(run_ids or {}).items(), *((str(f), profiler_trace_run_id(f)) for f in files)])
-    views = build_views(files)
+    views = build_views(one_run_traces([Path(p) for p in paths], run_ids))
     if views is not None:
         ProfilerTerminalReporter(views, top=top).render(console)
     return views

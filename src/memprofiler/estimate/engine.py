@@ -174,8 +174,6 @@ def estimate(
                 for i, n in enumerate(strategies.ddp_buckets(model)):
                     led.move("ddp_buckets", n)
                     led.allocator.alloc(-1 - i, n)
-            if fsdp:
-                _warm_sharding_propagation(model, opt)
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
@@ -296,24 +294,6 @@ def _one_step(
     resident = _resident(model, opt)
     opt.zero_grad()
     return resident
-
-
-def _warm_sharding_propagation(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    """One untracked optimizer step on zero gradients, its state then dropped.
-
-    The first time DTensor meets an op on sharded parameters it infers the output's sharding
-    by running the op on fake tensors, inside our fake mode, where the tracker would count
-    those tensors as optimizer temporaries. That happens once per process (the result is
-    cached), so without this warm-up the first estimate in a process came out higher than
-    the next identical one. Costs one optimizer step.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.state.clear()
-    for p in params:
-        p.grad = None
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

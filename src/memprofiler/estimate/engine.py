@@ -64,15 +64,28 @@ def as_loss(out: Any) -> torch.Tensor:
     return out if out.dim() == 0 else out.sum()
 
 
-def run_device(device: str, fake: bool) -> tuple[str, list[str]]:
-    """Where the steps run: :data:`strategies.RUN_DEVICE` on every machine, whatever it has;
-    ``device="cuda"`` is modelled by replaying the allocations through the caching allocator."""
+#: The run's note where no CUDA target applies (``device`` neither ``cpu`` nor ``cuda``).
+ON_CPU = (
+    "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
+    "save different tensors on CUDA (attention backends) are counted as on CPU"
+)
+#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda_dispatch`).
+ON_CPU_AS_CUDA = (
+    "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA "
+    "would: attention by torch's CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast "
+    "stands in for CUDA's"
+)
+
+
+def run_device(device: str, fake: bool, target: CudaTarget | None = None) -> tuple[str, list[str]]:
+    """Where the steps run (:data:`strategies.RUN_DEVICE` on every machine, whatever it has) and
+    the notes that say so; a CUDA ``target`` is named first and modelled by CUDA's dispatch rules
+    and the caching allocator's replay."""
+    if target is not None:
+        return strategies.RUN_DEVICE, [f"target: {target.describe()}", ON_CPU_AS_CUDA]
     if device == "cpu" or not fake:
         return strategies.RUN_DEVICE, []
-    return strategies.RUN_DEVICE, [
-        "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
-        "save different tensors on CUDA (attention backends) are counted as on CPU"
-    ]
+    return strategies.RUN_DEVICE, [ON_CPU]
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -124,14 +137,7 @@ def estimate(
     strategies.check(strategy, world_size, precision, steps)
     cuda = device.startswith("cuda")
     target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
-    where, notes = run_device(device, fake)
-    if target is not None:
-        notes = [f"target: {target.describe()}"] + [n for n in notes if not n.startswith("ran on fake CPU")]
-        if where == "cpu":
-            notes.append(
-                "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA would: attention by torch's "
-                "CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast stands in for CUDA's"
-            )
+    where, notes = run_device(device, fake, target)
     notes += model_notes(model)
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()

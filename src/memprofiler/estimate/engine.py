@@ -184,12 +184,12 @@ def estimate(
             peak_step = 1
             resident: dict[str, int] = {}
             plan = WorkspacePlan.for_target(target) if target is not None else None
-            dispatch = CudaDispatch(target) if target is not None and where == "cpu" else None
-            custom = CustomOps()
+            dispatch = CudaDispatch(target) if target is not None else None
+            custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             with (
                 tracker,
-                custom,
+                custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
@@ -221,7 +221,7 @@ def estimate(
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
     peak = led.allocator.peak_allocated if cuda else led.peak
-    extra = margins(model, peak, strategy, world_size, custom.names) if cuda else []
+    extra = margins(model, peak, strategy, world_size, custom.names) if custom is not None else []
     notes += [m.line() for m in extra]
     return MemoryEstimate(
         peak_bytes=peak,

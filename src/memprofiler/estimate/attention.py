@@ -31,12 +31,13 @@ _aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)
 
 
-def _switch(name: str) -> bool:
+def _switch(name: str, unknown: bool = True) -> bool:
+    """``torch.backends.cuda.<name>()``, or ``unknown`` where this torch lacks it or cannot read it."""
     fn: Callable[[], bool] | None = getattr(torch.backends.cuda, name, None)
     try:
-        return bool(fn()) if fn is not None else True
+        return bool(fn()) if fn is not None else unknown
     except (RuntimeError, AttributeError):
-        return True
+        return unknown
 
 
 @dataclass
@@ -153,15 +154,7 @@ def run(backend: str, c: Call, grad: bool) -> torch.Tensor:
 
 
 def _reduced_math_allowed() -> bool:
-    return not _switch_off("fp16_bf16_reduction_math_sdp_allowed")
-
-
-def _switch_off(name: str) -> bool:
-    fn: Callable[[], bool] | None = getattr(torch.backends.cuda, name, None)
-    try:
-        return not bool(fn()) if fn is not None else True
-    except (RuntimeError, AttributeError):
-        return True
+    return _switch("fp16_bf16_reduction_math_sdp_allowed", unknown=False)
 
 
 def _autocast(c: Call) -> Call:

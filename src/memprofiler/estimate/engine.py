@@ -64,15 +64,28 @@ def as_loss(out: Any) -> torch.Tensor:
     return out if out.dim() == 0 else out.sum()
 
 
-def run_device(device: str, fake: bool) -> tuple[str, list[str]]:
-    """Where the steps run: :data:`strategies.RUN_DEVICE` on every machine, whatever it has;
-    ``device="cuda"`` is modelled by replaying the allocations through the caching allocator."""
+#: The run's note where no CUDA target applies (``device`` neither ``cpu`` nor ``cuda``).
+ON_CPU = (
+    "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
+    "save different tensors on CUDA (attention backends) are counted as on CPU"
+)
+#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda_dispatch`).
+ON_CPU_AS_CUDA = (
+    "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA "
+    "would: attention by torch's CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast "
+    "stands in for CUDA's"
+)
+
+
+def run_device(device: str, fake: bool, target: CudaTarget | None = None) -> tuple[str, list[str]]:
+    """Where the steps run (:data:`strategies.RUN_DEVICE` on every machine, whatever it has) and
+    the notes that say so; a CUDA ``target`` is named first and modelled by CUDA's dispatch rules
+    and the caching allocator's replay."""
+    if target is not None:
+        return strategies.RUN_DEVICE, [f"target: {target.describe()}", ON_CPU_AS_CUDA]
     if device == "cpu" or not fake:
         return strategies.RUN_DEVICE, []
-    return strategies.RUN_DEVICE, [
-        "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
-        "save different tensors on CUDA (attention backends) are counted as on CPU"
-    ]
+    return strategies.RUN_DEVICE, [ON_CPU]
 
 
 def meta_copy(model: nn.Module) -> nn.Module:
@@ -124,14 +137,7 @@ def estimate(
     strategies.check(strategy, world_size, precision, steps)
     cuda = device.startswith("cuda")
     target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
-    where, notes = run_device(device, fake)
-    if target is not None:
-        notes = [f"target: {target.describe()}"] + [n for n in notes if not n.startswith("ran on fake CPU")]
-        if where == "cpu":
-            notes.append(
-                "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA would: attention by torch's "
-                "CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast stands in for CUDA's"
-            )
+    where, notes = run_device(device, fake, target)
     notes += model_notes(model)
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
@@ -174,18 +180,16 @@ def estimate(
                 for i, n in enumerate(strategies.ddp_buckets(model)):
                     led.move("ddp_buckets", n)
                     led.allocator.alloc(-1 - i, n)
-            if fsdp:
-                _warm_sharding_propagation(model, opt)
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
             plan = WorkspacePlan.for_target(target) if target is not None else None
-            dispatch = CudaDispatch(target) if target is not None and where == "cpu" else None
-            custom = CustomOps()
+            dispatch = CudaDispatch(target) if target is not None else None
+            custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             with (
                 tracker,
-                custom,
+                custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
@@ -217,7 +221,7 @@ def estimate(
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
     peak = led.allocator.peak_allocated if cuda else led.peak
-    extra = margins(model, peak, strategy, world_size, custom.names) if cuda else []
+    extra = margins(model, peak, strategy, world_size, custom.names) if custom is not None else []
     notes += [m.line() for m in extra]
     return MemoryEstimate(
         peak_bytes=peak,
@@ -296,24 +300,6 @@ def _one_step(
     resident = _resident(model, opt)
     opt.zero_grad()
     return resident
-
-
-def _warm_sharding_propagation(model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    """One untracked optimizer step on zero gradients, its state then dropped.
-
-    The first time DTensor meets an op on sharded parameters it infers the output's sharding
-    by running the op on fake tensors, inside our fake mode, where the tracker would count
-    those tensors as optimizer temporaries. That happens once per process (the result is
-    cached), so without this warm-up the first estimate in a process came out higher than
-    the next identical one. Costs one optimizer step.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    opt.step()
-    opt.state.clear()
-    for p in params:
-        p.grad = None
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

@@ -53,3 +53,21 @@ def test_a_cpu_estimate_keeps_the_cpu_default() -> None:
         device="cpu",
     )
     assert not any("foreach" in n for n in est.notes)
+
+
+def test_a_cuda_targets_optimizer_keeps_its_step_counts_on_the_host() -> None:
+    """torch makes a non-capturable optimizer's ``step`` with ``torch.tensor(0.0)``: a CPU tensor
+    in a real CUDA run. For a CUDA target the resident optimizer state is exactly the two moments
+    (2 x the parameter bytes); on a CPU target the step counts (4 B each) are there too."""
+    cuda = _estimate(lambda ps: torch.optim.AdamW(ps, lr=1e-4))
+    cpu = estimate_memory(
+        _model(),
+        torch.randn(2, D),
+        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+        loss_fn=lambda m, b: m(b).sum(),
+        device="cpu",
+    )
+    assert cuda.resident["optimizer_state"] == 2 * LAYERS * LAYER
+    assert cpu.resident["optimizer_state"] == 2 * LAYERS * LAYER + LAYERS * 4
+    assert any(n.startswith(f"optimizer: {LAYERS} tensor(s) made from Python data") for n in cuda.notes)
+    assert not any("from Python data" in n for n in cpu.notes)

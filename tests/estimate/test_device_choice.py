@@ -123,9 +123,11 @@ def test_a_default_device_of_cuda_does_not_move_the_estimates_tensors(device, cu
     on_cuda_default = {s: run(strategy=s, world_size=ws) for s, ws in [("single", 1), ("fsdp", 2)]}
     torch.set_default_device(None)
     unset = {s: run(strategy=s, world_size=ws) for s, ws in [("single", 1), ("fsdp", 2)]}
-    # THEN the figures are identical, Adam's step count included (one float32 per parameter)
+    # THEN the figures are identical; Adam's step counts (one float32 per parameter) are in a
+    # CPU estimate and, as torch keeps them on the host, not in a CUDA target's
     assert on_cuda_default == unset
-    assert unset["single"]["resident"]["optimizer_state"] == 2 * padded_shard_bytes(1) + 4 * F32
+    steps = 4 * F32 if device == "cpu" else 0
+    assert unset["single"]["resident"]["optimizer_state"] == 2 * padded_shard_bytes(1) + steps
 
 
 def test_fully_shard_without_a_mesh_shards_on_the_estimates_device(cuda_machine):

@@ -54,7 +54,7 @@ def test_replicated_strategies_hold_the_full_model(strategy, ws):
         "parameters": TOTAL,
         "buffers": 0,
         "gradients": TOTAL,
-        "optimizer_state": 2 * TOTAL + 4 * F32,
+        "optimizer_state": 2 * TOTAL,  # Adam's step counts stay on the host (CUDA target)
     }
     assert est.world_size == ws
 
@@ -81,7 +81,7 @@ def test_fsdp_shards_are_the_padded_dim0_chunks(ws):
         "parameters": padded,
         "buffers": 0,
         "gradients": padded,
-        "optimizer_state": 2 * local + 4 * F32,
+        "optimizer_state": 2 * local,  # the step counts stay on the host
     }
 
 

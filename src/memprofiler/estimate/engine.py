@@ -172,6 +172,7 @@ def estimate(
             alloc_conf = AllocatorConfig.from_env()
             tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
+            tracker.host_data_in_opt = target is not None
             if fsdp:
                 tracker.track_inputs((fake_batch,))
             else:
@@ -200,6 +201,11 @@ def estimate(
                         peak_step = step
     if dispatch is not None:
         notes += dispatch.notes()
+    if target is not None and len(tracker._host):
+        notes.append(
+            f"optimizer: {len(tracker._host)} tensor(s) made from Python data in its step (a non-capturable "
+            "optimizer's step counts) stay on the host, as torch keeps them: not in the device's peak"
+        )
     if cuda:
         notes.append(
             f"caching allocator: {alloc_conf.describe()}"
@@ -297,7 +303,7 @@ def _one_step(
                 raise device_failure(devices, stack.innermost(), stack.innermost_inputs()[0]) from None
             raise shape_failure(err, stack.innermost(), *stack.innermost_inputs()) from None
     tracker.mark_optimizer_state(opt)
-    resident = _resident(model, opt)
+    resident = _resident(model, opt, tracker._host if tracker.host_data_in_opt else None)
     opt.zero_grad()
     return resident
 
@@ -308,14 +314,19 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return out
 
 
-def _resident(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes that outlive a step, each storage once: what the analytic formulas give."""
+def _resident(model: nn.Module, opt: torch.optim.Optimizer, host: Any = None) -> dict[str, int]:
+    """Bytes that outlive a step, each storage once: what the analytic formulas give.
+
+    ``host``: storages a real run keeps on the host (a CUDA target's optimizer step counts), left out.
+    """
 
     def total(tensors: Sequence[torch.Tensor]) -> int:
         seen: dict[int, int] = {}
         for t in tensors:
             to_local = getattr(t, "to_local", None)
             st = (to_local() if callable(to_local) else t).untyped_storage()
+            if host is not None and st in host:
+                continue
             seen[st._cdata] = st.nbytes()
         return sum(seen.values())
 

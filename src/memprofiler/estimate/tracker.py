@@ -19,6 +19,7 @@ import torch
 from torch import optim
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
+from torch.utils.weak import WeakIdKeyDictionary
 
 from memprofiler.estimate.allocator import AllocatorReplay
 
@@ -41,6 +42,8 @@ CATEGORY = {
     _FSDPRefType.INP.value: "inputs",
 }
 OPT_TEMP = "optimizer_temporaries"
+#: Ops that make a tensor from Python data (``torch.tensor(...)``).
+_FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
 
 
 class Ledger:
@@ -108,6 +111,11 @@ def _make(base: type[MemTracker]) -> Any:
         #: True while DTensor infers an op's output shape on fake tensors of its own: those
         #: tensors exist on no device, in a real run or here, so they are not counted.
         quiet = False
+        #: For a CUDA target: a tensor an optimizer step makes from Python data
+        #: (``torch.tensor(0.0)``: a non-capturable, non-fused optimizer's ``step``, and the
+        #: constants its foreach kernels take) lives on the host in a real run, not on the GPU.
+        host_data_in_opt = False
+        _host: WeakIdKeyDictionary
 
         def __enter__(self) -> Any:
             self._quiet_metadata = _quiet_during_metadata_propagation(self)
@@ -127,7 +135,17 @@ def _make(base: type[MemTracker]) -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if self.quiet:
                 return func(*args, **(kwargs or {}))
+            if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:
+                out = func(*args, **(kwargs or {}))
+                for st in _storages(out):
+                    self._host[st] = True
+                return out
             return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _track(self, reftype: Any, t: torch.Tensor) -> None:
+            if self._host and any(st in self._host for st in _storages(t)):
+                return  # host memory: never on the device
+            super()._track(reftype, t)
 
         def _update_snap(
             self,
@@ -297,6 +315,7 @@ def new_tracker(
     """A tracker with a fresh :class:`Ledger`, for an FSDP2-sharded module or a plain one."""
     tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
     tracker.ledger = Ledger(allocator)
+    tracker._host = WeakIdKeyDictionary()
     tracker.phase = "forward"
     if not fsdp:
         tracker.track_external(module, optimizer)

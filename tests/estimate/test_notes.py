@@ -41,3 +41,15 @@ def test_transformers_gradient_checkpointing_gets_the_attention_mask_note():
     )
     assert est.notes == [HF_CHECKPOINTING]
     assert "batch x seq^2 mask" in HF_CHECKPOINTING
+
+
+def test_a_cuda_target_names_the_tensors_the_steps_ran_on():
+    """fake=False runs the steps on real CPU tensors: the note says so instead of 'fake'."""
+    kw = dict(optimizer=SGD, gpu="H100", torch_version="2.11")
+    fake = estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), **kw)
+    real = estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), fake=False, **kw)
+    assert fake.notes[0] == real.notes[0] == "target: H100 (sm90), torch 2.11"
+    assert fake.notes[1].startswith("ran on fake CPU tensors (on every machine")
+    assert real.notes[1].startswith("ran on real CPU tensors (fake=False: the memory was allocated)")
+    assert "fake CPU" not in " ".join(real.notes)
+    assert real.peak_bytes == fake.peak_bytes

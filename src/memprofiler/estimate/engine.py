@@ -69,12 +69,15 @@ ON_CPU = (
     "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
     "save different tensors on CUDA (attention backends) are counted as on CPU"
 )
-#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda_dispatch`).
+#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda_dispatch`); ``{tensors}``
+#: says which tensors the steps ran on.
 ON_CPU_AS_CUDA = (
-    "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures), dispatching as CUDA "
+    "ran on {tensors} (on every machine, so a GPU node gives the same figures), dispatching as CUDA "
     "would: attention by torch's CUDA backend rules, cuBLAS workspaces by its handle rules; CPU autocast "
     "stands in for CUDA's"
 )
+FAKE_TENSORS = "fake CPU tensors"
+REAL_TENSORS = "real CPU tensors (fake=False: the memory was allocated)"
 
 
 def run_device(device: str, fake: bool, target: CudaTarget | None = None) -> tuple[str, list[str]]:
@@ -82,7 +85,8 @@ def run_device(device: str, fake: bool, target: CudaTarget | None = None) -> tup
     the notes that say so; a CUDA ``target`` is named first and modelled by CUDA's dispatch rules
     and the caching allocator's replay."""
     if target is not None:
-        return strategies.RUN_DEVICE, [f"target: {target.describe()}", ON_CPU_AS_CUDA]
+        tensors = FAKE_TENSORS if fake else REAL_TENSORS
+        return strategies.RUN_DEVICE, [f"target: {target.describe()}", ON_CPU_AS_CUDA.format(tensors=tensors)]
     if device == "cpu" or not fake:
         return strategies.RUN_DEVICE, []
     return strategies.RUN_DEVICE, [ON_CPU]
@@ -178,9 +182,9 @@ def estimate(
             else:
                 tracker.track_external(*[t for t in _tensors(fake_batch)])
             if strategy == "ddp":  # allocated when DDP wraps the model, held for the run
-                for i, n in enumerate(strategies.ddp_buckets(model)):
+                for n in strategies.ddp_buckets(model):
                     led.move("ddp_buckets", n)
-                    led.allocator.alloc(-1 - i, n)
+                    led.allocator.alloc(led.no_tensor_key(), n)
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}

@@ -58,11 +58,19 @@ class Ledger:
         self.peak_phase = "setup"
         self.allocator = allocator if allocator is not None else AllocatorReplay()
         self._keys = itertools.count(1)
+        self._no_tensor_keys = itertools.count(-1, -1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
         self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
         self.held = 0  # bytes of workspaces in ``total`` (not tensors)
         self.peak_held = 0
         self.holds: list[tuple[str, int]] = []
+
+    def no_tensor_key(self) -> int:
+        """A fresh allocator key for memory no tensor stands for (buckets, workspaces, scratch).
+
+        Tensor keys count up from 1, these down from -1, so the two never meet.
+        """
+        return next(self._no_tensor_keys)
 
     def key_of(self, winfo: Any) -> int:
         key = getattr(winfo, "_memprofiler_key", None)
@@ -193,7 +201,7 @@ def _make(base: type[MemTracker]) -> Any:
         def transient(self, name: str, nbytes: int) -> None:
             """Scratch a kernel allocates through the caching allocator and frees before returning."""
             led = self.ledger
-            key = -2_000_000
+            key = led.no_tensor_key()
             cat = f"{name}_scratch"
             led.move(cat, nbytes)
             led.held += nbytes
@@ -209,7 +217,7 @@ def _make(base: type[MemTracker]) -> Any:
             cat = name.split(" ", 1)[0] + "_workspaces"
             led.move(cat, nbytes)
             led.held += nbytes
-            led.allocator.alloc(-1_000_000 - len(led.holds), nbytes)
+            led.allocator.alloc(led.no_tensor_key(), nbytes)
             led.holds.append((name, nbytes))
             self._note_peak()
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from memprofiler import MemProfiler, layout
 from memprofiler.__main__ import main
-from memprofiler.analysis.run_evidence import FIX, SKEW_S, trace_evidence
+from memprofiler.analysis.run_evidence import FIX, PEEK_BYTES, SKEW_S, trace_evidence
 from memprofiler.core.summary import write_summary
 from memprofiler.output.run_dir import RunManifest, write_manifest
 from memprofiler.output.stats_file import StatsFile
@@ -91,7 +91,7 @@ def test_rank_files_without_an_id_merge_with_one_warning_when_nothing_disproves_
     assert code == 0
     out, err = capsys.readouterr()
     assert err.splitlines() == [
-        f"memprofiler report: warning: {str(nodes[1] / 'memory_trace_rank_1.json')!r} is rank 1's but "
+        f"memprofiler report: warning: {str(nodes[1] / 'rank_1_memory_stats.yaml')!r} is rank 1's but "
         f"{str(nodes[0] / layout.RUN_MANIFEST)!r} says world size 1 (as a run without a process group "
         f"writes): perhaps two runs; merged anyway; if so, {FIX}"
     ]
@@ -178,7 +178,7 @@ def test_a_rank_beyond_the_runs_world_size_is_refused(tmp_path, capsys):
     err = _stderr_lines(capsys)
     manifest = tmp_path / "node0" / layout.RUN_MANIFEST
     assert err == [
-        f"memprofiler report: error: {str(tmp_path / 'node1' / 'memory_trace_rank_3.json')!r} is rank 3's but "
+        f"memprofiler report: error: {str(stats)!r} is rank 3's but "
         f"{str(manifest)!r} says the run had 2 ranks (0..1): two runs' files would be merged as one; {FIX}"
     ]
     assert stats.exists()
@@ -231,7 +231,7 @@ def test_files_with_nothing_to_check_against_merge_with_one_warning(tmp_path, ca
     dirs = [str(tmp_path / f"node{i}") for i in range(3)]
     # WHEN report merges them THEN it goes on, and one line says rank 2 could not be checked
     assert main(["report", *dirs, "--no-html"]) == 0
-    stats = tmp_path / "node2" / "memory_trace_rank_2.json"
+    stats = tmp_path / "node2" / "rank_2_memory_stats.yaml"
     assert _stderr_lines(capsys) == [
         f"memprofiler report: warning: {str(stats)!r} carries no run id and nothing to check it against "
         "(no world size, cross-rank summary or run times beside it): merged as one run on trust; make sure "
@@ -252,3 +252,40 @@ def test_traces_without_a_manifest_an_hour_apart_only_warn(nodes, tmp_path, caps
     assert "though one run's ranks run together: perhaps two runs; merged anyway" in captured.err
     assert json.loads((tmp_path / "m.json").read_text())["otherData"]["memprofiler_ranks"] == [0, 1]
     assert SKEW_S < 3600
+
+
+def test_a_long_trace_is_read_from_its_two_ends_only(tmp_path):
+    # GIVEN a real rank's trace of 400 calls, several times longer than what is read of each end
+    model = nn.Linear(8, 4)
+    config = {"schedule": {"wait": 0, "warmup": 0, "active": 400}, "collect_funcs": {"default": ["step"]}}
+    with MemProfiler(config, save_dir=tmp_path, rank=1) as prof:
+        for _ in range(400):
+            with prof.profile("step", module=model):
+                model(torch.randn(2, 8)).sum()
+    trace = tmp_path / layout.MEMORY_TRACE_JSON.format(rank=1)
+    assert trace.stat().st_size > 3 * PEEK_BYTES
+    # THEN its first and last times are those of the whole file, to the microsecond
+    data = json.loads(trace.read_text())
+    base = data["baseTimeNanoseconds"] / 1e9
+    events = [e for e in data["traceEvents"] if "ts" in e]
+    evidence = trace_evidence(trace, 1)
+    assert evidence.start == pytest.approx(base + min(e["ts"] for e in events) / 1e6, abs=1e-6)
+    assert evidence.end == pytest.approx(
+        base + max(e["ts"] + e.get("dur", 0) for e in events) / 1e6, abs=1e-6
+    )
+
+
+def test_when_every_rank_file_carries_an_id_no_trace_is_read(tmp_path, monkeypatch):
+    # GIVEN two nodes of one run, every file with its id
+    from memprofiler.analysis import run_evidence
+
+    _rank0_node(tmp_path / "node0", 2)
+    _hand_rank(tmp_path / "node1", 1, "aaa111", 1000, world_size=2)
+
+    def never(path: Path, rank: int) -> None:
+        raise AssertionError(f"{path} was read")
+
+    monkeypatch.setattr(run_evidence, "trace_evidence", never)
+    # WHEN judged THEN the ids decide: nothing else is read, nothing is said
+    dirs = [run_evidence.gather(tmp_path / f"node{i}") for i in range(2)]
+    assert run_evidence.check_merge(dirs) == []

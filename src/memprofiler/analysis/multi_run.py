@@ -72,7 +72,7 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
             "not one run's nodes; pass the directories of one run"
         )
     merged.summary = summaries[0][1] if summaries else None
-    merged.merge_warnings = check_merge([gather(name, run.root) for name, run in runs])
+    merged.merge_warnings = check_merge([gather(run.root, run.summary) for _, run in runs])
     # rank 0's node holds the manifest (run id, status, the notes a report prints)
     merged.manifest = next((run.manifest for _, run in runs if run.manifest is not None), None)
     for _, run in runs:

@@ -65,43 +65,42 @@ class FileEvidence:
 
 @dataclass
 class DirEvidence:
-    """The evidence of one run directory (one node's), read without loading its files."""
+    """One run directory's (one node's) files that carry evidence, found by name, not yet read."""
 
-    name: str
-    files: list[FileEvidence] = field(default_factory=list)
-    summary: tuple[str, Mapping[str, Any]] | None = None
+    manifest: Path | None = None
+    summary: Path | None = None
+    summary_doc: Mapping[str, Any] | None = None
+    """The summary as already loaded (``report`` has read it), else read when needed."""
     stats: dict[int, Path] = field(default_factory=dict)
-    """rank -> stats YAML, for the summary check (its first block only)."""
+    """rank -> stats YAML: its run id (second line) and first block (the summary check)."""
+    pickles: dict[int, Path] = field(default_factory=dict)
+    """rank -> stats pickle without a YAML beside it (no run id: written before ids existed)."""
+    traces: dict[int, Path] = field(default_factory=dict)
 
 
-def gather(name: str, root: Path) -> DirEvidence:
-    """The evidence in ``root`` itself (one run's directory; not its subdirectories).
+def gather(root: Path, summary: Mapping[str, Any] | None = None) -> DirEvidence:
+    """The evidence files in ``root`` itself (one run's directory; not its subdirectories).
 
-    Raises:
-        ArtifactError: the manifest or the summary is unreadable (as ``report`` says it).
+    Args:
+        summary: ``root``'s cross-rank summary when the caller has loaded it already.
     """
-    found = DirEvidence(name)
+    found = DirEvidence(summary_doc=summary)
     for path in sorted(root.iterdir()) if root.is_dir() else []:
         parsed = parse_name(path.name)
         if parsed is None or not path.is_file():
             continue
         kind, fields = parsed
+        rank = int(fields["rank"]) if "rank" in fields else -1
         if kind == "manifest":
-            found.files.append(_manifest(path))
+            found.manifest = path
         elif kind == "summary":
-            doc = read_yaml(path, [])
-            if isinstance(doc, Mapping):
-                found.summary = (str(path), doc)
-                size = doc.get("world_size")
-                found.files.append(FileEvidence(str(path), None, None, size if _count(size) else None))
+            found.summary = path
         elif kind == "stats_yaml":
-            rank = int(fields["rank"])
             found.stats[rank] = path
-            found.files.append(FileEvidence(str(path), rank, stats_run_id(path)))
         elif kind == "stats_pickle" and not path.with_suffix(".yaml").is_file():
-            found.files.append(FileEvidence(str(path), int(fields["rank"]), None))
+            found.pickles[rank] = path
         elif kind == "trace":
-            found.files.append(trace_evidence(path, int(fields["rank"])))
+            found.traces[rank] = path
     return found
 
 
@@ -122,7 +121,7 @@ def trace_evidence(path: Path, rank: int) -> FileEvidence:
     base_match = _BASE.search(head)
     base_s = int(base_match.group(1)) / 1e9 if base_match else 0.0
     if len(head) < size:  # a number cut at the end of the head would read smaller
-        head = head[: head.rfind(b",")]
+        head = head[: max(0, head.rfind(b","))]
     first = [_num(m.group(1)) for m in _TS.finditer(head)]
     last = [_num(m.group(1)) + (_num(m.group(2)) if m.group(2) else 0.0) for m in _TS.finditer(tail)]
     starts, ends = [v for v in first if math.isfinite(v)], [v for v in last if math.isfinite(v)]
@@ -139,7 +138,8 @@ def trace_evidence(path: Path, rank: int) -> FileEvidence:
 def check_merge(dirs: Sequence[DirEvidence]) -> list[str]:
     """Refuse directories that are certainly two runs; the warnings where it is only likely.
 
-    Only rank files without a run id are judged (ids decide the others: :mod:`run_ids`).
+    Only rank files without a run id are judged (ids decide the others: :mod:`run_ids`). When
+    every rank file carries one, only their stats files' first line is read.
 
     Returns:
         One line per warning (none when every rank file carries an id or every check passed).
@@ -147,10 +147,14 @@ def check_merge(dirs: Sequence[DirEvidence]) -> list[str]:
     Raises:
         ArtifactError: one line naming a file of each run, why, and the fix.
     """
-    files = [e for d in dirs for e in d.files]
-    undecided = [e for e in files if e.rank is not None and e.run_id is None]
-    if not undecided:
+    stats = [FileEvidence(str(p), r, stats_run_id(p)) for d in dirs for r, p in d.stats.items()]
+    traces = [trace_evidence(p, r) for d in dirs for r, p in d.traces.items() if r not in d.stats]
+    pickles = [FileEvidence(str(p), r, None) for d in dirs for r, p in d.pickles.items()]
+    if all(e.run_id is not None for e in [*stats, *traces, *pickles]):
         return []
+    traces = [trace_evidence(p, r) for d in dirs for r, p in d.traces.items()]  # their times too
+    files = [*_run_files(dirs), *stats, *pickles, *traces]
+    undecided = [e for e in files if e.rank is not None and e.run_id is None]
     warnings: list[str] = []
     checked: set[str] = set()  # files a check passed, or that a warning line already names
     world = _world_size(files, warnings)
@@ -167,6 +171,24 @@ def check_merge(dirs: Sequence[DirEvidence]) -> list[str]:
             "make sure the directories are of one run"
         )
     return warnings
+
+
+def _run_files(dirs: Sequence[DirEvidence]) -> list[FileEvidence]:
+    """The manifests' and the summaries' evidence (``rank`` ``None``)."""
+    out = [_manifest(d.manifest) for d in dirs if d.manifest is not None]
+    for d in dirs:
+        doc = _summary(d)
+        if d.summary is not None and doc is not None:
+            size = doc.get("world_size")
+            out.append(FileEvidence(str(d.summary), None, None, size if _count(size) else None))
+    return out
+
+
+def _summary(d: DirEvidence) -> Mapping[str, Any] | None:
+    if d.summary_doc is None and d.summary is not None:
+        doc = read_yaml(d.summary, [])
+        d.summary_doc = doc if isinstance(doc, Mapping) else {}
+    return d.summary_doc
 
 
 # ---------------------------------------------------------------------------- the checks
@@ -218,10 +240,11 @@ def _against_summary(
     dirs: Sequence[DirEvidence], undecided: Sequence[FileEvidence], checked: set[str], warnings: list[str]
 ) -> None:
     """Each undecided stats file's first block within the summary's range of its rank's figures."""
-    summaries = [d.summary for d in dirs if d.summary is not None]
-    if not summaries:
+    summaries = [(str(d.summary), _summary(d)) for d in dirs if d.summary is not None]
+    if not summaries or summaries[0][1] is None:
         return
     where, doc = summaries[0]
+    assert doc is not None
     ranks = doc.get("ranks")
     snapshots = doc.get("snapshots")
     if not isinstance(ranks, list) or not isinstance(snapshots, Mapping):

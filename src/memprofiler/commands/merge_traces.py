@@ -65,7 +65,7 @@ class MergeTracesCommand:
             merged = merge_rank_traces(traces, profiler, steps)
             # files of several directories without a run id: what else they carry decides
             nodes = sorted({p.parent for p in traces.values()})
-            doubts = check_merge([gather(str(n), n) for n in nodes]) if len(nodes) > 1 else []
+            doubts = check_merge([gather(n) for n in nodes]) if len(nodes) > 1 else []
         for line in doubts:
             print(f"memprofiler {self.name}: warning: {as_given(line)}", file=sys.stderr)
         first = args.dir[0]

@@ -289,3 +289,17 @@ def test_when_every_rank_file_carries_an_id_no_trace_is_read(tmp_path, monkeypat
     # WHEN judged THEN the ids decide: nothing else is read, nothing is said
     dirs = [run_evidence.gather(tmp_path / f"node{i}") for i in range(2)]
     assert run_evidence.check_merge(dirs) == []
+
+
+def test_several_ranks_against_a_world_size_of_one_get_one_line(nodes, capsys):
+    # GIVEN a third node: real rank 2, also without a process group (so without the id)
+    node2 = nodes[0].parent / "node2"
+    _real_rank(node2, 2)
+    # WHEN report merges the three THEN one warning line counts the other rank
+    assert main(["report", *map(str, nodes), str(node2), "--no-html"]) == 0
+    err = _stderr_lines(capsys)
+    assert len(err) == 1
+    assert err[0].startswith(
+        f"memprofiler report: warning: {str(nodes[1] / 'rank_1_memory_stats.yaml')!r} (and 1 more rank(s)) is "
+        "rank 1's but "
+    )

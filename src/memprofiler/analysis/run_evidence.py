@@ -217,23 +217,22 @@ def _ranks_in_world(
     if world is None:
         return
     where, size = world
-    for e in undecided:
-        assert e.rank is not None
-        if e.rank < size:
-            if size > 1:
-                checked.add(e.file)
-            continue
-        if size > 1:
+    beyond = [e for e in undecided if e.rank is not None and e.rank >= size]
+    if size > 1:
+        checked.update(e.file for e in undecided if e not in beyond)
+        for e in beyond:
             raise ArtifactError(
                 f"{e.file!r} is rank {e.rank}'s but {where!r} says the run had {size} ranks "
                 f"(0..{size - 1}): two runs' files would be merged as one; {FIX}"
             )
-        checked.add(e.file)
+    elif beyond:
+        checked.update(e.file for e in beyond)
+        ranks = sorted({e.rank for e in beyond if e.rank is not None})
+        more = f" (and {len(ranks) - 1} more rank(s))" if len(ranks) > 1 else ""
         warnings.append(
-            f"{e.file!r} is rank {e.rank}'s but {where!r} says world size 1 (as a run without a "
-            f"process group writes): perhaps two runs; merged anyway; if so, {FIX}"
+            f"{beyond[0].file!r}{more} is rank {beyond[0].rank}'s but {where!r} says world size 1 (as a "
+            f"run without a process group writes): perhaps two runs; merged anyway; if so, {FIX}"
         )
-        return
 
 
 def _against_summary(

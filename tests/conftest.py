@@ -12,6 +12,7 @@ import yaml
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from _cuda_gate import skip_cuda_tests
 from memprofiler import memprofilable
 
 B, D, H, O = 8, 32, 64, 4
@@ -97,14 +98,7 @@ def load_stats(save_dir: Path, rank: int = 0) -> dict[str, dict[str, Any]]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The one CUDA gate: tests marked ``cuda`` run where a GPU is, and skip with a reason elsewhere."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(
-        reason="needs a CUDA device (`cuda` marker: run `pytest -m cuda` on a GPU machine)"
-    )
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
+    skip_cuda_tests(items, torch.cuda.is_available())
 
 
 @pytest.fixture

@@ -169,6 +169,10 @@ class RunArtifacts:
     stats_files: dict[int, Path] = field(default_factory=dict)
     """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
     reads it a block at a time."""
+    merge_warnings: list[str] = field(default_factory=list)
+    """Directories merged as one run (:func:`multi_run.merge_runs`) whose rank files without a
+    run id only probably belong together, or could not be checked: one line each, for the
+    command to print (:mod:`run_evidence`)."""
 
     @property
     def ranks(self) -> list[int]:
@@ -273,21 +277,22 @@ def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
     for path, files in by_dir.items():
         manifest_path = path / layout.RUN_MANIFEST
         manifest = _mapping(read_yaml(manifest_path), manifest_path) if manifest_path in files else None
-        started = _posix_time((manifest or {}).get("started"))
+        started = posix_time((manifest or {}).get("started"))
         if started is None:
             started = max(f.stat().st_mtime for f in files)
         runs.append(RunDir(path, [f for f in files if f != manifest_path], manifest, started))
     return sorted(runs, key=lambda r: (r.started, str(r.path)))
 
 
-def _posix_time(v: Any) -> float | None:
+def posix_time(v: Any) -> float | None:
+    """A manifest's time (an ISO string, or the datetime YAML reads it as) in POSIX seconds, or ``None``."""
     if isinstance(v, dt.datetime):  # YAML reads an unquoted ISO timestamp as a datetime
         return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).timestamp()
     if is_number(v):
         return float(v)
     if isinstance(v, str):
         try:
-            return _posix_time(dt.datetime.fromisoformat(v.replace("Z", "+00:00")))
+            return posix_time(dt.datetime.fromisoformat(v.replace("Z", "+00:00")))
         except ValueError:
             return None
     return None

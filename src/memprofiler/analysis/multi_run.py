@@ -3,7 +3,8 @@
 On a multi-node job whose ``save_dir`` is on each node's own disk, every node holds its own
 ranks' files, and rank 0's node the manifest and the cross-rank summary. Merging the
 directories gives the run as one shared directory would have held it; a rank found twice
-means two runs (or one directory given twice) and is refused.
+means two runs (or one directory given twice) and is refused. Rank files without a run id are
+judged by what else they carry (:mod:`memprofiler.analysis.run_evidence`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from memprofiler.analysis.artifacts import RunArtifacts
+from memprofiler.analysis.run_evidence import check_merge, gather
 from memprofiler.analysis.run_ids import check_one_run
 from memprofiler.errors import ArtifactError
 
@@ -47,8 +49,13 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
     The summary and the manifest come from the directory holding them (rank 0's node); the
     report's root is the first directory's.
 
+    Rank files without a run id that only probably belong with the others (or that nothing
+    could be checked against) are merged, with a line each in ``merge_warnings``.
+
     Raises:
-        ArtifactError: a rank has stats in two directories, or two directories hold a summary.
+        ArtifactError: a rank has stats in two directories, two directories hold a summary, or
+            the files' world sizes, ranks, figures or times prove two runs (one line naming a
+            file of each, why, and the fix).
     """
     if len(runs) == 1:
         return runs[0][1]
@@ -65,6 +72,7 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
             "not one run's nodes; pass the directories of one run"
         )
     merged.summary = summaries[0][1] if summaries else None
+    merged.merge_warnings = check_merge([gather(run.root, run.summary) for _, run in runs])
     # rank 0's node holds the manifest (run id, status, the notes a report prints)
     merged.manifest = next((run.manifest for _, run in runs if run.manifest is not None), None)
     for _, run in runs:

@@ -82,15 +82,24 @@ def refuse_cuts(run: RunArtifacts) -> None:
 
 
 def load_many(command: str, run_dirs: Sequence[str], streamed: bool = False) -> RunArtifacts:
-    """:func:`load` each directory (one per node) and merge their ranks.
+    """:func:`load` each directory (one per node) and merge their ranks; a warning line on
+    stderr for each doubt about files without a run id.
 
     Raises:
-        ArtifactError: as :func:`load`, or a rank found in two directories (one line naming both).
+        ArtifactError: as :func:`load`, a rank found in two directories (one line naming both),
+            or files that prove two runs (:func:`memprofiler.analysis.multi_run.merge_runs`).
     """
+    from memprofiler.analysis.fs import as_given, named_as_given
     from memprofiler.analysis.multi_run import merge_runs
 
     runs = [(d, load(command, d, streamed=streamed)) for d in run_dirs]
-    return runs[0][1] if len(runs) == 1 else merge_runs(runs)
+    if len(runs) == 1:
+        return runs[0][1]
+    with named_as_given():
+        run = merge_runs(runs)
+    for line in run.merge_warnings:
+        print(f"memprofiler {command}: warning: {as_given(line)}", file=sys.stderr)
+    return run
 
 
 def warn_cuts(command: str, cuts: Sequence[Cut]) -> None:

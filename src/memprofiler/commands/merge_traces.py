@@ -5,10 +5,12 @@ A DIR may be a URL (``s3://...``); several (one per node) are merged by rank."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from memprofiler.analysis.fs import is_url, localize, named_as_given
+from memprofiler.analysis.fs import as_given, is_url, localize, named_as_given
 from memprofiler.analysis.multi_run import merge_rank_maps
+from memprofiler.analysis.run_evidence import check_merge, gather
 from memprofiler.analysis.trace_merge import (
     find_profiler_traces,
     find_rank_traces,
@@ -61,6 +63,11 @@ class MergeTracesCommand:
             )
             steps = merge_rank_maps([(d, find_step_timelines(path)) for d, path in local])
             merged = merge_rank_traces(traces, profiler, steps)
+            # files of several directories without a run id: what else they carry decides
+            nodes = sorted({p.parent for p in traces.values()})
+            doubts = check_merge([gather(n) for n in nodes]) if len(nodes) > 1 else []
+        for line in doubts:
+            print(f"memprofiler {self.name}: warning: {as_given(line)}", file=sys.stderr)
         first = args.dir[0]
         default_dir = Path(".") if any(is_url(d) for d in args.dir) else Path(first)
         output = args.output if args.output is not None else default_dir / DEFAULT_OUTPUT

@@ -114,7 +114,7 @@ class RunFiles:
         run_id = run_setup.share_run_id(self.rank, self.manifest) or None
         self.stats = StatsFile(self.save_dir / layout.MEMORY_STATS_YAML.format(rank=self.rank), run_id)
         if self.config.dump_memory_trace:
-            self.timeline = MemoryTimeline(self.rank, run_id)
+            self.timeline = MemoryTimeline(self.rank, run_id, run_setup.group_size())
 
     # ------------------------------------------------------------------ bookkeeping
     def record(self, key: str, metrics: dict[str, Any]) -> None:

@@ -39,9 +39,14 @@ def _store() -> object | None:
 
 
 def world_size() -> int:
+    return group_size() or 1
+
+
+def group_size() -> int | None:
+    """The default process group's size; ``None`` without one (where :func:`world_size` says 1)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_world_size())
-    return 1
+    return None
 
 
 def _agree(name: str, rank: int, on_rank0: Callable[[], str]) -> str | None:

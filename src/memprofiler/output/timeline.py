@@ -134,10 +134,13 @@ class MemoryTimeline:
         >>> timeline.dump(save_dir)  # memory_trace_rank_0.json
     """
 
-    def __init__(self, rank: int = 0, run_id: str | None = None) -> None:
+    def __init__(self, rank: int = 0, run_id: str | None = None, world_size: int | None = None) -> None:
         self.rank = rank
         #: The run's id, kept in ``otherData`` so ``merge-traces`` can tell two runs apart.
         self.run_id = run_id
+        #: The process group's size (``None`` without one), kept beside it: it still tells two
+        #: runs apart when this rank never learned the id.
+        self.world_size = world_size
         self._marks: list[_Mark] = []
         # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
         self._rendered: list[str] = []
@@ -353,6 +356,8 @@ class MemoryTimeline:
         other: dict[str, Any] = {"memprofiler_rank": self.rank, "os_pid": os.getpid()}
         if self.run_id:
             other[layout.TRACE_RUN_ID_KEY] = self.run_id
+        if self.world_size is not None:
+            other[layout.TRACE_WORLD_SIZE_KEY] = self.world_size
         return other
 
     def _tail(self) -> str:

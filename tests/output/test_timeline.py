@@ -227,25 +227,30 @@ def test_incremental_json_equals_the_full_trace_as_marks_arrive():
 
 
 def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
-    # GIVEN a timeline whose rendering is interrupted once by another rendering, as a SIGTERM
-    # handler's dump interrupts a window-close dump
+    # GIVEN a timeline rendered once (call 1), whose next rendering (call 2) is interrupted by
+    # another rendering, as a SIGTERM handler's dump interrupts a window-close dump
     class Interrupted(MemoryTimeline):
-        fired = False
+        armed = False
 
-        def _mark_events(self, *args: Any) -> list[dict[str, Any]]:
-            if not self.fired:
-                self.fired = True
+        def _events_json(self, *args: Any) -> str:
+            if self.armed:
+                self.armed = False
                 self.to_json()
-            return super()._mark_events(*args)
+            return super()._events_json(*args)
 
     timeline = Interrupted(rank=0)
     for call, phase, t_ms in [(1, "start", 1), (1, "end", 2)]:
         timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 10**6, {"rss": 100}))
+    timeline.to_json()
+    for call, phase, t_ms in [(2, "start", 3), (2, "end", 4)]:
+        timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 10**6, {"rss": 200}))
+    timeline.armed = True
     # WHEN it renders, then renders again
     timeline.to_json()
+    assert not timeline.armed  # (the interruption happened)
     # THEN each event appears once
     events = json.loads(timeline.to_json())["traceEvents"]
-    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"]
+    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"] * 2
     assert timeline.to_json() == _reference_text(timeline) == json.dumps(timeline.to_trace())
 
 

@@ -164,3 +164,13 @@ def test_a_folder_of_traces_alone_is_reported_as_traces(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no memprofiler run files, only profiler traces: showing their views" in out
     assert "--traces" in out and "aten::mm" in out
+
+
+def test_traces_beside_a_broken_memprofiler_file_are_no_traces_only_folder(tmp_path, capsys):
+    # GIVEN a folder of traces that also holds an empty stats file (a run's, cut)
+    _profiler_trace(tmp_path / "t" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    (tmp_path / "t" / "rank_0_memory_stats.yaml").write_text("")
+    # WHEN reported, THEN the broken file is the one-line error, not a traces-only report
+    assert main(["report", str(tmp_path / "t"), "--no-html"]) == 2
+    captured = capsys.readouterr()
+    assert "rank_0_memory_stats.yaml" in captured.err and "only profiler traces" not in captured.out

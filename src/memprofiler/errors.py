@@ -1,4 +1,5 @@
-"""The two error types memprofiler raises for a user's mistakes.
+"""The two error types memprofiler raises for a user's mistakes (and the one case of them a
+command tells apart).
 
 Everything else that goes wrong inside the profiler during training is a warning, never an
 exception: a profiler fault must not kill a training run.
@@ -37,6 +38,11 @@ class ConfigError(MemProfilerError, ValueError):
 
 class ArtifactError(MemProfilerError):
     """A file we were asked to read is missing, truncated, foreign or unsafe."""
+
+
+class NoRunFilesError(ArtifactError):
+    """A directory holds none of the files memprofiler writes: a command that can read
+    something else there (``report``: profiler traces alone) tells this case by its type."""
 
 
 class MemProfilerWarning(UserWarning):

@@ -107,3 +107,21 @@ def test_merged_node_directories_keep_the_manifest_notes_and_every_rank():
     # THEN the notes a report prints survive, and both ranks are there
     assert merged.notes == ["`g` was never called"]
     assert merged.ranks == [0, 1] and merged.stats_files == {1: Path("n1/rank_1_memory_stats.yaml")}
+
+
+def test_a_folder_without_memprofiler_files_is_its_own_kind_of_error_even_named_by_url(tmp_path, monkeypatch):
+    from memprofiler.analysis import fs
+    from memprofiler.errors import NoRunFilesError
+
+    # GIVEN an empty folder, once read as itself and once as the local copy of a URL
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    with pytest.raises(NoRunFilesError, match="no memprofiler files found"):
+        find_runs(copy)
+    monkeypatch.setitem(fs._copies, "s3://bucket/run", copy)
+    # THEN the message names the URL and the error keeps its kind
+    with (
+        pytest.raises(NoRunFilesError, match=r"^s3://bucket/run: no memprofiler files found"),
+        fs.named_as_given(),
+    ):
+        find_runs(copy)

@@ -164,3 +164,40 @@ def test_a_folder_of_traces_alone_is_reported_as_traces(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "no memprofiler run files, only profiler traces: showing their views" in out
     assert "--traces" in out and "aten::mm" in out
+
+
+def test_a_folder_of_traces_alone_is_told_by_the_errors_kind_not_its_wording(tmp_path, capsys, monkeypatch):
+    from memprofiler.analysis import artifacts
+    from memprofiler.errors import ArtifactError
+
+    # GIVEN the message for a folder without memprofiler files reworded
+    find_runs = artifacts.find_runs
+
+    def reworded(root: object) -> object:
+        try:
+            return find_runs(root)  # type: ignore[arg-type]
+        except ArtifactError as err:
+            err.args = (str(err).replace("no memprofiler files found", "holds none of memprofiler's files"),)
+            raise
+
+    monkeypatch.setattr(artifacts, "find_runs", reworded)
+    _profiler_trace(tmp_path / "t" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    # WHEN a folder of traces alone is reported
+    rc = main(["report", str(tmp_path / "t"), "--no-html"])
+    # THEN it is still shown as traces
+    out = capsys.readouterr().out
+    assert rc == 0 and "no memprofiler run files, only profiler traces: showing their views" in out
+    # AND a folder without memprofiler files or traces is refused in the new words
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--no-html"]) == 2
+    assert "holds none of memprofiler's files" in capsys.readouterr().err
+
+
+def test_traces_beside_a_broken_memprofiler_file_are_no_traces_only_folder(tmp_path, capsys):
+    # GIVEN a folder of traces that also holds an empty stats file (a run's, cut)
+    _profiler_trace(tmp_path / "t" / "fit_rank_0.1.pt.trace.json", "aaa111")
+    (tmp_path / "t" / "rank_0_memory_stats.yaml").write_text("")
+    # WHEN reported, THEN the broken file is the one-line error, not a traces-only report
+    assert main(["report", str(tmp_path / "t"), "--no-html"]) == 2
+    captured = capsys.readouterr()
+    assert "rank_0_memory_stats.yaml" in captured.err and "only profiler traces" not in captured.out

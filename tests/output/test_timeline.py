@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,47 @@ def _event(rank: int, fn: str, call: int, phase: Any, t_ns: int, metrics: dict[s
     return SnapshotEvent(f"{rank}.{fn}.{call}.{phase}", rank, fn, call, phase, t_ns, metrics)
 
 
+def _reference_events(
+    timeline: MemoryTimeline, pid: int | str, base_ns: int = 0, lo: int = -1, hi: int = 1 << 62
+) -> list[dict[str, Any]]:
+    """The oracle: ``timeline``'s events built plainly as dicts from its marks (a counter per
+    value; a span from each end back to its call's start), for the rendered text to equal."""
+    out: list[dict[str, Any]] = []
+    starts: dict[tuple[str, int], Any] = {}
+    for m in timeline._marks:
+        if not lo <= m.t_ns <= hi:
+            continue
+        ts = (m.t_ns - base_ns) / 1000.0
+        for track, value in m.values.items():
+            c = {"ph": "C", "cat": "memprofiler", "name": track, "pid": pid, "tid": 0, "ts": ts}
+            out.append({**c, "args": {"bytes": value}})
+        if m.phase == "start":
+            starts[(m.fn, m.call)] = m
+        elif m.phase == "end" and (m.fn, m.call) in starts:
+            begin = starts.pop((m.fn, m.call))
+            x = {"ph": "X", "cat": "memprofiler", "name": f"{m.fn}.{m.call}", "pid": pid, "tid": 0}
+            x |= {"ts": (begin.t_ns - base_ns) / 1000.0, "dur": (m.t_ns - begin.t_ns) / 1000.0}
+            out.append({**x, "args": {"rank": timeline.rank, "fn": m.fn, "call": m.call, **m.values}})
+    return out
+
+
+def _reference_text(timeline: MemoryTimeline) -> str:
+    """The standalone file's text as ``json.dumps`` writes the oracle's trace."""
+    base = timeline._base_ns()
+    rank = timeline.rank
+    other: dict[str, Any] = {"memprofiler_rank": rank, "os_pid": os.getpid()}
+    if timeline.run_id:
+        other["memprofiler_run_id"] = timeline.run_id
+    trace = {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": base,
+        "traceEvents": timeline.metadata(rank, f"rank {rank}") + _reference_events(timeline, rank, base),
+        "otherData": other,
+    }
+    return json.dumps(trace)
+
+
 def test_merge_keeps_only_snapshots_inside_the_trace_span():
     # GIVEN snapshots at t = 1 ms, 2 ms (call 1) and 10 ms, 11 ms (call 2)
     timeline = MemoryTimeline(rank=0)
@@ -178,33 +220,38 @@ def test_incremental_json_equals_the_full_trace_as_marks_arrive():
             _event(3, fn, call, phase, t_ns, {"rss": t_ms * 100, "saved_tensors.unique_bytes": t_ms})
         )
         # THEN each rendering is exactly the text of the trace built from scratch
-        assert timeline.to_json() == json.dumps(timeline.to_trace())
+        assert timeline.to_json() == _reference_text(timeline) == json.dumps(timeline.to_trace())
     # AND the spans pair each end with its own start
     spans = {e["name"]: e["dur"] for e in timeline.to_trace()["traceEvents"] if e["ph"] == "X"}
     assert spans == {"f.1": 2000.0, "g.1": 3000.0}
 
 
 def test_a_dump_that_interrupts_a_render_leaves_no_duplicate_events():
-    # GIVEN a timeline whose rendering is interrupted once by another rendering, as a SIGTERM
-    # handler's dump interrupts a window-close dump
+    # GIVEN a timeline rendered once (call 1), whose next rendering (call 2) is interrupted by
+    # another rendering, as a SIGTERM handler's dump interrupts a window-close dump
     class Interrupted(MemoryTimeline):
-        fired = False
+        armed = False
 
-        def _mark_events(self, *args: Any) -> list[dict[str, Any]]:
-            if not self.fired:
-                self.fired = True
+        def _events_json(self, *args: Any) -> str:
+            if self.armed:
+                self.armed = False
                 self.to_json()
-            return super()._mark_events(*args)
+            return super()._events_json(*args)
 
     timeline = Interrupted(rank=0)
     for call, phase, t_ms in [(1, "start", 1), (1, "end", 2)]:
         timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 10**6, {"rss": 100}))
+    timeline.to_json()
+    for call, phase, t_ms in [(2, "start", 3), (2, "end", 4)]:
+        timeline.on_snapshot(_event(0, "f", call, phase, t_ms * 10**6, {"rss": 200}))
+    timeline.armed = True
     # WHEN it renders, then renders again
     timeline.to_json()
+    assert not timeline.armed  # (the interruption happened)
     # THEN each event appears once
     events = json.loads(timeline.to_json())["traceEvents"]
-    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"]
-    assert timeline.to_json() == json.dumps(timeline.to_trace())
+    assert [e["ph"] for e in events if e.get("cat") == "memprofiler"] == ["C", "C", "X"] * 2
+    assert timeline.to_json() == _reference_text(timeline) == json.dumps(timeline.to_trace())
 
 
 class _Bytes(int):
@@ -235,9 +282,79 @@ def test_appended_events_are_the_text_json_dumps_writes(tmp_path):
             timeline.on_snapshot(_event(3, fn, call, phase, t_ns, values[(call + len(phase)) % len(values)]))
         timeline.dump(tmp_path)
         # THEN after every append the file is exactly the JSON of the whole trace
-        assert path.read_text() == json.dumps(timeline.to_trace())
+        assert path.read_text() == _reference_text(timeline) == json.dumps(timeline.to_trace())
     # AND it holds the spans and counters (bool and NaN never written)
     events = json.loads(path.read_text())["traceEvents"]
     assert {e["name"] for e in events if e["ph"] == "X"} >= {'say "hi".1', "é\U0001f600.step.2"}
     counters = [e["args"]["bytes"] for e in events if e["ph"] == "C"]
     assert 2**70 in counters and 7 in counters and not any(isinstance(v, bool) for v in counters)
+
+
+def test_the_trace_text_is_the_chrome_trace_format_byte_for_byte(tmp_path):
+    # GIVEN one call of rank 1 (run r1): counters at its start and end, a float among them
+    timeline = MemoryTimeline(rank=1, run_id="r1")
+    t0 = 1_700_000_000_250_000_000
+    timeline.on_snapshot(_event(1, "step", 4, "start", t0, {"rss": 10, "allocated_bytes.all.current": 2.5}))
+    timeline.on_snapshot(_event(1, "step", 4, "end", t0 + 1_500_000, {"rss": 12, "rss_peak": 20}))
+    # WHEN written whole, then a start of call 5 appended
+    first = timeline.to_json()
+    timeline.dump(tmp_path)
+    timeline.on_snapshot(_event(1, "step", 5, "start", t0 + 2_000_000, {"rss": 11}))
+    timeline.dump(tmp_path)
+    # THEN the text is exactly this (base: the first snapshot's whole second; ts, dur in us)
+    meta = (
+        '{"ph": "M", "name": "thread_name", "pid": 1, "tid": 0, "args": {"name": "memprofiler"}}, '
+        '{"ph": "M", "name": "thread_sort_index", "pid": 1, "tid": 0, "args": {"sort_index": -1}}, '
+        '{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "rank 1"}}, '
+        '{"ph": "M", "name": "process_sort_index", "pid": 1, "args": {"sort_index": 1}}'
+    )
+    call_4 = (
+        '{"ph": "C", "cat": "memprofiler", "name": "rss", "pid": 1, "tid": 0, "ts": 250000.0, "args": {"bytes": 10}}, '
+        '{"ph": "C", "cat": "memprofiler", "name": "cuda.allocated", "pid": 1, "tid": 0, "ts": 250000.0, '
+        '"args": {"bytes": 2.5}}, '
+        '{"ph": "C", "cat": "memprofiler", "name": "rss", "pid": 1, "tid": 0, "ts": 251500.0, "args": {"bytes": 12}}, '
+        '{"ph": "C", "cat": "memprofiler", "name": "rss_peak", "pid": 1, "tid": 0, "ts": 251500.0, '
+        '"args": {"bytes": 20}}, '
+        '{"ph": "X", "cat": "memprofiler", "name": "step.4", "pid": 1, "tid": 0, "ts": 250000.0, "dur": 1500.0, '
+        '"args": {"rank": 1, "fn": "step", "call": 4, "rss": 12, "rss_peak": 20}}'
+    )
+    call_5 = '{"ph": "C", "cat": "memprofiler", "name": "rss", "pid": 1, "tid": 0, "ts": 252000.0, "args": {"bytes": 11}}'
+    head = '{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000, "traceEvents": ['
+    tail = f'], "otherData": {{"memprofiler_rank": 1, "os_pid": {os.getpid()}, "memprofiler_run_id": "r1"}}}}'
+    assert first == f"{head}{meta}, {call_4}{tail}"
+    assert (tmp_path / "memory_trace_rank_1.json").read_text() == f"{head}{meta}, {call_4}, {call_5}{tail}"
+    # AND the events merged into a profiler's trace are these, under that trace's pid and base
+    merged = {"baseTimeNanoseconds": t0, "traceEvents": [{"ph": "X", "name": "op", "ts": 0.0, "dur": 1600.0}]}
+    merge_into_trace(merged, timeline, pid=77)
+    ours = json.dumps([e for e in merged["traceEvents"] if e.get("cat") == "memprofiler"])
+    moved = {'"pid": 1,': '"pid": 77,', '"ts": 250000.0': '"ts": 0.0', '"ts": 251500.0': '"ts": 1500.0'}
+    for was, now in moved.items():
+        call_4 = call_4.replace(was, now)
+    assert ours == f"[{call_4}]"
+
+
+def test_events_are_the_oracles_under_any_pid_base_and_window():
+    # GIVEN a timeline of awkward marks: escaped names, every kind of number, unpaired phases
+    timeline = MemoryTimeline(rank=3)
+    values: list[dict[str, Any]] = [
+        {"rss": 123, "rss_peak": 2**70, "allocated_bytes.all.current": 0},
+        {"rss": 1.5, "reserved_bytes.all.current": 1e-05, "saved_tensors.unique_bytes": -0.0},
+        {"rss": _Bytes(7), "rss_peak": True, "reserved_bytes.all.current": math.nan},
+        {},
+    ]
+    fns = ["training_step", 'say "hi"', "é\U0001f600.step", "a\\b"]
+    t_ns = 1_700_000_000_123_456_789
+    times = []
+    for call in range(1, 9):
+        phases = ("start", "end") if call % 3 else ("end",) if call % 2 else ("start",)
+        for phase in phases:
+            t_ns += 1_234_567 * call
+            times.append(t_ns)
+            timeline.on_snapshot(_event(3, fns[call % 4], call, phase, t_ns, values[(call + len(phase)) % 4]))
+    # WHEN its events are taken for another pid, base and window (a trace cycle's span)
+    for pid in (4242, "host 1"):
+        for base in (0, 1_700_000_000_000_000_000):
+            for lo, hi in [(-1, 1 << 62), (times[3], times[9]), (times[4] + 1, times[4] + 2)]:
+                got = timeline.events(pid, base, lo, hi)
+                # THEN they are the oracle's, to the byte (1000.0 and 1000 differ in the file)
+                assert json.dumps(got) == json.dumps(_reference_events(timeline, pid, base, lo, hi))

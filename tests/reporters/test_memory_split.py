@@ -9,7 +9,7 @@ import pytest
 
 from memprofiler.analysis.artifacts import load_run
 from memprofiler.reporters.call_table import CallRow
-from memprofiler.reporters.memory_split import CallSplit, split_call, top_with_other
+from memprofiler.reporters.memory_split import CallSplit, peak_of, split_call, top_with_other
 from memprofiler.reporters.model import build_model
 
 MIB = 1024**2
@@ -175,3 +175,41 @@ def test_a_long_run_draws_the_calls_with_the_highest_peaks():
     for g in re.findall(r'<g class="sbar".*?</g>', html):
         total = int(re.search(r'data-total="(\d+)"', g).group(1))
         assert sum(int(v) for v in re.findall(r'data-bytes="(\d+)"', g)) == total
+
+
+@pytest.mark.parametrize(
+    ("total", "cuda", "rss", "expected"),
+    [
+        (55, 58, 90, ("CUDA allocated peak", 58)),  # tracker, CUDA above its total: the CUDA peak
+        (55, 55, 90, ("tracker peak", 55)),  # CUDA equal or below: the tracker's total
+        (55, 40, None, ("tracker peak", 55)),
+        (55, None, 90, ("tracker peak", 55)),  # CPU: the tracker's total, not RSS
+        (0, 40, 90, ("CUDA allocated peak", 40)),  # a zero total is no tracker figure
+        (None, 40, 90, ("CUDA allocated peak", 40)),
+        (None, 0, 90, ("CUDA allocated peak", 0)),  # a CUDA figure of 0 is still the CUDA peak
+        (None, None, 90, ("host RSS peak", 90)),
+        (0, None, 90, ("host RSS peak", 90)),
+        (None, None, None, None),
+        (0, None, None, None),
+    ],
+)
+def test_the_bar_drawn_is_the_peak_the_top_calls_rank_by(total, cuda, rss, expected):
+    # GIVEN a call with these figures (bytes in MiB)
+    peaks = None if total is None else {"activation": total // 2, "total": total * MIB}
+    c = CallRow(
+        0,
+        "f",
+        1,
+        cuda_allocated_start=None if cuda is None else 0,
+        cuda_allocated_peak=None if cuda is None else cuda * MIB,
+        rss_start=None if rss is None else 0,
+        rss_peak=None if rss is None else rss * MIB,
+        tracker_peaks=peaks,
+    )
+    # WHEN its split is made and its peak ranked
+    s = split_call(c)
+    found = peak_of(total and total * MIB, c.cuda_allocated_peak, c.rss_peak)
+    # THEN both are the same peak: the one expected
+    want = None if expected is None else (expected[0], expected[1] * MIB)
+    assert found == want
+    assert (s and (s.peak_name, s.peak)) == want

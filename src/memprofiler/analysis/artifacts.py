@@ -25,7 +25,7 @@ from memprofiler.analysis import safe_pickle
 from memprofiler.analysis.run_ids import check_one_run, stats_run_id
 from memprofiler.analysis.stats_stream import iter_stats
 from memprofiler.analysis.yaml_read import Cut, read_yaml
-from memprofiler.errors import ArtifactError
+from memprofiler.errors import ArtifactError, NoRunFilesError
 
 #: What each template field may match in a file name.
 _FIELDS = {
@@ -255,7 +255,8 @@ def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
     report reads; runs written before the manifest existed are found by their files.
 
     Raises:
-        ArtifactError: ``root`` is missing or not a directory, or holds no run.
+        ArtifactError: ``root`` is missing or not a directory.
+        NoRunFilesError: ``root`` holds no run.
     """
     base = Path(root)
     if not base.exists():
@@ -268,7 +269,7 @@ def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
         if parsed is not None and parsed[0] in _READ and p.is_file():
             by_dir.setdefault(p.parent, []).append(p)
     if not by_dir:
-        raise ArtifactError(
+        raise NoRunFilesError(
             f"{base}: no memprofiler files found (looked for {layout.RUN_MANIFEST}, "
             f"{layout.MEMORY_STATS_YAML.format(rank='*')}, {layout.MEMORY_SUMMARY_YAML}, "
             "cuda_alloc_rank_*.pickle, oom_rank_*); did the run collect any call?"
@@ -308,7 +309,8 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
             by a block, however long the run).
 
     Raises:
-        ArtifactError: ``root`` is missing or not a directory, holds no memprofiler files,
+        ArtifactError: ``root`` is missing or not a directory, holds no memprofiler files
+            (:class:`~memprofiler.errors.NoRunFilesError`),
             or a file in it is empty, cut before its first block-end, or malformed.
 
     Example:

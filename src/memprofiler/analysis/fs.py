@@ -85,4 +85,4 @@ def named_as_given() -> Iterator[None]:
         message = as_given(str(err))
         if message == str(err):
             raise
-        raise ArtifactError(message) from None
+        raise type(err)(message) from None  # of its kind still (report tells NoRunFilesError)

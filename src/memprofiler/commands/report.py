@@ -18,7 +18,7 @@ from memprofiler.commands._shared import (
     load_many,
     warn_cuts,
 )
-from memprofiler.errors import ArtifactError
+from memprofiler.errors import ArtifactError, NoRunFilesError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -147,7 +147,7 @@ def _only_traces(run_dirs: Sequence[str], err: ArtifactError) -> bool:
     """Whether ``err`` is "no memprofiler files" for local directories that hold profiler traces."""
     from memprofiler.analysis.profiler_views import traces_in
 
-    if "no memprofiler files found" not in str(err):
+    if not isinstance(err, NoRunFilesError):
         return False
     dirs = [Path(d) for d in run_dirs]
     return all(d.is_dir() for d in dirs) and bool(traces_in(dirs))

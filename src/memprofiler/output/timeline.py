@@ -80,47 +80,6 @@ def _json_num(value: Any) -> str:
     return int.__repr__(value) if isinstance(value, int) else float.__repr__(value)
 
 
-def _events_json(marks: list[_Mark], rank: int, base: int, starts: dict[tuple[str, int], _Mark]) -> str:
-    """The events of ``marks`` (standalone file: ``pid`` = ``rank``) as ``json.dumps`` writes
-    their list, without its brackets; ``starts`` as :meth:`MemoryTimeline._mark_events` keeps it.
-
-    Written directly from the marks, without an event dict each: a flush's share of a call's
-    fixed cost. The same text as ``json.dumps`` (``tests/output/test_timeline.py``
-    compares them); a rank or call that is not a plain ``int`` goes through ``json.dumps``.
-    """
-    if type(rank) is not int:
-        timeline = MemoryTimeline(rank)
-        return json.dumps([e for m in marks for e in timeline._mark_events(m, rank, base, starts)])[1:-1]
-    pid = int.__repr__(rank)
-    head = f'"cat": {_json_str(CATEGORY)}, '
-    tail = f'"pid": {pid}, "tid": {_json_num(SPAN_TID)}, "ts": '
-    parts: list[str] = []
-    for mark in marks:
-        ts = float.__repr__((mark.t_ns - base) / 1000.0)
-        values = [(_json_str(track), _json_num(value)) for track, value in mark.values.items()]
-        for name, value in values:
-            parts.append(f'{{"ph": "C", {head}"name": {name}, {tail}{ts}, "args": {{"bytes": {value}}}}}')
-        key = (mark.fn, mark.call)
-        if mark.phase == "start":
-            starts[key] = mark
-        elif mark.phase == "end" and key in starts:
-            begin = starts.pop(key)
-            fn = _json_str(mark.fn)
-            if type(mark.call) is int:  # digits need no escaping: the name's JSON is fn's, extended
-                call = int.__repr__(mark.call)
-                span = f'{fn[:-1]}.{call}"'
-            else:
-                call, span = json.dumps(mark.call), json.dumps(f"{mark.fn}.{mark.call}")
-            extra = "".join(f", {name}: {value}" for name, value in values)
-            parts.append(
-                f'{{"ph": "X", {head}"name": {span}, {tail}'
-                f"{float.__repr__((begin.t_ns - base) / 1000.0)}, "
-                f'"dur": {float.__repr__((mark.t_ns - begin.t_ns) / 1000.0)}, '
-                f'"args": {{"rank": {pid}, "fn": {fn}, "call": {call}{extra}}}}}'
-            )
-    return ", ".join(parts)
-
-
 class MemoryTimeline:
     """Collects snapshot times and headline values; renders them as Chrome-trace events.
 
@@ -142,7 +101,8 @@ class MemoryTimeline:
         #: runs apart when this rank never learned the id.
         self.world_size = world_size
         self._marks: list[_Mark] = []
-        # to_json's cache: rendered events of the first _rendered_n marks at _rendered_base.
+        # to_json's cache: the events of the first _rendered_n marks at _rendered_base, as text
+        # (a piece per rendering that added any).
         self._rendered: list[str] = []
         self._rendered_n = 0
         self._rendered_base: int | None = None
@@ -194,47 +154,52 @@ class MemoryTimeline:
         """
         lo = start_ns if start_ns is not None else -1
         hi = end_ns if end_ns is not None else 1 << 62
-        out: list[dict[str, Any]] = []
-        starts: dict[tuple[str, int], _Mark] = {}
-        for mark in self._marks:
-            if lo <= mark.t_ns <= hi:
-                out.extend(self._mark_events(mark, pid, base_ns, starts))
-        return out
+        marks = [mark for mark in self._marks if lo <= mark.t_ns <= hi]
+        # The text the files get, read back: the events are built in one place only.
+        events: list[dict[str, Any]] = json.loads(f"[{self._events_json(marks, pid, base_ns, {})}]")
+        return events
 
-    def _mark_events(
-        self, mark: _Mark, pid: int | str, base_ns: int, starts: dict[tuple[str, int], _Mark]
-    ) -> list[dict[str, Any]]:
-        """One snapshot's counters, and its call's span when ``mark`` ends a started call."""
-        ts = (mark.t_ns - base_ns) / 1000.0
-        out: list[dict[str, Any]] = [
-            {
-                "ph": "C",
-                "cat": CATEGORY,
-                "name": track,
-                "pid": pid,
-                "tid": SPAN_TID,
-                "ts": ts,
-                "args": {"bytes": value},
-            }
-            for track, value in mark.values.items()
-        ]
-        if mark.phase == "start":
-            starts[(mark.fn, mark.call)] = mark
-        elif mark.phase == "end" and (mark.fn, mark.call) in starts:
-            begin = starts.pop((mark.fn, mark.call))
-            out.append(
-                {
-                    "ph": "X",
-                    "cat": CATEGORY,
-                    "name": f"{mark.fn}.{mark.call}",
-                    "pid": pid,
-                    "tid": SPAN_TID,
-                    "ts": (begin.t_ns - base_ns) / 1000.0,
-                    "dur": (mark.t_ns - begin.t_ns) / 1000.0,
-                    "args": {"rank": self.rank, "fn": mark.fn, "call": mark.call, **mark.values},
-                }
-            )
-        return out
+    def _events_json(
+        self, marks: list[_Mark], pid: int | str, base_ns: int, starts: dict[tuple[str, int], _Mark]
+    ) -> str:
+        """The events of ``marks`` as ``json.dumps`` writes their list, without its brackets:
+        each snapshot's counters, and its call's span when a mark ends a call started in
+        ``starts`` (updated: a start waits there for its end, in this rendering or a later one).
+
+        The one place the events are built; written straight from the marks, without an event
+        dict and an encoder pass each (a trace flush's share of a collected call's fixed
+        cost). ``tests/output/test_timeline.py`` checks the text against plain dicts.
+        """
+        pid_json = int.__repr__(pid) if type(pid) is int else json.dumps(pid)
+        rank = self.rank
+        rank_json = int.__repr__(rank) if type(rank) is int else json.dumps(rank)
+        head = f'"cat": {_json_str(CATEGORY)}, '
+        tail = f'"pid": {pid_json}, "tid": {_json_num(SPAN_TID)}, "ts": '
+        parts: list[str] = []
+        for mark in marks:
+            ts = float.__repr__((mark.t_ns - base_ns) / 1000.0)
+            values = [(_json_str(track), _json_num(value)) for track, value in mark.values.items()]
+            for name, value in values:
+                parts.append(f'{{"ph": "C", {head}"name": {name}, {tail}{ts}, "args": {{"bytes": {value}}}}}')
+            key = (mark.fn, mark.call)
+            if mark.phase == "start":
+                starts[key] = mark
+            elif mark.phase == "end" and key in starts:
+                begin = starts.pop(key)
+                fn = _json_str(mark.fn)
+                if type(mark.call) is int:  # digits need no escaping: the name's JSON is fn's, extended
+                    call = int.__repr__(mark.call)
+                    span = f'{fn[:-1]}.{call}"'
+                else:
+                    call, span = json.dumps(mark.call), json.dumps(f"{mark.fn}.{mark.call}")
+                extra = "".join(f", {name}: {value}" for name, value in values)
+                parts.append(
+                    f'{{"ph": "X", {head}"name": {span}, {tail}'
+                    f"{float.__repr__((begin.t_ns - base_ns) / 1000.0)}, "
+                    f'"dur": {float.__repr__((mark.t_ns - begin.t_ns) / 1000.0)}, '
+                    f'"args": {{"rank": {rank_json}, "fn": {fn}, "call": {call}{extra}}}}}'
+                )
+        return ", ".join(parts)
 
     def metadata(self, pid: int | str, process_name: str | None = None) -> list[dict[str, Any]]:
         """Name the span row (and optionally the process) for trace viewers."""
@@ -281,8 +246,8 @@ class MemoryTimeline:
         else:
             rendered, starts, done = [], {}, 0
         marks = self._marks[done:]
-        for mark in marks:
-            rendered.extend(json.dumps(e) for e in self._mark_events(mark, self.rank, base, starts))
+        if text := self._events_json(marks, self.rank, base, starts):
+            rendered.append(text)
         self._rendered, self._render_starts = rendered, starts
         self._rendered_n, self._rendered_base = done + len(marks), base
         meta = [json.dumps(e) for e in self.metadata(self.rank, f"rank {self.rank}")]
@@ -318,7 +283,7 @@ class MemoryTimeline:
 
     def _append(self, path: Path, base: int, marks: list[Any]) -> None:
         starts = dict(self._file_starts)
-        text = _events_json(marks, self.rank, base, starts)
+        text = self._events_json(marks, self.rank, base, starts)
         added = (", " + text).encode() if text else b""
         rewrite_tail(path, self._file_tail_at, added + self._tail().encode())
         self._file_n += len(marks)

@@ -11,9 +11,13 @@ from memprofiler.analysis.memory_categories import CategoryTimeline
 from memprofiler.reporters import svg
 from memprofiler.reporters.html_cells import b, bytes_cell, table
 from memprofiler.reporters.memory_split import (
+    CATEGORIES_PEAK,
     COLOURS,
+    CUDA_PEAK,
     LABELS,
     PARTS,
+    RSS_PEAK,
+    TRACKER_PEAK,
     CallSplit,
     category_split,
     splits,
@@ -36,7 +40,7 @@ CSS = """
 
 
 #: Which peak a section's charts show first: the device's, then the tracker's, then the host's.
-_KINDS = ("CUDA allocated peak", "tracker peak", "memory-categories peak", "host RSS peak")
+_KINDS = (CUDA_PEAK, TRACKER_PEAK, CATEGORIES_PEAK, RSS_PEAK)
 
 
 def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimeline]] = ()) -> str:
@@ -50,7 +54,7 @@ def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimel
     found = splits([model.calls[i] for i in rows]) + [category_split(tl, label) for label, tl in categories]
     if not found:
         return ""
-    counts["memory-categories peak"] = len(categories)
+    counts[CATEGORIES_PEAK] = len(categories)
     multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
     out = ["<h2 id='where'>Where memory goes</h2>"]
     for n, kind in enumerate(k for k in _KINDS if any(s.peak_name == k for s in found)):
@@ -76,7 +80,7 @@ def _group(
         for s in group
     ]
     worst = max(group, key=lambda s: s.peak)
-    per = "profiled device" if kind == "memory-categories peak" else "call"
+    per = "profiled device" if kind == CATEGORIES_PEAK else "call"
     chart = svg.stacked_hbars(rows, format_bytes, f"{kind} per {per}, by what holds it", width=620)
     present = [k for k, _, _ in PARTS if any(k == p for s in group for p, _ in s.parts)]
     legend = "".join(

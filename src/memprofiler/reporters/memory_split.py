@@ -72,6 +72,11 @@ CATEGORY_PARTS: dict[str, str] = {
 }
 
 
+#: What a bar's peak is (:attr:`CallSplit.peak_name`), by the figure it is.
+TRACKER_PEAK, CUDA_PEAK, RSS_PEAK = "tracker peak", "CUDA allocated peak", "host RSS peak"
+CATEGORIES_PEAK = "memory-categories peak"
+
+
 @dataclass(frozen=True)
 class CallSplit:
     """One call's peak and the parts it is made of (each ``(key, bytes)``, summing to ``peak``)."""
@@ -80,7 +85,8 @@ class CallSplit:
     label: str
     peak: int
     peak_name: str
-    """What the peak is: ``CUDA allocated peak``, ``tracker peak`` or ``host RSS peak``."""
+    """What the peak is: :data:`CUDA_PEAK`, :data:`TRACKER_PEAK`, :data:`RSS_PEAK` or (a device's
+    memory-categories timeline) :data:`CATEGORIES_PEAK`."""
     parts: tuple[tuple[str, int], ...]
     source: str
     """One sentence: which figures made the split."""
@@ -93,29 +99,31 @@ class CallSplit:
 
 
 def peak_of(tracker_total: int | None, cuda_peak: int | None, rss_peak: int | None) -> tuple[str, int] | None:
-    """``(what the peak is, bytes)`` of a call with these figures: the bar :func:`split_call` draws."""
+    """``(what the peak is, bytes)`` of a call with these figures: the bar :func:`split_call`
+    draws and :func:`top_calls` ranks by, decided here alone."""
     if tracker_total:
         if cuda_peak is not None and cuda_peak > tracker_total:
-            return "CUDA allocated peak", cuda_peak
-        return "tracker peak", tracker_total
+            return CUDA_PEAK, cuda_peak
+        return TRACKER_PEAK, tracker_total
     if cuda_peak is not None:
-        return "CUDA allocated peak", cuda_peak
+        return CUDA_PEAK, cuda_peak
     if rss_peak is not None:
-        return "host RSS peak", rss_peak
+        return RSS_PEAK, rss_peak
     return None
 
 
 def split_call(c: CallRow) -> CallSplit | None:
     """The split of one call, or ``None`` when it has no peak to split."""
-    if c.tracker_peaks and c.tracker_peaks.get("total"):
-        return _tracker_split(c, c.tracker_peaks)
-    if c.cuda_allocated_peak is not None:
-        return _rise_split(
-            c, c.cuda_allocated_peak, c.cuda_allocated_start, "CUDA allocated peak", "resident"
-        )
-    if c.rss_peak is not None:
-        return _rise_split(c, c.rss_peak, c.rss_start, "host RSS peak", "process")
-    return None
+    total = c.tracker_peaks.get("total") if c.tracker_peaks else None
+    found = peak_of(total, c.cuda_allocated_peak, c.rss_peak)
+    if found is None:
+        return None
+    name, peak = found
+    if total:  # the tracker's categories split whichever peak the bar is
+        return _tracker_split(c, c.tracker_peaks, name, peak)
+    if name == CUDA_PEAK:
+        return _rise_split(c, peak, c.cuda_allocated_start, name, "resident")
+    return _rise_split(c, peak, c.rss_start, name, "process")
 
 
 def top_calls(calls: CallTable, n: int) -> tuple[list[int], dict[str, int]]:
@@ -146,10 +154,10 @@ def category_split(tl: CategoryTimeline, label: str) -> CallSplit:
         sums[part] = sums.get(part, 0) + int(b)
     sums["other"] = sums.get("other", 0) + tl.peak_bytes - sum(sums.values())
     source = "the profiler's memory categories at the timeline's peak (unknown, input and autograd detail are other)"
-    return CallSplit(-1, label, tl.peak_bytes, "memory-categories peak", _parts(sums), source + ".")
+    return CallSplit(-1, label, tl.peak_bytes, CATEGORIES_PEAK, _parts(sums), source + ".")
 
 
-def _tracker_split(c: CallRow, peaks: Mapping[str, int]) -> CallSplit:
+def _tracker_split(c: CallRow, peaks: Mapping[str, int], name: str, peak: int) -> CallSplit:
     total = int(peaks["total"])
     sums: dict[str, int] = {}
     for cat, b in peaks.items():
@@ -158,11 +166,9 @@ def _tracker_split(c: CallRow, peaks: Mapping[str, int]) -> CallSplit:
             sums[part] = sums.get(part, 0) + int(b)
     # The tracker's categories sum to its total; anything they miss is other, not lost.
     sums["other"] = sums.get("other", 0) + total - sum(sums.values())
-    peak, name, source = total, "tracker peak", "the module-wise tracker's categories at its peak"
-    cuda = c.cuda_allocated_peak
-    if cuda is not None and cuda > total:
-        sums["other"] += cuda - total
-        peak, name = cuda, "CUDA allocated peak"
+    source = "the module-wise tracker's categories at its peak"
+    if name == CUDA_PEAK:  # a CUDA peak above the tracker's total
+        sums["other"] += peak - total
         source += (
             "; other includes the CUDA peak above the tracker's total (allocator rounding, "
             "workspaces, tensors the tracker does not see)"

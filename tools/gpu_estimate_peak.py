@@ -1,0 +1,977 @@
+"""Which tensors explain the estimate's gap at the peak: a real CUDA run against the estimate, op by op.
+
+For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t5:eager``,
+``t5:sdpa`` and ``gpt2`` as a control), in a child process of its own:
+
+1. the real run, as ``estimate_measured_h200.json`` was measured (model built under
+   ``torch.device("cuda")``, the batch moved there, AdamW lr 1e-4, two steps of forward, loss,
+   backward, ``step()``, ``zero_grad()``), with the allocator's history on and every aten op
+   tagged: a dispatch mode names the op, the module (torch's ``ModTracker``) and forward or
+   backward, sets the call's index as the allocations' user metadata and reads the exact
+   ``max_memory_allocated()`` of the call (peak stats reset before each op);
+2. the estimate of the same steps (``estimate_memory``, this GPU's rules and torch release), its
+   dispatch and allocator replay patched to log the same events under the same labels;
+3. for each step, on both sides: the op call where ``allocated`` peaks and, inside it, the moment
+   of the largest sum of live blocks (each rounded to 512 B: the history gives requested sizes);
+   the blocks live then, grouped by ``op [bw] @module`` (``:: workspace`` for a block an op
+   allocated and kept without returning it, ``:: scratch`` for one inside the running op),
+   diffed largest first; also by op, by module, where the running gap between the two jumps
+   (module-level timeline), and the real blocks by their innermost transformers/torch.nn frame.
+
+Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
+``$OUT``, else ``./gpu_probe_out``), a few KB each; the snapshot pickle only with
+``--keep-snapshot``. ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
+is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T).
+
+    PYTHONPATH=src:tests python tools/gpu_estimate_peak.py                 # on the GPU machine
+    PYTHONPATH=src:tests python tools/gpu_estimate_peak.py --cpu-dry-run --models vit,t5:eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.util
+import itertools
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PANEL_DIR = ROOT / "tests" / "fixtures" / "gpu_h200"
+DEFAULT_MODELS = ("vit", "t5:eager", "t5:sdpa", "gpt2")
+MARK = 7777  # the step marker's requested bytes are MARK + step (an odd size no op asks for)
+SETUP, UNLABELED, MIN_BLOCK = "(setup)", "(unlabeled)", 512
+Event = dict[str, Any]
+Groups = dict[str, list[int]]  # key -> [bytes, blocks]
+
+
+# ---------------------------------------------------------------- pure analysis (unit-tested)
+
+
+def rounded(nbytes: int) -> int:
+    """The caching allocator's 512 B rounding of a request (the history records requests)."""
+    return max(MIN_BLOCK, -(-nbytes // MIN_BLOCK) * MIN_BLOCK)
+
+
+@dataclass
+class Call:
+    """One aten op call as the dispatch saw it, with the allocator's figures over the call."""
+
+    step: int
+    op: str
+    bw: bool
+    module: str
+    outs: frozenset[int] = frozenset()  # data pointers (estimate: allocation keys) of its outputs
+    peak: int = 0  # max allocated during the call (exact on CUDA)
+    after: int = 0  # allocated when it returned
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}{' [bw]' if self.bw else ''} @{self.module}"
+
+
+@dataclass
+class Block:
+    addr: int
+    size: int  # rounded
+    meta: str
+    index: int  # the event that allocated it
+    frames: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = ""  # set by the estimate's log: workspace or scratch
+
+
+def step_marks(events: Sequence[Event]) -> dict[int, int]:
+    """Step -> index of its marker allocation (requested size MARK + step)."""
+    return {
+        ev["size"] - MARK: i
+        for i, ev in enumerate(events)
+        if ev.get("action") == "alloc" and MARK < ev.get("size", 0) <= MARK + 64
+    }
+
+
+def initial_live(snapshot: dict[str, Any], events: Sequence[Event]) -> dict[int, Block]:
+    """Blocks live before the first event: freed in the trace before any allocation there, or
+    still active at the end and never allocated in it (a history that wrapped or began late)."""
+    seen_alloc: set[int] = set()
+    out: dict[int, Block] = {}
+    for ev in events:
+        addr = ev.get("addr", -1)
+        if ev.get("action") == "alloc":
+            seen_alloc.add(addr)
+        elif ev.get("action") in ("free_requested", "free_completed") and addr not in seen_alloc:
+            out.setdefault(addr, Block(addr, rounded(ev["size"]), "(before history)", -1))
+    for seg in snapshot.get("segments", []):
+        for blk in seg.get("blocks", []):
+            if blk.get("state") == "active_allocated" and blk["address"] not in seen_alloc:
+                size = blk.get("requested_size") or blk["size"]
+                out.setdefault(blk["address"], Block(blk["address"], rounded(size), "(before history)", -1))
+    return out
+
+
+def replay(
+    events: Sequence[Event], start: dict[int, Block], upto: int | None = None
+) -> tuple[list[int], dict[int, Block]]:
+    """Sum of live rounded blocks after each event, and the live blocks after event ``upto``.
+
+    ``allocated_bytes`` drops at ``free_requested``; a ``free_completed`` without it (a stream
+    wait) frees then. Segment events change no allocated bytes.
+    """
+    live = dict(start)
+    total = sum(b.size for b in live.values())
+    curve: list[int] = []
+    kept: dict[int, Block] = dict(live) if upto is not None and upto < 0 else {}
+    for i, ev in enumerate(events):
+        act = ev.get("action")
+        if act == "alloc":
+            blk = Block(ev["addr"], rounded(ev["size"]), str(ev.get("user_metadata") or ""), i)
+            blk.frames = ev.get("frames") or []
+            blk.kind = str(ev.get("kind", ""))
+            old = live.pop(blk.addr, None)
+            total += blk.size - (old.size if old else 0)
+            live[blk.addr] = blk
+        elif act in ("free_requested", "free_completed"):
+            old = live.pop(ev["addr"], None)
+            total -= old.size if old else 0
+        curve.append(total)
+        if upto is not None and i == upto:
+            kept = dict(live)
+    return curve, kept
+
+
+def step_windows(events: Sequence[Event]) -> dict[int, tuple[int, int]]:
+    """Step -> [first, end) event indices, from one marker to the next."""
+    marks = sorted(step_marks(events).items())
+    ends = [i for _, i in marks[1:]] + [len(events)]
+    return {step: (i, end) for (step, i), end in zip(marks, ends, strict=True)}
+
+
+def peak_moment(
+    curve: Sequence[int], events: Sequence[Event], calls: Sequence[Call], lo: int, hi: int
+) -> int:
+    """The event in ``[lo, hi)`` at the step's peak: among the calls with events there, the one
+    whose exact peak is largest; inside it the event with the most live bytes. The whole window
+    when no event names a call."""
+    best, best_key = -1, None
+    for key in {str(ev.get("user_metadata") or "") for ev in events[lo:hi]}:
+        if key.isdigit() and int(key) < len(calls) and calls[int(key)].peak > best:
+            best, best_key = calls[int(key)].peak, key
+    inside = [i for i in range(lo, hi) if best_key is not None and events[i].get("user_metadata") == best_key]
+    window = range(inside[0], inside[-1] + 1) if inside else range(lo, hi)
+    return max(window, key=lambda i: (curve[i], -i)) if len(window) else lo
+
+
+def frame_key(frames: Sequence[dict[str, Any]]) -> str:
+    """The innermost frame in transformers/ or torch/nn/ (not Module's call machinery), else the
+    innermost outside torch, as ``path:line:function``."""
+
+    def show(fr: dict[str, Any]) -> str:
+        name = str(fr.get("filename", "?"))
+        for cut in ("site-packages/", "/src/", "/tools/"):
+            if cut in name:
+                name = name.split(cut, 1)[1]
+                break
+        return f"{name}:{fr.get('line', '?')}:{fr.get('name', '?')}"
+
+    for fr in frames:
+        name = str(fr.get("filename", ""))
+        if ("/transformers/" in name or "/torch/nn/" in name) and not name.endswith("modules/module.py"):
+            return show(fr)
+    for fr in frames:
+        if "/torch/" not in str(fr.get("filename", "")) and str(fr.get("filename", "")).endswith(".py"):
+            return show(fr)
+    return "(no python frame)"
+
+
+def block_key(b: Block, calls: Sequence[Call], running: str, first_mark: int) -> str:
+    """``op [bw] @module`` of the call that allocated ``b``, ``:: workspace`` when the call kept it
+    without returning it, ``:: scratch`` when the call is still running and does not return it."""
+    if b.meta.isdigit() and int(b.meta) < len(calls):
+        call = calls[int(b.meta)]
+        if b.kind:
+            kind = "" if b.kind == "out" else b.kind
+        elif b.addr in call.outs:
+            kind = ""
+        else:
+            kind = "scratch" if b.meta == running else "workspace"
+        return call.label + (f" :: {kind}" if kind else "")
+    if b.meta == "(before history)":
+        return b.meta
+    if b.index < first_mark:
+        return SETUP
+    return f"{UNLABELED} {frame_key(b.frames)}"
+
+
+def group(blocks: dict[int, Block], key: Callable[[Block], str]) -> Groups:
+    out: Groups = {}
+    for b in blocks.values():
+        g = out.setdefault(key(b), [0, 0])
+        g[0] += b.size
+        g[1] += 1
+    return out
+
+
+def collapse(groups: Groups, part: str) -> Groups:
+    """Merge ``op [bw] @module :: kind`` keys by ``op`` (with [bw] and kind) or by ``module``."""
+    out: Groups = {}
+    for key, (n, c) in groups.items():
+        head, sep, rest = key.partition(" @")
+        if sep:
+            module, _, kind = rest.partition(" :: ")
+            op, bw = head.removesuffix(" [bw]"), " [bw]" if head.endswith(" [bw]") else ""
+            key = f"{op}{bw}{' :: ' + kind if kind else ''}" if part == "op" else f"@{module}{bw}"
+        g = out.setdefault(key, [0, 0])
+        g[0] += n
+        g[1] += c
+    return out
+
+
+def diff(real: Groups, est: Groups, top: int) -> list[dict[str, Any]]:
+    """Rows ``real - estimate`` per key, largest difference first."""
+    rows: list[dict[str, Any]] = []
+    for key in set(real) | set(est):
+        r, e = real.get(key, [0, 0]), est.get(key, [0, 0])
+        if r[0] != e[0]:
+            rows.append({"key": key, "delta": r[0] - e[0], "real": r[0], "est": e[0], "n": [r[1], e[1]]})
+    rows.sort(key=lambda row: (-abs(row["delta"]), row["key"]))
+    return rows[:top]
+
+
+def module_runs(calls: Sequence[Call], depth: int = 3) -> list[dict[str, Any]]:
+    """Consecutive calls of one (step, forward/backward, module cut to ``depth`` parts): allocated
+    after the run's last call and the largest peak in it."""
+    runs: list[dict[str, Any]] = []
+    for call in calls:
+        mod = ".".join(call.module.split(".")[:depth])
+        key = f"s{call.step} {'bw' if call.bw else 'fw'} {mod}"
+        if runs and runs[-1]["key"] == key:
+            runs[-1]["after"] = call.after
+            runs[-1]["peak"] = max(runs[-1]["peak"], call.peak)
+        else:
+            runs.append({"key": key, "after": call.after, "peak": call.peak})
+    return runs
+
+
+def gap_jumps(
+    real: Sequence[dict[str, Any]], est: Sequence[dict[str, Any]], top: int
+) -> list[dict[str, Any]]:
+    """Where ``real - estimate`` of allocated-after changes most between consecutive module runs
+    (runs matched by key and occurrence)."""
+
+    def keyed(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+        seen: dict[str, int] = {}
+        out = {}
+        for r in runs:
+            seen[r["key"]] = seen.get(r["key"], 0) + 1
+            out[(r["key"], seen[r["key"]])] = r
+        return out
+
+    est_by = keyed(est)
+    rows, prev = [], 0
+    for k, r in keyed(real).items():
+        e = est_by.get(k)
+        if e is None:
+            continue
+        gap = r["after"] - e["after"]
+        rows.append({"run": k[0], "jump": gap - prev, "gap": gap, "peak_gap": r["peak"] - e["peak"]})
+        prev = gap
+    rows.sort(key=lambda row: -abs(row["jump"]))
+    return [r for r in rows[:top] if r["jump"]]
+
+
+def _key_of(b: Block, calls: Sequence[Call], running: str, first: int) -> str:
+    return block_key(b, calls, running, first)
+
+
+def analyze(
+    events: Sequence[Event], calls: Sequence[Call], start: dict[int, Block]
+) -> dict[int, dict[str, Any]]:
+    """Per step: the call and moment of the peak, exact and rounded bytes there, the live blocks."""
+    curve, _ = replay(events, start)
+    windows = step_windows(events)
+    first_mark = min((lo for lo, _ in windows.values()), default=len(events))
+    out: dict[int, dict[str, Any]] = {}
+    for step, (lo, hi) in windows.items():
+        i = peak_moment(curve, events, calls, lo, hi)
+        _, live = replay(events, start, upto=i)
+        running = str(events[i].get("user_metadata") or "")
+        call = calls[int(running)] if running.isdigit() and int(running) < len(calls) else None
+        exact = max((c.peak for c in calls if c.step == step), default=0)
+        out[step] = {
+            "at": call.label if call else "(between ops)",
+            "call_peak": call.peak if call else None,
+            "step_call_peak": exact,
+            "rounded_at_moment": curve[i],
+            "rounded_max_in_step": max(curve[lo:hi]),
+            "groups": group(live, functools.partial(_key_of, calls=calls, running=running, first=first_mark)),
+            "frames": group(live, lambda b: frame_key(b.frames)),
+        }
+    return out
+
+
+def compare(
+    real: dict[int, dict[str, Any]], est: dict[int, dict[str, Any]], top: int
+) -> list[dict[str, Any]]:
+    """Per step, real against estimate at each side's own peak."""
+    steps = []
+    for step in sorted(set(real) & set(est)):
+        r, e = real[step], est[step]
+        by_key = diff(r["groups"], e["groups"], top)
+        total = r["rounded_at_moment"] - e["rounded_at_moment"]
+        steps.append(
+            {
+                "step": step,
+                "real_at": r["at"],
+                "est_at": e["at"],
+                "real_call_peak": r["call_peak"],
+                "est_call_peak": e["call_peak"],
+                "delta_rounded": total,
+                "real_slack": (r["call_peak"] or 0) - r["rounded_at_moment"],
+                "est_slack": (e["call_peak"] or 0) - e["rounded_at_moment"],
+                "by_key": by_key,
+                "by_key_rest": total - sum(row["delta"] for row in by_key),
+                "by_op": diff(collapse(r["groups"], "op"), collapse(e["groups"], "op"), top // 2),
+                "by_module": diff(collapse(r["groups"], "module"), collapse(e["groups"], "module"), top // 2),
+                "real_by_frame": sorted(
+                    ([k, *v] for k, v in r["frames"].items()), key=lambda row: -int(row[1])
+                )[:12],
+            }
+        )
+    return steps
+
+
+def render(result: dict[str, Any]) -> str:
+    """The text diff: a header, then per step the largest differences."""
+    real, est = result.get("real", {}), result.get("estimate", {})
+    lines = [
+        f"== {result['model']}  [{result.get('device', '?')}; torch {result.get('torch')}; "
+        f"transformers {result.get('transformers')}]",
+        f"real: attention {real.get('attn_impl')} ops {real.get('attention_ops')}; step peaks "
+        f"{[p[0] for p in real.get('step_peaks', [])]} (fixture {real.get('fixture_step_peaks')}); "
+        f"cuBLAS workspaces {real.get('cublas_workspace_bytes')}",
+        f"estimate: step peaks {est.get('step_peaks')} (peak_bytes {est.get('peak_bytes')}) "
+        f"at {est.get('peak_at')}; workspaces {est.get('workspace_bytes')}",
+    ]
+    if result.get("error"):
+        lines.append(f"ERROR ({result.get('stage')}): {result['error']}")
+    for s in result.get("steps", []):
+        lines.append(
+            f"-- step {s['step']}: real - estimate at the peaks: {s['delta_rounded']:+,} B rounded "
+            f"(block slack real {s['real_slack']:,}, est {s['est_slack']:,})"
+        )
+        lines.append(f"   real peak in {s['real_at']}; estimate peak in {s['est_at']}")
+        for title, rows in (
+            ("by op @module", s["by_key"]),
+            ("by op", s["by_op"]),
+            ("by module", s["by_module"]),
+        ):
+            lines.append(f"   {title}:   delta            real             est   blocks(real/est)  key")
+            for row in rows:
+                lines.append(
+                    f"   {row['delta']:+15,} {row['real']:15,} {row['est']:15,}  {row['n'][0]:>5}/{row['n'][1]:<5}  {row['key']}"
+                )
+        lines.append(f"   (rest of the difference outside the rows above: {s['by_key_rest']:+,} B)")
+    jumps = result.get("gap_jumps") or []
+    if jumps:
+        lines.append("-- where real - estimate (allocated after each module run) jumps:")
+        lines += [f"   {j['jump']:+15,} to {j['gap']:+15,}  {j['run']}" for j in jumps]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- the real run
+
+
+def _storage_ptrs(out: Any, ptr: Callable[[Any], int]) -> frozenset[int]:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(out)
+    return frozenset(ptr(t.untyped_storage()) for t in leaves if isinstance(t, torch.Tensor))
+
+
+class CudaBackend:
+    """The allocator's history and exact per-call peaks (peak stats reset before each op)."""
+
+    def __init__(self, max_entries: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.mem = torch.cuda.memory
+        self.metadata = hasattr(self.mem, "_set_memory_metadata")
+        self.mem._record_memory_history(
+            enabled="all", context="alloc", stacks="python", max_entries=max_entries
+        )
+        torch.cuda.reset_peak_memory_stats()
+        self.step_max = self.step_reserved = 0
+
+    def _fold(self) -> None:
+        cuda = self.torch.cuda
+        self.step_max = max(self.step_max, cuda.max_memory_allocated())
+        self.step_reserved = max(self.step_reserved, cuda.max_memory_reserved())
+        cuda.reset_peak_memory_stats()
+
+    def begin(self, idx: int) -> None:
+        self._fold()  # what happened between ops counts for the step
+        if self.metadata:
+            self.mem._set_memory_metadata(str(idx))
+
+    def end(self, call: Call, out: Any) -> None:
+        if self.metadata:
+            self.mem._set_memory_metadata("")
+        cuda = self.torch.cuda
+        call.peak, call.after = cuda.max_memory_allocated(), cuda.memory_allocated()
+        self._fold()
+        call.outs = _storage_ptrs(out, lambda st: int(st.data_ptr()))
+
+    def setup(self, tensors: Sequence[Any]) -> None:
+        return
+
+    def mark(self, step: int) -> None:
+        x = self.torch.empty(MARK + step, dtype=self.torch.uint8, device="cuda")
+        del x
+
+    def step_end(self) -> list[int]:
+        self.torch.cuda.synchronize()
+        self._fold()
+        peaks = [self.step_max, self.step_reserved]
+        self.step_max = self.step_reserved = 0
+        return peaks
+
+    def snapshot(self) -> dict[str, Any]:
+        snap: dict[str, Any] = self.mem._snapshot()
+        self.mem._record_memory_history(enabled=None)
+        return snap
+
+    def events(self, snap: dict[str, Any]) -> list[Event]:
+        traces = snap.get("device_traces") or [[]]
+        return list(traces[self.torch.cuda.current_device()] if len(traces) > 1 else traces[0])
+
+    def cublas_workspace(self) -> int:
+        before = self.torch.cuda.memory_allocated()
+        self.torch._C._cuda_clearCublasWorkspaces()
+        return before - self.torch.cuda.memory_allocated()
+
+
+class CpuBackend:
+    """``--cpu-dry-run``: a history like the allocator's, of the storages CPU ops create."""
+
+    def __init__(self) -> None:
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        self.log: list[Event] = []
+        self.addr: Any = WeakIdKeyDictionary()
+        self.next_addr = itertools.count(1 << 20)
+        self.local = threading.local()
+        self.allocated = self.peak_since = self.step_max = 0
+        self.metadata = True
+
+    def _meta(self) -> str:
+        return str(getattr(self.local, "meta", ""))
+
+    def _alloc(self, size: int, frames: bool = True) -> int:
+        addr = next(self.next_addr) * MIN_BLOCK
+        stack = traceback.extract_stack(limit=40)[::-1] if frames else []
+        fr = [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in stack]
+        self.log.append(
+            {"action": "alloc", "addr": addr, "size": size, "user_metadata": self._meta(), "frames": fr}
+        )
+        self.allocated += rounded(size)
+        self.peak_since = max(self.peak_since, self.allocated)
+        return addr
+
+    def _free(self, addr: int, size: int) -> None:
+        for act in ("free_requested", "free_completed"):
+            self.log.append({"action": act, "addr": addr, "size": size, "user_metadata": self._meta()})
+        self.allocated -= rounded(size)
+
+    def _track(self, st: Any) -> int:
+        if st not in self.addr:
+            addr = self._alloc(int(st.nbytes()))
+            self.addr[st] = addr
+            weakref.finalize(st, self._free, addr, int(st.nbytes()))
+        return int(self.addr[st])
+
+    def begin(self, idx: int) -> None:
+        self.step_max = max(self.step_max, self.peak_since)
+        self.peak_since = self.allocated
+        self.local.meta = str(idx)
+
+    def end(self, call: Call, out: Any) -> None:
+        call.outs = _storage_ptrs(out, self._track)
+        self.local.meta = ""
+        call.peak, call.after = self.peak_since, self.allocated
+        self.step_max = max(self.step_max, self.peak_since)
+        self.peak_since = self.allocated
+
+    def setup(self, tensors: Sequence[Any]) -> None:
+        for t in tensors:
+            self._track(t.untyped_storage())
+
+    def mark(self, step: int) -> None:
+        self._free(self._alloc(MARK + step, frames=False), MARK + step)
+
+    def step_end(self) -> list[int]:
+        peaks = [max(self.step_max, self.peak_since), 0]
+        self.step_max, self.peak_since = 0, self.allocated
+        return peaks
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"segments": [], "device_traces": [list(self.log)]}
+
+    def events(self, snap: dict[str, Any]) -> list[Event]:
+        return list(snap["device_traces"][0])
+
+    def cublas_workspace(self) -> int:
+        return 0
+
+
+def _tagger(backend: Any, mt: Any) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memprofiler.estimate.tracker import _deepest
+
+    class OpTagger(TorchDispatchMode):
+        """Every aten op: a :class:`Call` (op, module, forward/backward) and the backend's figures."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[Call] = []
+            self.step = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            call = Call(self.step, str(func), bool(mt.is_bw), _deepest(mt.parents))
+            self.calls.append(call)
+            backend.begin(len(self.calls) - 1)
+            out = None
+            try:
+                out = func(*args, **(kwargs or {}))
+                return out
+            finally:
+                backend.end(call, out)
+
+    return OpTagger()
+
+
+def load_panel() -> Any:
+    spec = importlib.util.spec_from_file_location("gpu_probe_panel", PANEL_DIR / "panel.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def set_attention(model: Any, attn: str | None) -> None:
+    """As benchmarks/estimate_gpu.py does: every config the model holds."""
+    if attn is None:
+        return
+    for m in model.modules():
+        if hasattr(m, "config"):
+            m.config._attn_implementation = attn
+
+
+def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: int) -> dict[str, Any]:
+    import torch
+    from torch.distributed._tools.mod_tracker import ModTracker
+    from torch.utils._pytree import tree_map_only
+
+    make_model, make_batch = panel.PANEL[name]
+    device = "cuda" if cuda else "cpu"
+    backend: Any = CudaBackend(max_entries) if cuda else CpuBackend()
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = make_model()
+    set_attention(model, attn)
+    model.train()
+    batch = tree_map_only(torch.Tensor, lambda t: t.to(device), make_batch())
+    backend.setup([*model.parameters(), *model.buffers(), *batch.values()])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mt = ModTracker()
+    tagger = _tagger(backend, mt)
+    peaks = []
+    with mt:
+        for step in (1, 2):
+            backend.mark(step)
+            tagger.step = step
+            with tagger:
+                loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            peaks.append(backend.step_end())
+    snap = backend.snapshot()
+    calls: list[Call] = tagger.calls
+    ops: dict[str, int] = {}
+    for c in calls:
+        if "attention" in c.op or "softmax" in c.op or "sdp" in c.op:
+            ops[c.op] = ops.get(c.op, 0) + 1
+    info: dict[str, Any] = {
+        "step_peaks": peaks,
+        "attn_impl": getattr(model.config, "_attn_implementation", None),
+        "attention_ops": ops,
+        "metadata_supported": backend.metadata,
+        "calls": len(calls),
+        "cublas_workspace_bytes": backend.cublas_workspace(),
+    }
+    if cuda:
+        b = torch.backends
+        info["sdp_flags"] = {
+            k: getattr(b.cuda, f"{k}_sdp_enabled")() for k in ("flash", "mem_efficient", "math", "cudnn")
+        }
+        info["cudnn"] = b.cudnn.version()
+        info["allocator_settings"] = snap.get("allocator_settings")
+    events = backend.events(snap)
+    info["events"] = len(events)
+    return {"info": info, "events": events, "calls": calls, "snapshot": snap}
+
+
+# ---------------------------------------------------------------- the estimate, logged the same way
+
+
+class EstimateLog:
+    """Patches the estimate's dispatch, workspaces and allocator replay to log its allocations as
+    the real history does: one event per alloc/free, the call's index as metadata, markers per step."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.calls: list[Call] = []
+        self.live: set[int] = set()
+        self.step = self.depth = 0
+        self.window: int | None = None
+        self.kind = "out"
+        self.allocated = 0
+        self.step_peaks: dict[int, int] = {}
+
+    # the outermost patched dispatch opens a call; the tracker's names it
+    def open(self, named: Any, func: Any) -> None:
+        from memprofiler.estimate.tracker import _deepest
+
+        self.depth += 1
+        if self.depth == 1:
+            self.window = len(self.calls)
+            self.calls.append(Call(self.step, "(no op)", False, "?", peak=self.allocated))
+        call = self.calls[self.window] if self.window is not None else None
+        if named is not None and call is not None and call.op == "(no op)":
+            mt = named._mod_tracker
+            call.op, call.bw, call.module = str(func), bool(mt.is_bw), _deepest(mt.parents)
+
+    def close(self) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.window is not None:
+            self.calls[self.window].after = self.allocated
+            self.window = None
+
+    def on_alloc(self, allocator: Any, key: int, nbytes: int) -> None:
+        self.allocated = allocator.allocated
+        meta = str(self.window) if self.window is not None else ""
+        self.events.append(
+            {"action": "alloc", "addr": key, "size": nbytes, "user_metadata": meta, "kind": self.kind}
+        )
+        self.live.add(key)
+        if self.window is not None:
+            call = self.calls[self.window]
+            call.peak = max(call.peak, self.allocated)
+        self.step_peaks[self.step] = max(self.step_peaks.get(self.step, 0), self.allocated)
+
+    def on_free(self, allocator: Any, key: int) -> None:
+        self.allocated = allocator.allocated
+        if key in self.live:
+            self.live.discard(key)
+            meta = str(self.window) if self.window is not None else ""
+            self.events.append({"action": "free_requested", "addr": key, "size": 0, "user_metadata": meta})
+
+    def mark(self, step: int) -> None:
+        self.step = step
+        addr = -3_000_000 - step
+        self.events.append({"action": "alloc", "addr": addr, "size": MARK + step, "user_metadata": ""})
+        self.events.append(
+            {"action": "free_requested", "addr": addr, "size": MARK + step, "user_metadata": ""}
+        )
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[EstimateLog]:
+        from memprofiler.estimate import allocator as al
+        from memprofiler.estimate import engine
+        from memprofiler.estimate import tracker as trk
+        from memprofiler.estimate import workspaces as ws
+
+        log = self
+        saved: list[tuple[Any, str, Any]] = []
+
+        def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+            orig = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            saved.append((owner, name, orig))
+            setattr(owner, name, make(orig))
+
+        def dispatch(named: bool) -> Callable[[Any], Any]:
+            def make(orig: Any) -> Any:
+                def wrapped(mode: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                    log.open(mode if named else None, func)
+                    try:
+                        return orig(mode, func, types, args, kwargs)
+                    finally:
+                        log.close()
+
+                return wrapped
+
+            return make
+
+        def kind(name: str) -> Callable[[Any], Any]:
+            def make(orig: Any) -> Any:
+                def wrapped(tracker: Any, *args: Any) -> Any:
+                    log.kind = name
+                    try:
+                        return orig(tracker, *args)
+                    finally:
+                        log.kind = "out"
+
+                return wrapped
+
+            return make
+
+        def alloc(orig: Any) -> Any:
+            def wrapped(replay: Any, key: int, nbytes: int, stream: int = 0) -> None:
+                orig(replay, key, nbytes, stream)
+                if nbytes > 0:
+                    log.on_alloc(replay, key, nbytes)
+
+            return wrapped
+
+        def free(orig: Any) -> Any:
+            def wrapped(replay: Any, key: int) -> None:
+                orig(replay, key)
+                log.on_free(replay, key)
+
+            return wrapped
+
+        def one_step(orig: Any) -> Any:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                log.mark(log.step + 1)
+                return orig(*args, **kwargs)
+
+            return wrapped
+
+        patch(trk.SingleTracker, "__torch_dispatch__", dispatch(True))
+        patch(ws.BlasWorkspaces, "__torch_dispatch__", dispatch(False))
+        patch(trk.SingleTracker, "hold", kind("workspace"))
+        patch(trk.SingleTracker, "transient", kind("scratch"))
+        patch(al.AllocatorReplay, "alloc", alloc)
+        patch(al.AllocatorReplay, "free", free)
+        patch(engine, "_one_step", one_step)
+        try:
+            yield self
+        finally:
+            for owner, name, orig in reversed(saved):
+                setattr(owner, name, orig)
+
+
+def estimate_run(panel: Any, name: str, attn: str | None, gpu: str | None, device: str) -> dict[str, Any]:
+    import torch
+
+    from memprofiler.estimate import estimate_memory
+
+    make_model, make_batch = panel.PANEL[name]
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = make_model()
+    set_attention(model, attn)
+    model.train()
+    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    with EstimateLog().installed() as log:
+        est = estimate_memory(
+            model,
+            make_batch(),
+            optimizer=panel.OPTIMIZERS["adamw"],
+            loss_fn=panel.hf_loss,
+            precision="32-true",
+            gpu=gpu,
+            torch_version=version,
+            device=device,
+        )
+    info = {
+        "peak_bytes": est.peak_bytes,
+        "reserved_peak_bytes": est.reserved_peak_bytes,
+        "step_peaks": [log.step_peaks.get(s, 0) for s in (1, 2)],
+        "peak_at": f"{est.peak_module} ({est.peak_phase}, step {est.peak_step})",
+        "by_category": est.by_category,
+        "workspace_bytes": est.workspace_bytes,
+        "target": est.target,
+        "device": device,
+        "notes": est.notes[:8],
+    }
+    return {"info": info, "events": log.events, "calls": log.calls}
+
+
+# ---------------------------------------------------------------- one model (child), all models (parent)
+
+
+def fixture_peaks(name: str, attn: str | None) -> list[int] | None:
+    """The measured step peaks for this row, where the batch is the measured one (B=8, T=512)."""
+    if (os.environ.get("GPU_B"), os.environ.get("GPU_T")) != ("8", "512") or (
+        name == "t5" and attn != "eager"
+    ):
+        return None
+    data = json.loads((PANEL_DIR / "estimate_measured_h200.json").read_text())
+    for row in data["rows"]:
+        if row["name"] == name and row["precision"] == "32-true":
+            return list(row["step_peaks"])
+    return None
+
+
+def tag_of(spec: str) -> str:
+    return spec.replace(":", "_")
+
+
+def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "4")))
+    name, _, attn_text = spec.partition(":")
+    attn = attn_text or None
+    out = Path(args.out)
+    cuda = not args.cpu_dry_run and torch.cuda.is_available()
+    result: dict[str, Any] = {
+        "model": spec,
+        "stage": "start",
+        "dry_run": not cuda,
+        "device": torch.cuda.get_device_name() if cuda else "cpu (dry run: the real side is a CPU run)",
+        "torch": torch.__version__,
+        "B": os.environ.get("GPU_B"),
+        "T": os.environ.get("GPU_T"),
+    }
+
+    def save() -> None:
+        (out / f"{tag_of(spec)}.json").write_text(json.dumps(result, indent=1, default=str))
+
+    try:
+        import transformers
+
+        result["transformers"] = transformers.__version__
+        panel = load_panel()
+        t0 = time.perf_counter()
+        real = real_run(panel, name, attn, cuda, args.max_entries)
+        result["real"] = {**real["info"], "fixture_step_peaks": fixture_peaks(name, attn)}
+        result["real"]["seconds"] = round(time.perf_counter() - t0, 1)
+        if args.keep_snapshot:
+            with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
+                pickle.dump(real["snapshot"], f)
+        result["stage"] = "real run done"
+        save()
+        t0 = time.perf_counter()
+        gpu = args.gpu or (None if cuda else "H200")
+        est = estimate_run(panel, name, attn, gpu, args.estimate_device)
+        result["estimate"] = {**est["info"], "seconds": round(time.perf_counter() - t0, 1)}
+        result["stage"] = "estimate done"
+        save()
+        t0 = time.perf_counter()
+        snap, events = real["snapshot"], real["events"]
+        real_steps = analyze(events, real["calls"], initial_live(snap, events))
+        est_steps = analyze(est["events"], est["calls"], {})
+        result["steps"] = compare(real_steps, est_steps, args.top)
+        result["gap_jumps"] = gap_jumps(module_runs(real["calls"]), module_runs(est["calls"]), 15)
+        result["analysis_seconds"] = round(time.perf_counter() - t0, 1)
+        result["stage"] = "done"
+    except Exception as err:  # the parent reports it; the other models go on
+        result["error"] = f"{type(err).__name__}: {err}"
+        result["traceback"] = traceback.format_exc()[-3000:]
+    save()
+    text = render(result)
+    (out / f"{tag_of(spec)}.txt").write_text(text + "\n")
+    return result
+
+
+def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", spec, "--out", str(args.out), "--top", str(args.top)]
+    cmd += ["--max-entries", str(args.max_entries), "--estimate-device", args.estimate_device]
+    cmd += ["--cpu-dry-run"] * args.cpu_dry_run + ["--keep-snapshot"] * args.keep_snapshot
+    cmd += ["--gpu", args.gpu] if args.gpu else []
+    t0 = time.perf_counter()
+    path = Path(args.out) / f"{tag_of(spec)}.json"
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        rc, err = done.returncode, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        tail = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        rc, err = -1, f"timed out after {args.timeout} s\n{tail}"
+    seconds = round(time.perf_counter() - t0, 1)
+    result: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"model": spec}
+    if rc != 0 or result.get("stage") != "done":
+        result.setdefault("error", f"child exit {rc}")
+        result["stderr_tail"] = err[-2000:]
+        path.write_text(json.dumps(result, indent=1, default=str))
+        (Path(args.out) / f"{tag_of(spec)}.txt").write_text(render(result) + "\n")
+    result["wall_seconds"] = seconds
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="panel names, :attention to set one")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_probe_out")
+    ap.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "0") or 0))
+    ap.add_argument("--timeout", type=int, default=int(os.environ.get("PROBE_TIMEOUT", "150")))
+    ap.add_argument("--top", type=int, default=24, help="rows per diff")
+    ap.add_argument("--max-entries", type=int, default=2_000_000, help="allocator history entries")
+    ap.add_argument("--gpu", default=None, help="the estimate's target (default: this GPU; dry run: H200)")
+    ap.add_argument("--estimate-device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
+    ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.child:
+        child(args.child, args)
+        return 0
+    b, t = ("2", "64") if args.cpu_dry_run else ("8", "512")
+    env = {**os.environ, "GPU_B": os.environ.get("GPU_B", b), "GPU_T": os.environ.get("GPU_T", t)}
+    env.setdefault("MALLOC_ARENA_MAX", "1")
+    env.pop("CUBLAS_WORKSPACE_CONFIG", None)  # the measurement ran with torch's default
+    specs = [s.strip() for s in args.models.split(",") if s.strip()]
+    workers = args.workers or (1 if args.cpu_dry_run else len(specs))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = list(pool.map(lambda s: run_child(s, args, env), specs))
+    summary = []
+    for spec, res in zip(specs, results, strict=True):
+        print((Path(args.out) / f"{tag_of(spec)}.txt").read_text())
+        steps = res.get("steps") or []
+        summary.append(
+            {
+                "model": spec,
+                "stage": res.get("stage"),
+                "error": res.get("error"),
+                "real_step_peaks": [p[0] for p in res.get("real", {}).get("step_peaks", [])],
+                "fixture_step_peaks": res.get("real", {}).get("fixture_step_peaks"),
+                "estimate_step_peaks": res.get("estimate", {}).get("step_peaks"),
+                "delta_rounded_by_step": [s["delta_rounded"] for s in steps],
+                "seconds": {
+                    "wall": res.get("wall_seconds"),
+                    "real": res.get("real", {}).get("seconds"),
+                    "estimate": res.get("estimate", {}).get("seconds"),
+                    "analysis": res.get("analysis_seconds"),
+                },
+            }
+        )
+    total = round(time.perf_counter() - t0, 1)
+    (Path(args.out) / "summary.json").write_text(
+        json.dumps({"total_seconds": total, "rows": summary}, indent=1)
+    )
+    print(f"== {len(specs)} models in {total} s (workers {workers}); JSON and text under {args.out}")
+    for row in summary:
+        print(f"   {row['model']}: {row['stage']} {row['seconds']} {row['error'] or ''}")
+    return 0 if all(r["stage"] == "done" for r in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,7 +14,7 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
 3. for each step, on both sides: the op call where ``allocated`` peaks and, inside it, the moment
    of the largest sum of live blocks (each rounded to 512 B: the history gives requested sizes);
    the blocks live then, grouped by ``op [bw] @module`` (``:: workspace`` for a block an op
-   allocated and kept without returning it, ``:: scratch`` for one inside the running op),
+   allocated and kept without returning it, ``:: scratch`` for one it freed before returning),
    diffed largest first; also by op, by module, where the running gap between the two jumps
    (module-level timeline), and the real blocks by their innermost transformers/torch.nn frame.
 
@@ -126,25 +126,31 @@ def replay(
 ) -> tuple[list[int], dict[int, Block]]:
     """Sum of live rounded blocks after each event, and the live blocks after event ``upto``.
 
-    ``allocated_bytes`` drops at ``free_requested``; a ``free_completed`` without it (a stream
-    wait) frees then. Segment events change no allocated bytes.
+    ``allocated_bytes`` drops at ``free_requested``; its ``free_completed`` (at once, or after a
+    stream's event) changes nothing; a ``free_completed`` with no request before it frees then.
+    Segment events change no allocated bytes.
     """
     live = dict(start)
+    pending: set[int] = set()
     total = sum(b.size for b in live.values())
     curve: list[int] = []
     kept: dict[int, Block] = dict(live) if upto is not None and upto < 0 else {}
     for i, ev in enumerate(events):
-        act = ev.get("action")
+        act, addr = ev.get("action"), ev.get("addr", -1)
         if act == "alloc":
-            blk = Block(ev["addr"], rounded(ev["size"]), str(ev.get("user_metadata") or ""), i)
+            blk = Block(addr, rounded(ev["size"]), str(ev.get("user_metadata") or ""), i)
             blk.frames = ev.get("frames") or []
             blk.kind = str(ev.get("kind", ""))
-            old = live.pop(blk.addr, None)
+            old = live.pop(addr, None)
             total += blk.size - (old.size if old else 0)
-            live[blk.addr] = blk
-        elif act in ("free_requested", "free_completed"):
-            old = live.pop(ev["addr"], None)
+            live[addr] = blk
+        elif act == "free_requested" or (act == "free_completed" and addr not in pending):
+            old = live.pop(addr, None)
             total -= old.size if old else 0
+            if act == "free_requested":
+                pending.add(addr)
+        elif act == "free_completed":
+            pending.discard(addr)
         curve.append(total)
         if upto is not None and i == upto:
             kept = dict(live)
@@ -195,9 +201,24 @@ def frame_key(frames: Sequence[dict[str, Any]]) -> str:
     return "(no python frame)"
 
 
-def block_key(b: Block, calls: Sequence[Call], running: str, first_mark: int) -> str:
-    """``op [bw] @module`` of the call that allocated ``b``, ``:: workspace`` when the call kept it
-    without returning it, ``:: scratch`` when the call is still running and does not return it."""
+def freed_inside(events: Sequence[Event]) -> set[int]:
+    """Indices of the allocations freed by the call that made them (same metadata): scratch."""
+    made: dict[int, int] = {}
+    out: set[int] = set()
+    for i, ev in enumerate(events):
+        act, addr = ev.get("action"), ev.get("addr", -1)
+        if act == "alloc":
+            made[addr] = i
+        elif act in ("free_requested", "free_completed") and addr in made:
+            j = made.pop(addr)
+            if ev.get("user_metadata") and events[j].get("user_metadata") == ev.get("user_metadata"):
+                out.add(j)
+    return out
+
+
+def block_key(b: Block, calls: Sequence[Call], scratch: set[int], first_mark: int) -> str:
+    """``op [bw] @module`` of the call that allocated ``b``; ``:: workspace`` when the call kept it
+    without returning it, ``:: scratch`` when the call freed it before returning."""
     if b.meta.isdigit() and int(b.meta) < len(calls):
         call = calls[int(b.meta)]
         if b.kind:
@@ -205,7 +226,7 @@ def block_key(b: Block, calls: Sequence[Call], running: str, first_mark: int) ->
         elif b.addr in call.outs:
             kind = ""
         else:
-            kind = "scratch" if b.meta == running else "workspace"
+            kind = "scratch" if b.index in scratch else "workspace"
         return call.label + (f" :: {kind}" if kind else "")
     if b.meta == "(before history)":
         return b.meta
@@ -291,8 +312,8 @@ def gap_jumps(
     return [r for r in rows[:top] if r["jump"]]
 
 
-def _key_of(b: Block, calls: Sequence[Call], running: str, first: int) -> str:
-    return block_key(b, calls, running, first)
+def _key_of(b: Block, calls: Sequence[Call], scratch: set[int], first: int) -> str:
+    return block_key(b, calls, scratch, first)
 
 
 def analyze(
@@ -302,6 +323,7 @@ def analyze(
     curve, _ = replay(events, start)
     windows = step_windows(events)
     first_mark = min((lo for lo, _ in windows.values()), default=len(events))
+    scratch = freed_inside(events)
     out: dict[int, dict[str, Any]] = {}
     for step, (lo, hi) in windows.items():
         i = peak_moment(curve, events, calls, lo, hi)
@@ -315,7 +337,7 @@ def analyze(
             "step_call_peak": exact,
             "rounded_at_moment": curve[i],
             "rounded_max_in_step": max(curve[lo:hi]),
-            "groups": group(live, functools.partial(_key_of, calls=calls, running=running, first=first_mark)),
+            "groups": group(live, functools.partial(_key_of, calls=calls, scratch=scratch, first=first_mark)),
             "frames": group(live, lambda b: frame_key(b.frames)),
         }
     return out
@@ -338,6 +360,7 @@ def compare(
                 "real_call_peak": r["call_peak"],
                 "est_call_peak": e["call_peak"],
                 "delta_rounded": total,
+                "delta_exact": (r["call_peak"] or 0) - (e["call_peak"] or 0),
                 "real_slack": (r["call_peak"] or 0) - r["rounded_at_moment"],
                 "est_slack": (e["call_peak"] or 0) - e["rounded_at_moment"],
                 "by_key": by_key,
@@ -368,7 +391,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"ERROR ({result.get('stage')}): {result['error']}")
     for s in result.get("steps", []):
         lines.append(
-            f"-- step {s['step']}: real - estimate at the peaks: {s['delta_rounded']:+,} B rounded "
+            f"-- step {s['step']}: real - estimate at the peaks: {s['delta_exact']:+,} B "
+            f"({s['real_call_peak'] or 0:,} - {s['est_call_peak'] or 0:,}), {s['delta_rounded']:+,} B in blocks rounded "
             f"(block slack real {s['real_slack']:,}, est {s['est_slack']:,})"
         )
         lines.append(f"   real peak in {s['real_at']}; estimate peak in {s['est_at']}")
@@ -398,7 +422,12 @@ def _storage_ptrs(out: Any, ptr: Callable[[Any], int]) -> frozenset[int]:
     from torch.utils._pytree import tree_flatten
 
     leaves, _ = tree_flatten(out)
-    return frozenset(ptr(t.untyped_storage()) for t in leaves if isinstance(t, torch.Tensor))
+    ptrs = set()
+    for t in leaves:
+        if isinstance(t, torch.Tensor):
+            with contextlib.suppress(Exception):  # a tensor without storage: not an allocation
+                ptrs.add(ptr(t.untyped_storage()))
+    return frozenset(ptrs)
 
 
 class CudaBackend:
@@ -618,7 +647,7 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
             ops[c.op] = ops.get(c.op, 0) + 1
     info: dict[str, Any] = {
         "step_peaks": peaks,
-        "attn_impl": getattr(model.config, "_attn_implementation", None),
+        "attn_impl": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "attention_ops": ops,
         "metadata_supported": backend.metadata,
         "calls": len(calls),
@@ -803,6 +832,8 @@ def estimate_run(panel: Any, name: str, attn: str | None, gpu: str | None, devic
         "peak_bytes": est.peak_bytes,
         "reserved_peak_bytes": est.reserved_peak_bytes,
         "step_peaks": [log.step_peaks.get(s, 0) for s in (1, 2)],
+        # the log replays what the estimate replayed: its peak is the estimate's (CUDA view)
+        "log_matches_estimate": max(log.step_peaks.values(), default=0) == est.peak_bytes,
         "peak_at": f"{est.peak_module} ({est.peak_phase}, step {est.peak_step})",
         "by_category": est.by_category,
         "workspace_bytes": est.workspace_bytes,

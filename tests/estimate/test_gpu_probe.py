@@ -1,0 +1,186 @@
+"""tools/gpu_estimate_peak.py: the peak-finding replay of an allocator history and its grouping.
+
+The history is a synthetic ``torch.cuda.memory._snapshot()`` (segments with blocks, one device
+trace of alloc / free_requested / free_completed events with addr, size, frames and the call's
+index as user metadata), so every figure below is known by hand. The last test runs the tool's
+``--cpu-dry-run`` path on a tiny model: a real CPU run against the estimate on ``device="cpu"``,
+which must agree to the byte at both steps' peaks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_estimate_peak.py"
+MiB = 1 << 20
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_estimate_peak", TOOL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+probe = _tool()
+HF = [
+    {
+        "filename": "/venv/site-packages/transformers/models/vit/modeling_vit.py",
+        "line": 10,
+        "name": "__init__",
+    }
+]
+
+
+def _ev(action: str, addr: int, size: int, meta: str = "", frames: Any = None) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "user_metadata": meta, "frames": frames or []}
+
+
+def _free(addr: int, meta: str = "") -> list[dict[str, Any]]:
+    return [_ev("free_requested", addr, 0, meta), _ev("free_completed", addr, 0, meta)]
+
+
+def _mark(step: int) -> list[dict[str, Any]]:
+    return [_ev("alloc", 0x9000, probe.MARK + step), *_free(0x9000)]
+
+
+A, X, W, S, Y, Z, BIG = 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000
+EVENTS = [
+    _ev("alloc", A, 4_000_000, frames=HF),  # a parameter, before the first step
+    *_mark(1),
+    _ev("alloc", X, 1000, "0"),  # call 0 returns X
+    _ev("alloc", W, 32 * MiB, "1"),  # call 1 keeps W (a library workspace)
+    _ev("alloc", S, 3000, "1"),  # ... frees S before it returns (scratch)
+    _ev("alloc", Y, 2_000_000, "1"),  # ... and returns Y: the step's peak
+    *_free(S, "1"),
+    *_free(X, "2"),  # call 2 frees X and returns Z
+    _ev("alloc", Z, 100, "2"),
+    *_mark(2),
+    _ev("alloc", BIG, 40_000_100, "3"),  # call 3 returns BIG, freed after it
+    *_free(BIG),
+]
+#: rounded blocks live at step 1's peak (the 4th event of call 1)
+STEP1 = {"setup": 4_000_256, "X": 1024, "W": 32 * MiB, "S": 3072, "Y": 2_000_384}
+SLACK = MiB  # what the exact peak of call 1 says beyond the rounded blocks (an unsplit block)
+
+
+def _calls() -> list[Any]:
+    c = probe.Call
+    return [
+        c(1, "aten.mm.default", False, "layer", frozenset({X}), peak=4_001_280, after=4_001_280),
+        c(1, "aten.addmm.default", True, "head", frozenset({Y}), peak=sum(STEP1.values()) + SLACK),
+        c(1, "aten.add.Tensor", False, "layer", frozenset({Z}), peak=1, after=1),
+        c(2, "aten.mm.default", False, "layer", frozenset({BIG}), peak=80 * MiB),
+    ]
+
+
+def test_replay_finds_each_steps_peak_and_groups_its_live_blocks_by_call() -> None:
+    steps = probe.analyze(EVENTS, _calls(), {})
+    one = steps[1]
+    assert one["at"] == "aten.addmm.default [bw] @head"
+    assert one["rounded_at_moment"] == sum(STEP1.values())
+    assert one["call_peak"] - one["rounded_at_moment"] == SLACK
+    assert one["groups"] == {
+        probe.SETUP: [STEP1["setup"], 1],
+        "aten.mm.default @layer": [STEP1["X"], 1],
+        "aten.addmm.default [bw] @head :: workspace": [STEP1["W"], 1],
+        "aten.addmm.default [bw] @head :: scratch": [STEP1["S"], 1],
+        "aten.addmm.default [bw] @head": [STEP1["Y"], 1],
+    }
+    assert one["frames"]["transformers/models/vit/modeling_vit.py:10:__init__"] == [STEP1["setup"], 1]
+    two = steps[2]  # X and S are gone, Z came; BIG is the new block
+    assert two["at"] == "aten.mm.default @layer"
+    assert two["groups"] == {
+        probe.SETUP: [4_000_256, 1],
+        "aten.addmm.default [bw] @head :: workspace": [32 * MiB, 1],
+        "aten.addmm.default [bw] @head": [2_000_384, 1],
+        "aten.add.Tensor @layer": [512, 1],
+        "aten.mm.default @layer": [40_000_512, 1],
+    }
+
+
+def test_a_free_completed_after_the_address_is_reused_frees_nothing() -> None:
+    events = [
+        _ev("alloc", A, 1000),
+        _ev("free_requested", A, 0),
+        _ev("alloc", A, 2000),
+        _ev("free_completed", A, 0),
+    ]
+    curve, live = probe.replay(events, {}, upto=3)
+    assert curve == [1024, 0, 2048, 2048]
+    assert [b.size for b in live.values()] == [2048]
+
+
+def test_blocks_live_before_the_history_are_counted() -> None:
+    events = [*_free(A), _ev("alloc", X, 100), *_free(X)]  # A was allocated before the history
+    snapshot = {
+        "segments": [
+            {
+                "blocks": [
+                    {"address": W, "size": 2048, "requested_size": 700, "state": "active_allocated"},
+                    {"address": X, "size": 512, "requested_size": 100, "state": "active_allocated"},
+                    {"address": S, "size": 4096, "requested_size": 4096, "state": "inactive"},
+                ]
+            }
+        ],
+        "device_traces": [events],
+    }
+    start = probe.initial_live(snapshot, events)
+    assert {a: b.size for a, b in start.items()} == {A: 512, W: 1024}  # X was allocated in the trace
+    curve, _ = probe.replay(events, start)
+    assert curve[0] == 1024  # W stays; A went at its free_requested
+
+
+def test_diff_and_its_collapses_rank_the_largest_difference_first() -> None:
+    real = {"aten.mm.default [bw] @h.0 :: workspace": [8 * MiB, 1], "aten.mm.default @h.0": [3 * MiB, 2]}
+    est = {"aten.mm.default @h.0": [1 * MiB, 1], "aten.gelu.default @h.0": [5 * MiB, 1]}
+    rows = probe.diff(real, est, 10)
+    assert [(r["key"], r["delta"]) for r in rows] == [
+        ("aten.mm.default [bw] @h.0 :: workspace", 8 * MiB),
+        ("aten.gelu.default @h.0", -5 * MiB),
+        ("aten.mm.default @h.0", 2 * MiB),
+    ]
+    assert probe.collapse(real, "op") == {
+        "aten.mm.default [bw] :: workspace": [8 * MiB, 1],
+        "aten.mm.default": [3 * MiB, 2],
+    }
+    assert probe.collapse(real, "module") == {"@h.0 [bw]": [8 * MiB, 1], "@h.0": [3 * MiB, 2]}
+
+
+class _Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(loss=F.mse_loss(self.fc2(torch.relu(self.fc1(x))), y))
+
+
+def test_dry_run_real_cpu_steps_match_the_cpu_estimate_to_the_byte() -> None:
+    panel = SimpleNamespace(
+        PANEL={"tiny": (_Tiny, lambda: {"x": torch.randn(32, 8), "y": torch.randn(32, 4)})},
+        OPTIMIZERS={"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4)},
+        hf_loss=lambda model, batch: model(**batch).loss,
+    )
+    real = probe.real_run(panel, "tiny", None, cuda=False, max_entries=0)
+    est = probe.estimate_run(panel, "tiny", None, gpu="H200", device="cpu")
+    assert real["info"]["calls"] > 20
+    steps = probe.compare(
+        probe.analyze(real["events"], real["calls"], {}), probe.analyze(est["events"], est["calls"], {}), 20
+    )
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert (s["delta_rounded"], s["by_key"]) == (0, [])
+    groups = probe.analyze(real["events"], real["calls"], {})[2]["groups"]
+    # the four parameters (512 B blocks each) and the batch (1,024 + 512 B), made before step 1
+    assert groups[probe.SETUP] == [4 * 512 + 1024 + 512, 6]

@@ -171,9 +171,10 @@ def peak_moment(
     whose exact peak is largest; inside it the event with the most live bytes. The whole window
     when no event names a call."""
     best, best_key = -1, None
-    for key in {str(ev.get("user_metadata") or "") for ev in events[lo:hi]}:
-        if key.isdigit() and int(key) < len(calls) and calls[int(key)].peak > best:
-            best, best_key = calls[int(key)].peak, key
+    named = {int(k) for k in (str(ev.get("user_metadata") or "") for ev in events[lo:hi]) if k.isdigit()}
+    for idx in sorted(c for c in named if c < len(calls)):  # the first call at the largest peak
+        if calls[idx].peak > best:
+            best, best_key = calls[idx].peak, str(idx)
     inside = [i for i in range(lo, hi) if best_key is not None and events[i].get("user_metadata") == best_key]
     window = range(inside[0], inside[-1] + 1) if inside else range(lo, hi)
     return max(window, key=lambda i: (curve[i], -i)) if len(window) else lo
@@ -373,6 +374,23 @@ def compare(
             }
         )
     return steps
+
+
+def headline(result: dict[str, Any]) -> str:
+    """A few lines per model for the end of the output: peaks and the four largest differences."""
+    real, est = result.get("real", {}), result.get("estimate", {})
+    lines = [
+        f"{result['model']} (transformers {result.get('transformers')}): {result.get('stage')}"
+        + (f"  ERROR {result['error']}" if result.get("error") else ""),
+        f"  real step peaks {[p[0] for p in real.get('step_peaks', [])]} fixture {real.get('fixture_step_peaks')}"
+        f" estimate {est.get('step_peaks')}; attention {real.get('attn_impl')}: {sorted(real.get('attention_ops', {}))}",
+    ]
+    for s in result.get("steps", []):
+        top = "; ".join(f"{r['key']} {r['delta']:+,}" for r in s["by_key"][:4])
+        lines.append(
+            f"  step {s['step']} real-est {s['delta_exact']:+,} (blocks {s['delta_rounded']:+,}): {top}"
+        )
+    return "\n".join(lines)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -861,14 +879,15 @@ def fixture_peaks(name: str, attn: str | None) -> list[int] | None:
 
 
 def tag_of(spec: str) -> str:
-    return spec.replace(":", "_")
+    """``t5:eager@alt`` -> ``t5_eager_alt`` (``@alt``: run with ``--also-with``'s packages first)."""
+    return spec.replace(":", "_").replace("@", "_")
 
 
 def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "4")))
-    name, _, attn_text = spec.partition(":")
+    name, _, attn_text = spec.split("@", 1)[0].partition(":")
     attn = attn_text or None
     out = Path(args.out)
     cuda = not args.cpu_dry_run and torch.cuda.is_available()
@@ -883,7 +902,7 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
     def save() -> None:
-        (out / f"{tag_of(spec)}.json").write_text(json.dumps(result, indent=1, default=str))
+        (out / f"{tag_of(spec)}.json").write_text(json.dumps(result, separators=(",", ":"), default=str))
 
     try:
         import transformers
@@ -940,7 +959,7 @@ def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[
     if rc != 0 or result.get("stage") != "done":
         result.setdefault("error", f"child exit {rc}")
         result["stderr_tail"] = err[-2000:]
-        path.write_text(json.dumps(result, indent=1, default=str))
+        path.write_text(json.dumps(result, separators=(",", ":"), default=str))
         (Path(args.out) / f"{tag_of(spec)}.txt").write_text(render(result) + "\n")
     result["wall_seconds"] = seconds
     return result
@@ -952,12 +971,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_probe_out")
     ap.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "0") or 0))
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("PROBE_TIMEOUT", "150")))
-    ap.add_argument("--top", type=int, default=24, help="rows per diff")
+    ap.add_argument("--top", type=int, default=16, help="rows per diff")
     ap.add_argument("--max-entries", type=int, default=2_000_000, help="allocator history entries")
     ap.add_argument("--gpu", default=None, help="the estimate's target (default: this GPU; dry run: H200)")
     ap.add_argument("--estimate-device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
+    ap.add_argument("--also-with", help="a site directory (e.g. another transformers) for --also-models")
+    ap.add_argument("--also-models", default="vit,t5:eager", help="models to run again with --also-with")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -969,10 +990,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     env.setdefault("MALLOC_ARENA_MAX", "1")
     env.pop("CUBLAS_WORKSPACE_CONFIG", None)  # the measurement ran with torch's default
     specs = [s.strip() for s in args.models.split(",") if s.strip()]
-    workers = args.workers or (1 if args.cpu_dry_run else len(specs))
+    jobs = [(s, env) for s in specs]
+    if args.also_with:  # the same models again, another transformers (or torch) first on the path
+        alt = {**env, "PYTHONPATH": os.pathsep.join([args.also_with, env.get("PYTHONPATH", "")])}
+        jobs += [(f"{s.strip()}@alt", alt) for s in args.also_models.split(",") if s.strip()]
+    specs = [s for s, _ in jobs]
+    workers = args.workers or (1 if args.cpu_dry_run else len(jobs))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        results = list(pool.map(lambda s: run_child(s, args, env), specs))
+        results = list(pool.map(lambda job: run_child(job[0], args, job[1]), jobs))
     summary = []
     for spec, res in zip(specs, results, strict=True):
         print((Path(args.out) / f"{tag_of(spec)}.txt").read_text())
@@ -998,6 +1024,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     (Path(args.out) / "summary.json").write_text(
         json.dumps({"total_seconds": total, "rows": summary}, indent=1)
     )
+    print("== headlines (real - estimate at each side's peak; details in <model>.txt)")
+    for res in results:
+        print(headline(res))
     print(f"== {len(specs)} models in {total} s (workers {workers}); JSON and text under {args.out}")
     for row in summary:
         print(f"   {row['model']}: {row['stage']} {row['seconds']} {row['error'] or ''}")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import importlib.util
 import itertools
 import json
@@ -114,10 +113,12 @@ def initial_live(snapshot: dict[str, Any], events: Sequence[Event]) -> dict[int,
         elif ev.get("action") in ("free_requested", "free_completed") and addr not in seen_alloc:
             out.setdefault(addr, Block(addr, rounded(ev["size"]), "(before history)", -1))
     for seg in snapshot.get("segments", []):
+        addr = int(seg.get("address", 0))  # a segment's blocks lie one after the other from it
         for blk in seg.get("blocks", []):
-            if blk.get("state") == "active_allocated" and blk["address"] not in seen_alloc:
+            if blk.get("state") == "active_allocated" and addr not in seen_alloc:
                 size = blk.get("requested_size") or blk["size"]
-                out.setdefault(blk["address"], Block(blk["address"], rounded(size), "(before history)", -1))
+                out.setdefault(addr, Block(addr, rounded(size), "(before history)", -1))
+            addr += int(blk["size"])
     return out
 
 
@@ -313,44 +314,100 @@ def gap_jumps(
     return [r for r in rows[:top] if r["jump"]]
 
 
-def _key_of(b: Block, calls: Sequence[Call], scratch: set[int], first: int) -> str:
-    return block_key(b, calls, scratch, first)
+class Side:
+    """One side's history (real or estimate) and its calls: peaks, moments and live sets."""
+
+    def __init__(self, events: Sequence[Event], calls: Sequence[Call], start: dict[int, Block]) -> None:
+        self.events, self.calls, self.start = events, calls, start
+        self.curve, _ = replay(events, start)
+        self.windows = step_windows(events)
+        self.first_mark = min((lo for lo, _ in self.windows.values()), default=len(events))
+        self.scratch = freed_inside(events)
+
+    def peak(self, step: int) -> int:
+        lo, hi = self.windows[step]
+        return peak_moment(self.curve, self.events, self.calls, lo, hi)
+
+    def call_at(self, i: int) -> int | None:
+        meta = str(self.events[i].get("user_metadata") or "")
+        return int(meta) if meta.isdigit() and int(meta) < len(self.calls) else None
+
+    def nth(self, idx: int) -> tuple[str, int]:
+        """The call's label, and how many calls of its step with that label came before it."""
+        call = self.calls[idx]
+        return call.label, sum(1 for c in self.calls[:idx] if c.step == call.step and c.label == call.label)
+
+    def moment_of(self, step: int, label: str, n: int) -> int | None:
+        """The moment of most live bytes in the ``n``-th call ``label`` of ``step`` (where it made no
+        event: the last event of a call before it)."""
+        hits = [i for i, c in enumerate(self.calls) if c.step == step and c.label == label]
+        if n >= len(hits):
+            return None
+        inside = [i for i, ev in enumerate(self.events) if ev.get("user_metadata") == str(hits[n])]
+        if inside:
+            return max(range(inside[0], inside[-1] + 1), key=lambda i: (self.curve[i], -i))
+        before = [i for i in range(len(self.events)) if (self.call_at(i) or -1) in range(hits[n])]
+        return before[-1] if before else None
+
+    def key(self, b: Block) -> str:
+        return block_key(b, self.calls, self.scratch, self.first_mark)
+
+    def view(self, i: int) -> dict[str, Any]:
+        """The live blocks after event ``i``, grouped, with the call running then."""
+        _, live = replay(self.events, self.start, upto=i)
+        idx = self.call_at(i)
+        call = self.calls[idx] if idx is not None else None
+        return {
+            "at": call.label if call else "(between ops)",
+            "call": idx,
+            "call_peak": call.peak if call else None,
+            "rounded_at_moment": self.curve[i],
+            "groups": group(live, self.key),
+            "frames": group(live, lambda b: frame_key(b.frames)),
+        }
 
 
 def analyze(
     events: Sequence[Event], calls: Sequence[Call], start: dict[int, Block]
 ) -> dict[int, dict[str, Any]]:
     """Per step: the call and moment of the peak, exact and rounded bytes there, the live blocks."""
-    curve, _ = replay(events, start)
-    windows = step_windows(events)
-    first_mark = min((lo for lo, _ in windows.values()), default=len(events))
-    scratch = freed_inside(events)
-    out: dict[int, dict[str, Any]] = {}
-    for step, (lo, hi) in windows.items():
-        i = peak_moment(curve, events, calls, lo, hi)
-        _, live = replay(events, start, upto=i)
-        running = str(events[i].get("user_metadata") or "")
-        call = calls[int(running)] if running.isdigit() and int(running) < len(calls) else None
-        exact = max((c.peak for c in calls if c.step == step), default=0)
-        out[step] = {
-            "at": call.label if call else "(between ops)",
-            "call_peak": call.peak if call else None,
-            "step_call_peak": exact,
-            "rounded_at_moment": curve[i],
-            "rounded_max_in_step": max(curve[lo:hi]),
-            "groups": group(live, functools.partial(_key_of, calls=calls, scratch=scratch, first=first_mark)),
-            "frames": group(live, lambda b: frame_key(b.frames)),
-        }
+    side = Side(events, calls, start)
+    out = {}
+    for step, (lo, hi) in side.windows.items():
+        out[step] = side.view(side.peak(step))
+        out[step]["step_call_peak"] = max((c.peak for c in calls if c.step == step), default=0)
+        out[step]["rounded_max_in_step"] = max(side.curve[lo:hi])
     return out
 
 
-def compare(
-    real: dict[int, dict[str, Any]], est: dict[int, dict[str, Any]], top: int
-) -> list[dict[str, Any]]:
-    """Per step, real against estimate at each side's own peak."""
+def _same_call(
+    here: Side, there: Side, step: int, idx: int | None, top: int, real_first: bool
+) -> dict[str, Any] | None:
+    """``there``'s live blocks in the call that matches ``here``'s call ``idx`` (label and
+    occurrence in the step), diffed real - estimate against ``here``'s at its peak."""
+    if idx is None:
+        return None
+    label, n = here.nth(idx)
+    j = there.moment_of(step, label, n)
+    if j is None:
+        return {"call": label, "occurrence": n, "missing": True}
+    mine, theirs = here.view(here.peak(step)), there.view(j)
+    real, est = (mine, theirs) if real_first else (theirs, mine)
+    return {
+        "call": label,
+        "occurrence": n,
+        "other_rounded": theirs["rounded_at_moment"],
+        "other_call_peak": theirs["call_peak"],
+        "delta_rounded": real["rounded_at_moment"] - est["rounded_at_moment"],
+        "by_key": diff(real["groups"], est["groups"], top),
+    }
+
+
+def compare(real: Side, est: Side, top: int) -> list[dict[str, Any]]:
+    """Per step, real against estimate at each side's own peak, and each side at the other's peak call."""
     steps = []
-    for step in sorted(set(real) & set(est)):
-        r, e = real[step], est[step]
+    for step in sorted(set(real.windows) & set(est.windows)):
+        r, e = real.view(real.peak(step)), est.view(est.peak(step))
         by_key = diff(r["groups"], e["groups"], top)
         total = r["rounded_at_moment"] - e["rounded_at_moment"]
         steps.append(
@@ -368,6 +425,8 @@ def compare(
                 "by_key_rest": total - sum(row["delta"] for row in by_key),
                 "by_op": diff(collapse(r["groups"], "op"), collapse(e["groups"], "op"), top // 2),
                 "by_module": diff(collapse(r["groups"], "module"), collapse(e["groups"], "module"), top // 2),
+                "est_in_real_peak_call": _same_call(real, est, step, r["call"], top // 2, True),
+                "real_in_est_peak_call": _same_call(est, real, step, e["call"], top // 2, False),
                 "real_by_frame": sorted(
                     ([k, *v] for k, v in r["frames"].items()), key=lambda row: -int(row[1])
                 )[:12],
@@ -405,6 +464,10 @@ def render(result: dict[str, Any]) -> str:
         f"estimate: step peaks {est.get('step_peaks')} (peak_bytes {est.get('peak_bytes')}) "
         f"at {est.get('peak_at')}; workspaces {est.get('workspace_bytes')}",
     ]
+    if real and not real.get("events_with_metadata"):
+        lines.append(
+            "WARNING: no user metadata in the history: blocks fall under (setup)/(unlabeled) by frame"
+        )
     if result.get("error"):
         lines.append(f"ERROR ({result.get('stage')}): {result['error']}")
     for s in result.get("steps", []):
@@ -425,6 +488,23 @@ def render(result: dict[str, Any]) -> str:
                     f"   {row['delta']:+15,} {row['real']:15,} {row['est']:15,}  {row['n'][0]:>5}/{row['n'][1]:<5}  {row['key']}"
                 )
         lines.append(f"   (rest of the difference outside the rows above: {s['by_key_rest']:+,} B)")
+        for title, same in (
+            ("the estimate inside the real peak's call", s.get("est_in_real_peak_call")),
+            ("the real run inside the estimate peak's call", s.get("real_in_est_peak_call")),
+        ):
+            if not same:
+                continue
+            head = f"   {title} ({same['call']} #{same['occurrence']})"
+            if same.get("missing"):
+                lines.append(head + ": no such call there")
+                continue
+            lines.append(
+                f"{head}: {same['other_rounded']:,} B in blocks (call peak {same['other_call_peak']}); "
+                f"real - estimate {same['delta_rounded']:+,}"
+            )
+            lines += [
+                f"   {r['delta']:+15,} {r['real']:15,} {r['est']:15,}  {r['key']}" for r in same["by_key"]
+            ]
     jumps = result.get("gap_jumps") or []
     if jumps:
         lines.append("-- where real - estimate (allocated after each module run) jumps:")
@@ -680,6 +760,7 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
         info["allocator_settings"] = snap.get("allocator_settings")
     events = backend.events(snap)
     info["events"] = len(events)
+    info["events_with_metadata"] = sum(1 for ev in events if ev.get("user_metadata"))
     return {"info": info, "events": events, "calls": calls, "snapshot": snap}
 
 
@@ -926,9 +1007,8 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         save()
         t0 = time.perf_counter()
         snap, events = real["snapshot"], real["events"]
-        real_steps = analyze(events, real["calls"], initial_live(snap, events))
-        est_steps = analyze(est["events"], est["calls"], {})
-        result["steps"] = compare(real_steps, est_steps, args.top)
+        real_side = Side(events, real["calls"], initial_live(snap, events))
+        result["steps"] = compare(real_side, Side(est["events"], est["calls"], {}), args.top)
         result["gap_jumps"] = gap_jumps(module_runs(real["calls"]), module_runs(est["calls"]), 15)
         result["analysis_seconds"] = round(time.perf_counter() - t0, 1)
         result["stage"] = "done"

@@ -124,14 +124,15 @@ def test_a_free_completed_after_the_address_is_reused_frees_nothing() -> None:
 def test_blocks_live_before_the_history_are_counted() -> None:
     events = [*_free(A), _ev("alloc", X, 100), *_free(X)]  # A was allocated before the history
     snapshot = {
-        "segments": [
+        "segments": [  # blocks carry no address: they follow each other from the segment's
             {
+                "address": W,
                 "blocks": [
-                    {"address": W, "size": 2048, "requested_size": 700, "state": "active_allocated"},
-                    {"address": X, "size": 512, "requested_size": 100, "state": "active_allocated"},
-                    {"address": S, "size": 4096, "requested_size": 4096, "state": "inactive"},
-                ]
-            }
+                    {"size": 2048, "requested_size": 700, "state": "active_allocated"},  # at W
+                    {"size": 4096, "requested_size": 4096, "state": "inactive"},
+                ],
+            },
+            {"address": X, "blocks": [{"size": 512, "requested_size": 100, "state": "active_allocated"}]},
         ],
         "device_traces": [events],
     }
@@ -176,11 +177,28 @@ def test_dry_run_real_cpu_steps_match_the_cpu_estimate_to_the_byte() -> None:
     est = probe.estimate_run(panel, "tiny", None, gpu="H200", device="cpu")
     assert real["info"]["calls"] > 20
     steps = probe.compare(
-        probe.analyze(real["events"], real["calls"], {}), probe.analyze(est["events"], est["calls"], {}), 20
+        probe.Side(real["events"], real["calls"], {}), probe.Side(est["events"], est["calls"], {}), 20
     )
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
         assert (s["delta_rounded"], s["by_key"]) == (0, [])
+        assert s["est_in_real_peak_call"]["by_key"] == s["real_in_est_peak_call"]["by_key"] == []
     groups = probe.analyze(real["events"], real["calls"], {})[2]["groups"]
     # the four parameters (512 B blocks each) and the batch (1,024 + 512 B), made before step 1
     assert groups[probe.SETUP] == [4 * 512 + 1024 + 512, 6]
+
+
+def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -> None:
+    est_events = [ev for ev in EVENTS if ev["addr"] != W]  # the estimate misses call 1's workspace
+    real, est = probe.Side(EVENTS, _calls(), {}), probe.Side(est_events, _calls(), {})
+    one = probe.compare(real, est, 10)[0]
+    workspace = [("aten.addmm.default [bw] @head :: workspace", 32 * MiB)]
+    assert one["delta_rounded"] == 32 * MiB
+    assert [(r["key"], r["delta"]) for r in one["by_key"]] == workspace
+    same = one["est_in_real_peak_call"]
+    assert (same["call"], same["occurrence"], same["other_rounded"]) == (
+        "aten.addmm.default [bw] @head",
+        0,
+        sum(STEP1.values()) - 32 * MiB,
+    )
+    assert [(r["key"], r["delta"]) for r in same["by_key"]] == workspace

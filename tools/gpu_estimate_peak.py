@@ -470,6 +470,10 @@ def render(result: dict[str, Any]) -> str:
         )
     if result.get("error"):
         lines.append(f"ERROR ({result.get('stage')}): {result['error']}")
+        for part, tb in (result.get("tracebacks") or {}).items():
+            lines.append(f"--- traceback ({part}), last lines:\n{tb[-1500:]}")
+        if result.get("stderr_tail"):
+            lines.append(f"--- stderr, last lines:\n{result['stderr_tail'][-1500:]}")
     for s in result.get("steps", []):
         lines.append(
             f"-- step {s['step']}: real - estimate at the peaks: {s['delta_exact']:+,} B "
@@ -985,36 +989,48 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     def save() -> None:
         (out / f"{tag_of(spec)}.json").write_text(json.dumps(result, separators=(",", ":"), default=str))
 
-    try:
+    def stage(name: str, work: Callable[[], Any]) -> Any:
+        """Run one part; a failure is written down and the next part still runs where it can."""
+        t0 = time.perf_counter()
+        try:
+            return work()
+        except Exception as err:  # the parent reports it; the other parts and models go on
+            result.setdefault("error", f"{name}: {type(err).__name__}: {err}")
+            result.setdefault("tracebacks", {})[name] = traceback.format_exc()[-3000:]
+            return None
+        finally:
+            result.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+            save()
+
+    def versions() -> Any:
         import transformers
 
         result["transformers"] = transformers.__version__
-        panel = load_panel()
-        t0 = time.perf_counter()
-        real = real_run(panel, name, attn, cuda, args.max_entries)
+        return load_panel()
+
+    panel = stage("import", versions)
+    if panel is None:
+        return result
+    real = stage("real", lambda: real_run(panel, name, attn, cuda, args.max_entries))
+    if real is not None:
         result["real"] = {**real["info"], "fixture_step_peaks": fixture_peaks(name, attn)}
-        result["real"]["seconds"] = round(time.perf_counter() - t0, 1)
         if args.keep_snapshot:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
-        result["stage"] = "real run done"
-        save()
-        t0 = time.perf_counter()
-        gpu = args.gpu or (None if cuda else "H200")
-        est = estimate_run(panel, name, attn, gpu, args.estimate_device)
-        result["estimate"] = {**est["info"], "seconds": round(time.perf_counter() - t0, 1)}
-        result["stage"] = "estimate done"
-        save()
-        t0 = time.perf_counter()
-        snap, events = real["snapshot"], real["events"]
-        real_side = Side(events, real["calls"], initial_live(snap, events))
-        result["steps"] = compare(real_side, Side(est["events"], est["calls"], {}), args.top)
-        result["gap_jumps"] = gap_jumps(module_runs(real["calls"]), module_runs(est["calls"]), 15)
-        result["analysis_seconds"] = round(time.perf_counter() - t0, 1)
-        result["stage"] = "done"
-    except Exception as err:  # the parent reports it; the other models go on
-        result["error"] = f"{type(err).__name__}: {err}"
-        result["traceback"] = traceback.format_exc()[-3000:]
+    gpu = args.gpu or (None if cuda else "H200")
+    est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device))
+    if est is not None:
+        result["estimate"] = est["info"]
+    if real is not None and est is not None:
+
+        def analysis() -> None:
+            snap, events = real["snapshot"], real["events"]
+            real_side = Side(events, real["calls"], initial_live(snap, events))
+            result["steps"] = compare(real_side, Side(est["events"], est["calls"], {}), args.top)
+            result["gap_jumps"] = gap_jumps(module_runs(real["calls"]), module_runs(est["calls"]), 15)
+
+        stage("analysis", analysis)
+    result["stage"] = "done" if "error" not in result else "failed"
     save()
     text = render(result)
     (out / f"{tag_of(spec)}.txt").write_text(text + "\n")
@@ -1092,12 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fixture_step_peaks": res.get("real", {}).get("fixture_step_peaks"),
                 "estimate_step_peaks": res.get("estimate", {}).get("step_peaks"),
                 "delta_rounded_by_step": [s["delta_rounded"] for s in steps],
-                "seconds": {
-                    "wall": res.get("wall_seconds"),
-                    "real": res.get("real", {}).get("seconds"),
-                    "estimate": res.get("estimate", {}).get("seconds"),
-                    "analysis": res.get("analysis_seconds"),
-                },
+                "seconds": {"wall": res.get("wall_seconds"), **(res.get("seconds") or {})},
             }
         )
     total = round(time.perf_counter() - t0, 1)

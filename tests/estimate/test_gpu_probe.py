@@ -202,3 +202,88 @@ def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -
         sum(STEP1.values()) - 32 * MiB,
     )
     assert [(r["key"], r["delta"]) for r in same["by_key"]] == workspace
+
+
+class _FakeCuda:
+    """The torch.cuda calls the tool's CudaBackend makes, over a count of allocated bytes."""
+
+    def __init__(self) -> None:
+        self.allocated = self.peak = 0
+        self.meta = ""
+        self.events: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []
+
+    def alloc(self, addr: int, size: int) -> None:
+        self.events.append(_ev("alloc", addr, size, self.meta))
+        self.allocated += probe.rounded(size)
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, addr: int, size: int) -> None:
+        self.events += _free(addr, self.meta)
+        self.allocated -= probe.rounded(size)
+
+    def reset_peak(self, *args: Any) -> None:
+        self.peak = self.allocated
+
+    def empty(self, n: int, **kwargs: Any) -> Any:
+        assert kwargs["device"] == "cuda"
+        self.alloc(0x9000, n)
+        fake = self
+
+        class _Marker:
+            def __del__(self) -> None:
+                fake.free(0x9000, n)
+
+        return _Marker()
+
+
+def test_cuda_backend_tags_each_call_and_folds_the_peaks_between_calls(monkeypatch: Any) -> None:
+    """The CUDA side's calls, on a fake torch.cuda: every name it uses exists and adds up."""
+    fake = _FakeCuda()
+    cuda, mem = torch.cuda, torch.cuda.memory
+    monkeypatch.setattr(mem, "_record_memory_history", lambda **kw: fake.history.append(kw))
+    monkeypatch.setattr(mem, "_set_memory_metadata", lambda s: setattr(fake, "meta", s))
+    monkeypatch.setattr(
+        mem, "_snapshot", lambda *a, **k: {"segments": [], "device_traces": [list(fake.events)]}
+    )
+    monkeypatch.setattr(cuda, "reset_peak_memory_stats", fake.reset_peak)
+    monkeypatch.setattr(cuda, "max_memory_allocated", lambda *a: fake.peak)
+    monkeypatch.setattr(cuda, "memory_allocated", lambda *a: fake.allocated)
+    monkeypatch.setattr(cuda, "max_memory_reserved", lambda *a: 20 * MiB)
+    monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch._C, "_cuda_clearCublasWorkspaces", lambda: fake.free(W, 32 * MiB), raising=False
+    )
+    monkeypatch.setattr(torch, "empty", fake.empty)
+
+    backend = probe.CudaBackend(max_entries=1000)
+    assert fake.history == [{"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 1000}]
+    fake.alloc(A, 4_000_000)  # the model, built before the first step
+    backend.mark(1)
+    calls = [probe.Call(1, "aten.addmm.default", False, "fc")]
+    backend.begin(0)
+    fake.alloc(W, 32 * MiB)  # a workspace the call keeps
+    fake.alloc(S, 3000)
+    fake.free(S, 3000)
+    backend.end(calls[0], None)
+    assert (calls[0].peak, calls[0].after, fake.meta) == (
+        4_000_256 + 32 * MiB + 3072,
+        4_000_256 + 32 * MiB,
+        "",
+    )
+    fake.alloc(X, 50 * MiB)  # between calls: still the step's
+    fake.free(X, 50 * MiB)
+    assert backend.step_end() == [4_000_256 + 82 * MiB, 20 * MiB]
+    snap = backend.snapshot()
+    assert fake.history[-1] == {"enabled": None}
+    events = backend.events(snap)
+    assert [ev["user_metadata"] for ev in events if ev["action"] == "alloc"] == ["", "", "0", "0", ""]
+    side = probe.Side(events, calls, probe.initial_live(snap, events))
+    view = side.view(side.peak(1))
+    assert view["groups"] == {
+        probe.SETUP: [4_000_256, 1],
+        "aten.addmm.default @fc :: workspace": [32 * MiB, 1],
+        "aten.addmm.default @fc :: scratch": [3072, 1],
+    }
+    assert backend.cublas_workspace() == 32 * MiB

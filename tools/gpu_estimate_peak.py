@@ -272,44 +272,26 @@ def diff(real: Groups, est: Groups, top: int) -> list[dict[str, Any]]:
     return rows[:top]
 
 
-def module_runs(calls: Sequence[Call], depth: int = 3) -> list[dict[str, Any]]:
-    """Consecutive calls of one (step, forward/backward, module cut to ``depth`` parts): allocated
-    after the run's last call and the largest peak in it."""
-    runs: list[dict[str, Any]] = []
+def module_peaks(calls: Sequence[Call], depth: int = 3) -> dict[str, int]:
+    """The largest allocated inside each (step, forward/backward, module cut to ``depth`` parts),
+    in the order they first ran."""
+    out: dict[str, int] = {}
     for call in calls:
-        mod = ".".join(call.module.split(".")[:depth])
-        key = f"s{call.step} {'bw' if call.bw else 'fw'} {mod}"
-        if runs and runs[-1]["key"] == key:
-            runs[-1]["after"] = call.after
-            runs[-1]["peak"] = max(runs[-1]["peak"], call.peak)
-        else:
-            runs.append({"key": key, "after": call.after, "peak": call.peak})
-    return runs
+        key = f"s{call.step} {'bw' if call.bw else 'fw'} {'.'.join(call.module.split('.')[:depth])}"
+        out[key] = max(out.get(key, 0), call.peak)
+    return out
 
 
-def gap_jumps(
-    real: Sequence[dict[str, Any]], est: Sequence[dict[str, Any]], top: int
-) -> list[dict[str, Any]]:
-    """Where ``real - estimate`` of allocated-after changes most between consecutive module runs
-    (runs matched by key and occurrence)."""
-
-    def keyed(runs: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
-        seen: dict[str, int] = {}
-        out = {}
-        for r in runs:
-            seen[r["key"]] = seen.get(r["key"], 0) + 1
-            out[(r["key"], seen[r["key"]])] = r
-        return out
-
-    est_by = keyed(est)
-    rows, prev = [], 0
-    for k, r in keyed(real).items():
-        e = est_by.get(k)
-        if e is None:
-            continue
-        gap = r["after"] - e["after"]
-        rows.append({"run": k[0], "jump": gap - prev, "gap": gap, "peak_gap": r["peak"] - e["peak"]})
-        prev = gap
+def gap_jumps(real: dict[str, int], est: dict[str, int], top: int) -> list[dict[str, Any]]:
+    """Where ``real - estimate`` of the peak inside each module's forward/backward changes most
+    from the module before (in the real run's order; modules on one side only are skipped)."""
+    rows: list[dict[str, Any]] = []
+    prev = 0
+    for key, peak in real.items():
+        if key in est:
+            gap = peak - est[key]
+            rows.append({"module": key, "jump": gap - prev, "gap": gap, "real": peak, "est": est[key]})
+            prev = gap
     rows.sort(key=lambda row: -abs(row["jump"]))
     return [r for r in rows[:top] if r["jump"]]
 
@@ -403,6 +385,16 @@ def _same_call(
     }
 
 
+def _cross(real: Side, est: Side, step: int, ri: int | None, ei: int | None, top: int) -> dict[str, Any]:
+    """Each side inside the other's peak call, unless both peak in the same call."""
+    if ri is not None and ei is not None and real.nth(ri) == est.nth(ei):
+        return {"same_peak_call": True}
+    return {
+        "est_in_real_peak_call": _same_call(real, est, step, ri, top, True),
+        "real_in_est_peak_call": _same_call(est, real, step, ei, top, False),
+    }
+
+
 def compare(real: Side, est: Side, top: int) -> list[dict[str, Any]]:
     """Per step, real against estimate at each side's own peak, and each side at the other's peak call."""
     steps = []
@@ -425,8 +417,7 @@ def compare(real: Side, est: Side, top: int) -> list[dict[str, Any]]:
                 "by_key_rest": total - sum(row["delta"] for row in by_key),
                 "by_op": diff(collapse(r["groups"], "op"), collapse(e["groups"], "op"), top // 2),
                 "by_module": diff(collapse(r["groups"], "module"), collapse(e["groups"], "module"), top // 2),
-                "est_in_real_peak_call": _same_call(real, est, step, r["call"], top // 2, True),
-                "real_in_est_peak_call": _same_call(est, real, step, e["call"], top // 2, False),
+                **_cross(real, est, step, r["call"], e["call"], top // 2),
                 "real_by_frame": sorted(
                     ([k, *v] for k, v in r["frames"].items()), key=lambda row: -int(row[1])
                 )[:12],
@@ -441,7 +432,8 @@ def headline(result: dict[str, Any]) -> str:
     lines = [
         f"{result['model']} (transformers {result.get('transformers')}): {result.get('stage')}"
         + (f"  ERROR {result['error']}" if result.get("error") else ""),
-        f"  real step peaks {[p[0] for p in real.get('step_peaks', [])]} fixture {real.get('fixture_step_peaks')}"
+        f"  real step peaks {[p[0] for p in real.get('step_peaks', [])]} untagged "
+        f"{[p[0] for p in real.get('plain_step_peaks', [])]} fixture {real.get('fixture_step_peaks')}"
         f" estimate {est.get('step_peaks')}; attention {real.get('attn_impl')}: {sorted(real.get('attention_ops', {}))}",
     ]
     for s in result.get("steps", []):
@@ -459,7 +451,8 @@ def render(result: dict[str, Any]) -> str:
         f"== {result['model']}  [{result.get('device', '?')}; torch {result.get('torch')}; "
         f"transformers {result.get('transformers')}]",
         f"real: attention {real.get('attn_impl')} ops {real.get('attention_ops')}; step peaks "
-        f"{[p[0] for p in real.get('step_peaks', [])]} (fixture {real.get('fixture_step_peaks')}); "
+        f"{[p[0] for p in real.get('step_peaks', [])]} (untagged {[p[0] for p in real.get('plain_step_peaks', [])]}, "
+        f"fixture {real.get('fixture_step_peaks')}); "
         f"cuBLAS workspaces {real.get('cublas_workspace_bytes')}",
         f"estimate: step peaks {est.get('step_peaks')} (peak_bytes {est.get('peak_bytes')}) "
         f"at {est.get('peak_at')}; workspaces {est.get('workspace_bytes')}",
@@ -511,8 +504,12 @@ def render(result: dict[str, Any]) -> str:
             ]
     jumps = result.get("gap_jumps") or []
     if jumps:
-        lines.append("-- where real - estimate (allocated after each module run) jumps:")
-        lines += [f"   {j['jump']:+15,} to {j['gap']:+15,}  {j['run']}" for j in jumps]
+        lines.append("-- where real - estimate of the peak inside a module's forward/backward changes most:")
+        lines.append("            jump     to real - est             real              est  module")
+        lines += [
+            f"   {j['jump']:+15,} {j['gap']:+16,} {j['real']:16,} {j['est']:16,}  {j['module']}"
+            for j in jumps
+        ]
     return "\n".join(lines)
 
 
@@ -712,6 +709,41 @@ def set_attention(model: Any, attn: str | None) -> None:
             m.config._attn_implementation = attn
 
 
+def plain_run(panel: Any, name: str, attn: str | None) -> dict[str, Any]:
+    """The two steps as measured, nothing recorded or tagged (max allocated / reserved per step),
+    then everything freed, the cuBLAS workspaces and the cache too: the tagged run starts fresh."""
+    import gc
+
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    make_model, make_batch = panel.PANEL[name]
+    torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = make_model()
+    set_attention(model, attn)
+    model.train()
+    batch = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), make_batch())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    peaks = []
+    for _ in (1, 2):
+        loss = model(**batch).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.synchronize()
+        peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+        torch.cuda.reset_peak_memory_stats()
+    del model, batch, opt, loss
+    gc.collect()
+    torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return {"plain_step_peaks": peaks, "allocated_after_plain_run": torch.cuda.memory_allocated()}
+
+
 def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: int) -> dict[str, Any]:
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
@@ -719,6 +751,12 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
 
     make_model, make_batch = panel.PANEL[name]
     device = "cuda" if cuda else "cpu"
+    plain: dict[str, Any] = {}
+    if cuda:
+        try:
+            plain = plain_run(panel, name, attn)
+        except Exception as err:  # the tagged run still goes
+            plain = {"plain_error": f"{type(err).__name__}: {err}"}
     backend: Any = CudaBackend(max_entries) if cuda else CpuBackend()
     torch.manual_seed(0)
     with torch.device(device):
@@ -748,6 +786,7 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
         if "attention" in c.op or "softmax" in c.op or "sdp" in c.op:
             ops[c.op] = ops.get(c.op, 0) + 1
     info: dict[str, Any] = {
+        **plain,
         "step_peaks": peaks,
         "attn_impl": getattr(getattr(model, "config", None), "_attn_implementation", None),
         "attention_ops": ops,
@@ -1027,7 +1066,7 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             snap, events = real["snapshot"], real["events"]
             real_side = Side(events, real["calls"], initial_live(snap, events))
             result["steps"] = compare(real_side, Side(est["events"], est["calls"], {}), args.top)
-            result["gap_jumps"] = gap_jumps(module_runs(real["calls"]), module_runs(est["calls"]), 15)
+            result["gap_jumps"] = gap_jumps(module_peaks(real["calls"]), module_peaks(est["calls"]), 15)
 
         stage("analysis", analysis)
     result["stage"] = "done" if "error" not in result else "failed"

@@ -182,26 +182,49 @@ def test_dry_run_real_cpu_steps_match_the_cpu_estimate_to_the_byte() -> None:
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
         assert (s["delta_rounded"], s["by_key"]) == (0, [])
-        assert s["est_in_real_peak_call"]["by_key"] == s["real_in_est_peak_call"]["by_key"] == []
+        assert s["same_peak_call"]
     groups = probe.analyze(real["events"], real["calls"], {})[2]["groups"]
     # the four parameters (512 B blocks each) and the batch (1,024 + 512 B), made before step 1
     assert groups[probe.SETUP] == [4 * 512 + 1024 + 512, 6]
 
 
 def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -> None:
-    est_events = [ev for ev in EVENTS if ev["addr"] != W]  # the estimate misses call 1's workspace
-    real, est = probe.Side(EVENTS, _calls(), {}), probe.Side(est_events, _calls(), {})
+    # the estimate misses call 1's workspace and has 64 MiB more in call 2, where it peaks
+    big = _ev("alloc", 0x8000, 64 * MiB, "2")
+    est_events = [ev for ev in EVENTS if ev["addr"] != W]
+    est_events.insert(est_events.index(_ev("alloc", Z, 100, "2")), big)
+    est_calls = _calls()
+    est_calls[2].peak = 100 * MiB
+    real, est = probe.Side(EVENTS, _calls(), {}), probe.Side(est_events, est_calls, {})
     one = probe.compare(real, est, 10)[0]
-    workspace = [("aten.addmm.default [bw] @head :: workspace", 32 * MiB)]
-    assert one["delta_rounded"] == 32 * MiB
-    assert [(r["key"], r["delta"]) for r in one["by_key"]] == workspace
-    same = one["est_in_real_peak_call"]
-    assert (same["call"], same["occurrence"], same["other_rounded"]) == (
-        "aten.addmm.default [bw] @head",
-        0,
-        sum(STEP1.values()) - 32 * MiB,
-    )
-    assert [(r["key"], r["delta"]) for r in same["by_key"]] == workspace
+    assert (one["real_at"], one["est_at"]) == ("aten.addmm.default [bw] @head", "aten.add.Tensor @layer")
+    workspace = ("aten.addmm.default [bw] @head :: workspace", 32 * MiB)
+    same = one["est_in_real_peak_call"]  # the estimate in call 1: only the workspace is missing
+    assert (same["call"], same["occurrence"]) == ("aten.addmm.default [bw] @head", 0)
+    assert same["other_rounded"] == sum(STEP1.values()) - 32 * MiB
+    assert [(r["key"], r["delta"]) for r in same["by_key"]] == [workspace]
+    other = one["real_in_est_peak_call"]  # the real run in call 2 against the estimate's peak
+    assert [(r["key"], r["delta"]) for r in other["by_key"]] == [
+        ("aten.add.Tensor @layer :: workspace", -64 * MiB),  # not among call 2's outputs
+        workspace,
+    ]
+
+
+def test_gap_jumps_name_the_module_where_the_peaks_part() -> None:
+    c = probe.Call
+    real = [
+        c(1, "aten.mm.default", False, "h.0.mlp", peak=100),
+        c(1, "aten.mm.default", False, "h.1.mlp", peak=300),
+    ]
+    est = [
+        c(1, "aten.mm.default", False, "h.0.mlp", peak=100),
+        c(1, "aten.mm.default", False, "h.1.mlp", peak=200),
+    ]
+    peaks = probe.module_peaks(real, depth=2)
+    assert peaks == {"s1 fw h.0": 100, "s1 fw h.1": 300}
+    assert probe.gap_jumps(peaks, probe.module_peaks(est, depth=2), 5) == [
+        {"module": "s1 fw h.1", "jump": 100, "gap": 100, "real": 300, "est": 200}
+    ]
 
 
 class _FakeCuda:

@@ -4,26 +4,26 @@
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
 # .whl/tf: transformers 5.24.0 and its dependencies (cp312, manylinux x86_64), without numpy
 # (.whl/numpy: carry it too only if the image lacks numpy); .whl/tf517: transformers 5.17.0,
-# the measurement's, run again for ALSO (default vit,t5:eager; ALSO= skips).
+# the measurement's, run again for ALSO (default vit,t5,t5:eager; ALSO= skips).
 # Writes <model>.json and .txt, summary.json, pip.log, probe.log to $OUT; prints the headlines.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_probe_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
+export PROBE_THREADS=${PROBE_THREADS:-2} PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
 links=()
 for d in .whl/tf .whl/numpy .whl; do [ -d "$d" ] && links+=(--find-links "$d"); done
 python3 -c "import transformers" 2>/dev/null ||
     python3 -m pip install -q --no-compile "${links[@]}" transformers==5.24.0 >"$OUT/pip.log" 2>&1 ||
     { tail -5 "$OUT/pip.log"; exit 1; }
 also=()
-ALSO=${ALSO-vit,t5:eager}
+ALSO=${ALSO-vit,t5,t5:eager}
 if [ -d .whl/tf517 ] && [ -n "$ALSO" ] &&
     python3 -m pip install -q --no-compile --no-deps --target /tmp/tf517 .whl/tf517/*.whl >>"$OUT/pip.log" 2>&1; then
     also=(--also-with /tmp/tf517 --also-models "$ALSO")
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 export PYTHONPATH=$PWD/src:$PWD/tests
-timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-6}" \
+timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
     --timeout "${PROBE_TIMEOUT:-200}" --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
 rc=$?
 sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11000

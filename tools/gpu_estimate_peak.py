@@ -161,6 +161,30 @@ def replay(
     return curve, kept
 
 
+def label_by_outputs(events: Sequence[Event], calls: Sequence[Call], lookahead: int = 64) -> None:
+    """Where the history has no user metadata (a torch without ``_set_memory_metadata``): name
+    each event's call by the calls' output addresses, in order (an allocation that is no call's
+    output goes to the last call that allocated an output)."""
+    marks = {i: step for step, i in step_marks(events).items()}
+    first: dict[int, int] = {}
+    for k, call in enumerate(calls):
+        first.setdefault(call.step, k)
+    c: int | None = None
+    marker = None
+    for i, ev in enumerate(events):
+        if i in marks:
+            c, marker = first.get(marks[i]), ev.get("addr")
+            continue
+        if c is None or (ev.get("action") != "alloc" and ev.get("addr") == marker):
+            continue  # before the first step (the model, the batch), or the marker's free
+        if ev.get("action") == "alloc":
+            for k in range(c, min(len(calls), c + lookahead)):
+                if ev.get("addr") in calls[k].outs:
+                    c = k
+                    break
+        ev["user_metadata"] = str(c)
+
+
 def step_windows(events: Sequence[Event]) -> dict[int, tuple[int, int]]:
     """Step -> [first, end) event indices, from one marker to the next."""
     marks = sorted(step_marks(events).items())
@@ -1066,6 +1090,9 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 
         def analysis() -> None:
             snap, events = real["snapshot"], real["events"]
+            if not result["real"].get("events_with_metadata"):
+                label_by_outputs(events, real["calls"])
+                result["real"]["labels"] = "by output addresses (no user metadata in the history)"
             real_side = Side(events, real["calls"], initial_live(snap, events))
             result["steps"] = compare(real_side, Side(est["events"], est["calls"], {}), args.top)
             result["gap_jumps"] = gap_jumps(module_peaks(real["calls"]), module_peaks(est["calls"]), 15)

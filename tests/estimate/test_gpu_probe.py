@@ -310,3 +310,13 @@ def test_cuda_backend_tags_each_call_and_folds_the_peaks_between_calls(monkeypat
         "aten.addmm.default @fc :: scratch": [3072, 1],
     }
     assert backend.cublas_workspace() == 32 * MiB
+
+
+def test_without_user_metadata_calls_are_named_by_their_output_addresses() -> None:
+    events = [{k: v for k, v in ev.items() if k != "user_metadata"} for ev in EVENTS]
+    probe.label_by_outputs(events, _calls())
+    outputs = {ev["addr"]: ev.get("user_metadata") for ev in events if ev["action"] == "alloc"}
+    assert {a: outputs[a] for a in (A, X, Y, Z, BIG)} == {A: None, X: "0", Y: "1", Z: "2", BIG: "3"}
+    assert [ev.get("user_metadata") for ev in events if ev["addr"] == 0x9000] == [None] * 6  # markers
+    # W, allocated in call 1 before its output, goes to call 0 (the last call that made an output)
+    assert outputs[W] == "0"

@@ -974,7 +974,9 @@ class EstimateLog:
                 setattr(owner, name, orig)
 
 
-def estimate_run(panel: Any, name: str, attn: str | None, gpu: str | None, device: str) -> dict[str, Any]:
+def estimate_run(
+    panel: Any, name: str, attn: str | None, gpu: str | None, device: str, version: str | None = None
+) -> dict[str, Any]:
     import torch
 
     from memprofiler.estimate import estimate_memory
@@ -985,7 +987,7 @@ def estimate_run(panel: Any, name: str, attn: str | None, gpu: str | None, devic
         model = make_model()
     set_attention(model, attn)
     model.train()
-    version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    version = version or ".".join(torch.__version__.split("+")[0].split(".")[:2])
     with EstimateLog().installed() as log:
         est = estimate_memory(
             model,
@@ -1083,7 +1085,8 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
     gpu = args.gpu or (None if cuda else "H200")
-    est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device))
+    version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
+    est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))
     if est is not None:
         result["estimate"] = est["info"]
     if real is not None and est is not None:
@@ -1110,6 +1113,7 @@ def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[
     cmd += ["--max-entries", str(args.max_entries), "--estimate-device", args.estimate_device]
     cmd += ["--cpu-dry-run"] * args.cpu_dry_run + ["--keep-snapshot"] * args.keep_snapshot
     cmd += ["--gpu", args.gpu] if args.gpu else []
+    cmd += ["--torch-version", args.torch_version] if args.torch_version else []
     t0 = time.perf_counter()
     path = Path(args.out) / f"{tag_of(spec)}.json"
     try:
@@ -1138,6 +1142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=16, help="rows per diff")
     ap.add_argument("--max-entries", type=int, default=2_000_000, help="allocator history entries")
     ap.add_argument("--gpu", default=None, help="the estimate's target (default: this GPU; dry run: H200)")
+    ap.add_argument("--torch-version", help="the estimate's torch release (default: this one; dry run: 2.11)")
     ap.add_argument("--estimate-device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")

@@ -1,10 +1,11 @@
-"""tools/gpu_estimate_peak.py: the peak-finding replay of an allocator history and its grouping.
+"""tools/gpu_probe (behind tools/gpu_estimate_peak.py): an allocator history replayed and grouped.
 
 The history is a synthetic ``torch.cuda.memory._snapshot()`` (segments with blocks, one device
 trace of alloc / free_requested / free_completed events with addr, size, frames and the call's
-index as user metadata), so every figure below is known by hand. The last test runs the tool's
+index as user metadata), so every figure below is known by hand. One test runs the tool's
 ``--cpu-dry-run`` path on a tiny model: a real CPU run against the estimate on ``device="cpu"``,
-which must agree to the byte at both steps' peaks.
+which must agree to the byte at both steps' peaks; another runs the CUDA side on a fake
+``torch.cuda``.
 """
 
 from __future__ import annotations
@@ -19,20 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_estimate_peak.py"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 MiB = 1 << 20
 
 
-def _tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_estimate_peak", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+def _load(name: str) -> ModuleType:
+    """``tools/gpu_probe/<name>.py`` as ``gpu_probe.<name>``, without putting tools/ on sys.path."""
+    if "gpu_probe" not in sys.modules:
+        pkg = TOOLS / "gpu_probe"
+        spec = importlib.util.spec_from_file_location(
+            "gpu_probe", pkg / "__init__.py", submodule_search_locations=[str(pkg)]
+        )
+        assert spec is not None and spec.loader is not None
+        sys.modules["gpu_probe"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["gpu_probe"])
+    return importlib.import_module(f"gpu_probe.{name}")
 
 
-probe = _tool()
+hist, cmp, runs, elog = (_load(n) for n in ("history", "compare", "real", "estimate_log"))
+
 HF = [
     {
         "filename": "/venv/site-packages/transformers/models/vit/modeling_vit.py",
@@ -51,7 +57,7 @@ def _free(addr: int, meta: str = "") -> list[dict[str, Any]]:
 
 
 def _mark(step: int) -> list[dict[str, Any]]:
-    return [_ev("alloc", 0x9000, probe.MARK + step), *_free(0x9000)]
+    return [_ev("alloc", 0x9000, hist.MARK + step), *_free(0x9000)]
 
 
 A, X, W, S, Y, Z, BIG = 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000
@@ -75,7 +81,7 @@ SLACK = MiB  # what the exact peak of call 1 says beyond the rounded blocks (an 
 
 
 def _calls() -> list[Any]:
-    c = probe.Call
+    c = hist.Call
     return [
         c(1, "aten.mm.default", False, "layer", frozenset({X}), peak=4_001_280, after=4_001_280),
         c(1, "aten.addmm.default", True, "head", frozenset({Y}), peak=sum(STEP1.values()) + SLACK),
@@ -85,13 +91,13 @@ def _calls() -> list[Any]:
 
 
 def test_replay_finds_each_steps_peak_and_groups_its_live_blocks_by_call() -> None:
-    steps = probe.analyze(EVENTS, _calls(), {})
+    steps = cmp.analyze(EVENTS, _calls(), {})
     one = steps[1]
     assert one["at"] == "aten.addmm.default [bw] @head"
     assert one["rounded_at_moment"] == sum(STEP1.values())
     assert one["call_peak"] - one["rounded_at_moment"] == SLACK
     assert one["groups"] == {
-        probe.SETUP: [STEP1["setup"], 1],
+        hist.SETUP: [STEP1["setup"], 1],
         "aten.mm.default @layer": [STEP1["X"], 1],
         "aten.addmm.default [bw] @head :: workspace": [STEP1["W"], 1],
         "aten.addmm.default [bw] @head :: scratch": [STEP1["S"], 1],
@@ -101,7 +107,7 @@ def test_replay_finds_each_steps_peak_and_groups_its_live_blocks_by_call() -> No
     two = steps[2]  # X and S are gone, Z came; BIG is the new block
     assert two["at"] == "aten.mm.default @layer"
     assert two["groups"] == {
-        probe.SETUP: [4_000_256, 1],
+        hist.SETUP: [4_000_256, 1],
         "aten.addmm.default [bw] @head :: workspace": [32 * MiB, 1],
         "aten.addmm.default [bw] @head": [2_000_384, 1],
         "aten.add.Tensor @layer": [512, 1],
@@ -116,7 +122,7 @@ def test_a_free_completed_after_the_address_is_reused_frees_nothing() -> None:
         _ev("alloc", A, 2000),
         _ev("free_completed", A, 0),
     ]
-    curve, live = probe.replay(events, {}, upto=3)
+    curve, live = hist.replay(events, {}, upto=3)
     assert curve == [1024, 0, 2048, 2048]
     assert [b.size for b in live.values()] == [2048]
 
@@ -136,26 +142,26 @@ def test_blocks_live_before_the_history_are_counted() -> None:
         ],
         "device_traces": [events],
     }
-    start = probe.initial_live(snapshot, events)
+    start = hist.initial_live(snapshot, events)
     assert {a: b.size for a, b in start.items()} == {A: 512, W: 1024}  # X was allocated in the trace
-    curve, _ = probe.replay(events, start)
+    curve, _ = hist.replay(events, start)
     assert curve[0] == 1024  # W stays; A went at its free_requested
 
 
 def test_diff_and_its_collapses_rank_the_largest_difference_first() -> None:
     real = {"aten.mm.default [bw] @h.0 :: workspace": [8 * MiB, 1], "aten.mm.default @h.0": [3 * MiB, 2]}
     est = {"aten.mm.default @h.0": [1 * MiB, 1], "aten.gelu.default @h.0": [5 * MiB, 1]}
-    rows = probe.diff(real, est, 10)
+    rows = hist.diff(real, est, 10)
     assert [(r["key"], r["delta"]) for r in rows] == [
         ("aten.mm.default [bw] @h.0 :: workspace", 8 * MiB),
         ("aten.gelu.default @h.0", -5 * MiB),
         ("aten.mm.default @h.0", 2 * MiB),
     ]
-    assert probe.collapse(real, "op") == {
+    assert hist.collapse(real, "op") == {
         "aten.mm.default [bw] :: workspace": [8 * MiB, 1],
         "aten.mm.default": [3 * MiB, 2],
     }
-    assert probe.collapse(real, "module") == {"@h.0 [bw]": [8 * MiB, 1], "@h.0": [3 * MiB, 2]}
+    assert hist.collapse(real, "module") == {"@h.0 [bw]": [8 * MiB, 1], "@h.0": [3 * MiB, 2]}
 
 
 class _Tiny(nn.Module):
@@ -173,19 +179,19 @@ def test_dry_run_real_cpu_steps_match_the_cpu_estimate_to_the_byte() -> None:
         OPTIMIZERS={"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4)},
         hf_loss=lambda model, batch: model(**batch).loss,
     )
-    real = probe.real_run(panel, "tiny", None, cuda=False, max_entries=0)
-    est = probe.estimate_run(panel, "tiny", None, gpu="H200", device="cpu")
+    real = runs.real_run(panel, "tiny", None, cuda=False, max_entries=0)
+    est = elog.estimate_run(panel, "tiny", None, gpu="H200", device="cpu")
     assert real["info"]["calls"] > 20
-    steps = probe.compare(
-        probe.Side(real["events"], real["calls"], {}), probe.Side(est["events"], est["calls"], {}), 20
+    steps = cmp.compare(
+        cmp.Side(real["events"], real["calls"], {}), cmp.Side(est["events"], est["calls"], {}), 20
     )
     assert [s["step"] for s in steps] == [1, 2]
     for s in steps:
         assert (s["delta_rounded"], s["by_key"]) == (0, [])
         assert s["same_peak_call"]
-    groups = probe.analyze(real["events"], real["calls"], {})[2]["groups"]
+    groups = cmp.analyze(real["events"], real["calls"], {})[2]["groups"]
     # the four parameters (512 B blocks each) and the batch (1,024 + 512 B), made before step 1
-    assert groups[probe.SETUP] == [4 * 512 + 1024 + 512, 6]
+    assert groups[hist.SETUP] == [4 * 512 + 1024 + 512, 6]
 
 
 def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -> None:
@@ -195,8 +201,8 @@ def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -
     est_events.insert(est_events.index(_ev("alloc", Z, 100, "2")), big)
     est_calls = _calls()
     est_calls[2].peak = 100 * MiB
-    real, est = probe.Side(EVENTS, _calls(), {}), probe.Side(est_events, est_calls, {})
-    one = probe.compare(real, est, 10)[0]
+    real, est = cmp.Side(EVENTS, _calls(), {}), cmp.Side(est_events, est_calls, {})
+    one = cmp.compare(real, est, 10)[0]
     assert (one["real_at"], one["est_at"]) == ("aten.addmm.default [bw] @head", "aten.add.Tensor @layer")
     workspace = ("aten.addmm.default [bw] @head :: workspace", 32 * MiB)
     same = one["est_in_real_peak_call"]  # the estimate in call 1: only the workspace is missing
@@ -211,7 +217,7 @@ def test_compare_diffs_each_side_at_its_peak_and_inside_the_others_peak_call() -
 
 
 def test_gap_jumps_name_the_module_where_the_peaks_part() -> None:
-    c = probe.Call
+    c = hist.Call
     real = [
         c(1, "aten.mm.default", False, "h.0.mlp", peak=100),
         c(1, "aten.mm.default", False, "h.1.mlp", peak=300),
@@ -220,9 +226,9 @@ def test_gap_jumps_name_the_module_where_the_peaks_part() -> None:
         c(1, "aten.mm.default", False, "h.0.mlp", peak=100),
         c(1, "aten.mm.default", False, "h.1.mlp", peak=200),
     ]
-    peaks = probe.module_peaks(real, depth=2)
+    peaks = hist.module_peaks(real, depth=2)
     assert peaks == {"s1 fw h.0": 100, "s1 fw h.1": 300}
-    assert probe.gap_jumps(peaks, probe.module_peaks(est, depth=2), 5) == [
+    assert hist.gap_jumps(peaks, hist.module_peaks(est, depth=2), 5) == [
         {"module": "s1 fw h.1", "jump": 100, "gap": 100, "real": 300, "est": 200}
     ]
 
@@ -238,12 +244,12 @@ class _FakeCuda:
 
     def alloc(self, addr: int, size: int) -> None:
         self.events.append(_ev("alloc", addr, size, self.meta))
-        self.allocated += probe.rounded(size)
+        self.allocated += hist.rounded(size)
         self.peak = max(self.peak, self.allocated)
 
     def free(self, addr: int, size: int) -> None:
         self.events += _free(addr, self.meta)
-        self.allocated -= probe.rounded(size)
+        self.allocated -= hist.rounded(size)
 
     def reset_peak(self, *args: Any) -> None:
         self.peak = self.allocated
@@ -280,11 +286,11 @@ def test_cuda_backend_tags_each_call_and_folds_the_peaks_between_calls(monkeypat
     )
     monkeypatch.setattr(torch, "empty", fake.empty)
 
-    backend = probe.CudaBackend(max_entries=1000)
+    backend = runs.CudaBackend(max_entries=1000)
     assert fake.history == [{"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 1000}]
     fake.alloc(A, 4_000_000)  # the model, built before the first step
     backend.mark(1)
-    calls = [probe.Call(1, "aten.addmm.default", False, "fc")]
+    calls = [hist.Call(1, "aten.addmm.default", False, "fc")]
     backend.begin(0)
     fake.alloc(W, 32 * MiB)  # a workspace the call keeps
     fake.alloc(S, 3000)
@@ -302,10 +308,10 @@ def test_cuda_backend_tags_each_call_and_folds_the_peaks_between_calls(monkeypat
     assert fake.history[-1] == {"enabled": None}
     events = backend.events(snap)
     assert [ev["user_metadata"] for ev in events if ev["action"] == "alloc"] == ["", "", "0", "0", ""]
-    side = probe.Side(events, calls, probe.initial_live(snap, events))
+    side = cmp.Side(events, calls, hist.initial_live(snap, events))
     view = side.view(side.peak(1))
     assert view["groups"] == {
-        probe.SETUP: [4_000_256, 1],
+        hist.SETUP: [4_000_256, 1],
         "aten.addmm.default @fc :: workspace": [32 * MiB, 1],
         "aten.addmm.default @fc :: scratch": [3072, 1],
     }
@@ -314,7 +320,7 @@ def test_cuda_backend_tags_each_call_and_folds_the_peaks_between_calls(monkeypat
 
 def test_without_user_metadata_calls_are_named_by_their_output_addresses() -> None:
     events = [{k: v for k, v in ev.items() if k != "user_metadata"} for ev in EVENTS]
-    probe.label_by_outputs(events, _calls())
+    hist.label_by_outputs(events, _calls())
     outputs = {ev["addr"]: ev.get("user_metadata") for ev in events if ev["action"] == "alloc"}
     assert {a: outputs[a] for a in (A, X, Y, Z, BIG)} == {A: None, X: "0", Y: "1", Z: "2", BIG: "3"}
     assert [ev.get("user_metadata") for ev in events if ev["addr"] == 0x9000] == [None] * 6  # markers

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The GPU probe of the estimate's ViT / T5 gaps (tools/gpu_estimate_peak.py) as one device call,
-# from the repository root; the image has torch 2.11 but no transformers:
+# The GPU probe of the estimate's ViT/T5 gaps (tools/gpu_estimate_peak.py), one device call from
+# the repository root (the image: torch 2.11, no transformers):
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
-# .whl/tf: transformers 5.24.0 and its dependencies (cp312, manylinux x86_64), without numpy
-# (.whl/numpy: carry it too only if the image lacks numpy); .whl/tf517: transformers 5.17.0,
-# the measurement's, run again for ALSO (default vit,t5,t5:eager; ALSO= skips).
-# Writes <model>.json and .txt, summary.json, pip.log, probe.log to $OUT; prints the headlines.
+# .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
+# lacks it); .whl/tf517: 5.17.0 (measured), run again for ALSO (vit,t5,t5:eager; ALSO= skips).
+# Writes <model>.json/.txt, summary.json, pip.log, probe.log to $OUT; prints the headlines.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_probe_out}
 mkdir -p "$OUT"
-export PROBE_THREADS=${PROBE_THREADS:-2} PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
+export PROBE_THREADS=${PROBE_THREADS:-2} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
 links=()
 for d in .whl/tf .whl/numpy .whl; do [ -d "$d" ] && links+=(--find-links "$d"); done
 python3 -c "import transformers" 2>/dev/null ||

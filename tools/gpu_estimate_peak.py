@@ -182,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--torch-version", help="the estimate's torch release (default: this one; dry run: 2.11)")
     ap.add_argument("--estimate-device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
+    ap.add_argument("--brief", action="store_true", help="print the headlines only (the texts are in --out)")
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
     ap.add_argument("--also-with", help="a site directory (e.g. another transformers) for --also-models")
     ap.add_argument("--also-models", default="vit,t5,t5:eager", help="models to run again with --also-with")
@@ -207,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = list(pool.map(lambda job: run_child(job[0], args, job[1]), jobs))
     summary = []
     for spec, res in zip(specs, results, strict=True):
-        print((Path(args.out) / f"{tag_of(spec)}.txt").read_text())
+        if not args.brief:
+            print((Path(args.out) / f"{tag_of(spec)}.txt").read_text())
         steps = res.get("steps") or []
         summary.append(
             {

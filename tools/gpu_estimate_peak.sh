@@ -25,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 echo "installed in ${SECONDS}s; with transformers 5.17: ${also[3]:-none}"
 export PYTHONPATH=$PWD/src:$PWD/tests
 timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
-    --timeout "${PROBE_TIMEOUT:-200}" --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
+    --timeout "${PROBE_TIMEOUT:-200}" --brief --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
 rc=$?
 sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11000
 [ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"

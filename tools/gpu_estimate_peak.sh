@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU probe of the estimate's ViT/T5 gaps (tools/gpu_estimate_peak.py), one device call from
+# the repository root (the image: torch 2.11, no transformers):
+#   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
+# .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
+# lacks it); .whl/tf517: 5.17.0 (measured), run again for ALSO (vit,t5,t5:eager; ALSO= skips).
+# Writes <model>.json/.txt, summary.json, pip.log, probe.log to $OUT; prints the headlines.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_probe_out}
+mkdir -p "$OUT"
+export PROBE_THREADS=${PROBE_THREADS:-2} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_BREAK_SYSTEM_PACKAGES=1
+links=()
+for d in .whl/tf .whl/numpy .whl; do [ -d "$d" ] && links+=(--find-links "$d"); done
+python3 -c "import transformers" 2>/dev/null ||
+    python3 -m pip install -q --no-compile "${links[@]}" transformers==5.24.0 >"$OUT/pip.log" 2>&1 ||
+    { tail -5 "$OUT/pip.log"; exit 1; }
+also=()
+ALSO=${ALSO-vit,t5,t5:eager}
+if [ -d .whl/tf517 ] && [ -n "$ALSO" ] &&
+    python3 -m pip install -q --no-compile --no-deps --target /tmp/tf517 .whl/tf517/*.whl >>"$OUT/pip.log" 2>&1; then
+    also=(--also-with /tmp/tf517 --also-models "$ALSO")
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "installed in ${SECONDS}s; with transformers 5.17: ${also[3]:-none}"
+export PYTHONPATH=$PWD/src:$PWD/tests
+timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
+    --timeout "${PROBE_TIMEOUT:-200}" --brief --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
+rc=$?
+sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11000
+[ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"
+echo "rc=$rc after ${SECONDS}s; output in $OUT"
+exit $rc

@@ -30,6 +30,7 @@ from memprofiler.estimate.failures import (
     quiet_meta_failures,
     shape_failure,
 )
+from memprofiler.estimate.kernel_scratch import KernelScratch
 from memprofiler.estimate.margins import CustomOps, margins
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
@@ -173,6 +174,7 @@ def estimate(
             tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
+            tracker.host_rng = target is not None
             if fsdp:
                 tracker.track_inputs((fake_batch,))
             else:
@@ -188,10 +190,12 @@ def estimate(
             dispatch = CudaDispatch(target) if target is not None else None
             custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
+            scratch = KernelScratch(tracker.phases) if target is not None else None
             with (
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),
+                scratch if scratch is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
@@ -201,6 +205,9 @@ def estimate(
                         peak_step = step
     if dispatch is not None:
         notes += dispatch.notes()
+    if scratch is not None:
+        scratch.log.host_scalars = tracker.host_rng_count
+        notes += scratch.log.notes()
     if target is not None and len(tracker._host):
         notes.append(
             f"optimizer: {len(tracker._host)} tensor(s) made from Python data in its step (a non-capturable "

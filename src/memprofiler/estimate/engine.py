@@ -234,7 +234,10 @@ def estimate(
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
     peak = led.allocator.peak_allocated if cuda else led.peak
-    extra = margins(model, peak, strategy, world_size, custom.names) if custom is not None else []
+    cudnn = dispatch.cudnn.margins(steps) if dispatch is not None else None
+    extra = (
+        margins(model, peak, strategy, world_size, custom.names, cudnn=cudnn) if custom is not None else []
+    )
     notes += [m.line() for m in extra]
     return MemoryEstimate(
         peak_bytes=peak,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memprofiler.estimate import estimate_memory
+from memprofiler.estimate import cuda_stats, estimate_memory
 from memprofiler.estimate.cudnn_state import batch_norm_on_cudnn
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
@@ -95,3 +95,43 @@ def test_a_checkpointed_block_recomputes_with_cudas_kernels():
     )
     # THEN the recomputation is dispatched as CUDA would too: two calls, both CUDA's math kernel
     assert any("2 call(s) as CUDA's math kernel" in n for n in est.notes)
+
+
+def test_layer_norm_keeps_float32_statistics_for_half_inputs_on_cuda(monkeypatch):
+    # GIVEN a LayerNorm over 4,096 rows of bfloat16 (bf16-true), estimated for an H200
+    def run() -> object:
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+        return estimate_memory(
+            model,
+            torch.zeros(4096, 8, dtype=torch.bfloat16),
+            optimizer=SGD,
+            loss_fn=_sum,
+            precision="bf16-true",
+            gpu="H200",
+            steps=1,
+        )
+
+    cuda = run()
+    monkeypatch.setattr(
+        cuda_stats.FloatStats, "__torch_dispatch__", lambda s, f, t, a=(), k=None: f(*a, **(k or {}))
+    )
+    cpu_rules = run()
+    # THEN mean and rstd (4,096 each) are saved in float32 as layer_norm_cuda keeps them, where the
+    # CPU kernel keeps bfloat16: 2 x 4,096 x 2 B more saved for backward
+    assert cuda.saved_bytes - cpu_rules.saved_bytes == 2 * 4096 * 2
+    assert any("1 layer/batch norm call(s) on half-precision inputs keep float32" in n for n in cuda.notes)
+
+
+@pytest.mark.parametrize(("precision", "size"), [("bf16-true", 2), ("16-true", 2), ("32-true", 4)])
+def test_true_half_precision_estimates_hold_half_size_parameters(precision, size):
+    # GIVEN a meta-built model estimated at a "-true" precision (bf16-true raised "Couldn't swap
+    # Linear.weight": the cast ran on fake parameters fake mode holds weak references to)
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8))
+    est = estimate_memory(
+        model, torch.zeros(16, 8), optimizer=SGD, loss_fn=lambda m, b: m(b.to(m[0].weight.dtype)).sum(),
+        precision=precision, device="cpu", steps=1,
+    )  # fmt: skip
+    # THEN the parameters are (64 + 8 + 8 + 8) elements of the precision's size
+    assert est.resident["parameters"] == (64 + 8 + 8 + 8) * size

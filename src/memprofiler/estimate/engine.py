@@ -21,6 +21,7 @@ from memprofiler.estimate import strategies, ties
 from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
 from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
+from memprofiler.estimate.cuda_stats import FloatStats
 from memprofiler.estimate.failures import (
     ModuleStack,
     device_failure,
@@ -30,6 +31,7 @@ from memprofiler.estimate.failures import (
     quiet_meta_failures,
     shape_failure,
 )
+from memprofiler.estimate.kernel_scratch import KernelScratch
 from memprofiler.estimate.margins import CustomOps, margins
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
@@ -102,11 +104,17 @@ def meta_copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model, memo)
 
 
-def _materialize(model: nn.Module, device: str, dtype: torch.dtype) -> None:
+def _cast_meta(model: nn.Module, dtype: torch.dtype) -> list[list[ties.Place]]:
+    """Cast the meta copy to ``dtype`` before fake mode (torch refuses to swap a fake parameter that
+    fake mode holds a weak reference to: ``bf16-true`` failed); returns its ties, found first."""
     tied = ties.find_ties(model)
-    model.to_empty(device=device)
     if dtype != torch.float32:
         model.to(dtype)
+    return tied
+
+
+def _materialize(model: nn.Module, device: str, tied: list[list[ties.Place]]) -> None:
+    model.to_empty(device=device)
     ties.restore_ties(tied)
 
 
@@ -157,10 +165,11 @@ def estimate(
                     prepare(model)
             if fsdp and not strategies.is_fully_sharded(model):
                 strategies.fully_shard_model(model, world_size, shard_policy)
+        tied = _cast_meta(model, strategies.param_dtype(precision))
         # Tensors made with no device (a loss's constant, Adam's step count) go to the run
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
         with torch.device(where), mode if mode is not None else contextlib.nullcontext():
-            _materialize(model, where, strategies.param_dtype(precision))
+            _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where)
             if optimizer_of_model is not None:  # LightningModule.configure_optimizers
                 opt = optimizer_of_model(model)
@@ -177,6 +186,7 @@ def estimate(
             tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
+            tracker.host_rng = target is not None
             if fsdp:
                 tracker.track_inputs((fake_batch,))
             else:
@@ -192,10 +202,14 @@ def estimate(
             dispatch = CudaDispatch(target) if target is not None else None
             custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
+            scratch = KernelScratch(tracker.phases) if target is not None else None
+            stats = FloatStats() if target is not None else None
             with (
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),
+                scratch if scratch is not None else contextlib.nullcontext(),
+                stats if stats is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
@@ -205,6 +219,11 @@ def estimate(
                         peak_step = step
     if dispatch is not None:
         notes += dispatch.notes()
+    if scratch is not None:
+        scratch.log.host_scalars = tracker.host_rng_count
+        notes += scratch.log.notes()
+    if stats is not None and stats.note():
+        notes.append(str(stats.note()))
     if target is not None and len(tracker._host):
         notes.append(
             f"optimizer: {len(tracker._host)} tensor(s) made from Python data in its step (a non-capturable "
@@ -231,7 +250,10 @@ def estimate(
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
     peak = led.allocator.peak_allocated if cuda else led.peak
-    extra = margins(model, peak, strategy, world_size, custom.names) if custom is not None else []
+    cudnn = dispatch.cudnn.margins(steps) if dispatch is not None else None
+    extra = (
+        margins(model, peak, strategy, world_size, custom.names, cudnn=cudnn) if custom is not None else []
+    )
     notes += [m.line() for m in extra]
     return MemoryEstimate(
         peak_bytes=peak,

@@ -10,7 +10,9 @@ the "fits" decision (``MemoryEstimate.margin_bytes``):
   margin :data:`COMPILE_FRACTION` of the modelled peak;
 - NCCL buffers (``ddp`` / ``fsdp`` over more than one rank): NCCL allocates its own buffers with
   ``cudaMalloc``, outside the caching allocator; margin ``NCCL_BUFFSIZE`` (4 MiB by default) x 2
-  directions x :data:`NCCL_CHANNELS` channels x 2 algorithms (ring, tree) = 512 MiB by default.
+  directions x :data:`NCCL_CHANNELS` channels x 2 algorithms (ring, tree) = 512 MiB by default;
+- cuDNN's reserve spaces (batch norm, recurrent layers) for a CUDA target: the allowances of
+  :mod:`memprofiler.estimate.cudnn_state`.
 
 These are stated upper-side allowances, not measurements; ``reserve`` adds the user's own.
 """
@@ -85,6 +87,7 @@ def margins(
     world_size: int,
     custom_ops: set[str],
     env: Mapping[str, str] | None = None,
+    cudnn: list[tuple[str, int]] | None = None,
 ) -> list[Margin]:
     """The margins that apply to this estimate (none for a plain single-device model)."""
     env = os.environ if env is None else env
@@ -106,6 +109,7 @@ def margins(
                 int(peak * COMPILE_FRACTION),
             )
         )
+    out += [Margin(reason, n) for reason, n in cudnn or [] if n > 0]
     if strategy in ("ddp", "fsdp") and world_size > 1:
         try:
             buff = int(env.get("NCCL_BUFFSIZE", NCCL_DEFAULT_BUFFSIZE))

@@ -44,6 +44,9 @@ CATEGORY = {
 OPT_TEMP = "optimizer_temporaries"
 #: Ops that make a tensor from Python data (``torch.tensor(...)``).
 _FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
+#: Ops whose CUDA kernel returns its philox seed and offset as CPU scalars outside graph capture
+#: (``_efficient_attention_forward``); their fake kernels make them on the run device.
+_HOST_RNG_OPS = frozenset({torch.ops.aten._scaled_dot_product_efficient_attention.default})
 
 
 class Ledger:
@@ -123,6 +126,11 @@ def _make(base: type[MemTracker]) -> Any:
         #: (``torch.tensor(0.0)``: a non-capturable, non-fused optimizer's ``step``, and the
         #: constants its foreach kernels take) lives on the host in a real run, not on the GPU.
         host_data_in_opt = False
+        #: For a CUDA target: the int64 scalars (philox seed, offset) of :data:`_HOST_RNG_OPS`
+        #: live on the host in a real run.
+        host_rng = False
+        host_rng_count = 0
+        _rng_to_host = False
         _host: WeakIdKeyDictionary
 
         def __enter__(self) -> Any:
@@ -148,9 +156,19 @@ def _make(base: type[MemTracker]) -> Any:
                 for st in _storages(out):
                     self._host[st] = True
                 return out
+            if self.host_rng and func in _HOST_RNG_OPS:
+                self._rng_to_host = True
+                try:
+                    return super().__torch_dispatch__(func, types, args, kwargs)
+                finally:
+                    self._rng_to_host = False
             return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _track(self, reftype: Any, t: torch.Tensor) -> None:
+            if self._rng_to_host and t.dim() == 0 and t.dtype == torch.int64:
+                for st in _storages(t):
+                    self._host[st] = True
+                self.host_rng_count += 1
             if self._host and any(st in self._host for st in _storages(t)):
                 return  # host memory: never on the device
             super()._track(reftype, t)
@@ -210,6 +228,23 @@ def _make(base: type[MemTracker]) -> Any:
             led.allocator.free(key)
             led.held -= nbytes
             led.move(cat, -nbytes)
+
+        def phases(self, name: str, phases: list[list[int]]) -> None:
+            """Scratch a kernel allocates in phases (each a list of blocks live together), freed on return."""
+            led = self.ledger
+            cat = f"{name}_scratch"
+            for sizes in phases:
+                keys = [-3_000_000 - i for i in range(len(sizes))]
+                total = sum(sizes)
+                led.move(cat, total)
+                led.held += total
+                for key, n in zip(keys, sizes, strict=True):
+                    led.allocator.alloc(key, n)
+                self._note_peak()
+                for key in keys:
+                    led.allocator.free(key)
+                led.held -= total
+                led.move(cat, -total)
 
         def hold(self, name: str, nbytes: int) -> None:
             """Memory a library allocates through the caching allocator and keeps (a workspace)."""

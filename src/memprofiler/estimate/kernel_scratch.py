@@ -1,0 +1,168 @@
+"""Memory CUDA kernels take through the caching allocator inside themselves, which no fake kernel shows.
+
+A fake kernel allocates an op's outputs; some CUDA kernels also allocate scratch for the call
+and free it before returning, and some keep an output on the host. For a CUDA target this
+module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/transformers/cuda/``):
+
+- memory-efficient attention forward (``_efficient_attention_forward``, ``attention.cu``): the
+  philox seed and offset are CPU scalars unless a CUDA graph is being captured; the fake kernel
+  makes them on the device (two 512-byte blocks per call), so they are taken out.
+- memory-efficient attention backward (``_efficient_attention_backward``,
+  ``attention_backward.cu``): a contiguous copy of the output gradient when it is not contiguous
+  in (batch, query, head, dim) order; ``delta`` (float32, batch x heads x queries), which for
+  float32 inputs is computed as ``(grad_out * out).sum(-1).transpose(-2, -1).contiguous()`` and so
+  briefly holds the product (float32, the size of the output) and the sum as well; and the
+  kernel's workspace (``kernel_backward.h``, ``workspace_size``): per batch and head, one float32
+  tile of dQ per (query block, column block) with a 16-byte lock (split keys are enabled on sm70+),
+  plus dK/dV accumulators for half precision where the kernel cannot keep them in registers.
+  The tile is the first kernel ``dispatch_cutlassB`` accepts: 64x64 up to head size 64, 128x64 up
+  to 128, 64x64 above.
+- flash attention backward (``mha_bwd``, ``flash_api.cpp``): contiguous copies of the output
+  gradient and of the output where they are not contiguous; ``softmax_d`` (float32, batch x heads
+  x queries rounded up to 128); ``dq_accum`` (float32, batch x queries rounded to 128 x heads x
+  head size rounded to 32, or 64 above 128); with grouped-query attention, dK and dV expanded to
+  every query head before they are summed.
+
+Each is a transient: allocated with the op's outputs alive, freed when the op returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_aten = torch.ops.aten
+EFFICIENT_FWD = _aten._scaled_dot_product_efficient_attention.default
+EFFICIENT_BWD = _aten._scaled_dot_product_efficient_attention_backward.default
+FLASH_BWD = _aten._scaled_dot_product_flash_attention_backward.default
+HALF = (torch.float16, torch.bfloat16)
+F32 = 4
+#: ``GradQTempStorage``'s lock, counter and padding ahead of each dQ tile.
+GQ_HEADER = 16
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(a: int, b: int) -> int:
+    return _ceil(a, b) * b
+
+
+def _copy_bytes(t: torch.Tensor) -> int:
+    """What ``t.contiguous()`` allocates (nothing when it already is)."""
+    return 0 if t.is_contiguous() else t.numel() * t.element_size()
+
+
+def efficient_tile(head_dim: int) -> tuple[int, int, int]:
+    """(kBlockSizeI, kBlockSizeJ, kMaxK) of the backward kernel ``dispatch_cutlassB`` picks on sm80+."""
+    if head_dim <= 32:
+        return 64, 64, 32
+    if head_dim <= 64:
+        return 64, 64, 64
+    if head_dim <= 128:
+        return 128, 64, 128
+    return 64, 64, 65536
+
+
+def efficient_workspace(b: int, h: int, m: int, n: int, k: int, kv: int, half: bool) -> int:
+    """``AttentionBackwardKernel::Params::workspace_size()`` for the kernel the dispatch picks."""
+    bi, bj, max_k = efficient_tile(max(k, kv))
+    gq = _ceil(m, bi) * _ceil(k, bj) * (GQ_HEADER + F32 * bi * bj) // F32
+    gkv = 0
+    if half and max_k > bi:  # dK/dV accumulate in global memory (not kOutputInRF)
+        splits = _ceil(n, bj)
+        if b * h >= 256 and n <= 2 * bj:
+            splits = 1
+        splits = max(1, min(splits, 200 // (b * h)))
+        gkv = splits * bj * (_align(k, bi) + _align(kv, bi))
+    return b * h * _align(gq + gkv, 4) * F32
+
+
+def efficient_backward(args: tuple[Any, ...]) -> list[list[int]]:
+    """Phases of scratch (each a list of allocations live together) of one memory-efficient backward."""
+    grad_out, q, k, v = args[:4]
+    g = grad_out.transpose(1, 2)  # the kernel works in (batch, query, head, dim)
+    b, m, h, hd = (int(s) for s in q.transpose(1, 2).shape)
+    n, kv = int(k.shape[2]), int(v.shape[-1])
+    copy = [_copy_bytes(g)] if _copy_bytes(g) else []
+    delta = b * h * m * F32
+    # half: kKernelComputesDelta; float32: (grad_out * out).sum(-1).transpose(-2, -1).contiguous(),
+    # whose temporaries live to the end of the statement
+    computed = [] if q.dtype in HALF else [b * m * h * kv * F32, b * m * h * F32]
+    first = [*copy, *computed, delta]
+    ws = efficient_workspace(b, h, m, n, hd, kv, q.dtype in HALF)
+    return [first, [*copy, delta, ws] if ws else [*copy, delta]]
+
+
+def flash_backward(args: tuple[Any, ...]) -> list[list[int]]:
+    """The scratch of one flash-attention backward (``mha_bwd``), all live at the kernel's launch."""
+    grad_out, q, k, _v, out = args[:5]
+    b, m, h, hd = (int(s) for s in q.transpose(1, 2).shape)
+    n, hk = int(k.shape[2]), int(k.shape[1])
+    sizes = [_copy_bytes(grad_out.transpose(1, 2)), _copy_bytes(out.transpose(1, 2))]
+    m_r = _align(m, 128)
+    hd_r = _align(hd, 32 if hd <= 128 else 64)
+    sizes.append(b * h * m_r * F32)  # softmax_d
+    # dq_accum; deterministic mode keeps one per split (SM count / (batch x heads)): one is counted
+    sizes.append(b * m_r * h * hd_r * F32)
+    if hk != h:  # dk_expanded, dv_expanded
+        sizes += [b * n * h * hd * q.element_size()] * 2
+    return [[s for s in sizes if s]]
+
+
+@dataclass
+class ScratchLog:
+    """Per op name: calls and the largest transient one call took, for the estimate's notes."""
+
+    calls: dict[str, int] = field(default_factory=dict)
+    largest: dict[str, int] = field(default_factory=dict)
+    host_scalars: int = 0
+
+    def add(self, name: str, nbytes: int) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.largest[name] = max(self.largest.get(name, 0), nbytes)
+
+    def notes(self) -> list[str]:
+        out = []
+        for name in sorted(self.calls):
+            out.append(
+                f"{name}: scratch the CUDA kernel allocates inside itself replayed at each of {self.calls[name]} "
+                f"call(s), up to {self.largest[name]:,} B at once (torch 2.11's CUDA source)"
+            )
+        if self.host_scalars:
+            out.append(
+                f"memory-efficient attention: {self.host_scalars} philox seed/offset scalar(s) kept on the host, "
+                "as CUDA keeps them outside graph capture: not in the device's peak"
+            )
+        return out
+
+
+_NAMES = {EFFICIENT_BWD: "memory-efficient attention backward", FLASH_BWD: "flash attention backward"}
+
+
+class KernelScratch(TorchDispatchMode):
+    """Calls ``phases(name, [[bytes, ...], ...])`` for each op whose CUDA kernel takes scratch."""
+
+    def __init__(self, phases: Callable[[str, list[list[int]]], None]) -> None:
+        super().__init__()
+        self.phases = phases
+        self.log = ScratchLog()
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func is EFFICIENT_BWD:
+            found = efficient_backward(args)
+        elif func is FLASH_BWD:
+            found = flash_backward(args)
+        else:
+            return out
+        self.log.add(_NAMES[func], max(sum(p) for p in found))
+        self.phases("attention", found)
+        return out

@@ -53,3 +53,12 @@ def test_a_cuda_target_names_the_tensors_the_steps_ran_on():
     assert real.notes[1].startswith("ran on real CPU tensors (fake=False: the memory was allocated)")
     assert "fake CPU" not in " ".join(real.notes)
     assert real.peak_bytes == fake.peak_bytes
+
+
+def test_the_peak_module_does_not_depend_on_the_hash_seed():
+    """Siblings active at once tie on depth and length; the pick is by name, not by the order a
+    set iterates in (which follows PYTHONHASHSEED, so two processes named different modules)."""
+    from memprofiler.estimate.tracker import _deepest
+
+    names = [f"Net.stages.{i}" for i in range(10)] + ["Global", "Net"]
+    assert _deepest(names) == _deepest(names[::-1]) == "stages.9"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -329,11 +329,13 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [t.untyped_storage()]
 
 
-def _deepest(parents: set[str]) -> str:
+def _deepest(parents: Iterable[str]) -> str:
     names = [p for p in parents if p != "Global"]
     if not names:
         return "(outside forward)"
-    best = max(names, key=lambda n: (n.count("."), len(n)))
+    # The deepest; among siblings active at once (two stages both in backward), the last by name,
+    # so every process names the same module (a set's order follows the hash seed).
+    best = max(names, key=lambda n: (n.count("."), len(n), n))
     # ModTracker names modules ``Root.layer.0``; drop the root's class name as module_labels do.
     return best.split(".", 1)[1] if "." in best else "(root)"
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memprofiler.estimate import cuda_stats, estimate_memory
+from memprofiler.estimate import cuda_stats, estimate_memory, strategies
 from memprofiler.estimate.cudnn_state import batch_norm_on_cudnn
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
@@ -135,3 +135,25 @@ def test_true_half_precision_estimates_hold_half_size_parameters(precision, size
     )  # fmt: skip
     # THEN the parameters are (64 + 8 + 8 + 8) elements of the precision's size
     assert est.resident["parameters"] == (64 + 8 + 8 + 8) * size
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_a_true_half_precision_converts_the_batch_as_lightning_does(precision):
+    # GIVEN a float32 batch (Lightning's convert_input turns its floats to the precision's dtype
+    # on the host, before the batch reaches the device; a real step with a float32 input and
+    # half weights would fail) and the same batch already in half precision
+    def estimate(batch: torch.Tensor):
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+        return estimate_memory(
+            model, batch, optimizer=SGD, loss_fn=lambda m, b: m(b).float().pow(2).mean(),
+            precision=precision, device="cpu", steps=1,
+        )  # fmt: skip
+
+    as_float = estimate(torch.randn(512, 256))
+    as_half = estimate(torch.randn(512, 256).to(strategies.param_dtype(precision)))
+    # THEN both count the same, the batch and the activations at 2 bytes per element: saved for
+    # backward are the input and the ReLU output (which the second Linear saves too) in half
+    # precision, and the loss's float32 copy of the output
+    assert as_float.tensor_peak_bytes == as_half.tensor_peak_bytes
+    assert as_float.saved_bytes == as_half.saved_bytes == 2 * 512 * (256 + 1024) + 4 * 512 * 256

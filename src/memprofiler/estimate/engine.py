@@ -118,9 +118,13 @@ def _materialize(model: nn.Module, device: str, tied: list[list[ties.Place]]) ->
     ties.restore_ties(tied)
 
 
-def _to_fake(batch: Any, mode: Any, device: str) -> Any:
+def _to_fake(batch: Any, mode: Any, device: str, dtype: torch.dtype | None = None) -> Any:
+    """The batch on the run device; with ``dtype``, its floating-point tensors converted to it."""
+
     def conv(t: torch.Tensor) -> torch.Tensor:
         t = mode.from_tensor(t) if mode is not None else t
+        if dtype is not None and t.is_floating_point():
+            return t.to(device, dtype)
         return t.to(device)
 
     return tree_map_only(torch.Tensor, conv, batch)
@@ -170,7 +174,7 @@ def estimate(
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
         with torch.device(where), mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, tied)
-            fake_batch = _to_fake(batch, mode, where)
+            fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(precision))
             if optimizer_of_model is not None:  # LightningModule.configure_optimizers
                 opt = optimizer_of_model(model)
             elif optimizer is not None:

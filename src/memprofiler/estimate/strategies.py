@@ -157,3 +157,10 @@ def autocast(precision: str, device: str) -> contextlib.AbstractContextManager[A
 
 def param_dtype(precision: str) -> torch.dtype:
     return PRECISIONS[precision][1]
+
+
+def input_dtype(precision: str) -> torch.dtype | None:
+    """The dtype a ``-true`` precision converts a batch's floating-point tensors to (Lightning's
+    ``convert_input``, on the host before the batch moves to the device); None: left as given."""
+    dtype = param_dtype(precision)
+    return dtype if precision.endswith("-true") and dtype != torch.float32 else None

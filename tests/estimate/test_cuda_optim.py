@@ -69,5 +69,17 @@ def test_a_cuda_targets_optimizer_keeps_its_step_counts_on_the_host() -> None:
     )
     assert cuda.resident["optimizer_state"] == 2 * LAYERS * LAYER
     assert cpu.resident["optimizer_state"] == 2 * LAYERS * LAYER + LAYERS * 4
-    assert any(n.startswith(f"optimizer: {LAYERS} tensor(s) made from Python data") for n in cuda.notes)
+    assert any(n.startswith(f"optimizer: {LAYERS} state tensor(s) made from Python data") for n in cuda.notes)
     assert not any("from Python data" in n for n in cpu.notes)
+
+
+def test_step_counts_are_not_in_a_cuda_targets_peak() -> None:
+    """In the second step's backward (the peak of a model with large activations) the optimizer
+    state on the device is the two moments alone; torch registers every state tensor after a
+    step, the host step counts included, and those are left out."""
+    est = estimate_memory(
+        _model(), torch.randn(4096, D), optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+        loss_fn=lambda m, b: m(b).sum(), gpu="H200",
+    )  # fmt: skip
+    assert (est.peak_step, est.peak_phase) == (2, "backward")
+    assert est.by_category["optimizer_state"] == 2 * LAYERS * LAYER

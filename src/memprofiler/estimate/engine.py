@@ -228,9 +228,11 @@ def estimate(
         notes += scratch.log.notes()
     if stats is not None and stats.note():
         notes.append(str(stats.note()))
-    if target is not None and len(tracker._host):
+    state = [v for per_param in opt.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    on_host = sum(1 for v in state if tracker._on_host(v)) if target is not None else 0
+    if on_host:
         notes.append(
-            f"optimizer: {len(tracker._host)} tensor(s) made from Python data in its step (a non-capturable "
+            f"optimizer: {on_host} state tensor(s) made from Python data in its step (a non-capturable "
             "optimizer's step counts) stay on the host, as torch keeps them: not in the device's peak"
         )
     if cuda:

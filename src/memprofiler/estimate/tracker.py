@@ -169,9 +169,18 @@ def _make(base: type[MemTracker]) -> Any:
                 for st in _storages(t):
                     self._host[st] = True
                 self.host_rng_count += 1
-            if self._host and any(st in self._host for st in _storages(t)):
+            if self._on_host(t):
                 return  # host memory: never on the device
             super()._track(reftype, t)
+
+        def _on_host(self, t: torch.Tensor) -> bool:
+            return bool(self._host) and any(st in self._host for st in _storages(t))
+
+        def _update_and_maybe_create_winfos(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            # torch registers every optimizer.state tensor after a step here, not through _track
+            if self._on_host(t):
+                return set()
+            return super()._update_and_maybe_create_winfos(t, *args, **kwargs)
 
         def _update_snap(
             self,

@@ -16,10 +16,15 @@ def _model() -> nn.Module:
     return nn.Sequential(*[nn.Linear(D, D, bias=False) for _ in range(LAYERS)])
 
 
-def _estimate(optimizer):
+def _estimate(optimizer, **where):
+    """Two steps of the model; a CUDA target (H200) unless ``where`` says otherwise."""
+    where = where or {"gpu": "H200"}
     return estimate_memory(
-        _model(), torch.randn(2, D), optimizer=optimizer, loss_fn=lambda m, b: m(b).sum(), gpu="H200"
+        _model(), torch.randn(2, D), optimizer=optimizer, loss_fn=lambda m, b: m(b).sum(), **where
     )
+
+
+ADAMW = lambda ps: torch.optim.AdamW(ps, lr=1e-4)  # noqa: E731
 
 
 def test_foreach_keeps_every_sqrt_at_once_where_the_loop_keeps_three_layers() -> None:
@@ -45,13 +50,7 @@ def test_an_explicit_choice_and_optimizers_without_foreach_are_left_alone() -> N
 
 
 def test_a_cpu_estimate_keeps_the_cpu_default() -> None:
-    est = estimate_memory(
-        _model(),
-        torch.randn(2, D),
-        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-4),
-        loss_fn=lambda m, b: m(b).sum(),
-        device="cpu",
-    )
+    est = _estimate(ADAMW, device="cpu")
     assert not any("foreach" in n for n in est.notes)
 
 
@@ -59,14 +58,8 @@ def test_a_cuda_targets_optimizer_keeps_its_step_counts_on_the_host() -> None:
     """torch makes a non-capturable optimizer's ``step`` with ``torch.tensor(0.0)``: a CPU tensor
     in a real CUDA run. For a CUDA target the resident optimizer state is exactly the two moments
     (2 x the parameter bytes); on a CPU target the step counts (4 B each) are there too."""
-    cuda = _estimate(lambda ps: torch.optim.AdamW(ps, lr=1e-4))
-    cpu = estimate_memory(
-        _model(),
-        torch.randn(2, D),
-        optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-4),
-        loss_fn=lambda m, b: m(b).sum(),
-        device="cpu",
-    )
+    cuda = _estimate(ADAMW)
+    cpu = _estimate(ADAMW, device="cpu")
     assert cuda.resident["optimizer_state"] == 2 * LAYERS * LAYER
     assert cpu.resident["optimizer_state"] == 2 * LAYERS * LAYER + LAYERS * 4
     assert any(n.startswith(f"optimizer: {LAYERS} state tensor(s) made from Python data") for n in cuda.notes)

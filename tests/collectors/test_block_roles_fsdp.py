@@ -12,21 +12,31 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from conftest import make_trainer
+from fake_cuda import FakeCudaBackend
+from memprofiler import MemProfilerCallback, memprofilable
+from memprofiler.analysis.snapshot import analyze
+from memprofiler.analysis.snapshot_replay import StackTable, replay
+from memprofiler.analysis.snapshot_roles import role_index
 from memprofiler.collectors.block_roles import role_map
 
 F32 = 4
+KIB = 1024
 #: (rows, bytes per row) of each parameter: Linear(10, 33) inside a block, then Linear(33, 7).
 SHAPES = {"0.0.weight": (33, 10 * F32), "0.0.bias": (33, F32), "2.weight": (7, 33 * F32), "2.bias": (7, F32)}
 GROUPS = (("0.0.weight", "0.0.bias"), ("2.weight", "2.bias"))
@@ -165,6 +175,89 @@ def test_fsdp2_tied_weights_are_named_once(world1):
     (grad,) = [e for e in entries if e["role"] == "gradient"]
     assert (grad["name"], grad["others"], grad["bytes"]) == ("0.weight", ["0.bias", "1.bias"], 192)
     assert len({e["addr"] for e in entries}) == len(entries)
+
+
+# ----------------------------------------------------------------------------- Lightning, end to end
+class _ShardedLM(pl.LightningModule):
+    """Two sharded layers under ModelParallelStrategy, Adam, a 1 KiB block per step on the fake device."""
+
+    def __init__(self, fake: FakeCudaBackend) -> None:
+        super().__init__()
+        self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.fake = fake
+
+    def configure_model(self) -> None:
+        mesh = self.device_mesh["data_parallel"]
+        fully_shard(self.model[0], mesh=mesh)
+        fully_shard(self.model[2], mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+    @memprofilable
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.fake.free(self.fake.alloc(KIB))
+        return self.model(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    def train_dataloader(self) -> Any:
+        return torch.utils.data.DataLoader(torch.randn(16, 8), batch_size=4)
+
+
+class _AdoptModelMemory(pl.Callback):
+    """After step 1 the model's storages become blocks of the fake device allocated before any
+    recording, as on a GPU when the window opens."""
+
+    def __init__(self, fake: FakeCudaBackend) -> None:
+        self.fake = fake
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: Any, outputs: Any, batch: Any, i: int
+    ) -> None:
+        if i == 0:
+            for entry in role_map(pl_module, trainer.optimizers):
+                self.fake.adopt(entry["addr"], entry["bytes"])
+
+
+def test_lightning_fsdp2_blocks_alive_before_the_window_carry_their_role_and_name(world1, tmp_path):
+    # GIVEN ModelParallelStrategy (FSDP2, 1 rank) on CPU over the fake allocator; the window opens at step 2
+    fake = FakeCudaBackend()
+    cfg = {"schedule": {"wait": 1, "warmup": 1, "active": 1}, "cuda_allocator_history": True}
+    cb = MemProfilerCallback({**cfg, "save_dir": str(tmp_path / "mp")}, cuda=fake)
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+    model = _ShardedLM(fake)
+    # WHEN it trains 4 steps
+    make_trainer(tmp_path, [cb, _AdoptModelMemory(fake)], strategy=strategy, limit_train_batches=4).fit(model)
+    save_dir = tmp_path / "mp"
+    index = json.loads((save_dir / "cuda_alloc_rank_0.window_0.json").read_text())
+    recording = pickle.loads((save_dir / "cuda_alloc_rank_0.window_0.pickle").read_bytes())
+    # THEN the role map names every local shard by its FQN from the LightningModule, with its bytes
+    params = {"model.0.weight": 512, "model.0.bias": 64, "model.2.weight": 64, "model.2.bias": 4}
+    assert _by(index["roles"], "parameter") == params
+    exp_avg = {e["name"]: e["bytes"] for e in index["roles"] if e.get("detail") == "exp_avg"}
+    assert exp_avg == params
+    # AND each layer's gradients are one block named after both parameters
+    grads = sorted((e["name"], e["others"], e["bytes"]) for e in index["roles"] if e["role"] == "gradient")
+    assert grads == [("model.0.weight", ["model.0.bias"], 576), ("model.2.weight", ["model.2.bias"], 68)]
+    # AND the analysis groups the blocks older than the recording by role, with those bytes
+    roles = role_index(index)
+    assert roles is not None
+    (dev,) = analyze(recording, roles=roles, top=50).devices
+    groups = {g.frames: (g.bytes, g.count) for g in dev.top_stacks}
+    total = sum(params.values())  # 644 B
+    assert groups[("parameter",)] == (total, 4)
+    assert groups[("gradient",)] == (total, 2)
+    assert groups[("optimizer state (exp_avg)",)] == groups[("optimizer state (exp_avg_sq)",)] == (total, 4)
+    assert ("(no stack recorded)",) not in groups
+    # AND the explorer's replay labels the gradient block with both names
+    table = StackTable()
+    (rep,) = replay(recording, table, roles)
+    named = {
+        table.strings[table.frames[table.stacks[s][1]][0]]
+        for s in rep.stack[rep.start < 0].tolist()
+        if len(table.stacks[s]) > 1
+    }
+    assert {"parameter `model.0.weight`", "gradient of `model.0.weight`, `model.0.bias`"} <= named
 
 
 # ----------------------------------------------------------------------------- two ranks

@@ -67,7 +67,8 @@ def _sharded(mesh: Any, reshard: bool) -> nn.Sequential:
 
 def scenario(mesh: Any, reshard: bool) -> dict[str, list[dict[str, Any]]]:
     """One AdamW step, then the role maps: inside the first block's forward (step 1), after
-    the step, and after the next forward, before its backward."""
+    the step, after the next forward (before its backward), and after a backward without
+    gradient sync."""
     net = _sharded(mesh, reshard)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     x = torch.randn(4, 10)
@@ -79,7 +80,15 @@ def scenario(mesh: Any, reshard: bool) -> dict[str, list[dict[str, Any]]]:
     loss = net(x).pow(2).mean()
     after_forward = role_map(net, [opt])
     loss.backward()
-    return {"inside_forward": probe.seen, "after_step": after_step, "after_forward": after_forward}
+    net.set_requires_gradient_sync(False)  # accumulation without reduce-scatter
+    net(x).pow(2).mean().backward()
+    no_sync = role_map(net, [opt])
+    return {
+        "inside_forward": probe.seen,
+        "after_step": after_step,
+        "after_forward": after_forward,
+        "no_sync": no_sync,
+    }
 
 
 # ----------------------------------------------------------------------------- analytic truth
@@ -132,6 +141,9 @@ def _check(maps: dict[str, list[dict[str, Any]]], world: int, rank: int, reshard
     # AND after a forward they stay gathered until backward only with reshard_after_forward=False
     expect = unsharded if not reshard else {}
     assert _by(maps["after_forward"], "parameter (unsharded)") == expect
+    # AND without gradient sync each parameter's unsharded gradient stays: unpadded, whole
+    kept = {e["name"]: e["bytes"] for e in maps["no_sync"] if e.get("detail") == "unsharded"}
+    assert kept == {n: rows * per_row for n, (rows, per_row) in SHAPES.items()}
 
 
 # ----------------------------------------------------------------------------- one rank

@@ -27,8 +27,9 @@ def role_label(entry: Mapping[str, Any]) -> str:
         name = ", ".join([name, *(f"`{o}`" for o in others)])
     if role == "optimizer state":
         return f"optimizer state ({entry.get('detail', '?')}) of {name}"
-    if role == "gradient":
-        return f"gradient of {name}"
+    if role == "gradient":  # detail "unsharded": FSDP2's, kept without gradient sync
+        detail = entry.get("detail")
+        return f"gradient ({detail}) of {name}" if detail else f"gradient of {name}"
     return f"{role} {name}"
 
 

@@ -129,3 +129,16 @@ def test_role_map_skips_meta_tensors_and_names_tied_storage_once():
     with torch.device("meta"):
         meta = nn.Linear(3, 3)
     assert role_map(meta) == []
+
+
+def test_a_block_holding_several_tensors_is_labelled_with_every_name():
+    # GIVEN FSDP2's gradient buffer of a group: one block, two parameters' gradients
+    entry = {"addr": 4096, "bytes": 1452, "role": "gradient", "name": "0.weight", "others": ["0.bias"]}
+    # THEN the label names both, in order
+    assert RoleIndex([entry]).frames(4096)[1]["name"] == "gradient of `0.weight`, `0.bias`"
+    # AND FSDP2's unsharded gradient (kept without gradient sync) says so, under the same category
+    kept = {"addr": 8192, "bytes": 1320, "role": "gradient", "name": "0.weight", "detail": "unsharded"}
+    assert [f["name"] for f in RoleIndex([kept]).frames(8192)] == [
+        "gradient",
+        "gradient (unsharded) of `0.weight`",
+    ]

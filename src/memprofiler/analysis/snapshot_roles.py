@@ -21,12 +21,16 @@ ROLE_FILE = "<memprofiler role>"
 
 def role_label(entry: Mapping[str, Any]) -> str:
     """``parameter `model.blocks.0.attn.weight```, ``optimizer state (exp_avg) of `...```."""
-    role, name = entry.get("role", "?"), entry.get("name", "?")
+    role, name = entry.get("role", "?"), f"`{entry.get('name', '?')}`"
+    others = entry.get("others")
+    if isinstance(others, list) and others:  # one block, several tensors (FSDP2's gradients)
+        name = ", ".join([name, *(f"`{o}`" for o in others)])
     if role == "optimizer state":
-        return f"optimizer state ({entry.get('detail', '?')}) of `{name}`"
-    if role == "gradient":
-        return f"gradient of `{name}`"
-    return f"{role} `{name}`"
+        return f"optimizer state ({entry.get('detail', '?')}) of {name}"
+    if role == "gradient":  # detail "unsharded": FSDP2's, kept without gradient sync
+        detail = entry.get("detail")
+        return f"gradient ({detail}) of {name}" if detail else f"gradient of {name}"
+    return f"{role} {name}"
 
 
 def role_category(entry: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ block to a role by its address: a caching-allocator block starts where its stora
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -53,9 +53,15 @@ def _entry(t: torch.Tensor, role: str, name: str, detail: str | None = None) -> 
     return out
 
 
-def _unsharded(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """FSDP2's unsharded parameters that hold memory now (gathered for forward or backward)."""
-    for mod_name, mod in module.named_modules():
+def _fsdp_params(module: nn.Module) -> dict[int, Any]:
+    """FSDP2's ``FSDPParam`` behind each tensor it may register on a module, by ``id``.
+
+    Between steps a module holds the sharded ``DTensor``; while gathered (inside forward, or
+    after it with ``reshard_after_forward=False``) it holds the unsharded parameter instead,
+    yet the local shard stays alive and the optimizer keeps its state under the ``DTensor``.
+    """
+    out: dict[int, Any] = {}
+    for mod in module.modules():
         get_state = getattr(mod, "_get_fsdp_state", None)
         if get_state is None:
             continue
@@ -64,10 +70,11 @@ def _unsharded(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         except Exception:
             continue
         for fp in getattr(group, "fsdp_params", None) or ():
-            t = getattr(fp, "_unsharded_param", None)
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > 0:
-                fqn = getattr(fp, "_param_fqn", None) or getattr(fp, "param_name", "?")
-                yield (f"{mod_name}.{fqn}" if mod_name and fqn else str(fqn)), t
+            for attr in ("sharded_param", "_unsharded_param", "_sharded_post_forward_param"):
+                t = getattr(fp, attr, None)
+                if isinstance(t, torch.Tensor):
+                    out[id(t)] = fp
+    return out
 
 
 def role_map(
@@ -76,7 +83,9 @@ def role_map(
     """Every storage of ``module`` and its ``optimizers`` with its role, sorted by address.
 
     Each entry is ``{"addr", "bytes", "role", "name"}`` (``"detail"``: the optimizer state's
-    key, ``exp_avg``...). A storage named twice (tied weights) keeps its first name.
+    key, ``exp_avg``...). A storage named twice (tied weights) keeps its first name; one that
+    holds several tensors of one role (FSDP2 reduce-scatters a parameter group's gradients
+    into one buffer) lists the other names under ``"others"``.
 
     Example:
         >>> role_map(nn.Linear(2, 2))[0]["role"]  # doctest: +SKIP
@@ -86,13 +95,20 @@ def role_map(
         return []
     entries: list[dict[str, Any] | None] = []
     names: dict[int, str] = {}
+    fsdp = _fsdp_params(module)
     for name, p in module.named_parameters():
+        fp = fsdp.get(id(p))
+        if fp is not None:  # FSDP2: the local shard, whichever tensor the module holds now
+            p = fp.sharded_param
         names[id(p)] = name
         entries.append(_entry(p, "parameter", name))
         if p.grad is not None:
             entries.append(_entry(p.grad, "gradient", name))
-    for name, t in _unsharded(module):
-        entries.append(_entry(t, "parameter (unsharded)", name))
+        unsharded = getattr(fp, "_unsharded_param", None)
+        if isinstance(unsharded, torch.Tensor):  # its storage is freed (0 bytes) once resharded
+            entries.append(_entry(unsharded, "parameter (unsharded)", name))
+            if unsharded.grad is not None:  # kept across steps without gradient sync
+                entries.append(_entry(unsharded.grad, "gradient", name, "unsharded"))
     for opt in optimizers:
         for group in getattr(opt, "param_groups", ()):
             for p in group.get("params", ()):
@@ -101,13 +117,18 @@ def role_map(
                     entries.append(_entry(value, "optimizer state", names.get(id(p), "?"), key))
     for name, b in module.named_buffers():
         entries.append(_entry(b, "buffer", name))
-    seen: set[int] = set()
-    out = []
+    first: dict[int, dict[str, Any]] = {}
     for e in entries:
-        if e is not None and e["addr"] not in seen:
-            seen.add(e["addr"])
-            out.append(e)
-    return sorted(out, key=lambda e: e["addr"])
+        if e is None:
+            continue
+        kept = first.setdefault(e["addr"], e)
+        same_role = (kept["role"], kept.get("detail")) == (e["role"], e.get("detail"))
+        if kept is not e and same_role and e["name"] != kept["name"]:
+            # one block, several tensors: FSDP2 reduce-scatters a group's gradients into one
+            others = kept.setdefault("others", [])
+            if e["name"] not in others:
+                others.append(e["name"])
+    return sorted(first.values(), key=lambda e: e["addr"])
 
 
 def _tensors(state: Any) -> Iterable[tuple[str, torch.Tensor]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -93,3 +95,59 @@ def test_estimate_still_runs_with_checkpointing_and_tied_weights() -> None:
     for model, x in ((Checkpointed(32, 4), torch.randn(2, 8, 32)), (Tied(), torch.randn(8, 64))):
         est = estimate_memory(model, x, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), device="cpu")
         assert est.peak_bytes > 0
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _real_in_place_merges(model: nn.Module, batch: torch.Tensor, loss_fn: Any) -> int:
+    """``aten::add_`` calls in a real backward with no dispatch mode: the engine's in-place merges."""
+    from torch.profiler import ProfilerActivity, profile
+
+    loss = loss_fn(model, batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss.backward()
+    return sum(1 for e in prof.events() if e.name == "aten::add_")
+
+
+@pytest.mark.parametrize("arch", ["demo", "llama"])
+def test_merges_counted_in_place_are_those_a_real_backward_does_in_place(arch: str, monkeypatch) -> None:
+    from models import Checkpointed, hf_loss, square_mean
+
+    from memprofiler.estimate import tracker
+
+    if arch == "demo":  # two residual blocks under checkpointing: 3 merges, all in place
+        make, batch, loss_fn = (lambda: Checkpointed(32, 4)), torch.randn(2, 8, 32), square_mean
+    else:  # 23 merges; 4 out of place in torch too (their gradient's storage is shared)
+        make, batch, loss_fn = _llama, torch.randint(0, 64, (2, 16)), hf_loss
+    torch.manual_seed(0)
+    expected = _real_in_place_merges(make(), batch, loss_fn)
+    ledgers: list[tracker.Ledger] = []
+    init = tracker.Ledger.__init__
+
+    def keep(self: tracker.Ledger, *args: Any) -> None:
+        init(self, *args)
+        ledgers.append(self)
+
+    monkeypatch.setattr(tracker.Ledger, "__init__", keep)
+    estimate_memory(
+        make(),
+        batch,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        loss_fn=loss_fn,
+        device="cpu",
+        steps=1,
+    )
+    assert expected == {"demo": 3, "llama": 19}[arch]
+    assert ledgers[0].merged_in_place == expected

@@ -9,9 +9,9 @@ out-of-place branch whenever a ``TorchDispatchMode`` is active (``isTensorSubcla
 under the estimate's tracker every merge would allocate one gradient-sized tensor that a real
 run never allocates.
 
-:func:`routing_hooks` finds the engine's adds: a post hook on every node of the step's graph
-records the storages of the gradients the node has just computed (the engine routes them into
-input buffers next); its pre hook clears them. An ``aten.add.Tensor`` whose second operand is
+:func:`routing_hooks` finds the engine's adds: a post hook on every node that sends a gradient
+to an input another edge also reaches records the storages of the gradients the node has just
+computed (the engine routes them into input buffers next); a pre hook on every node clears them. An ``aten.add.Tensor`` whose second operand is
 one of them is an accumulation. :func:`inplace_candidate` then applies torch's rule to the
 buffer's gradient: grad mode off, dense and non-overlapping, its storage referenced no more
 than a lone buffer gradient's is inside ``__torch_dispatch__`` (:func:`lone_counts`, measured
@@ -91,9 +91,12 @@ def inplace_candidate(routing: frozenset[int], args: Any, kwargs: Any) -> torch.
     return old if lone_t > 0 and old_t <= new_t and old_s <= lone_s else None
 
 
-def _graph(root: Any) -> list[Any]:
+def _graph(root: Any) -> tuple[list[Any], list[Any]]:
+    """Every node of the graph below ``root``, and those that send a gradient to an input that
+    another edge also reaches (the merges' producers: only their outputs are ever accumulated)."""
     nodes: list[Any] = []
     seen: set[Any] = set()
+    edges: dict[tuple[Any, int], list[Any]] = {}
     stack = [root]
     while stack:
         node = stack.pop()
@@ -101,8 +104,12 @@ def _graph(root: Any) -> list[Any]:
             continue
         seen.add(node)
         nodes.append(node)
-        stack.extend(nxt for nxt, _ in node.next_functions)
-    return nodes
+        for nxt, nr in node.next_functions:
+            if nxt is not None:
+                edges.setdefault((nxt, nr), []).append(node)
+                stack.append(nxt)
+    feeders = {id(n): n for senders in edges.values() if len(senders) > 1 for n in senders}
+    return nodes, list(feeders.values())
 
 
 @contextlib.contextmanager
@@ -121,13 +128,14 @@ def routing_hooks(tracker: Any, loss: torch.Tensor) -> Iterator[None]:
         tracker.routing = frozenset(k for k in keys if keys.count(k) == 1)
 
     def applying(grad_outputs: Any) -> None:
-        tracker.routing = frozenset()
+        if tracker.routing:
+            tracker.routing = frozenset()
 
     try:
         if root is not None:
-            for node in _graph(root):
-                handles.append(node.register_hook(routed))
-                handles.append(node.register_prehook(applying))
+            nodes, feeders = _graph(root)
+            handles.extend(node.register_hook(routed) for node in feeders)
+            handles.extend(node.register_prehook(applying) for node in nodes)
         yield
     finally:
         for handle in handles:

@@ -151,3 +151,21 @@ def test_merges_counted_in_place_are_those_a_real_backward_does_in_place(arch: s
     )
     assert expected == {"demo": 3, "llama": 19}[arch]
     assert ledgers[0].merged_in_place == expected
+
+
+def test_fsdp_merge_counts_in_place_too() -> None:
+    x = torch.randn(1024, 256)
+    est = estimate_memory(
+        Merge(),
+        x,
+        optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1),
+        device="cpu",
+        steps=1,
+        strategy="fsdp",
+        world_size=2,
+    )
+    # The merge no longer tops the step (out of place it did: 4 MiB + 1,544 B in backward). The
+    # peak is the forward's x, h and h * 2 (3 MiB) with two 4-byte sums, s's all-gather buffer
+    # and unsharded copy (1 KiB each) and its shard (512 B).
+    assert est.peak_bytes == 3 * MiB + 8 + 1024 + 1024 + 512
+    assert est.peak_phase == "forward"

@@ -58,13 +58,16 @@ def lone_counts() -> tuple[int, int]:
                 seen.append(counts(args[0]))
             return func(*args, **(kwargs or {}))
 
-    with _disable_current_modes(), torch.device("cpu"), torch.enable_grad():
-        pre, a, b = (torch.nn.Linear(2, 2) for _ in range(3))
-        h = pre(torch.ones(1, 2))
-        loss = a(h).sum() + b(h).sum()
-        with Probe():
-            loss.backward()
-    if len(seen) != 1:  # a torch that merges elsewhere: claim nothing in place
+    try:
+        with _disable_current_modes(), torch.device("cpu"), torch.enable_grad():
+            pre, a, b = (torch.nn.Linear(2, 2) for _ in range(3))
+            h = pre(torch.ones(1, 2))
+            loss = a(h).sum() + b(h).sum()
+            with Probe():
+                loss.backward()
+    except (AttributeError, RuntimeError):  # a torch without the private counts used here
+        return (0, 0)
+    if len(seen) != 1:  # a torch that merges elsewhere: claim nothing in place (as before)
         return (0, 0)
     return seen[0]
 
@@ -72,6 +75,9 @@ def lone_counts() -> tuple[int, int]:
 def inplace_candidate(routing: frozenset[int], args: Any, kwargs: Any) -> torch.Tensor | None:
     """The buffer's gradient when ``add(*args)`` is an engine merge torch would do in place."""
     if not routing or kwargs or len(args) != 2 or torch.is_grad_enabled():
+        return None
+    lone_t, lone_s = lone_counts()
+    if lone_t == 0:
         return None
     old, new = args
     if type(old) is not type(new) or not isinstance(old, torch.Tensor):
@@ -85,10 +91,9 @@ def inplace_candidate(routing: frozenset[int], args: Any, kwargs: Any) -> torch.
     # Modes stacked above the tracker (a CUDA target's) hold each operand once more, so the
     # tensor count is compared with the incoming gradient's, which only the engine holds
     # (a gradient routed to two buffers at once is left out of ``routing``).
-    lone_t, lone_s = lone_counts()
     old_t, old_s = counts(old)
     new_t, _ = counts(new)
-    return old if lone_t > 0 and old_t <= new_t and old_s <= lone_s else None
+    return old if old_t <= new_t and old_s <= lone_s else None
 
 
 def _graph(root: Any) -> tuple[list[Any], list[Any]]:

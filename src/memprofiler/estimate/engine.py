@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
+from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
 from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
@@ -187,6 +188,7 @@ def estimate(
                     "(all parameters at once; the CPU default is a loop over parameters)"
                 )
             alloc_conf = AllocatorConfig.from_env()
+            lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
@@ -321,7 +323,8 @@ def _one_step(
         try:
             with saved, strategies.autocast(precision, where):
                 loss = loss_fn(model, batch)
-            loss.backward()
+            with routing_hooks(tracker, loss):
+                loss.backward()
             opt.step()
         except fake_errors() as err:
             raise fake_failure(err, stack.innermost()) from None

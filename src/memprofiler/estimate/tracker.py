@@ -21,6 +21,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memprofiler.estimate import accumulation
 from memprofiler.estimate.allocator import AllocatorReplay
 
 #: torch's reference types, by value, to the names an estimate reports.
@@ -47,6 +48,8 @@ _FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten
 #: Ops whose CUDA kernel returns its philox seed and offset as CPU scalars outside graph capture
 #: (``_efficient_attention_forward``); their fake kernels make them on the run device.
 _HOST_RNG_OPS = frozenset({torch.ops.aten._scaled_dot_product_efficient_attention.default})
+#: The ledger key of a storage whose bytes a gradient merged in place took over: its end frees nothing.
+_HANDED_OVER = 0
 
 
 class Ledger:
@@ -67,6 +70,7 @@ class Ledger:
         self.held = 0  # bytes of workspaces in ``total`` (not tensors)
         self.peak_held = 0
         self.holds: list[tuple[str, int]] = []
+        self.merged_in_place = 0  # engine gradient merges counted in place (accumulation.py)
 
     def no_tensor_key(self) -> int:
         """A fresh allocator key for memory no tensor stands for (buckets, workspaces, scratch).
@@ -132,6 +136,11 @@ def _make(base: type[MemTracker]) -> Any:
         host_rng_count = 0
         _rng_to_host = False
         _host: WeakIdKeyDictionary
+        #: Storages (``_cdata``) of the gradients the autograd engine is routing into input
+        #: buffers now (:func:`accumulation.routing_hooks`); empty outside those moments.
+        routing: frozenset[int] = frozenset()
+        #: The buffer gradient whose storage the merge being dispatched takes over (in place).
+        _takeover: Any = None
 
         def __enter__(self) -> Any:
             self._quiet_metadata = _quiet_during_metadata_propagation(self)
@@ -162,6 +171,15 @@ def _make(base: type[MemTracker]) -> Any:
                     return super().__torch_dispatch__(func, types, args, kwargs)
                 finally:
                     self._rng_to_host = False
+            if func is accumulation.ADD and self.routing:
+                old = accumulation.inplace_candidate(self.routing, args, kwargs)
+                found = self._WINFO.get(old.untyped_storage()) if old is not None else None
+                if found is not None:
+                    self._takeover = found[0]
+                    try:
+                        return super().__torch_dispatch__(func, types, args, kwargs)
+                    finally:
+                        self._takeover = None
             return super().__torch_dispatch__(func, types, args, kwargs)
 
         def _track(self, reftype: Any, t: torch.Tensor) -> None:
@@ -192,7 +210,18 @@ def _make(base: type[MemTracker]) -> Any:
             led = self.ledger
             key = led.key_of(winfo)
             n = _nbytes(winfo)
-            if u_type == _UpdateType.ADD:
+            src = self._takeover
+            if key == _HANDED_OVER:
+                pass  # its bytes belong to the merged gradient now
+            elif u_type == _UpdateType.ADD and src is not None and led.sizes.get(led.key_of(src)) == n:
+                # An engine merge torch does in place: the sum keeps the buffer gradient's block.
+                self._takeover = None
+                winfo._memprofiler_key = key = led.key_of(src)
+                src._memprofiler_key = _HANDED_OVER
+                led.move(led.category(src), -n)
+                led.move(led.category(winfo), n)
+                led.merged_in_place += 1
+            elif u_type == _UpdateType.ADD:
                 led.sizes[key] = n
                 led.move(led.category(winfo), n)
                 led.allocator.alloc(key, n)

@@ -228,10 +228,10 @@ def estimate(
     if scratch is not None:
         scratch.log.host_scalars = tracker.host_rng_count
         notes += scratch.log.notes()
-    if stats is not None and stats.note():
-        notes.append(str(stats.note()))
+    if stats is not None and (line := stats.note()):
+        notes.append(line)
     state = [v for per_param in opt.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
-    on_host = sum(1 for v in state if tracker._on_host(v)) if target is not None else 0
+    on_host = sum(1 for v in state if tracker._on_host(v))  # none for a CPU estimate
     if on_host:
         notes.append(
             f"optimizer: {on_host} state tensor(s) made from Python data in its step (a non-capturable "
@@ -338,7 +338,7 @@ def _one_step(
                 raise device_failure(devices, stack.innermost(), stack.innermost_inputs()[0]) from None
             raise shape_failure(err, stack.innermost(), *stack.innermost_inputs()) from None
     tracker.mark_optimizer_state(opt)
-    resident = _resident(model, opt, tracker._host if tracker.host_data_in_opt else None)
+    resident = _resident(model, opt, tracker._host)
     opt.zero_grad()
     return resident
 
@@ -352,7 +352,8 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
 def _resident(model: nn.Module, opt: torch.optim.Optimizer, host: Any = None) -> dict[str, int]:
     """Bytes that outlive a step, each storage once: what the analytic formulas give.
 
-    ``host``: storages a real run keeps on the host (a CUDA target's optimizer step counts), left out.
+    ``host``: storages a real run keeps on the host (a CUDA target's optimizer step counts; none
+    for a CPU estimate), left out.
     """
 
     def total(tensors: Sequence[torch.Tensor]) -> int:

@@ -256,23 +256,14 @@ def _make(base: type[MemTracker]) -> Any:
 
         def transient(self, name: str, nbytes: int) -> None:
             """Scratch a kernel allocates through the caching allocator and frees before returning."""
-            led = self.ledger
-            key = led.no_tensor_key()
-            cat = f"{name}_scratch"
-            led.move(cat, nbytes)
-            led.held += nbytes
-            led.allocator.alloc(key, nbytes)
-            self._note_peak()
-            led.allocator.free(key)
-            led.held -= nbytes
-            led.move(cat, -nbytes)
+            self.phases(name, [[nbytes]])
 
         def phases(self, name: str, phases: list[list[int]]) -> None:
             """Scratch a kernel allocates in phases (each a list of blocks live together), freed on return."""
             led = self.ledger
             cat = f"{name}_scratch"
             for sizes in phases:
-                keys = [-3_000_000 - i for i in range(len(sizes))]
+                keys = [led.no_tensor_key() for _ in sizes]
                 total = sum(sizes)
                 led.move(cat, total)
                 led.held += total

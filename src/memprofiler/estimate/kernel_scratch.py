@@ -6,7 +6,9 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
 
 - memory-efficient attention forward (``_efficient_attention_forward``, ``attention.cu``): the
   philox seed and offset are CPU scalars unless a CUDA graph is being captured; the fake kernel
-  makes them on the device (two 512-byte blocks per call), so they are taken out.
+  makes them on the device (two 512-byte blocks per call), so they are taken out. The tracker
+  does that (``tracker._HOST_RNG_OPS``: it sees the outputs before this mode does); this
+  module's log only says so.
 - memory-efficient attention backward (``_efficient_attention_backward``,
   ``attention_backward.cu``): a contiguous copy of the output gradient when it is not contiguous
   in (batch, query, head, dim) order; ``delta`` (float32, batch x heads x queries), which for

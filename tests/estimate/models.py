@@ -19,6 +19,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo import Block
 
 
+class Net(nn.Module):
+    """Odd dims so that FSDP shards are padded; two layers in a ModuleList (sharded apart)."""
+
+    SHAPES = [(33, 10), (33,), (7, 33), (7,)]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(10, 33), nn.Linear(33, 7)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](torch.relu(self.layers[0](x)))
+
+
+def meta_net() -> nn.Module:
+    with torch.device("meta"):
+        return Net()
+
+
 class Checkpointed(nn.Module):
     """Two transformer blocks, each under non-reentrant activation checkpointing."""
 

@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
+from models import Net, meta_net
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -27,24 +28,6 @@ from memprofiler.estimate import engine, estimate_memory
 
 ADAM = lambda ps: torch.optim.Adam(ps, lr=1e-3)  # noqa: E731
 F32 = 4
-
-
-class Net(nn.Module):
-    """Odd dims so that FSDP shards are padded; two layers in a ModuleList (sharded apart)."""
-
-    SHAPES = [(33, 10), (33,), (7, 33), (7,)]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(10, 33), nn.Linear(33, 7)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers[1](torch.relu(self.layers[0](x)))
-
-
-def meta_net() -> nn.Module:
-    with torch.device("meta"):
-        return Net()
 
 
 def padded_shard_bytes(ws: int) -> int:

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from models import Net, meta_net
 from torch import nn
 
 from memprofiler.errors import ConfigError
@@ -16,23 +17,7 @@ ADAM = lambda ps: torch.optim.Adam(ps, lr=1e-3)  # noqa: E731
 F32 = 4
 
 
-class Net(nn.Module):
-    """Odd dims so that FSDP shards are padded; two layers in a ModuleList (sharded apart)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([nn.Linear(10, 33), nn.Linear(33, 7)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers[1](torch.relu(self.layers[0](x)))
-
-
-def meta_net() -> nn.Module:
-    with torch.device("meta"):
-        return Net()
-
-
-SHAPES = [(33, 10), (33,), (7, 33), (7,)]
+SHAPES = Net.SHAPES
 TOTAL = F32 * sum(math.prod(s) for s in SHAPES)
 
 

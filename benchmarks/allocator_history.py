@@ -48,17 +48,7 @@ def _model() -> nn.Module:
 
 
 def _step_times(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: int) -> list[float]:
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return times
+    return [_timed_step(model, opt, x) for _ in range(steps)]
 
 
 def _dump(backend: CudaBackend, out: Path) -> dict[str, Any]:

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 from torch import optim
+from torch._subclasses.fake_tensor import is_fake
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memprofiler.estimate import accumulation
+from memprofiler.estimate import accumulation, grouped_mm
 from memprofiler.estimate.allocator import AllocatorReplay
 
 #: torch's reference types, by value, to the names an estimate reports.
@@ -48,6 +49,7 @@ _FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten
 #: Ops whose CUDA kernel returns its philox seed and offset as CPU scalars outside graph capture
 #: (``_efficient_attention_forward``); their fake kernels make them on the run device.
 _HOST_RNG_OPS = frozenset({torch.ops.aten._scaled_dot_product_efficient_attention.default})
+_GROUPED_MM_OUTPUT = grouped_mm.Output()
 #: The ledger key of a storage whose bytes a gradient merged in place took over: its end frees nothing.
 _HANDED_OVER = 0
 
@@ -158,6 +160,8 @@ def _make(base: type[MemTracker]) -> Any:
                 self._quiet_metadata.__exit__(*args)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is grouped_mm.OP and args and is_fake(args[0]):
+                func = _GROUPED_MM_OUTPUT  # its fake kernel refuses all but bfloat16
             if self.quiet:
                 return func(*args, **(kwargs or {}))
             if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from memprofiler.estimate.failures import (
     shape_failure,
 )
 from memprofiler.estimate.kernel_scratch import KernelScratch
+from memprofiler.estimate.known_values import AllOnes, transformers_masks
 from memprofiler.estimate.margins import CustomOps, margins
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
@@ -210,6 +212,9 @@ def estimate(
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             scratch = KernelScratch(tracker.phases) if target is not None else None
             stats = FloatStats() if target is not None else None
+            ones = AllOnes() if mode is not None and "transformers.masking_utils" in sys.modules else None
+            if ones is not None and not ones.seed(batch, fake_batch):
+                ones = None
             with (
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),
@@ -217,6 +222,8 @@ def estimate(
                 scratch if scratch is not None else contextlib.nullcontext(),
                 stats if stats is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
+                ones if ones is not None else contextlib.nullcontext(),
+                transformers_masks(ones) if ones is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
                     before = led.peak

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from _trace_oracles import dict_merge, step_events, step_trace
+from _trace_orders import GPU_TRACE
 from memprofiler.analysis.run_ids import profiler_trace_run_id
 from memprofiler.analysis.trace_events import iter_events
 from memprofiler.output.events import SnapshotEvent
@@ -241,3 +242,20 @@ def test_step_timeline_text_is_what_json_dumps_writes_for_its_events(tmp_path):
     assert step.to_json() == json.dumps(step_trace(step))
     assert Path(step.dump(tmp_path)).read_text() == json.dumps(step_trace(step))
     assert StepTimeline(rank=1).to_json() == json.dumps(step_trace(StepTimeline(rank=1)))
+
+
+@pytest.mark.skipif(not GPU_TRACE.is_file(), reason="the recorded GPU run (../shared/fixtures/gpu) is absent")
+def test_a_recorded_h200_trace_takes_the_rows_as_the_dict_merge_did():
+    # GIVEN the trace of a real GPU run (kernels, memcpy, CUDA memory events; written merged once)
+    kineto = gzip.decompress(GPU_TRACE.read_bytes())
+    span = trace_span_ns(json.loads(kineto))
+    assert span is not None
+    rows = _rows(*span)
+    # WHEN our rows go in again THEN the trace is the dict merge's, its own events kept as bytes
+    trace = ChromeTrace.read(kineto)
+    out = trace.with_rows(rows, PID, FIRST)
+    assert trace.as_text
+    expected = dict_merge(kineto, rows, PID, FIRST)
+    merged = json.loads(out)
+    assert merged == expected and list(merged) == list(expected)
+    assert bytes(msgspec.json.decode(kineto, type=dict[str, msgspec.Raw])["traceEvents"])[:-1] in out

@@ -349,10 +349,10 @@ def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkey
     # GIVEN merging memory events fails
     import memprofiler.lightning.extended_profiler as ext
 
-    def broken(*args: Any, **kwargs: Any) -> int:
+    def broken(*args: Any, **kwargs: Any) -> bytes:
         raise ValueError("broken merge")
 
-    monkeypatch.setattr(ext, "merge_into_trace", broken)
+    monkeypatch.setattr(ext.ChromeTrace, "with_rows", broken)
     prof = ExtendedPyTorchProfiler(schedule_cfg={"wait": 1, "warmup": 1, "active": 2})
     trainer = _trainer(tmp_path, prof, steps=5, callbacks=[_memprofiler()])
     # WHEN training runs THEN it completes with a warning
@@ -363,6 +363,35 @@ def test_a_merge_fault_keeps_kinetos_trace_and_training_goes_on(tmp_path, monkey
     trace = _load(tmp_path / "memprofiler" / "fit_rank_0.1.pt.trace.json")
     assert sorted(_named(trace, "ProfilerStep#")) == ["ProfilerStep#2", "ProfilerStep#3"]
     assert not _memory_spans(trace)
+
+
+class _BrokenRows:
+    """A timeline whose text cannot be built."""
+
+    def events_json(self, *args: Any, **kwargs: Any) -> str:
+        raise TypeError("no text")
+
+    def metadata(self, pid: int | str) -> list[dict[str, Any]]:
+        return []
+
+
+def test_a_fault_in_our_rows_leaves_kinetos_bytes_as_they_were_and_a_cut_trace_is_refused():
+    # GIVEN a profiler merging rows that fail, and a trace with an operator
+    from memprofiler.output.trace_files import TraceCycle
+
+    prof = ExtendedPyTorchProfiler()
+    prof.step_timeline = None
+    prof.add_memory_timeline(_BrokenRows())  # type: ignore[arg-type]
+    kineto = b' {"baseTimeNanoseconds": 0,\n "traceEvents": [{"ph": "X", "ts": 1.0, "dur": 2.0}\n]}'
+    # WHEN the cycle is merged THEN one warning, and Kineto's bytes unchanged
+    with pytest.warns(
+        UserWarning, match=r"wrote trace cycle \d+ without memory events: TypeError\('no text'\)"
+    ):
+        assert prof._merged(kineto, TraceCycle(1)) == kineto
+    # AND a trace cut short (a full disk) or no object is not written at all
+    for cut in (kineto[:40], b"[1]"):
+        with pytest.raises(ValueError, match="Kineto's trace is no JSON"):
+            prof._merged(cut, TraceCycle(1))
 
 
 @pytest.mark.cuda

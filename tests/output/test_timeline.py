@@ -14,6 +14,7 @@ import yaml
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from _trace_oracles import memory_events as _reference_events
 from memprofiler import MemProfiler
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.output.events import SnapshotEvent
@@ -136,30 +137,6 @@ def test_memory_trace_file_holds_the_snapshot_values(tmp_path):
 
 def _event(rank: int, fn: str, call: int, phase: Any, t_ns: int, metrics: dict[str, Any]) -> SnapshotEvent:
     return SnapshotEvent(f"{rank}.{fn}.{call}.{phase}", rank, fn, call, phase, t_ns, metrics)
-
-
-def _reference_events(
-    timeline: MemoryTimeline, pid: int | str, base_ns: int = 0, lo: int = -1, hi: int = 1 << 62
-) -> list[dict[str, Any]]:
-    """The oracle: ``timeline``'s events built plainly as dicts from its marks (a counter per
-    value; a span from each end back to its call's start), for the rendered text to equal."""
-    out: list[dict[str, Any]] = []
-    starts: dict[tuple[str, int], Any] = {}
-    for m in timeline._marks:
-        if not lo <= m.t_ns <= hi:
-            continue
-        ts = (m.t_ns - base_ns) / 1000.0
-        for track, value in m.values.items():
-            c = {"ph": "C", "cat": "memprofiler", "name": track, "pid": pid, "tid": 0, "ts": ts}
-            out.append({**c, "args": {"bytes": value}})
-        if m.phase == "start":
-            starts[(m.fn, m.call)] = m
-        elif m.phase == "end" and (m.fn, m.call) in starts:
-            begin = starts.pop((m.fn, m.call))
-            x = {"ph": "X", "cat": "memprofiler", "name": f"{m.fn}.{m.call}", "pid": pid, "tid": 0}
-            x |= {"ts": (begin.t_ns - base_ns) / 1000.0, "dur": (m.t_ns - begin.t_ns) / 1000.0}
-            out.append({**x, "args": {"rank": timeline.rank, "fn": m.fn, "call": m.call, **m.values}})
-    return out
 
 
 def _reference_text(timeline: MemoryTimeline) -> str:

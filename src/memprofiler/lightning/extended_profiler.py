@@ -29,7 +29,6 @@ What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Mapping
@@ -63,8 +62,9 @@ from memprofiler.lightning.trace_output import (
 )
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.step_timeline import DATA, HOOKS, StepTimeline
-from memprofiler.output.timeline import MemoryTimeline, merge_into_trace, trace_span_ns
+from memprofiler.output.timeline import MemoryTimeline, TraceRows
 from memprofiler.output.trace_files import TRACE, TraceCycle
+from memprofiler.output.trace_splice import ChromeTrace
 from memprofiler.output.writers import write_text
 
 _DEPRECATED_KWARGS = ("use_cuda", "use_cpu", "use_device")
@@ -447,27 +447,26 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
     def _merged(self, kineto: bytes, cycle: TraceCycle) -> bytes:
         """Kineto's trace plus memory, step-timeline and cycle identity; on failure Kineto's alone.
 
+        Our rows go in as text, Kineto's events stay the bytes Kineto wrote
+        (:mod:`~memprofiler.output.trace_splice`).
+
         Raises:
             ValueError: Kineto's file is no JSON object (cut short on a full disk): not written.
         """
         try:
-            trace = json.loads(kineto)
+            trace = ChromeTrace.read(kineto)
         except ValueError as err:
             raise ValueError(f"Kineto's trace is no JSON ({err}); the cycle is not written") from None
-        if not isinstance(trace, dict):
+        if not trace.is_object:
             raise ValueError("Kineto's trace is no JSON object; the cycle is not written")
         try:
-            pid = os.getpid()  # Kineto draws CPU events under this process's pid: our rows join them
-            span = trace_span_ns(trace)  # one pass over Kineto's events for every timeline merged
-            if span is not None:
-                for timeline in self._timelines:
-                    merge_into_trace(trace, timeline, pid=pid, span=span)
-                if self.step_timeline is not None:
-                    self.step_timeline.merge_into(trace, pid=pid, span=span)
+            rows: list[TraceRows] = [*self._timelines]
+            if self.step_timeline is not None:
+                rows.append(self.step_timeline)
             # First in the file: a reader learns rank and run from the first bytes (run_ids.py).
             ident = {"run_id": self._run_id, "rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
-            trace = {"memprofiler": ident, **{k: v for k, v in trace.items() if k != "memprofiler"}}
-            return json.dumps(trace).encode()
+            # Kineto draws CPU events under this process's pid: our rows join them.
+            return trace.with_rows(rows, os.getpid(), {"memprofiler": ident})
         except (ValueError, TypeError, KeyError) as err:
             self._warn(
                 f"ExtendedPyTorchProfiler wrote trace cycle {self._cycle} without memory events: {err!r}"

@@ -18,12 +18,11 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from memprofiler import layout
-from memprofiler.output.timeline import merge_into_trace
+from memprofiler.output.timeline import _json_num, _json_str, merge_into_trace
 from memprofiler.output.writers import write_text
 
 #: Categories of the events this module adds, so viewers and the merge can tell them apart.
@@ -41,6 +40,11 @@ _ROWS = {HOOKS: (HOOK_TID, HOOK_CATEGORY, "lightning hooks"), DATA: (DATA_TID, D
 
 def _finite(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _name_json(name: object) -> str:
+    """``json.dumps(name)``; cached for strings (the same hook and metric names repeat)."""
+    return _json_str(name) if type(name) is str else json.dumps(name)
 
 
 class SampleSource(Protocol):
@@ -94,40 +98,44 @@ class StepTimeline:
         self, pid: int | str, base_ns: int = 0, start_ns: int | None = None, end_ns: int | None = None
     ) -> list[dict[str, Any]]:
         """Spans overlapping ``[start_ns, end_ns]`` and samples inside it; ``ts`` in µs after ``base_ns``."""
+        # The text a trace gets, read back: the events are built in one place only.
+        events: list[dict[str, Any]] = json.loads(f"[{self.events_json(pid, base_ns, start_ns, end_ns)}]")
+        return events
+
+    def events_json(
+        self, pid: int | str, base_ns: int = 0, start_ns: int | None = None, end_ns: int | None = None
+    ) -> str:
+        """:meth:`events` as the text ``json.dumps`` writes for their list, without its brackets
+        (``""`` for none), written straight from the spans and samples (no dict per event)."""
         lo = start_ns if start_ns is not None else 0
         hi = end_ns if end_ns is not None else 1 << 62
-        out: list[dict[str, Any]] = []
+        pid_json = json.dumps(pid)
+        rows = {
+            track: f'{{"ph": "X", "cat": {_json_str(cat)}, "name": ' for track, (_, cat, _) in _ROWS.items()
+        }
+        ends = {
+            track: f', "pid": {pid_json}, "tid": {_json_num(tid)}, "ts": '
+            for track, (tid, _, _) in _ROWS.items()
+        }
+        parts: list[str] = []
         for track, name, t0, t1 in list(self.spans):
             if t1 >= lo and t0 <= hi:  # overlapping the window: a step's outer spans too
-                tid, cat, _ = _ROWS[track]
-                out.append(
-                    {
-                        "ph": "X",
-                        "cat": cat,
-                        "name": name,
-                        "pid": pid,
-                        "tid": tid,
-                        "ts": (t0 - base_ns) / 1000.0,
-                        "dur": (t1 - t0) / 1000.0,
-                    }
+                parts.append(
+                    f"{rows[track]}{_name_json(name)}{ends[track]}{float.__repr__((t0 - base_ns) / 1000.0)}, "
+                    f'"dur": {float.__repr__((t1 - t0) / 1000.0)}}}'
                 )
         if self.host is not None:
+            head = f'{{"ph": "C", "cat": {_json_str(HOST_CATEGORY)}, "name": '
             for t_ns, values in self.host.between(lo, hi):
-                ts = (t_ns - base_ns) / 1000.0
+                ts = float.__repr__((t_ns - base_ns) / 1000.0)
                 for track_name, value in values.items():
                     if not _finite(value):  # a sample source other than HostSampler may hand NaN
                         continue
-                    out.append(
-                        {
-                            "ph": "C",
-                            "cat": HOST_CATEGORY,
-                            "name": track_name,
-                            "pid": pid,
-                            "ts": ts,
-                            "args": {"value": value},
-                        }
+                    parts.append(
+                        f'{head}{_name_json(track_name)}, "pid": {pid_json}, "ts": {ts}, '
+                        f'"args": {{"value": {_json_num(value)}}}}}'
                     )
-        return out
+        return ", ".join(parts)
 
     def metadata(self, pid: int | str) -> list[dict[str, Any]]:
         """Name the span rows and put them above the operator rows."""
@@ -152,24 +160,29 @@ class StepTimeline:
 
     def to_trace(self) -> dict[str, Any]:
         """The whole run of this rank as a standalone trace: ``pid`` = rank."""
+        trace: dict[str, Any] = json.loads(self.to_json())
+        return trace
+
+    def to_json(self) -> str:
+        """``json.dumps`` of :meth:`to_trace`, written from the events' text."""
         starts = [s[2] for s in self.spans]
         if self.host is not None:
             starts += [t for t, _ in self.host.between(0, 1 << 62)[:1]]
         base = (min(starts) // 1_000_000_000) * 1_000_000_000 if starts else 0
-        events: Sequence[dict[str, Any]] = [
+        meta = [
             {"ph": "M", "name": "process_name", "pid": self.rank, "args": {"name": f"rank {self.rank}"}},
             *self.metadata(self.rank),
-            *self.events(self.rank, base),
         ]
-        return {
-            "schemaVersion": 1,
-            "displayTimeUnit": "ms",
-            "baseTimeNanoseconds": base,
-            "traceEvents": list(events),
-            "otherData": {"memprofiler_rank": self.rank, "os_pid": os.getpid()},
-        }
+        events = [json.dumps(e) for e in meta]
+        if text := self.events_json(self.rank, base):
+            events.append(text)
+        other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
+        return (
+            f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {_json_num(base)}, '
+            f'"traceEvents": [{", ".join(events)}], "otherData": {other}}}'
+        )
 
     def dump(self, save_dir: str | os.PathLike[str]) -> Path:
         """Write ``save_dir/step_timeline_rank_{rank}.json`` (whole, atomically)."""
         path = Path(save_dir) / layout.STEP_TIMELINE_JSON.format(rank=self.rank)
-        return write_text(path, json.dumps(self.to_trace()))
+        return write_text(path, self.to_json())

@@ -19,7 +19,7 @@ import functools
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -152,12 +152,23 @@ class MemoryTimeline:
             start_ns: drop snapshots taken before this time (a trace cycle's start).
             end_ns: drop snapshots taken after this time.
         """
+        # The text the files get, read back: the events are built in one place only.
+        events: list[dict[str, Any]] = json.loads(f"[{self.events_json(pid, base_ns, start_ns, end_ns)}]")
+        return events
+
+    def events_json(
+        self,
+        pid: int | str,
+        base_ns: int = 0,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
+    ) -> str:
+        """:meth:`events` as the text ``json.dumps`` writes for their list, without its brackets
+        (``""`` for none): what a profiler trace cycle splices in (:mod:`~memprofiler.output.trace_splice`)."""
         lo = start_ns if start_ns is not None else -1
         hi = end_ns if end_ns is not None else 1 << 62
         marks = [mark for mark in self._marks if lo <= mark.t_ns <= hi]
-        # The text the files get, read back: the events are built in one place only.
-        events: list[dict[str, Any]] = json.loads(f"[{self._events_json(marks, pid, base_ns, {})}]")
-        return events
+        return self._events_json(marks, pid, base_ns, {})
 
     def _events_json(
         self, marks: list[_Mark], pid: int | str, base_ns: int, starts: dict[tuple[str, int], _Mark]
@@ -330,11 +341,15 @@ class MemoryTimeline:
 
 
 class TraceRows(Protocol):
-    """Rows a trace cycle can take in: a :class:`MemoryTimeline` or a step timeline."""
+    """Rows a trace cycle can take in: a :class:`MemoryTimeline` or a step timeline.
 
-    def events(
+    ``events_json`` is the events' list as ``json.dumps`` writes it, without its brackets
+    (``""`` for none): a trace cycle splices that text into Kineto's, unparsed.
+    """
+
+    def events_json(
         self, pid: int | str, base_ns: int = 0, start_ns: int | None = None, end_ns: int | None = None
-    ) -> list[dict[str, Any]]: ...
+    ) -> str: ...
 
     def metadata(self, pid: int | str) -> list[dict[str, Any]]: ...
 
@@ -347,13 +362,16 @@ def merge_into_trace(
     The span runs from the first event's start to the last event's end; snapshots outside it
     belong to other trace cycles and are left out. Pass ``span`` (:func:`trace_span_ns`) when
     merging several timelines into one trace: finding it reads every event of the trace.
+
+    The trace as dicts, for callers that hold one; a profiler trace cycle splices the text
+    instead (:meth:`~memprofiler.output.trace_splice.ChromeTrace.with_rows`), to the same events.
     """
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
     if span is None:
         span = trace_span_ns(trace)
     if span is None:
         return 0
-    added = timeline.events(pid, base_ns=base, start_ns=span[0], end_ns=span[1])
+    added: list[dict[str, Any]] = json.loads(f"[{timeline.events_json(pid, base, span[0], span[1])}]")
     if added:
         trace["traceEvents"].extend(timeline.metadata(pid) + added)
     return len(added)
@@ -362,15 +380,27 @@ def merge_into_trace(
 def trace_span_ns(trace: dict[str, Any]) -> tuple[int, int] | None:
     """A Chrome trace's span on the epoch clock: first ``X`` event's start to last one's end."""
     base = int(trace.get("baseTimeNanoseconds", 0) or 0)
+    return span_of_durations(
+        base,
+        (
+            (e["ts"], e.get("dur", 0))
+            for e in trace.get("traceEvents", [])
+            if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e
+        ),
+    )
+
+
+def span_of_durations(base: int, durations: Iterable[tuple[Any, Any]]) -> tuple[int, int] | None:
+    """First start to last end on the epoch clock of the ``(ts, dur)`` of a trace's ``X``
+    events (µs after ``base``; a missing or null ``dur`` is 0), or ``None`` for none."""
     lo, hi = math.inf, -math.inf
-    for e in trace.get("traceEvents", []):
-        if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e:
-            start = float(e["ts"])
-            end = start + float(e.get("dur", 0) or 0)
-            if start < lo:
-                lo = start
-            if end > hi:
-                hi = end
+    for ts, dur in durations:
+        start = float(ts)
+        end = start + float(dur or 0)
+        if start < lo:
+            lo = start
+        if end > hi:
+            hi = end
     if lo == math.inf:
         return None
     return base + int(lo * 1000), base + int(hi * 1000)

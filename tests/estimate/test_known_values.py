@@ -92,3 +92,15 @@ def test_only_integer_and_boolean_tensors_of_ones_are_known():
     ones = AllOnes()
     assert ones.seed(real, fakes) == 2
     assert [f in ones.known for f in fakes] == [True, True, False, False]
+
+
+def test_ones_made_inside_the_model_are_known_until_written_into():
+    ones = AllOnes()
+    with torch._subclasses.FakeTensorMode(), ones:
+        made = torch.ones(2, 8)  # BART's decoder makes its padding mask so when none is given
+        mask = made.to(torch.bool)[:, 2:]
+        full = torch.full((3,), 1)
+        twos = torch.full((3,), 2)
+        assert [t in ones.known for t in (made, mask, full, twos)] == [True, True, True, False]
+        made[1, -1] = 0  # a write through a view: nothing known is trusted from here on
+        assert [t in ones.known for t in (made, mask, full)] == [False, False, False]

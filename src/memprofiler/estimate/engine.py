@@ -213,8 +213,8 @@ def estimate(
             scratch = KernelScratch(tracker.phases) if target is not None else None
             stats = FloatStats() if target is not None else None
             ones = AllOnes() if mode is not None and "transformers.masking_utils" in sys.modules else None
-            if ones is not None and not ones.seed(batch, fake_batch):
-                ones = None
+            if ones is not None:
+                ones.seed(batch, fake_batch)
             with (
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),

@@ -1,5 +1,5 @@
-"""The few values of the batch a fake step still knows: tensors of all ones, and what is cast,
-viewed, copied or indexed from them.
+"""The few values a fake step still knows: tensors of all ones (the batch's, and ``torch.ones``
+and kin), and what is cast, viewed, copied or indexed from them, until something writes into them.
 
 A fake tensor has shapes but no values, so where a model branches on values the estimate takes
 the branch a tracer would. transformers does so for the attention mask: a real run whose padding
@@ -52,6 +52,9 @@ KEEP = frozenset(
         _aten.index.Tensor,
     }
 )
+#: Factories of ones (``torch.ones`` and kin), and of a fill value where it is 1.
+ONES = frozenset({_aten.ones.default, _aten.ones_like.default, _aten.new_ones.default})
+FILL_AT = {_aten.full.default: 1, _aten.full_like.default: 1, _aten.new_full.default: 2}
 #: transformers' checks (``masking_utils``) whose first argument is the 2-D padding mask.
 SKIP_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
 
@@ -66,11 +69,16 @@ def _all_ones(t: torch.Tensor) -> bool:
 
 
 class AllOnes(TorchDispatchMode):
-    """Fake tensors known to hold only ones: the batch's, and what :data:`KEEP` ops make of them."""
+    """Fake tensors known to hold only ones: the batch's, those :data:`ONES` and ones-filled
+    factories make, and what :data:`KEEP` ops make of them. A write into any of their storages
+    forgets them all (the mask would then be built, as before: over, never under)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        #: the storages of known tensors: a write into one (through any view) forgets them all
+        self.storages: set[int] = set()
+        self._written: dict[Any, tuple[str, ...]] = {}
 
     def seed(self, real_batch: Any, fake_batch: Any) -> int:
         """Mark the fake batch's integer and boolean tensors whose real values are all ones."""
@@ -82,16 +90,48 @@ class AllOnes(TorchDispatchMode):
             ones = [_all_ones(real) for real in reals]
         for fake, is_ones in zip(fakes, ones, strict=True):
             if is_ones:
-                self.known[fake] = True
+                self._mark(fake)
         return len(self.known)
 
     def _known(self, t: Any) -> bool:
         return isinstance(t, torch.Tensor) and t in self.known
 
+    def _mark(self, t: torch.Tensor) -> None:
+        self.known[t] = True
+        self.storages.add(t.untyped_storage()._cdata)
+
+    def _ones_made(self, func: Any, args: tuple[Any, ...]) -> bool:
+        if func in ONES:
+            return True
+        at = FILL_AT.get(func)
+        return at is not None and len(args) > at and not isinstance(args[at], torch.Tensor) and args[at] == 1
+
+    def _writes_known(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether ``func`` writes into the storage of a known tensor (or a view of one)."""
+        written = self._written.get(func)
+        if written is None:
+            written = self._written[func] = tuple(
+                a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+            )
+        if not written or not self.storages:
+            return False
+        names = [a.name for a in func._schema.arguments]
+        for name in written:
+            t = kwargs.get(name, args[names.index(name)] if names.index(name) < len(args) else None)
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.storages:
+                return True
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        if func in KEEP and isinstance(out, torch.Tensor) and args and self._known(args[0]):
-            self.known[out] = True
+        kwargs = kwargs or {}
+        if self._writes_known(func, args, kwargs):  # values changed in place: know nothing from here on
+            self.known = WeakIdKeyDictionary()
+            self.storages.clear()
+        out = func(*args, **kwargs)
+        if isinstance(out, torch.Tensor) and (
+            (func in KEEP and args and self._known(args[0])) or self._ones_made(func, args)
+        ):
+            self._mark(out)
         return out
 
 

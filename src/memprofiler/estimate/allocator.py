@@ -8,7 +8,8 @@ It follows ``c10/cuda/CUDACachingAllocator.cpp``:
   the large pool, out of 20 MiB segments below 10 MiB and segments rounded up to 2 MiB above
   (``get_allocation_size``);
 - a free block is reused best fit, by (size, address), within its pool and its stream: one pool
-  pair per stream (``get_free_block``); with ``max_split_size_mb`` a request below it never takes
+  pair per stream (``get_free_block``); an estimate's segments have no addresses, so their
+  creation order stands in for one (a replay seeded from a real snapshot uses the real ones); with ``max_split_size_mb`` a request below it never takes
   a block at or above it, and a request at or above it only takes a block less than 20 MiB larger;
 - a reused block is split when the rest is worth keeping: any 512 B rest in the small pool, a rest
   over 1 MiB in the large one and only below ``max_split_size_mb`` (``should_split``); freed
@@ -20,14 +21,19 @@ It follows ``c10/cuda/CUDACachingAllocator.cpp``:
   ``garbage_collection_threshold`` (active when a memory fraction is set) free segments are
   released once reserved memory would pass that fraction of ``capacity``.
 
-Segments are otherwise never returned (no ``empty_cache``).
+Segments are otherwise never returned unless :meth:`AllocatorReplay.release_cached` is called
+(``empty_cache``, or the release before an OOM).
+
+:meth:`AllocatorReplay.seeded` starts a replay from a given state (segments at their addresses,
+with their live and free blocks): ``estimate/allocator_trace.py`` rewinds a real snapshot's trace to
+its first entry and checks the model against what the real allocator did.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
@@ -121,6 +127,24 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
+@dataclass(frozen=True)
+class SeedBlock:
+    """One block of a seeded segment: free (cached) when ``key`` is None, else live request ``key``."""
+
+    size: int
+    key: int | None = None
+
+
+@dataclass(frozen=True)
+class SeedSegment:
+    """A segment that exists when a seeded replay starts; its blocks tile it from ``address`` on."""
+
+    address: int
+    stream: int
+    small: bool
+    blocks: tuple[SeedBlock, ...]
+
+
 @dataclass(eq=False)
 class _Block:
     segment: int
@@ -134,6 +158,8 @@ class _Segment:
     ident: int
     size: int
     blocks: list[_Block]
+    address: int = 0
+    """Where the segment starts: best fit breaks size ties by address (creation order in an estimate)."""
 
 
 @dataclass
@@ -157,8 +183,43 @@ class AllocatorReplay:
     segments: int = 0
     released: int = 0
     """Bytes of cached segments released to make room (before an OOM, or by garbage collection)."""
+    segment_address: Callable[[int], int] | None = None
+    """Where ``cudaMalloc`` puts the next segment of n bytes; None: its creation order."""
     _pools: dict[tuple[int, bool], list[_Segment]] = field(default_factory=dict)
     _live: dict[int, tuple[tuple[int, bool], _Segment, _Block]] = field(default_factory=dict)
+
+    @classmethod
+    def seeded(
+        cls,
+        segments: Iterable[SeedSegment],
+        config: AllocatorConfig | None = None,
+        capacity: int | None = None,
+        segment_address: Callable[[int], int] | None = None,
+    ) -> AllocatorReplay:
+        """A replay that starts from ``segments`` (peaks start at the seeded figures)."""
+        r = cls(config or AllocatorConfig(), capacity, segment_address=segment_address)
+        for seed in sorted(segments, key=lambda g: g.address):
+            r.segments += 1
+            seg = _Segment(r.segments, 0, [], seed.address)
+            for b in seed.blocks:
+                blk = _Block(seg.ident, seg.size, b.size, b.key is None)
+                seg.blocks.append(blk)
+                seg.size += b.size
+                if b.key is not None:
+                    r._live[b.key] = ((seed.stream, seed.small), seg, blk)
+                    r.allocated += b.size
+            r._pools.setdefault((seed.stream, seed.small), []).append(seg)
+            r.reserved += seg.size
+        r.peak_allocated, r.peak_reserved = r.allocated, r.reserved
+        return r
+
+    def block(self, key: int) -> tuple[int, int] | None:
+        """Address and size of live request ``key``'s block (None when it is not live)."""
+        found = self._live.get(key)
+        if found is None:
+            return None
+        _, seg, blk = found
+        return seg.address + blk.offset, blk.size
 
     def alloc(self, key: int, nbytes: int, stream: int = 0) -> None:
         """Serve request ``key`` of ``nbytes`` bytes on ``stream`` (0-byte requests take nothing)."""
@@ -191,6 +252,15 @@ class AllocatorReplay:
         if i > 0 and seg.blocks[i - 1].free:
             seg.blocks[i - 1].size += seg.blocks.pop(i).size
 
+    def layout(self) -> list[tuple[int, int, bool]]:
+        """Every block of every segment: (address, size, free), by address."""
+        return sorted(
+            (seg.address + blk.offset, blk.size, blk.free)
+            for pool in self._pools.values()
+            for seg in pool
+            for blk in seg.blocks
+        )
+
     def _best_fit(self, pool: list[_Segment], size: int) -> tuple[_Segment, _Block] | None:
         limit = self.config.max_split_size
         best: tuple[_Segment, _Block] | None = None
@@ -202,9 +272,9 @@ class AllocatorReplay:
                     continue
                 if size >= limit and blk.size >= size + LARGE_SEGMENT:
                     continue
-                if best is None or (blk.size, seg.ident, blk.offset) < (
+                if best is None or (blk.size, seg.address, blk.offset) < (
                     best[1].size,
-                    best[0].ident,
+                    best[0].address,
                     best[1].offset,
                 ):
                     best = (seg, blk)
@@ -227,7 +297,7 @@ class AllocatorReplay:
         self._make_room(seg_bytes)
         self.segments += 1
         blk = _Block(self.segments, 0, seg_bytes)
-        seg = _Segment(self.segments, seg_bytes, [blk])
+        seg = _Segment(self.segments, seg_bytes, [blk], self._address(seg_bytes))
         pool.append(seg)
         self._reserve(seg_bytes)
         return seg, blk
@@ -237,7 +307,7 @@ class AllocatorReplay:
         page = SMALL_SEGMENT if small else LARGE_SEGMENT
         if not pool:
             self.segments += 1
-            pool.append(_Segment(self.segments, 0, []))
+            pool.append(_Segment(self.segments, 0, [], self._address(0)))
         seg = pool[0]
         tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
         need = size - (tail.size if tail is not None else 0)
@@ -250,6 +320,9 @@ class AllocatorReplay:
         seg.size += grow
         self._reserve(grow)
         return seg, tail
+
+    def _address(self, nbytes: int) -> int:
+        return self.segments if self.segment_address is None else self.segment_address(nbytes)
 
     def _reserve(self, nbytes: int) -> None:
         self.reserved += nbytes
@@ -264,12 +337,22 @@ class AllocatorReplay:
             line = int(self.capacity * self.config.garbage_collection_threshold)
         if self.reserved + nbytes <= line:
             return
+        self.release_cached()
+
+    def release_cached(self) -> list[tuple[int, int]]:
+        """Return every wholly free segment to the device, as ``empty_cache`` and the retry before
+        an OOM do (``release_cached_blocks``); the released segments' (address, size)."""
+        out: list[tuple[int, int]] = []
+        if self.config.expandable_segments:
+            return out
         for pool in self._pools.values():
             kept = []
             for seg in pool:
-                if len(seg.blocks) == 1 and seg.blocks[0].free and not self.config.expandable_segments:
+                if len(seg.blocks) == 1 and seg.blocks[0].free:
                     self.reserved -= seg.size
                     self.released += seg.size
+                    out.append((seg.address, seg.size))
                 else:
                     kept.append(seg)
             pool[:] = kept
+        return out

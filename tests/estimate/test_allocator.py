@@ -190,3 +190,19 @@ def test_an_estimate_says_garbage_collection_needs_a_memory_fraction(monkeypatch
         "caching allocator: garbage_collection_threshold:0.6; garbage_collection_threshold acts only under "
         "torch.cuda.set_per_process_memory_fraction, which the estimate does not assume"
     )
+
+
+def test_expandable_segments_prefer_a_hole_to_the_growable_tail():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    r = AllocatorReplay(AllocatorConfig(expandable_segments=True))
+    r.alloc(1, 4 * MiB)  # one 20 MiB page: [0, 4) taken
+    r.alloc(2, 10 * MiB)  # [4, 14)
+    r.alloc(3, 2 * MiB)  # [14, 16); the free tail [16, 20) is 4 MiB
+    r.free(2)  # a 10 MiB hole at 4 MiB
+    # 3 MiB: by size the 4 MiB tail fits best, but get_free_block ranks the tail by the size it
+    # could grow to (the unmapped space after it), so the hole serves the request
+    r.alloc(4, 3 * MiB)
+    seg_base = r.block(1)[0]
+    assert r.block(4) == (seg_base + 4 * MiB, 3 * MiB)
+    assert (r.segments, r.reserved) == (1, 20 * MiB)

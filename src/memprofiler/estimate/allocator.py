@@ -17,7 +17,9 @@ It follows ``c10/cuda/CUDACachingAllocator.cpp``:
   over 1 MiB in the large one and only below ``max_split_size_mb`` (``should_split``); freed
   neighbours merge;
 - ``expandable_segments:True``: each pool of each stream is one segment that grows by mapping
-  pages (2 MiB small, 20 MiB large) at its end, and large blocks split down to 512 B;
+  pages (2 MiB small, 20 MiB large) at its end, and large blocks split down to 512 B; best fit
+  takes the free tail of the mapped range only when no other free block fits (it counts the
+  unmapped space after it as its size);
 - when a new segment would pass the device's memory (``capacity``, times ``memory_fraction`` when
   one is set), cached segments are released and the allocation retried, as the allocator does
   before an OOM: with ``max_split_size_mb``, first the smallest whole free segment at or above
@@ -289,23 +291,29 @@ class AllocatorReplay:
         )
 
     def _best_fit(self, pool: list[_Segment], size: int) -> tuple[_Segment, _Block] | None:
-        limit = self.config.max_split_size
-        best: tuple[_Segment, _Block] | None = None
+        """The smallest free block that fits, by (size, address); with expandable segments a free
+        tail (which could grow into the unmapped space after it) only when no other block fits.
+        Like ``get_free_block``, the limits of ``max_split_size_mb`` are checked on that one block:
+        a block it refuses is not replaced by another."""
+        expandable = self.config.expandable_segments
+        best: tuple[bool, int, int, int] | None = None
+        found: tuple[_Segment, _Block] | None = None
         for seg in pool:
             for blk in seg.blocks:
                 if not blk.free or blk.size < size:
                     continue
-                if size < limit <= blk.size:  # no oversize block for a request below the limit
-                    continue
-                if size >= limit and blk.size >= size + self.config.max_non_split_rounding:
-                    continue
-                if best is None or (blk.size, seg.address, blk.offset) < (
-                    best[1].size,
-                    best[0].address,
-                    best[1].offset,
-                ):
-                    best = (seg, blk)
-        return best
+                tail = expandable and blk is seg.blocks[-1]
+                rank = (tail, blk.size, seg.address, blk.offset)
+                if best is None or rank < best:
+                    best, found = rank, (seg, blk)
+        if found is None:
+            return None
+        limit, got = self.config.max_split_size, found[1].size
+        if size < limit <= got:  # no oversize block for a request below the limit
+            return None
+        if size >= limit and got >= size + self.config.max_non_split_rounding:
+            return None
+        return found
 
     def _split(self, seg: _Segment, blk: _Block, size: int, small: bool) -> None:
         rest = blk.size - size

@@ -23,13 +23,20 @@ from memprofiler.estimate.allocator import (
     SeedSegment,
     round_size,
 )
-from memprofiler.estimate.allocator_trace import RewindError, check_trace, config_from_settings, rewind
+from memprofiler.estimate.allocator_trace import (
+    RewindError,
+    check_trace,
+    clean_replay,
+    config_from_settings,
+    rewind,
+)
 
 MiB = 1 << 20
 FIX = Path(__file__).parents[1] / "fixtures"
 DEMO3 = FIX / "gpu_runs" / "demo" / "cuda_alloc_rank_0.training_step.3.start.pickle"
 DEMO4 = FIX / "gpu_runs" / "demo" / "cuda_alloc_rank_0.training_step.4.end.pickle"
 OOM = FIX / "gpu_runs" / "oom" / "oom_rank_0_0.pickle"
+OOM_LAST = FIX / "gpu_runs" / "oom" / "oom_rank_0_1.pickle"
 TRANSFORMER = FIX / "gpu_transformer_forward_mixed.pickle"
 
 
@@ -67,6 +74,18 @@ def test_a_complete_trace_rewinds_to_an_empty_allocator():
     assert (back.allocated_after[-1], back.reserved_after[-1]) == (82_041_344, 138_412_032)
     assert max(back.allocated_after) == 118_890_496  # allocated_bytes.all.peak in steps 1-2
     assert back.guessed == 0
+
+
+@pytest.mark.parametrize("path", [DEMO4, OOM_LAST], ids=["demo4", "oom"])
+def test_the_rewound_figures_equal_the_allocators_own_at_every_dump(path):
+    # a `snapshot` entry records the active bytes when torch dumped the state (no block was
+    # pending a cross-stream free in these runs, so active equals allocated)
+    snap = load_snapshot(path)
+    back = rewind(snap)
+    trace = snap["device_traces"][0]
+    dumps = [(e["size"], back.allocated_after[i]) for i, e in enumerate(trace) if e["action"] == "snapshot"]
+    assert len(dumps) >= 3
+    assert all(real == rewound for real, rewound in dumps)
 
 
 def test_a_truncated_trace_rewinds_to_the_cache_it_started_from(transformer):
@@ -111,6 +130,17 @@ def test_figures_of_the_real_traces(transformer):
     big = check_trace(transformer)
     assert (big.real_new_segments, big.real_peak_allocated) == (461, 24_024_505_344)
     assert big.real_slack_at_peak == big.model_slack_at_peak == 151_191_552
+    # as an estimate starts, from an empty cache with segment creation order for addresses: the
+    # transformer's peaks to the byte (its slack is the rules', not its cache history's); the demo
+    # takes one 2 MiB segment more where two equal free blocks tie
+    clean = clean_replay(transformer)
+    assert (clean.peak_allocated, clean.peak_reserved, clean.slack_at_peak) == (
+        24_024_505_344,
+        24_245_174_272,
+        151_191_552,
+    )
+    demo_clean = clean_replay(load_snapshot(DEMO4))
+    assert (demo_clean.peak_allocated, demo_clean.peak_reserved) == (118_890_496, 138_412_032 + 2 * MiB)
 
 
 # ---- hand-computed cases ------------------------------------------------------------------------
@@ -216,3 +246,33 @@ def test_allocator_settings_become_the_models_config():
     )
     assert (cfg.max_split_size, cfg.expandable_segments, cfg.roundup_power2_divisions) == (128 * MiB, True, 4)
     assert config_from_settings({"max_split_size": -1}).max_split_size == NO_LIMIT
+
+
+def test_the_check_tool_prints_the_figures_and_fails_on_a_file_that_does_not_rewind(tmp_path, capsys):
+    import importlib.util
+    import json
+    import pickle
+
+    spec = importlib.util.spec_from_file_location(
+        "allocator_check", FIX.parents[1] / "tools" / "allocator_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    assert tool.main([str(OOM)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["exact"] and out["figures"]["allocs"] == 94
+    assert out["clean_start"] == {
+        "peak_allocated": 236_065_792,
+        "peak_reserved": 236_978_176,
+        "slack_at_peak": 0,
+    }
+    # a trace that frees a block the dumped state never held
+    bad = tmp_path / "bad.pickle"
+    seg = _seg(0x10_0000_0000, [(20 * MiB, "inactive", 0)])
+    bad.write_bytes(
+        pickle.dumps(_snap([seg], [{"action": "free_requested", "addr": 0x10_0000_0000, "size": 1}]))
+    )
+    assert tool.main([str(bad)]) == 1
+    assert "entry 0 (free_requested at 0x1000000000)" in capsys.readouterr().err

@@ -484,3 +484,73 @@ def check_trace(
         (b.address, b.size, b.state == FREE) for g in segments_of(snapshot, device) for b in g.blocks
     )
     return out
+
+
+@dataclass
+class CleanReplay:
+    """The trace's requests replayed as an estimate would: from an empty cache, no addresses."""
+
+    peak_allocated: int
+    peak_reserved: int
+    slack_at_peak: int
+    """At the model's allocated peak: live blocks' size minus their 512 B-rounded request, summed."""
+
+
+def clean_replay(
+    snapshot: Mapping[str, Any], device: int = 0, config: AllocatorConfig | None = None
+) -> CleanReplay:
+    """Replay ``device``'s trace from an empty allocator: the blocks live before its first entry are
+    requested first (in address order), then every request and free of the trace. Against the real
+    peaks this tells how much the real cache's history (its layout, its addresses) moved them."""
+    traces = snapshot.get("device_traces") or []
+    trace: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
+    back = rewind(snapshot, device)
+    config = config or config_from_settings(snapshot.get("allocator_settings"))
+    model = AllocatorReplay(config)
+    keys: dict[int, int] = {}
+    requested: dict[int, int] = {}
+    pending: set[int] = set()
+    pending_bytes = 0
+
+    counter = iter(range(1 << 62))
+
+    def request(addr: int, nbytes: int, stream: int) -> int:
+        key = next(counter)
+        keys[addr], requested[key] = key, nbytes
+        model.alloc(key, nbytes, stream)
+        return key
+
+    for g in back.segments:
+        for b in g.blocks:
+            if b.state != FREE:
+                key = request(b.address, b.requested, g.stream)
+                if b.state == PENDING:
+                    pending.add(key)
+                    pending_bytes += _size(model, key)
+    peak = model.allocated - pending_bytes
+    slack = _slack(model, requested, pending, config)
+    for i, e in enumerate(trace):
+        action, addr = e["action"], int(e.get("addr", 0))
+        if action == "segment_free" and (i == 0 or trace[i - 1]["action"] != "segment_free"):
+            model.release_cached()  # empty_cache, or the retry before an OOM: the program asked
+        elif action == "alloc":
+            request(addr, int(e["size"]), int(e.get("stream", 0)))
+            if model.allocated - pending_bytes > peak:
+                peak = model.allocated - pending_bytes
+                slack = _slack(model, requested, pending, config)
+        elif action == "free_requested":
+            pending.add(keys[addr])
+            pending_bytes += _size(model, keys[addr])
+        elif action == "free_completed":
+            key = keys.pop(addr)
+            pending.discard(key)
+            pending_bytes -= _size(model, key)
+            model.free(key)
+            del requested[key]
+    return CleanReplay(peak, model.peak_reserved, slack)
+
+
+def _slack(
+    model: AllocatorReplay, requested: dict[int, int], pending: set[int], config: AllocatorConfig
+) -> int:
+    return sum(_size(model, k) - round_size(n, config) for k, n in requested.items() if k not in pending)

@@ -283,6 +283,7 @@ def _undo_shrink(state: _State, e: Mapping[str, Any], action: str, addr: int, si
     # segment_unmap: the range comes back, joined to the mapped ranges it touches
     left = state.segment_at(addr - 1)
     right = state.segment_at(addr + size)
+    # no neighbour to ask: large-pool pages are 20 MiB, so any other multiple is a small pool's
     small = left.small if left is not None else right.small if right is not None else size % (20 << 20) != 0
     blocks = [Block(addr, size, FREE)]
     start = addr

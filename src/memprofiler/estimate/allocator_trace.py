@@ -355,11 +355,15 @@ class TraceCheck:
         }
 
 
-def _size(model: AllocatorReplay, key: int) -> int:
+def _placed(model: AllocatorReplay, key: int) -> tuple[int, int]:
     got = model.block(key)
     if got is None:
         raise RewindError(f"request {key} is not live in the model")
-    return got[1]
+    return got
+
+
+def _size(model: AllocatorReplay, key: int) -> int:
+    return _placed(model, key)[1]
 
 
 def _seed(segments: list[Segment], keys: dict[int, int]) -> list[SeedSegment]:
@@ -422,13 +426,12 @@ def check_trace(
             real_new = prev is not None and prev["action"] == "segment_alloc" and int(prev["addr"]) == addr
             new_at[:] = [addr] if real_new else []
             before_seg, before_res = model.segments, model.reserved
-            key = len(keys) + 1_000_000_000 + i
+            key = (1 << 40) + i  # the seeded blocks' keys count up from 0
             keys[addr] = key
             requested[key] = size
             model.alloc(key, size, int(e.get("stream", 0)))
             model_new = model.segments > before_seg
-            got = model.block(key)
-            assert got is not None
+            got = _placed(model, key)
             real_size = back.block_size[i]
             real_live[key] = real_size
             out.allocs += 1

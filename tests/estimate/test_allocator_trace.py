@@ -276,3 +276,20 @@ def test_the_check_tool_prints_the_figures_and_fails_on_a_file_that_does_not_rew
     )
     assert tool.main([str(bad)]) == 1
     assert "entry 0 (free_requested at 0x1000000000)" in capsys.readouterr().err
+
+
+def test_a_block_freed_before_its_alloc_was_recorded_gets_a_guessed_size():
+    A = 0x10_0000_0000
+    # a 19.5 MiB request freed in the trace, allocated before it: the 512 KiB behind it in the
+    # large pool would not have been split off, so the block is taken to reach the segment's end
+    snap = _snap(
+        [_seg(A, [(20 * MiB, "inactive", 0)])],
+        [
+            {"action": "free_requested", "addr": A, "size": 39 * MiB // 2, "stream": 0},
+            {"action": "free_completed", "addr": A, "size": 39 * MiB // 2, "stream": 0},
+        ],
+    )
+    back = rewind(snap)
+    assert [(b.size, b.state) for b in back.segments[0].blocks] == [(20 * MiB, "allocated")]
+    assert back.guessed == 1
+    assert back.allocated_after == [0, 0]

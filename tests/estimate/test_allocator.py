@@ -122,3 +122,87 @@ def test_streams_have_their_own_pools():
     r.alloc(1, 4 * MiB, stream=0)
     r.alloc(2, 4 * MiB, stream=1)  # the first segment's free 16 MiB belongs to stream 0
     assert r.segments == 2
+
+
+def test_garbage_collection_needs_a_memory_fraction_and_frees_the_oldest_large_segments():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    def run(fraction: float | None) -> AllocatorReplay:
+        # threshold 0.5 of the allowed memory (200 MiB x 0.5 = 100 MiB): the line is 50 MiB
+        r = AllocatorReplay(
+            AllocatorConfig(garbage_collection_threshold=0.5), capacity=200 * MiB, memory_fraction=fraction
+        )
+        r.alloc(1, 30 * MiB)  # large-pool request 1: segment A
+        r.free(1)  # A free since request 1
+        r.alloc(2, 32 * MiB)  # request 2: A is too small, segment B
+        r.free(2)  # B free since request 2
+        r.alloc(3, 40 * MiB)  # request 3: nothing cached fits
+        return r
+
+    # with a fraction: reserved 62 MiB > 50 MiB, 12 MiB to reclaim; ages A 2, B 1, average 1.5:
+    # A (30 MiB) goes, which is enough; B stays
+    gc = run(0.5)
+    assert (gc.released, gc.reserved) == (30 * MiB, 72 * MiB)
+    # without one (torch.cuda.set_per_process_memory_fraction never called) the threshold does
+    # nothing: 102 MiB fit in 200 MiB, nothing is released
+    plain = run(None)
+    assert (plain.released, plain.reserved) == (0, 102 * MiB)
+
+
+def test_before_an_oom_max_split_size_releases_one_oversize_segment_first():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    r = AllocatorReplay(AllocatorConfig(max_split_size=20 * MiB), capacity=100 * MiB)
+    r.alloc(1, 60 * MiB)
+    r.alloc(2, 30 * MiB)
+    r.free(1)
+    r.free(2)
+    # 35 MiB: the cached 60 MiB block is 20 MiB or more too large, so a new 36 MiB segment;
+    # 90 + 36 MiB pass 100 MiB: the smallest cached segment of at least 36 MiB (60) goes, the 30 stays
+    r.alloc(3, 35 * MiB)
+    assert (r.released, r.reserved) == (60 * MiB, 66 * MiB)
+
+
+def test_max_non_split_rounding_widens_what_an_oversize_request_may_take():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    cfg = AllocatorConfig.parse("max_split_size_mb:20,max_non_split_rounding_mb:40")
+    assert (cfg.max_non_split_rounding, cfg.describe()) == (
+        40 * MiB,
+        "max_split_size_mb:20,max_non_split_rounding_mb:40",
+    )
+    r = AllocatorReplay(cfg)
+    r.alloc(1, 60 * MiB)
+    r.free(1)
+    r.alloc(2, 35 * MiB)  # 60 < 35 + 40: the cached block serves it, whole
+    assert (r.segments, r.allocated) == (1, 60 * MiB)
+
+
+def test_an_estimate_says_garbage_collection_needs_a_memory_fraction(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
+    with torch.device("meta"):
+        net = nn.Linear(100, 100)
+    est = estimate_memory(
+        net, torch.randn(3, 100), optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), device="cuda"
+    )
+    (note,) = [n for n in est.notes if n.startswith("caching allocator:")]
+    assert note == (
+        "caching allocator: garbage_collection_threshold:0.6; garbage_collection_threshold acts only under "
+        "torch.cuda.set_per_process_memory_fraction, which the estimate does not assume"
+    )
+
+
+def test_expandable_segments_prefer_a_hole_to_the_growable_tail():
+    from memprofiler.estimate.allocator import AllocatorConfig
+
+    r = AllocatorReplay(AllocatorConfig(expandable_segments=True))
+    r.alloc(1, 4 * MiB)  # one 20 MiB page: [0, 4) taken
+    r.alloc(2, 10 * MiB)  # [4, 14)
+    r.alloc(3, 2 * MiB)  # [14, 16); the free tail [16, 20) is 4 MiB
+    r.free(2)  # a 10 MiB hole at 4 MiB
+    # 3 MiB: by size the 4 MiB tail fits best, but get_free_block ranks the tail by the size it
+    # could grow to (the unmapped space after it), so the hole serves the request
+    r.alloc(4, 3 * MiB)
+    seg_base = r.block(1)[0]
+    assert r.block(4) == (seg_base + 4 * MiB, 3 * MiB)
+    assert (r.segments, r.reserved) == (1, 20 * MiB)

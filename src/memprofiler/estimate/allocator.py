@@ -8,26 +8,44 @@ It follows ``c10/cuda/CUDACachingAllocator.cpp``:
   the large pool, out of 20 MiB segments below 10 MiB and segments rounded up to 2 MiB above
   (``get_allocation_size``);
 - a free block is reused best fit, by (size, address), within its pool and its stream: one pool
-  pair per stream (``get_free_block``); with ``max_split_size_mb`` a request below it never takes
-  a block at or above it, and a request at or above it only takes a block less than 20 MiB larger;
+  pair per stream (``get_free_block``); an estimate's segments have no addresses, so their
+  creation order stands in for one (a replay seeded from a real snapshot uses the real ones);
+  with ``max_split_size_mb`` a request below it never takes a block at or above it, and a
+  request at or above it only takes a block less than ``max_non_split_rounding_mb`` (20 MiB by
+  default) larger;
 - a reused block is split when the rest is worth keeping: any 512 B rest in the small pool, a rest
   over 1 MiB in the large one and only below ``max_split_size_mb`` (``should_split``); freed
   neighbours merge;
 - ``expandable_segments:True``: each pool of each stream is one segment that grows by mapping
-  pages (2 MiB small, 20 MiB large) at its end, and large blocks split down to 512 B;
-- when a new segment would pass the device's memory (``capacity``), the cached free segments are
-  released first and the allocation retried, as the allocator does before an OOM; with
-  ``garbage_collection_threshold`` (active when a memory fraction is set) free segments are
-  released once reserved memory would pass that fraction of ``capacity``.
+  pages (2 MiB small, 20 MiB large) at its end, and large blocks split down to 512 B; best fit
+  takes the free tail of the mapped range only when no other free block fits (it counts the
+  unmapped space after it as its size);
+- when a new segment would pass the device's memory (``capacity``, times ``memory_fraction`` when
+  one is set), cached segments are released and the allocation retried, as the allocator does
+  before an OOM: with ``max_split_size_mb``, first the smallest whole free segment at or above
+  both the limit and the request, or else the largest such segments until as many bytes are
+  free (``release_available_cached_blocks``); then every wholly free segment
+  (``release_cached_blocks``);
+- ``garbage_collection_threshold`` acts only with a memory fraction set
+  (``torch.cuda.set_per_process_memory_fraction``: ``memory_fraction``): when no cached block
+  serves a request and reserved memory is above that share of the allowed memory, wholly free
+  large-pool segments at least as old as their average (in large-pool requests since they were
+  last freed) are released, pass after pass, until reserved memory is back at the line
+  (``garbage_collect_cached_blocks``).
 
-Segments are otherwise never returned (no ``empty_cache``).
+Segments are otherwise never returned unless :meth:`AllocatorReplay.release_cached` is called
+(``empty_cache``, or the release before an OOM).
+
+:meth:`AllocatorReplay.seeded` starts a replay from a given state (segments at their addresses,
+with their live and free blocks): ``estimate/allocator_trace.py`` rewinds a real snapshot's trace to
+its first entry and checks the model against what the real allocator did.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
@@ -44,6 +62,8 @@ class AllocatorConfig:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` settings the model follows (the rest is noted, not modelled)."""
 
     max_split_size: int = NO_LIMIT
+    max_non_split_rounding: int = LARGE_SEGMENT
+    """How much larger than a request at or above ``max_split_size`` a cached block may be."""
     expandable_segments: bool = False
     garbage_collection_threshold: float = 0.0
     roundup_power2_divisions: int = 0
@@ -63,6 +83,8 @@ class AllocatorConfig:
             key, val = key.strip(), val.strip()
             if key == "max_split_size_mb" and val.isdigit():
                 opts["max_split_size"] = int(val) << 20
+            elif key == "max_non_split_rounding_mb" and val.isdigit():
+                opts["max_non_split_rounding"] = int(val) << 20
             elif key == "expandable_segments":
                 opts["expandable_segments"] = val.lower() == "true"
             elif key == "garbage_collection_threshold":
@@ -82,6 +104,8 @@ class AllocatorConfig:
         parts = []
         if self.max_split_size != NO_LIMIT:
             parts.append(f"max_split_size_mb:{self.max_split_size >> 20}")
+        if self.max_non_split_rounding != LARGE_SEGMENT:
+            parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding >> 20}")
         if self.expandable_segments:
             parts.append("expandable_segments:True")
         if self.garbage_collection_threshold:
@@ -121,12 +145,32 @@ def segment_size(rounded: int) -> int:
     return -(-rounded // ROUND_LARGE) * ROUND_LARGE
 
 
+@dataclass(frozen=True)
+class SeedBlock:
+    """One block of a seeded segment: free (cached) when ``key`` is None, else live request ``key``."""
+
+    size: int
+    key: int | None = None
+
+
+@dataclass(frozen=True)
+class SeedSegment:
+    """A segment that exists when a seeded replay starts; its blocks tile it from ``address`` on."""
+
+    address: int
+    stream: int
+    small: bool
+    blocks: tuple[SeedBlock, ...]
+
+
 @dataclass(eq=False)
 class _Block:
     segment: int
     offset: int
     size: int
     free: bool = True
+    gc_base: int = 0
+    """The pool's request count when the block was last put back as free (its age starts there)."""
 
 
 @dataclass(eq=False)
@@ -134,6 +178,8 @@ class _Segment:
     ident: int
     size: int
     blocks: list[_Block]
+    address: int = 0
+    """Where the segment starts: best fit breaks size ties by address (creation order in an estimate)."""
 
 
 @dataclass
@@ -150,6 +196,8 @@ class AllocatorReplay:
     config: AllocatorConfig = field(default_factory=AllocatorConfig)
     capacity: int | None = None
     """Device memory in bytes; None: unlimited (no release before an OOM)."""
+    memory_fraction: float | None = None
+    """``torch.cuda.set_per_process_memory_fraction``'s share of ``capacity``; None: not set."""
     allocated: int = 0
     reserved: int = 0
     peak_allocated: int = 0
@@ -157,8 +205,45 @@ class AllocatorReplay:
     segments: int = 0
     released: int = 0
     """Bytes of cached segments released to make room (before an OOM, or by garbage collection)."""
+    segment_address: Callable[[int], int] | None = None
+    """Where ``cudaMalloc`` puts the next segment of n bytes; None: its creation order."""
     _pools: dict[tuple[int, bool], list[_Segment]] = field(default_factory=dict)
     _live: dict[int, tuple[tuple[int, bool], _Segment, _Block]] = field(default_factory=dict)
+    _requests: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    """Requests per pool kind (small: True) so far: the garbage collector's clock."""
+
+    @classmethod
+    def seeded(
+        cls,
+        segments: Iterable[SeedSegment],
+        config: AllocatorConfig | None = None,
+        capacity: int | None = None,
+        segment_address: Callable[[int], int] | None = None,
+    ) -> AllocatorReplay:
+        """A replay that starts from ``segments`` (peaks start at the seeded figures)."""
+        r = cls(config or AllocatorConfig(), capacity, segment_address=segment_address)
+        for seed in sorted(segments, key=lambda g: g.address):
+            r.segments += 1
+            seg = _Segment(r.segments, 0, [], seed.address)
+            for b in seed.blocks:
+                blk = _Block(seg.ident, seg.size, b.size, b.key is None)
+                seg.blocks.append(blk)
+                seg.size += b.size
+                if b.key is not None:
+                    r._live[b.key] = ((seed.stream, seed.small), seg, blk)
+                    r.allocated += b.size
+            r._pools.setdefault((seed.stream, seed.small), []).append(seg)
+            r.reserved += seg.size
+        r.peak_allocated, r.peak_reserved = r.allocated, r.reserved
+        return r
+
+    def block(self, key: int) -> tuple[int, int] | None:
+        """Address and size of live request ``key``'s block (None when it is not live)."""
+        found = self._live.get(key)
+        if found is None:
+            return None
+        _, seg, blk = found
+        return seg.address + blk.offset, blk.size
 
     def alloc(self, key: int, nbytes: int, stream: int = 0) -> None:
         """Serve request ``key`` of ``nbytes`` bytes on ``stream`` (0-byte requests take nothing)."""
@@ -167,9 +252,12 @@ class AllocatorReplay:
         size = round_size(nbytes, self.config)
         pool_key = (stream, size <= SMALL_SIZE)
         pool = self._pools.setdefault(pool_key, [])
+        self._requests[pool_key[1]] += 1
         found = self._best_fit(pool, size)
         if found is None:
-            found = self._grow(pool, pool_key[1], size)
+            if self._gc_active():
+                self._garbage_collect()
+            found = self._grow(pool, pool_key, size)
         seg, blk = found
         self._split(seg, blk, size, pool_key[1])
         blk.free = False
@@ -182,7 +270,7 @@ class AllocatorReplay:
         found = self._live.pop(key, None)
         if found is None:
             return
-        _, seg, blk = found
+        (_, small), seg, blk = found
         self.allocated -= blk.size
         blk.free = True
         i = seg.blocks.index(blk)
@@ -190,25 +278,42 @@ class AllocatorReplay:
             blk.size += seg.blocks.pop(i + 1).size
         if i > 0 and seg.blocks[i - 1].free:
             seg.blocks[i - 1].size += seg.blocks.pop(i).size
+            blk = seg.blocks[i - 1]
+        blk.gc_base = self._requests[small]
+
+    def layout(self) -> list[tuple[int, int, bool]]:
+        """Every block of every segment: (address, size, free), by address."""
+        return sorted(
+            (seg.address + blk.offset, blk.size, blk.free)
+            for pool in self._pools.values()
+            for seg in pool
+            for blk in seg.blocks
+        )
 
     def _best_fit(self, pool: list[_Segment], size: int) -> tuple[_Segment, _Block] | None:
-        limit = self.config.max_split_size
-        best: tuple[_Segment, _Block] | None = None
+        """The smallest free block that fits, by (size, address); with expandable segments a free
+        tail (which could grow into the unmapped space after it) only when no other block fits.
+        Like ``get_free_block``, the limits of ``max_split_size_mb`` are checked on that one block:
+        a block it refuses is not replaced by another."""
+        expandable = self.config.expandable_segments
+        best: tuple[bool, int, int, int] | None = None
+        found: tuple[_Segment, _Block] | None = None
         for seg in pool:
             for blk in seg.blocks:
                 if not blk.free or blk.size < size:
                     continue
-                if size < limit <= blk.size:  # no oversize block for a request below the limit
-                    continue
-                if size >= limit and blk.size >= size + LARGE_SEGMENT:
-                    continue
-                if best is None or (blk.size, seg.ident, blk.offset) < (
-                    best[1].size,
-                    best[0].ident,
-                    best[1].offset,
-                ):
-                    best = (seg, blk)
-        return best
+                tail = expandable and blk is seg.blocks[-1]
+                rank = (tail, blk.size, seg.address, blk.offset)
+                if best is None or rank < best:
+                    best, found = rank, (seg, blk)
+        if found is None:
+            return None
+        limit, got = self.config.max_split_size, found[1].size
+        if size < limit <= got:  # no oversize block for a request below the limit
+            return None
+        if size >= limit and got >= size + self.config.max_non_split_rounding:
+            return None
+        return found
 
     def _split(self, seg: _Segment, blk: _Block, size: int, small: bool) -> None:
         rest = blk.size - size
@@ -217,32 +322,35 @@ class AllocatorReplay:
         else:
             keep = size < self.config.max_split_size and rest > SMALL_SIZE
         if keep:
-            seg.blocks.insert(seg.blocks.index(blk) + 1, _Block(seg.ident, blk.offset + size, rest))
+            rest_blk = _Block(seg.ident, blk.offset + size, rest, gc_base=self._requests[small])
+            seg.blocks.insert(seg.blocks.index(blk) + 1, rest_blk)
             blk.size = size
 
-    def _grow(self, pool: list[_Segment], small: bool, size: int) -> tuple[_Segment, _Block]:
+    def _grow(self, pool: list[_Segment], pool_key: tuple[int, bool], size: int) -> tuple[_Segment, _Block]:
         if self.config.expandable_segments:
-            return self._map_pages(pool, small, size)
+            return self._map_pages(pool, pool_key, size)
         seg_bytes = segment_size(size)
-        self._make_room(seg_bytes)
+        self._make_room(seg_bytes, pool_key, size)
         self.segments += 1
         blk = _Block(self.segments, 0, seg_bytes)
-        seg = _Segment(self.segments, seg_bytes, [blk])
+        seg = _Segment(self.segments, seg_bytes, [blk], self._address(seg_bytes))
         pool.append(seg)
         self._reserve(seg_bytes)
         return seg, blk
 
-    def _map_pages(self, pool: list[_Segment], small: bool, size: int) -> tuple[_Segment, _Block]:
+    def _map_pages(
+        self, pool: list[_Segment], pool_key: tuple[int, bool], size: int
+    ) -> tuple[_Segment, _Block]:
         """Expandable segments: grow this pool's one segment at its end by whole pages."""
-        page = SMALL_SEGMENT if small else LARGE_SEGMENT
+        page = SMALL_SEGMENT if pool_key[1] else LARGE_SEGMENT
         if not pool:
             self.segments += 1
-            pool.append(_Segment(self.segments, 0, []))
+            pool.append(_Segment(self.segments, 0, [], self._address(0)))
         seg = pool[0]
         tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
         need = size - (tail.size if tail is not None else 0)
         grow = -(-need // page) * page
-        self._make_room(grow)
+        self._make_room(grow, pool_key, size)
         if tail is None:
             tail = _Block(seg.ident, seg.size, 0)
             seg.blocks.append(tail)
@@ -251,25 +359,93 @@ class AllocatorReplay:
         self._reserve(grow)
         return seg, tail
 
+    def _address(self, nbytes: int) -> int:
+        return self.segments if self.segment_address is None else self.segment_address(nbytes)
+
     def _reserve(self, nbytes: int) -> None:
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
-    def _make_room(self, nbytes: int) -> None:
-        """Release cached free segments when ``nbytes`` more would pass the capacity (or the GC line)."""
-        if self.capacity is None:
+    def _allowed(self) -> int | None:
+        if self.capacity is None or self.memory_fraction is None:
+            return self.capacity
+        return int(self.capacity * self.memory_fraction)
+
+    def _gc_active(self) -> bool:
+        return self.config.garbage_collection_threshold > 0 and self.memory_fraction is not None
+
+    def _make_room(self, nbytes: int, pool_key: tuple[int, bool], size: int) -> None:
+        """The retries of a ``cudaMalloc`` of ``nbytes`` that would pass the allowed memory."""
+        allowed = self._allowed()
+        if allowed is None or self.reserved + nbytes <= allowed:
             return
-        line = self.capacity
-        if self.config.garbage_collection_threshold > 0:
-            line = int(self.capacity * self.config.garbage_collection_threshold)
-        if self.reserved + nbytes <= line:
+        if not self.config.expandable_segments:
+            self._release_available(pool_key, size)
+        if self.reserved + nbytes > allowed:
+            self.release_cached()
+
+    def _whole_free(self, pool_key: tuple[int, bool]) -> list[_Segment]:
+        """This pool's wholly free segments, in the allocator's block order (size, address)."""
+        segs = [g for g in self._pools.get(pool_key, []) if len(g.blocks) == 1 and g.blocks[0].free]
+        return sorted(segs, key=lambda g: (g.size, g.address))
+
+    def _release(self, pool_key: tuple[int, bool], seg: _Segment) -> None:
+        self._pools[pool_key].remove(seg)
+        self.reserved -= seg.size
+        self.released += seg.size
+
+    def _release_available(self, pool_key: tuple[int, bool], size: int) -> None:
+        """With ``max_split_size_mb``: free oversize cached segments, only as many bytes as needed."""
+        limit = self.config.max_split_size
+        if limit == NO_LIMIT:
             return
-        for pool in self._pools.values():
-            kept = []
-            for seg in pool:
-                if len(seg.blocks) == 1 and seg.blocks[0].free and not self.config.expandable_segments:
-                    self.reserved -= seg.size
-                    self.released += seg.size
-                else:
-                    kept.append(seg)
-            pool[:] = kept
+        want = max(size, limit)
+        whole = self._whole_free(pool_key)
+        fit = [g for g in whole if g.size >= want]
+        if fit:
+            self._release(pool_key, fit[0])
+            return
+        freed = 0
+        for seg in reversed(whole):  # the largest first, while oversize
+            if freed >= want or seg.size < limit:
+                break
+            self._release(pool_key, seg)
+            freed += seg.size
+
+    def _garbage_collect(self) -> None:
+        """``garbage_collect_cached_blocks``: old wholly free large-pool segments, down to the line."""
+        allowed = self._allowed()
+        if allowed is None:
+            return
+        line = int(self.config.garbage_collection_threshold * allowed)
+        if self.reserved <= line:
+            return
+        target, reclaimed = self.reserved - line, 0
+        now = self._requests[False]
+        keys = sorted(k for k in self._pools if not k[1])
+        cands = [(k, g) for k in keys for g in self._whole_free(k)]
+        total_age = sum(now - g.blocks[0].gc_base for _, g in cands)
+        freed = True
+        while reclaimed < target and freed and cands:
+            average = total_age / len(cands)
+            freed = False
+            for k, g in list(cands):
+                age = now - g.blocks[0].gc_base
+                if age >= average:
+                    freed = True
+                    reclaimed += g.size
+                    total_age -= age
+                    cands.remove((k, g))
+                    self._release(k, g)
+
+    def release_cached(self) -> list[tuple[int, int]]:
+        """Return every wholly free segment to the device, as ``empty_cache`` and the retry before
+        an OOM do (``release_cached_blocks``); the released segments' (address, size)."""
+        out: list[tuple[int, int]] = []
+        if self.config.expandable_segments:
+            return out
+        for pool_key in list(self._pools):
+            for seg in self._whole_free(pool_key):
+                self._release(pool_key, seg)
+                out.append((seg.address, seg.size))
+        return out

@@ -248,11 +248,17 @@ def estimate(
         notes.append(
             f"caching allocator: {alloc_conf.describe()}"
             + (f"; not modelled: {', '.join(alloc_conf.ignored)}" if alloc_conf.ignored else "")
+            + (
+                "; garbage_collection_threshold acts only under torch.cuda.set_per_process_memory_fraction, "
+                "which the estimate does not assume"
+                if alloc_conf.garbage_collection_threshold
+                else ""
+            )
         )
         if led.allocator.released:
             notes.append(
                 f"the allocator released {led.allocator.released:,} B of cached segments to make room "
-                "(as it does before an OOM, or by garbage_collection_threshold)"
+                "(as it does before an OOM)"
             )
     if blas is not None and blas.convs:
         notes = [n for n in notes if n != CONV_SCRATCH]

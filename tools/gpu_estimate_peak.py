@@ -45,11 +45,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_probe, also where this is imported
+from gpu_probe.alloc_check import allocator_figures
 from gpu_probe.compare import Side, compare
 from gpu_probe.estimate_log import estimate_run
 from gpu_probe.history import gap_jumps, initial_live, label_by_outputs, module_peaks
 from gpu_probe.real import PANEL_DIR, load_panel, real_run
-from gpu_probe.report import headline, render
+from gpu_probe.report import allocator_summary, headline, render
 
 #: ``t5`` as built (the default attention, as ``panel.build`` measured it), then forced either way
 DEFAULT_MODELS = ("vit", "t5", "t5:eager", "t5:sdpa", "gpt2")
@@ -121,6 +122,9 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.keep_snapshot:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
+        result["allocator"] = stage(
+            "allocator", lambda: allocator_figures(real["snapshot"], real["events"], real["device"])
+        )
     gpu = args.gpu or (None if cuda else "H200")
     version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
     est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))
@@ -220,6 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fixture_step_peaks": res.get("real", {}).get("fixture_step_peaks"),
                 "estimate_step_peaks": res.get("estimate", {}).get("step_peaks"),
                 "delta_rounded_by_step": [s["delta_rounded"] for s in steps],
+                "estimate_slack_by_step": res.get("estimate", {}).get("slack_at_step_peaks"),
+                "allocator": allocator_summary(res.get("allocator") or {}),
                 "seconds": {"wall": res.get("wall_seconds"), **(res.get("seconds") or {})},
             }
         )

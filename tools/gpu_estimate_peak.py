@@ -18,12 +18,23 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
    allocated and kept without returning it, ``:: scratch`` for one it freed before returning),
    diffed largest first; also by op and by module, each side inside the other's peak call, the
    modules where the gap between the peaks inside their forward/backward changes most, and the
-   real blocks by their innermost transformers/torch.nn frame.
+   real blocks by their innermost transformers/torch.nn frame;
+4. the estimate's allocator model on the tagged run's own trace (``gpu_probe/alloc_check.py``,
+   ``estimate/allocator_trace.py``): the trace rewound to its first entry and replayed through the
+   model (how often it chose the real source, address and block size; the allocated and reserved
+   figures after every entry), and per step, at the real peak: the live blocks made before the
+   steps (the build on the GPU, the batch) and during them, with their slack (block size minus
+   the 512 B-rounded request, summed; the estimate's own slack at its step peaks beside it), and
+   the same requests replayed from an empty cache, from the trace's start and from step 1's
+   marker (the blocks live then requested first): where the real step peak differs from the
+   latter, the cache the steps began with moved it by that much. A trace it cannot check
+   (expandable segments, one that does not rewind) is one line under ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
 ``$OUT``, else ``./gpu_probe_out``), a few KB each; the snapshot pickle only with
 ``--keep-snapshot``. ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
-is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T).
+is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T), their
+blocks and segments placed by the allocator model (so step 4 runs, and matches at every rate).
 
     PYTHONPATH=src:tests python tools/gpu_estimate_peak.py                 # on the GPU machine
     PYTHONPATH=src:tests python tools/gpu_estimate_peak.py --cpu-dry-run --models vit,t5:eager
@@ -122,9 +133,15 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.keep_snapshot:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
-        result["allocator"] = stage(
-            "allocator", lambda: allocator_figures(real["snapshot"], real["events"], real["device"])
-        )
+
+        def allocator() -> dict[str, Any]:
+            fig = allocator_figures(real["snapshot"], real["events"], real["device"])
+            peaks = real["info"]["step_peaks"]  # the backend's max_memory_allocated() per step
+            for s in fig.get("steps", []):
+                s["max_memory_allocated"] = peaks[s["step"] - 1][0] if s["step"] <= len(peaks) else None
+            return fig
+
+        result["allocator"] = stage("allocator", allocator)
     gpu = args.gpu or (None if cuda else "H200")
     version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
     est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))

@@ -441,11 +441,16 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
         "estimate": {"step_peaks": [1, 2], "slack_at_step_peaks": [0, 777_216]},
         "allocator": check.allocator_figures(snap, events),
     }
+    fig = result["allocator"]
+    fig["steps"][0]["max_memory_allocated"] = BUILD_BLOCKS + 8_000_000  # as the trace says: no line
+    fig["steps"][1]["max_memory_allocated"] = BUILD_BLOCKS + 16 * MiB + 512  # one the trace missed
     head = report.headline(result).splitlines()
     assert head[-1].startswith(
-        "  allocator: model matched 1/1/1/1/1 (source/address/block/allocated/reserved); s1 real"
+        "  allocator: rates source/address/block/allocated/reserved 1/1/1/1/1; s1 real"
     )
     assert head[-1].endswith("; est slack [0, 777216]")
     text = report.render(result)
     assert "-- the allocator model on this trace (" in text and "match rates over 7 allocations" in text
     assert "clean from step1: allocated peak 29,277,696" in text
+    assert text.count("max_memory_allocated() in this step") == 1
+    assert "the run's max_memory_allocated() in this step: 29,749,248 (+512)" in text

@@ -139,10 +139,9 @@ def summary_line(fig: Mapping[str, Any]) -> str:
     parts = []
     rates = fig.get("rates")
     if rates:
+        keys = ("source", "address", "block_size", "allocated", "reserved")
         parts.append(
-            "model matched "
-            + "/".join(f"{rates[k]:g}" for k in ("source", "address", "block_size", "allocated", "reserved"))
-            + " (source/address/block/allocated/reserved)"
+            "rates source/address/block/allocated/reserved " + "/".join(f"{rates[k]:g}" for k in keys)
         )
     for s in fig.get("steps", []):
         clean = s.get("clean_from_step1_peak")

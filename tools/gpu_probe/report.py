@@ -88,6 +88,11 @@ def allocator_lines(fig: dict[str, Any], est: dict[str, Any]) -> list[str]:
             f"         live at the real peak: {b['blocks']} blocks made before the steps "
             f"({b['bytes']:,} B), {d['blocks']} during them ({d['bytes']:,} B)"
         )
+        tagged = s.get("max_memory_allocated")
+        if tagged is not None and tagged != s["real_peak"]:
+            lines.append(
+                f"         the run's max_memory_allocated() in this step: {tagged:,} ({tagged - s['real_peak']:+,})"
+            )
     return lines
 
 

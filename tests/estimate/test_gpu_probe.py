@@ -403,7 +403,8 @@ def test_allocator_check_splits_each_real_step_peak_by_the_cache_it_began_with()
     assert fig["check"]["real_slack_at_peak"] == fig["check"]["model_slack_at_peak"] == P_SLACK + y_slack
     line = check.summary_line(fig)
     assert (
-        "s1 real 20,971,520 vs clean@step1 19,500,544 (+1,470,976), slack 1,470,976 (build 471,040)" in line
+        "s1 real 20,971,520 vs clean@step1 19,500,544 (+1,470,976), slack real 1,470,976 (build 471,040)"
+        in line
     )
     assert "s2 real 29,748,736 vs clean@step1 29,277,696 (+471,040)" in line
     text = "\n".join(report.allocator_lines(fig, {"slack_at_step_peaks": [123, 456]}))
@@ -438,7 +439,7 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
         "model": "vit",
         "stage": "done",
         "real": {"step_peaks": [[BUILD_BLOCKS + 8_000_000, 0]]},
-        "estimate": {"step_peaks": [1, 2], "slack_at_step_peaks": [0, 777_216]},
+        "estimate": {"step_peaks": [20_000_000, 29_000_000], "slack_at_step_peaks": [0, 777_216]},
         "allocator": check.allocator_figures(snap, events),
     }
     fig = result["allocator"]
@@ -446,9 +447,12 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
     fig["steps"][1]["max_memory_allocated"] = BUILD_BLOCKS + 16 * MiB + 512  # one the trace missed
     head = report.headline(result).splitlines()
     assert head[-1].startswith(
-        "  allocator: rates source/address/block/allocated/reserved 1/1/1/1/1; s1 real"
+        "  allocator: rates source/address/block/allocated/reserved 1/1/1/1/1; s1 real-est"
     )
-    assert head[-1].endswith("; est slack [0, 777216]")
+    # step 2: real 29,748,736 - estimate 29,000,000 = the cache +471,040 + the requests +277,696
+    assert head[-1].endswith(
+        "s2 real-est +748,736 = cache +471,040 + requests +277,696, slack real 1,248,256 (build 471,040) est 777,216"
+    )
     text = report.render(result)
     assert "-- the allocator model on this trace (" in text and "match rates over 7 allocations" in text
     assert "clean from step1: allocated peak 29,277,696" in text

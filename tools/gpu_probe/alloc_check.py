@@ -73,8 +73,10 @@ def allocator_figures(
     out: dict[str, Any] = {"entries": len(events), "config": config.describe(), "errors": []}
     try:
         back = rewind(snapshot, device)
-    except RewindError as err:
-        out["errors"].append(f"rewind: {err}")
+    except Exception as err:  # RewindError: the trace and the dumped state disagree
+        out["errors"].append(
+            f"rewind: {err}" if isinstance(err, RewindError) else f"rewind: {type(err).__name__}: {err}"
+        )
         return out
     windows = step_windows(events)
     first = min((lo for lo, _ in windows.values()), default=len(events))
@@ -131,9 +133,13 @@ def _cut(snapshot: Mapping[str, Any], device: int, start: int) -> list[Any]:
     return traces
 
 
-def summary_line(fig: Mapping[str, Any]) -> str:
+def summary_line(
+    fig: Mapping[str, Any], est_peaks: Sequence[int] | None = None, est_slack: Sequence[int] | None = None
+) -> str:
     """One line for the headlines: the match rates, and per step the real peak against the same
-    requests from an empty cache at step 1, the real slack (of it in blocks made before the steps)."""
+    requests from an empty cache at step 1; with the estimate's step peaks, real - estimate split
+    into the cache the steps began with (real - that replay) and the requests (that replay -
+    estimate); the slack at the real peak (of it in blocks made before the steps) and the estimate's."""
     if not fig:
         return "allocator: not checked"
     parts = []
@@ -144,11 +150,17 @@ def summary_line(fig: Mapping[str, Any]) -> str:
             "rates source/address/block/allocated/reserved " + "/".join(f"{rates[k]:g}" for k in keys)
         )
     for s in fig.get("steps", []):
-        clean = s.get("clean_from_step1_peak")
-        delta = f" ({s['real_peak'] - clean:+,})" if clean is not None else ""
-        parts.append(
-            f"s{s['step']} real {s['real_peak']:,} vs clean@step1 {clean if clean is None else format(clean, ',')}{delta},"
-            f" slack {s['real_slack']:,} (build {s['before_steps']['slack']:,})"
-        )
+        n, real, clean = s["step"], s["real_peak"], s.get("clean_from_step1_peak")
+        est = est_peaks[n - 1] if est_peaks and len(est_peaks) >= n else None
+        if clean is None:
+            head = f"s{n} real {real:,} (no clean replay)"
+        elif est is None:
+            head = f"s{n} real {real:,} vs clean@step1 {clean:,} ({real - clean:+,})"
+        else:
+            head = f"s{n} real-est {real - est:+,} = cache {real - clean:+,} + requests {clean - est:+,}"
+        slack = f"slack real {s['real_slack']:,} (build {s['before_steps']['slack']:,})"
+        if est_slack and len(est_slack) >= n:
+            slack += f" est {est_slack[n - 1]:,}"
+        parts.append(f"{head}, {slack}")
     parts += fig.get("errors", [])
     return "allocator: " + "; ".join(parts)

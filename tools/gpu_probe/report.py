@@ -23,9 +23,8 @@ def headline(result: dict[str, Any]) -> str:
             f"  step {s['step']} real-est {s['delta_exact']:+,} (blocks {s['delta_rounded']:+,}): {top}"
         )
     if "real" in result:
-        lines.append(
-            f"  {summary_line(result.get('allocator') or {})}; est slack {est.get('slack_at_step_peaks')}"
-        )
+        fig = result.get("allocator") or {}
+        lines.append(f"  {summary_line(fig, est.get('step_peaks'), est.get('slack_at_step_peaks'))}")
     return "\n".join(lines)
 
 

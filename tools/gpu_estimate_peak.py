@@ -251,6 +251,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"total_seconds": total, "rows": summary}, indent=1)
     )
     print("== headlines (real - estimate at each side's peak; details in <model>.txt)")
+    print("   allocator: the model's source/address/block/allocated/reserved rates on the real trace;")
+    print(
+        "   per step real - estimate = cache (real - its requests from an empty cache at step 1) + requests"
+    )
     for res in results:
         print(headline(res))
     print(f"== {len(specs)} models in {total} s (workers {workers}); JSON and text under {args.out}")

@@ -27,7 +27,7 @@ export PYTHONPATH=$PWD/src:$PWD/tests
 timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
     --timeout "${PROBE_TIMEOUT:-200}" --brief --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
 rc=$?
-sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11000
+sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11500
 [ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"
 echo "rc=$rc after ${SECONDS}s; output in $OUT"
 exit $rc

@@ -136,7 +136,8 @@ def _cut(snapshot: Mapping[str, Any], device: int, start: int) -> list[Any]:
 def summary_line(
     fig: Mapping[str, Any], est_peaks: Sequence[int] | None = None, est_slack: Sequence[int] | None = None
 ) -> str:
-    """One line for the headlines: the match rates, and per step the real peak against the same
+    """One line for the headlines: the match rates (source/address/block/allocated/reserved: how
+    often the model decided as the real allocator did), and per step the real peak against the same
     requests from an empty cache at step 1; with the estimate's step peaks, real - estimate split
     into the cache the steps began with (real - that replay) and the requests (that replay -
     estimate); the slack at the real peak (of it in blocks made before the steps) and the estimate's."""
@@ -146,9 +147,7 @@ def summary_line(
     rates = fig.get("rates")
     if rates:
         keys = ("source", "address", "block_size", "allocated", "reserved")
-        parts.append(
-            "rates source/address/block/allocated/reserved " + "/".join(f"{rates[k]:g}" for k in keys)
-        )
+        parts.append("rates " + "/".join(f"{rates[k]:g}" for k in keys))
     for s in fig.get("steps", []):
         n, real, clean = s["step"], s["real_peak"], s.get("clean_from_step1_peak")
         est = est_peaks[n - 1] if est_peaks and len(est_peaks) >= n else None
@@ -157,10 +156,10 @@ def summary_line(
         elif est is None:
             head = f"s{n} real {real:,} vs clean@step1 {clean:,} ({real - clean:+,})"
         else:
-            head = f"s{n} real-est {real - est:+,} = cache {real - clean:+,} + requests {clean - est:+,}"
-        slack = f"slack real {s['real_slack']:,} (build {s['before_steps']['slack']:,})"
+            head = f"s{n} {real - est:+,} = cache {real - clean:+,} + requests {clean - est:+,}"
+        slack = f"slack {s['real_slack']:,} (build {s['before_steps']['slack']:,})"
         if est_slack and len(est_slack) >= n:
-            slack += f" est {est_slack[n - 1]:,}"
+            slack += f" vs est {est_slack[n - 1]:,}"
         parts.append(f"{head}, {slack}")
     parts += fig.get("errors", [])
     return "allocator: " + "; ".join(parts)

@@ -15,7 +15,7 @@ def headline(result: dict[str, Any]) -> str:
         + (f"  ERROR {result['error']}" if result.get("error") else ""),
         f"  real step peaks {[p[0] for p in real.get('step_peaks', [])]} untagged "
         f"{[p[0] for p in real.get('plain_step_peaks', [])]} fixture {real.get('fixture_step_peaks')}"
-        f" estimate {est.get('step_peaks')}; attention {real.get('attn_impl')}: {sorted(real.get('attention_ops', {}))}",
+        f" estimate {est.get('step_peaks')}; attention {real.get('attn_impl')}: {_ops(real.get('attention_ops', {}))}",
     ]
     for s in result.get("steps", []):
         top = "; ".join(f"{r['key']} {r['delta']:+,}" for r in s["by_key"][:4])
@@ -99,6 +99,11 @@ def _n(value: int | None, sign: bool = False) -> str:
     if value is None:
         return "-"
     return f"{value:+,}" if sign else f"{value:,}"
+
+
+def _ops(ops: dict[str, int]) -> str:
+    """``aten._softmax.default`` as ``_softmax``: the headlines stay inside the device call's output tail."""
+    return ",".join(sorted(op.removeprefix("aten.").removesuffix(".default") for op in ops))
 
 
 def render(result: dict[str, Any]) -> str:

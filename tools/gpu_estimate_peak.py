@@ -27,8 +27,9 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
    the 512 B-rounded request, summed; the estimate's own slack at its step peaks beside it), and
    the same requests replayed from an empty cache, from the trace's start and from step 1's
    marker (the blocks live then requested first): where the real step peak differs from the
-   latter, the cache the steps began with moved it by that much. A trace it cannot check
-   (expandable segments, one that does not rewind) is one line under ``errors``.
+   latter, the cache the steps began with moved it by that much (the steps' reserved peak too).
+   A trace it cannot check (expandable segments, one that does not rewind) is one line under
+   ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
 ``$OUT``, else ``./gpu_probe_out``), a few KB each; the snapshot pickle only with
@@ -252,8 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print("== headlines (real - estimate at each side's peak; details in <model>.txt)")
     print("   allocator: the model's source/address/block/allocated/reserved rates on the real trace;")
+    print("   per step (and reserved) real - estimate = cache (real - its requests from an empty cache at")
     print(
-        "   per step real - estimate = cache (real - its requests from an empty cache at step 1) + requests"
+        "   step 1) + requests; slack at the real peak (of blocks made before the steps) vs at the estimate's"
     )
     for res in results:
         print(headline(res))

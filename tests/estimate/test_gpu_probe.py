@@ -401,6 +401,8 @@ def test_allocator_check_splits_each_real_step_peak_by_the_cache_it_began_with()
         y_slack,
     )
     assert fig["check"]["real_slack_at_peak"] == fig["check"]["model_slack_at_peak"] == P_SLACK + y_slack
+    # segments: 20 MiB (A, P, WORK), 2 MiB (the markers), 16 MiB (step 2's request): the same either way
+    assert fig["real_reserved_in_steps"] == fig["clean_from_step1"]["peak_reserved"] == 38 * MiB
     line = check.summary_line(fig)
     assert (
         "s1 real 20,971,520 vs clean@step1 19,500,544 (+1,470,976), slack 1,470,976 (build 471,040)" in line
@@ -438,7 +440,11 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
         "model": "vit",
         "stage": "done",
         "real": {"step_peaks": [[BUILD_BLOCKS + 8_000_000, 0]]},
-        "estimate": {"step_peaks": [20_000_000, 29_000_000], "slack_at_step_peaks": [0, 777_216]},
+        "estimate": {
+            "step_peaks": [20_000_000, 29_000_000],
+            "slack_at_step_peaks": [0, 777_216],
+            "reserved_peak_bytes": 40 * MiB,
+        },
         "allocator": check.allocator_figures(snap, events),
     }
     fig = result["allocator"]
@@ -448,10 +454,15 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
     assert head[-1].startswith("  allocator: rates 1/1/1/1/1; s1 ")
     # step 2: real 29,748,736 - estimate 29,000,000 = the cache +471,040 + the requests +277,696
     assert head[-1].endswith(
-        "s2 +748,736 = cache +471,040 + requests +277,696, slack 1,248,256 (build 471,040) vs est 777,216"
+        "s2 +748,736 = cache +471,040 + requests +277,696, slack 1,248,256 (build 471,040) vs est 777,216; "
+        "reserved -2,097,152 = cache +0 + requests -2,097,152"
     )
     text = report.render(result)
     assert "-- the allocator model on this trace (" in text and "match rates over 7 allocations" in text
     assert "clean from step1: allocated peak 29,277,696" in text
     assert text.count("max_memory_allocated() in this step") == 1
+    assert (
+        "reserved peak in the steps: real 39,845,888; the same requests from an empty cache at step 1 39,845,888; estimate 41,943,040"
+        in text
+    )
     assert "the run's max_memory_allocated() in this step: 29,749,248 (+512)" in text

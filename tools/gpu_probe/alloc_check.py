@@ -112,6 +112,7 @@ def allocator_figures(
             }
         )
     out["steps"] = steps
+    out["real_reserved_in_steps"] = max(back.reserved_after[first:], default=0)
     try:
         whole = clean_replay(snapshot, device, config, windows=spans)
         out["clean_from_start"] = asdict(whole)
@@ -134,13 +135,17 @@ def _cut(snapshot: Mapping[str, Any], device: int, start: int) -> list[Any]:
 
 
 def summary_line(
-    fig: Mapping[str, Any], est_peaks: Sequence[int] | None = None, est_slack: Sequence[int] | None = None
+    fig: Mapping[str, Any],
+    est_peaks: Sequence[int] | None = None,
+    est_slack: Sequence[int] | None = None,
+    est_reserved: int | None = None,
 ) -> str:
     """One line for the headlines: the match rates (source/address/block/allocated/reserved: how
     often the model decided as the real allocator did), and per step the real peak against the same
     requests from an empty cache at step 1; with the estimate's step peaks, real - estimate split
     into the cache the steps began with (real - that replay) and the requests (that replay -
-    estimate); the slack at the real peak (of it in blocks made before the steps) and the estimate's."""
+    estimate); the slack at the real peak (of it in blocks made before the steps) and the estimate's;
+    the reserved peak of the steps split the same way."""
     if not fig:
         return "allocator: not checked"
     parts = []
@@ -161,5 +166,11 @@ def summary_line(
         if est_slack and len(est_slack) >= n:
             slack += f" vs est {est_slack[n - 1]:,}"
         parts.append(f"{head}, {slack}")
+    clean_res = (fig.get("clean_from_step1") or {}).get("peak_reserved")
+    real_res = fig.get("real_reserved_in_steps")
+    if clean_res is not None and real_res is not None and est_reserved is not None:
+        parts.append(
+            f"reserved {real_res - est_reserved:+,} = cache {real_res - clean_res:+,} + requests {clean_res - est_reserved:+,}"
+        )
     parts += fig.get("errors", [])
     return "allocator: " + "; ".join(parts)

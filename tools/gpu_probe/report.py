@@ -24,7 +24,10 @@ def headline(result: dict[str, Any]) -> str:
         )
     if "real" in result:
         fig = result.get("allocator") or {}
-        lines.append(f"  {summary_line(fig, est.get('step_peaks'), est.get('slack_at_step_peaks'))}")
+        line = summary_line(
+            fig, est.get("step_peaks"), est.get("slack_at_step_peaks"), est.get("reserved_peak_bytes")
+        )
+        lines.append(f"  {line}")
     return "\n".join(lines)
 
 
@@ -68,6 +71,11 @@ def allocator_lines(fig: dict[str, Any], est: dict[str, Any]) -> list[str]:
                 f"   {name.replace('_', ' ')}: allocated peak {c['peak_allocated']:,}, reserved peak "
                 f"{c['peak_reserved']:,}, slack at its peak {c['slack_at_peak']:,}"
             )
+    if fig.get("clean_from_step1") and "real_reserved_in_steps" in fig:
+        lines.append(
+            f"   reserved peak in the steps: real {fig['real_reserved_in_steps']:,}; the same requests from an empty "
+            f"cache at step 1 {fig['clean_from_step1']['peak_reserved']:,}; estimate {_n(est.get('reserved_peak_bytes'))}"
+        )
     est_slack = est.get("slack_at_step_peaks") or []
     lines.append(
         "   step  real peak (entry)             - empty cache at step 1 = delta     "

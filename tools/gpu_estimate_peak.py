@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_probe, also where this is imported
-from gpu_probe.alloc_check import allocator_figures
+from gpu_probe.alloc_check import allocator_figures, kept_trace
 from gpu_probe.compare import Side, compare
 from gpu_probe.estimate_log import estimate_run
 from gpu_probe.history import gap_jumps, initial_live, label_by_outputs, module_peaks
@@ -143,6 +143,14 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             return fig
 
         result["allocator"] = stage("allocator", allocator)
+        if spec in args.keep_trace.split(","):
+
+            def keep() -> None:
+                kept = kept_trace(real["snapshot"], real["device"], real["calls"])
+                with open(out / f"{tag_of(spec)}_trace.pickle", "wb") as f:
+                    pickle.dump(kept, f, protocol=4)
+
+            stage("keep_trace", keep)
     gpu = args.gpu or (None if cuda else "H200")
     version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
     est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))
@@ -170,6 +178,7 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", spec, "--out", str(args.out), "--top", str(args.top)]
     cmd += ["--max-entries", str(args.max_entries), "--estimate-device", args.estimate_device]
+    cmd += ["--keep-trace", args.keep_trace]
     cmd += ["--cpu-dry-run"] * args.cpu_dry_run + ["--keep-snapshot"] * args.keep_snapshot
     cmd += ["--gpu", args.gpu] if args.gpu else []
     cmd += ["--torch-version", args.torch_version] if args.torch_version else []
@@ -206,6 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
     ap.add_argument("--brief", action="store_true", help="print the headlines only (the texts are in --out)")
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
+    ap.add_argument(
+        "--keep-trace",
+        default="vit,t5:eager",
+        help="models whose allocator trace to keep, without frames (<model>_trace.pickle, for allocator_check.py)",
+    )
     ap.add_argument("--also-with", help="a site directory (e.g. another transformers) for --also-models")
     ap.add_argument("--also-models", default="vit,t5,t5:eager", help="models to run again with --also-with")
     ap.add_argument("--child", help=argparse.SUPPRESS)

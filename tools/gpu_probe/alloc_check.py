@@ -128,6 +128,34 @@ def allocator_figures(
     return out
 
 
+#: what a kept trace entry holds (the frames, most of a snapshot's bytes, are dropped)
+TRACE_KEYS = ("action", "addr", "size", "stream", "user_metadata")
+
+
+def kept_trace(snapshot: Mapping[str, Any], device: int, calls: Sequence[Any]) -> dict[str, Any]:
+    """The snapshot without frames, for ``tools/allocator_check.py`` and later replays: its
+    segments and ``device``'s trace (as device 0), the allocator settings, and ``probe_calls``:
+    the label of each tagged call, which an entry's ``user_metadata`` indexes."""
+    traces = snapshot.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    segments = []
+    for g in snapshot.get("segments", []):
+        if int(g.get("device", 0)) != device:
+            continue
+        blocks = [
+            {k: b[k] for k in ("address", "size", "requested_size", "state") if k in b} for b in g["blocks"]
+        ]
+        segments.append(
+            {**{k: v for k, v in g.items() if k not in ("blocks", "frames")}, "device": 0, "blocks": blocks}
+        )
+    return {
+        "segments": segments,
+        "device_traces": [[{k: e[k] for k in TRACE_KEYS if k in e} for e in trace]],
+        "allocator_settings": snapshot.get("allocator_settings"),
+        "probe_calls": [[c.step, c.label] for c in calls],
+    }
+
+
 def _cut(snapshot: Mapping[str, Any], device: int, start: int) -> list[Any]:
     traces = list(snapshot.get("device_traces") or [])
     traces[device] = list(traces[device])[start:]

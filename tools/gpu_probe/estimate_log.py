@@ -127,7 +127,7 @@ class EstimateLog:
         def alloc(orig: Any) -> Any:
             def wrapped(replay: Any, key: int, nbytes: int, stream: int = 0) -> None:
                 orig(replay, key, nbytes, stream)
-                if nbytes > 0:
+                if nbytes > 0 and not getattr(replay, "probe_synthetic", False):
                     log.on_alloc(replay, key, nbytes)
 
             return wrapped
@@ -135,7 +135,8 @@ class EstimateLog:
         def free(orig: Any) -> Any:
             def wrapped(replay: Any, key: int) -> None:
                 orig(replay, key)
-                log.on_free(replay, key)
+                if not getattr(replay, "probe_synthetic", False):  # the dry run's real side
+                    log.on_free(replay, key)
 
             return wrapped
 

@@ -18,6 +18,9 @@ class SyntheticHistory:
 
     def __init__(self, config: AllocatorConfig | None = None) -> None:
         self.model = AllocatorReplay(config or AllocatorConfig(), segment_address=self._segment)
+        # the estimate's log patches AllocatorReplay while it runs: a dry run's real storages,
+        # freed by the garbage collector then, must not land in it
+        self.model.probe_synthetic = True  # type: ignore[attr-defined]
         self.log: list[Event] = []
         self.segments: list[tuple[int, int]] = []  # (address, size)
         self.requested: dict[int, int] = {}  # live key -> requested bytes

@@ -32,8 +32,11 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
    ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
-``$OUT``, else ``./gpu_probe_out``), a few KB each; the snapshot pickle only with
-``--keep-snapshot``. ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
+``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (vit, t5:eager)
+the tagged run's allocator trace without frames, with the calls' labels, as
+``<model>_trace.pickle`` (``tools/allocator_check.py`` reads it); the whole snapshot only with
+``--keep-snapshot``. ``gpu_estimate_peak.sh`` packs it all into ``$OUT/probe.tgz`` (a device call
+brings back 8 files). ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
 is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T), their
 blocks and segments placed by the allocator model (so step 4 runs, and matches at every rate).
 

@@ -508,3 +508,32 @@ def test_the_dry_runs_real_blocks_stay_out_of_the_estimates_log() -> None:
         h.free(key)
         h.alloc(2000)
     assert log.events == []
+
+
+def test_a_real_h200_trace_without_step_markers_is_checked_and_kept_without_frames(tmp_path: Path) -> None:
+    """The demo run's history (tests/fixtures/gpu_runs/demo, an H200, torch 2.11): its entries and
+    segments carry frames, time_us and compile_context as a real ``_snapshot()`` writes them."""
+    import pickle
+
+    from memprofiler.analysis.snapshot import load_snapshot
+
+    snap = load_snapshot(
+        TOOLS.parent / "tests/fixtures/gpu_runs/demo/cuda_alloc_rank_0.training_step.4.end.pickle"
+    )
+    trace = snap["device_traces"][0]
+    assert hist.step_windows(trace) == {}  # failed before: zip() of no markers and one end
+    fig = check.allocator_figures(snap, trace)
+    assert (fig["errors"], fig["steps"], fig["entries"]) == ([], [], 2766)
+    assert set(fig["rates"].values()) == {1.0}
+    # as tests/estimate/test_allocator_trace.py has it: from an empty cache one 2 MiB segment more
+    assert (fig["clean_from_start"]["peak_allocated"], fig["clean_from_start"]["peak_reserved"]) == (
+        118_890_496,
+        138_412_032 + 2 * MiB,
+    )
+    assert "clean_from_step1" not in fig
+    kept = check.kept_trace(snap, 0, [])
+    path = tmp_path / "demo_trace.pickle"
+    path.write_bytes(pickle.dumps(kept, protocol=4))
+    assert path.stat().st_size < len(pickle.dumps(snap, protocol=4)) // 2
+    again = check.allocator_figures(load_snapshot(path), kept["device_traces"][0])
+    assert (again["check"], again["clean_from_start"]) == (fig["check"], fig["clean_from_start"])

@@ -116,12 +116,15 @@ def allocator_figures(
     try:
         whole = clean_replay(snapshot, device, config, windows=spans)
         out["clean_from_start"] = asdict(whole)
-        cut = {**snapshot, "device_traces": _cut(snapshot, device, first)}
-        steps_only = clean_replay(cut, device, config, windows=[(lo - first, hi - first) for lo, hi in spans])
-        out["clean_from_step1"] = asdict(steps_only)
-        for s, a, b in zip(steps, whole.windows, steps_only.windows, strict=True):
-            s["clean_from_start_peak"], s["clean_from_start_slack"] = a
-            s["clean_from_step1_peak"], s["clean_from_step1_slack"] = b
+        if steps:  # no step marker in the trace: nothing to cut it at
+            cut = {**snapshot, "device_traces": _cut(snapshot, device, first)}
+            steps_only = clean_replay(
+                cut, device, config, windows=[(lo - first, hi - first) for lo, hi in spans]
+            )
+            out["clean_from_step1"] = asdict(steps_only)
+            for s, a, b in zip(steps, whole.windows, steps_only.windows, strict=True):
+                s["clean_from_start_peak"], s["clean_from_start_slack"] = a
+                s["clean_from_step1_peak"], s["clean_from_step1_slack"] = b
     except Exception as err:
         out["errors"].append(f"clean replay: {type(err).__name__}: {err}")
     out["seconds"] = round(time.perf_counter() - t0, 2)

@@ -9,7 +9,8 @@ with did to their peaks (``memprofiler.estimate.allocator_trace``).
 - ``clean``: the same requests from an empty cache, once from the trace's start (the build
   included) and once from step 1's marker (the blocks live then requested first, in address
   order, as an estimate places the parameters): where the real step peak differs from the
-  second, the cache state the steps began with moved it by that much.
+  second, the cache state the steps began with moved it by that much (the replays are the
+  model's: where its match rates are below 1, that difference holds its departures too).
 """
 
 from __future__ import annotations

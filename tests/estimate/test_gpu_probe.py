@@ -537,3 +537,23 @@ def test_a_real_h200_trace_without_step_markers_is_checked_and_kept_without_fram
     assert path.stat().st_size < len(pickle.dumps(snap, protocol=4)) // 2
     again = check.allocator_figures(load_snapshot(path), kept["device_traces"][0])
     assert (again["check"], again["clean_from_start"]) == (fig["check"], fig["clean_from_start"])
+
+
+def test_the_estimates_log_keeps_its_slack_at_each_step_peak() -> None:
+    from memprofiler.estimate.allocator import AllocatorReplay
+
+    log = elog.EstimateLog()
+    with log.installed():
+        r = AllocatorReplay()  # the estimate's own replay, driven by hand: the hand case again
+        r.alloc(1, PARAM_A)
+        r.alloc(2, TEMP)
+        r.alloc(3, PARAM_P)  # kept whole: 471,040 B over
+        r.free(2)
+        log.mark(1)
+        r.alloc(4, WORK)  # the temporary's hole, whole: 999,936 B over
+        r.free(4)
+        log.mark(2)
+        r.alloc(5, 3000)  # the small pool: split, nothing over
+    assert log.step_peaks[1] == BUILD_BLOCKS + 8_000_000
+    assert log.step_slack == {0: P_SLACK, 1: P_SLACK + W_SLACK, 2: P_SLACK}
+    assert log.slack == P_SLACK

@@ -269,11 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"total_seconds": total, "rows": summary}, indent=1)
     )
     print("== headlines (real - estimate at each side's peak; details in <model>.txt)")
-    print("   allocator: the model's source/address/block/allocated/reserved rates on the real trace;")
-    print("   per step (and reserved) real - estimate = cache (real - its requests from an empty cache at")
-    print(
-        "   step 1) + requests; slack at the real peak (of blocks made before the steps) vs at the estimate's"
-    )
+    print("   allocator: source/address/block/allocated/reserved rates; real - est = cache (real - its")
+    print("   requests from an empty cache at step 1) + requests; slack (of build blocks) vs the estimate's")
     for res in results:
         print(headline(res))
     print(f"== {len(specs)} models in {total} s (workers {workers}); JSON and text under {args.out}")

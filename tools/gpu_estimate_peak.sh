@@ -30,7 +30,7 @@ t=$((${TOTAL_TIMEOUT:-275} - SECONDS)) # the whole call, installs included, ends
 timeout "$((t > 60 ? t : 60))" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
     --timeout "${PROBE_TIMEOUT:-200}" --brief --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
 rc=$?
-sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11500
+sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11800
 [ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"
 tar czf /tmp/probe.tgz -C "$OUT" . && mv /tmp/probe.tgz "$OUT/" && find "$OUT" -maxdepth 1 -type f ! -name probe.tgz \
     ! -name summary.json ! -name probe.log ! -name vit.txt ! -name t5_eager.txt -delete

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                     "figures": figures,
                     "guessed_block_sizes": guessed,
                     "first_divergences": divergences[:5],
-                    "clean_start": asdict(clean),
+                    "clean_start": {k: v for k, v in asdict(clean).items() if k != "windows"},
                 },
                 indent=1,
             )

@@ -18,12 +18,27 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
    allocated and kept without returning it, ``:: scratch`` for one it freed before returning),
    diffed largest first; also by op and by module, each side inside the other's peak call, the
    modules where the gap between the peaks inside their forward/backward changes most, and the
-   real blocks by their innermost transformers/torch.nn frame.
+   real blocks by their innermost transformers/torch.nn frame;
+4. the estimate's allocator model on the tagged run's own trace (``gpu_probe/alloc_check.py``,
+   ``estimate/allocator_trace.py``): the trace rewound to its first entry and replayed through the
+   model (how often it chose the real source, address and block size; the allocated and reserved
+   figures after every entry), and per step, at the real peak: the live blocks made before the
+   steps (the build on the GPU, the batch) and during them, with their slack (block size minus
+   the 512 B-rounded request, summed; the estimate's own slack at its step peaks beside it), and
+   the same requests replayed from an empty cache, from the trace's start and from step 1's
+   marker (the blocks live then requested first): where the real step peak differs from the
+   latter, the cache the steps began with moved it by that much (the steps' reserved peak too).
+   A trace it cannot check (expandable segments, one that does not rewind) is one line under
+   ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
-``$OUT``, else ``./gpu_probe_out``), a few KB each; the snapshot pickle only with
-``--keep-snapshot``. ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
-is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T).
+``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (vit, t5:eager)
+the tagged run's allocator trace without frames, with the calls' labels, as
+``<model>_trace.pickle`` (``tools/allocator_check.py`` reads it); the whole snapshot only with
+``--keep-snapshot``. ``gpu_estimate_peak.sh`` packs it all into ``$OUT/probe.tgz`` (a device call
+brings back 8 files). ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
+is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T), their
+blocks and segments placed by the allocator model (so step 4 runs, and matches at every rate).
 
     PYTHONPATH=src:tests python tools/gpu_estimate_peak.py                 # on the GPU machine
     PYTHONPATH=src:tests python tools/gpu_estimate_peak.py --cpu-dry-run --models vit,t5:eager
@@ -45,11 +60,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_probe, also where this is imported
+from gpu_probe.alloc_check import allocator_figures, kept_trace
 from gpu_probe.compare import Side, compare
 from gpu_probe.estimate_log import estimate_run
 from gpu_probe.history import gap_jumps, initial_live, label_by_outputs, module_peaks
 from gpu_probe.real import PANEL_DIR, load_panel, real_run
-from gpu_probe.report import headline, render
+from gpu_probe.report import allocator_summary, headline, render
 
 #: ``t5`` as built (the default attention, as ``panel.build`` measured it), then forced either way
 DEFAULT_MODELS = ("vit", "t5", "t5:eager", "t5:sdpa", "gpt2")
@@ -121,6 +137,23 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         if args.keep_snapshot:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
+
+        def allocator() -> dict[str, Any]:
+            fig = allocator_figures(real["snapshot"], real["events"], real["device"])
+            peaks = real["info"]["step_peaks"]  # the backend's max_memory_allocated() per step
+            for s in fig.get("steps", []):
+                s["max_memory_allocated"] = peaks[s["step"] - 1][0] if s["step"] <= len(peaks) else None
+            return fig
+
+        result["allocator"] = stage("allocator", allocator)
+        if spec in args.keep_trace.split(","):
+
+            def keep() -> None:
+                kept = kept_trace(real["snapshot"], real["device"], real["calls"])
+                with open(out / f"{tag_of(spec)}_trace.pickle", "wb") as f:
+                    pickle.dump(kept, f, protocol=4)
+
+            stage("keep_trace", keep)
     gpu = args.gpu or (None if cuda else "H200")
     version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
     est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))
@@ -148,6 +181,7 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
 def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", spec, "--out", str(args.out), "--top", str(args.top)]
     cmd += ["--max-entries", str(args.max_entries), "--estimate-device", args.estimate_device]
+    cmd += ["--keep-trace", args.keep_trace]
     cmd += ["--cpu-dry-run"] * args.cpu_dry_run + ["--keep-snapshot"] * args.keep_snapshot
     cmd += ["--gpu", args.gpu] if args.gpu else []
     cmd += ["--torch-version", args.torch_version] if args.torch_version else []
@@ -184,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cpu-dry-run", action="store_true", help="no CUDA: a CPU run stands for the real one")
     ap.add_argument("--brief", action="store_true", help="print the headlines only (the texts are in --out)")
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
+    ap.add_argument(
+        "--keep-trace",
+        default="vit,t5:eager",
+        help="models whose allocator trace to keep, without frames (<model>_trace.pickle, for allocator_check.py)",
+    )
     ap.add_argument("--also-with", help="a site directory (e.g. another transformers) for --also-models")
     ap.add_argument("--also-models", default="vit,t5,t5:eager", help="models to run again with --also-with")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -220,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "fixture_step_peaks": res.get("real", {}).get("fixture_step_peaks"),
                 "estimate_step_peaks": res.get("estimate", {}).get("step_peaks"),
                 "delta_rounded_by_step": [s["delta_rounded"] for s in steps],
+                "estimate_slack_by_step": res.get("estimate", {}).get("slack_at_step_peaks"),
+                "allocator": allocator_summary(res.get("allocator") or {}),
                 "seconds": {"wall": res.get("wall_seconds"), **(res.get("seconds") or {})},
             }
         )
@@ -228,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"total_seconds": total, "rows": summary}, indent=1)
     )
     print("== headlines (real - estimate at each side's peak; details in <model>.txt)")
+    print("   allocator: source/address/block/allocated/reserved rates; real - est = cache (real - its")
+    print("   requests from an empty cache at step 1) + requests; slack (of build blocks) vs the estimate's")
     for res in results:
         print(headline(res))
     print(f"== {len(specs)} models in {total} s (workers {workers}); JSON and text under {args.out}")

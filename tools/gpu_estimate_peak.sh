@@ -4,7 +4,9 @@
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
 # .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
 # lacks it); .whl/tf517: 5.17.0 (measured), run again for ALSO (vit,t5,t5:eager; ALSO= skips).
-# Writes <model>.json/.txt, summary.json, pip.log, probe.log to $OUT; prints the headlines.
+# Writes <model>.json/.txt, <model>_trace.pickle (vit, t5:eager), summary.json, pip.log, probe.log;
+# prints the headlines. A device call brings back 8 files: at the end all of them go into
+# $OUT/probe.tgz, and only it, summary.json, probe.log, vit.txt and t5_eager.txt stay beside it.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_probe_out}
 mkdir -p "$OUT"
@@ -24,10 +26,13 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "installed in ${SECONDS}s; with transformers 5.17: ${also[3]:-none}"
 export PYTHONPATH=$PWD/src:$PWD/tests
-timeout "${TOTAL_TIMEOUT:-270}" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
+t=$((${TOTAL_TIMEOUT:-275} - SECONDS)) # the whole call, installs included, ends inside 300 s
+timeout "$((t > 60 ? t : 60))" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \
     --timeout "${PROBE_TIMEOUT:-200}" --brief --out "$OUT" ${MODELS:+--models "$MODELS"} "${also[@]}" >"$OUT/probe.log" 2>&1
 rc=$?
-sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11000
+sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11800
 [ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"
-echo "rc=$rc after ${SECONDS}s; output in $OUT"
+tar czf /tmp/probe.tgz -C "$OUT" . && mv /tmp/probe.tgz "$OUT/" && find "$OUT" -maxdepth 1 -type f ! -name probe.tgz \
+    ! -name summary.json ! -name probe.log ! -name vit.txt ! -name t5_eager.txt -delete
+echo "rc=$rc after ${SECONDS}s; output in $OUT/probe.tgz"
 exit $rc

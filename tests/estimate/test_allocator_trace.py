@@ -293,3 +293,34 @@ def test_a_block_freed_before_its_alloc_was_recorded_gets_a_guessed_size():
     assert [(b.size, b.state) for b in back.segments[0].blocks] == [(20 * MiB, "allocated")]
     assert back.guessed == 1
     assert back.allocated_after == [0, 0]
+
+
+def test_clean_replay_reports_each_windows_peak_and_what_a_cut_up_cache_adds() -> None:
+    A = 0x10_0000_0000
+    # one 20 MiB segment: a parameter, a temporary, a second parameter (the rest, 471,040 B past
+    # its 8,500,224 B rounding, is under 1 MiB: not split off), the temporary freed; then a step
+    # asks 7,000,064 B and takes the temporary's 8,000,000 B hole whole (999,936 B over)
+    t_at, p_at = A + 4_000_256, A + 12_000_256
+    trace = [
+        {"action": "segment_alloc", "addr": A, "size": 20 * MiB, "stream": 0},
+        {"action": "alloc", "addr": A, "size": 4_000_000, "stream": 0},
+        {"action": "alloc", "addr": t_at, "size": 8_000_000, "stream": 0},
+        {"action": "alloc", "addr": p_at, "size": 8_500_000, "stream": 0},
+        {"action": "free_requested", "addr": t_at, "size": 8_000_000, "stream": 0},
+        {"action": "free_completed", "addr": t_at, "size": 8_000_000, "stream": 0},
+        {"action": "alloc", "addr": t_at, "size": 7_000_000, "stream": 0},  # the step: entry 6
+        {"action": "free_requested", "addr": t_at, "size": 7_000_000, "stream": 0},
+        {"action": "free_completed", "addr": t_at, "size": 7_000_000, "stream": 0},
+    ]
+    dumped = [(4_000_256, "active_allocated", 4_000_000), (8_000_000, "inactive", 0)]
+    snap = _snap([_seg(A, [*dumped, (8_971_264, "active_allocated", 8_500_000)])], trace)
+    full = 20 * MiB  # the segment, every byte in a live block at the step's peak
+    whole = clean_replay(snap, windows=[(0, 6), (6, 9)])
+    # from the trace's start an empty cache decides as the real one did
+    assert whole.windows == [(full, 471_040), (full, 471_040 + 999_936)]
+    assert (whole.peak_allocated, whole.slack_at_peak) == (full, 471_040)
+    # from the step's start, the two parameters requested into an empty cache: the second is
+    # split (8,471,040 B free behind it) and the step's request splits that rest too
+    step = clean_replay(_snap(snap["segments"], trace[6:]), windows=[(0, 3)])
+    assert step.windows == [(4_000_256 + 8_500_224 + 7_000_064, 0)]
+    assert full - step.windows[0][0] == 471_040 + 999_936  # what the cut-up cache added

@@ -24,6 +24,9 @@ class EstimateLog:
         self.kind = "out"
         self.allocated = 0
         self.step_peaks: dict[int, int] = {}
+        self.slack_of: dict[int, int] = {}  # live block -> its size minus its rounded request
+        self.slack = 0
+        self.step_slack: dict[int, int] = {}  # the slack at each step's (first) peak
 
     # the outermost patched dispatch opens a call; the tracker's names it
     def open(self, named: Any, func: Any) -> None:
@@ -45,7 +48,13 @@ class EstimateLog:
             self.window = None
 
     def on_alloc(self, allocator: Any, key: int, nbytes: int) -> None:
+        from memprofiler.estimate.allocator import round_size
+
         self.allocated = allocator.allocated
+        placed = allocator.block(key)
+        if placed is not None:
+            self.slack_of[key] = placed[1] - round_size(nbytes, allocator.config)
+            self.slack += self.slack_of[key]
         meta = str(self.window) if self.window is not None else ""
         self.events.append(
             {"action": "alloc", "addr": key, "size": nbytes, "user_metadata": meta, "kind": self.kind}
@@ -54,10 +63,13 @@ class EstimateLog:
         if self.window is not None:
             call = self.calls[self.window]
             call.peak = max(call.peak, self.allocated)
-        self.step_peaks[self.step] = max(self.step_peaks.get(self.step, 0), self.allocated)
+        if self.allocated > self.step_peaks.get(self.step, 0):
+            self.step_peaks[self.step] = self.allocated
+            self.step_slack[self.step] = self.slack
 
     def on_free(self, allocator: Any, key: int) -> None:
         self.allocated = allocator.allocated
+        self.slack -= self.slack_of.pop(key, 0)
         if key in self.live:
             self.live.discard(key)
             meta = str(self.window) if self.window is not None else ""
@@ -115,7 +127,7 @@ class EstimateLog:
         def alloc(orig: Any) -> Any:
             def wrapped(replay: Any, key: int, nbytes: int, stream: int = 0) -> None:
                 orig(replay, key, nbytes, stream)
-                if nbytes > 0:
+                if nbytes > 0 and not getattr(replay, "probe_synthetic", False):
                     log.on_alloc(replay, key, nbytes)
 
             return wrapped
@@ -123,7 +135,8 @@ class EstimateLog:
         def free(orig: Any) -> Any:
             def wrapped(replay: Any, key: int) -> None:
                 orig(replay, key)
-                log.on_free(replay, key)
+                if not getattr(replay, "probe_synthetic", False):  # the dry run's real side
+                    log.on_free(replay, key)
 
             return wrapped
 
@@ -177,6 +190,8 @@ def estimate_run(
         "peak_bytes": est.peak_bytes,
         "reserved_peak_bytes": est.reserved_peak_bytes,
         "step_peaks": [log.step_peaks.get(s, 0) for s in (1, 2)],
+        # live blocks' size minus their 512 B-rounded request, at each step's peak
+        "slack_at_step_peaks": [log.step_slack.get(s, 0) for s in (1, 2)],
         # the log replays what the estimate replayed: its peak is the estimate's (CUDA view)
         "log_matches_estimate": max(log.step_peaks.values(), default=0) == est.peak_bytes,
         "peak_at": f"{est.peak_module} ({est.peak_phase}, step {est.peak_step})",

@@ -138,7 +138,7 @@ def label_by_outputs(events: Sequence[Event], calls: Sequence[Call], lookahead: 
 def step_windows(events: Sequence[Event]) -> dict[int, tuple[int, int]]:
     """Step -> [first, end) event indices, from one marker to the next."""
     marks = sorted(step_marks(events).items())
-    ends = [i for _, i in marks[1:]] + [len(events)]
+    ends = [i for _, i in marks[1:]] + [len(events)] * bool(marks)
     return {step: (i, end) for (step, i), end in zip(marks, ends, strict=True)}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import itertools
 import threading
 import traceback
 import weakref
@@ -13,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .history import MARK, MIN_BLOCK, Call, Event, rounded
+from .history import MARK, Call, Event, rounded
+from .synthetic import SyntheticHistory
 
 PANEL_DIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpu_h200"
 
@@ -45,6 +45,7 @@ class CudaBackend:
         )
         torch.cuda.reset_peak_memory_stats()
         self.step_max = self.step_reserved = 0
+        self.device = torch.cuda.current_device()
 
     def _fold(self) -> None:
         cuda = self.torch.cuda
@@ -86,7 +87,7 @@ class CudaBackend:
 
     def events(self, snap: dict[str, Any]) -> list[Event]:
         traces = snap.get("device_traces") or [[]]
-        return list(traces[self.torch.cuda.current_device()] if len(traces) > 1 else traces[0])
+        return list(traces[self.device] if len(traces) > 1 else traces[0])
 
     def cublas_workspace(self) -> int:
         before = self.torch.cuda.memory_allocated()
@@ -95,42 +96,43 @@ class CudaBackend:
 
 
 class CpuBackend:
-    """``--cpu-dry-run``: a history like the allocator's, of the storages CPU ops create."""
+    """``--cpu-dry-run``: a history like the allocator's, of the storages CPU ops create, with the
+    blocks and segments the estimate's allocator model gives them (:class:`SyntheticHistory`);
+    the step peaks are of 512 B-rounded requests, as the CPU estimate counts them."""
 
     def __init__(self) -> None:
         from torch.utils.weak import WeakIdKeyDictionary
 
-        self.log: list[Event] = []
+        self.history = SyntheticHistory()
         self.addr: Any = WeakIdKeyDictionary()
-        self.next_addr = itertools.count(1 << 20)
         self.local = threading.local()
         self.allocated = self.peak_since = self.step_max = 0
         self.metadata = True
+        self.device = 0
 
     def _meta(self) -> str:
         return str(getattr(self.local, "meta", ""))
 
-    def _alloc(self, size: int, frames: bool = True) -> int:
-        addr = next(self.next_addr) * MIN_BLOCK
+    def _alloc(self, size: int, frames: bool = True) -> tuple[int, int]:
         stack = traceback.extract_stack(limit=40)[::-1] if frames else []
         fr = [{"filename": f.filename, "line": f.lineno, "name": f.name} for f in stack]
-        self.log.append(
-            {"action": "alloc", "addr": addr, "size": size, "user_metadata": self._meta(), "frames": fr}
-        )
+        key, addr = self.history.alloc(size, self._meta(), fr)
         self.allocated += rounded(size)
         self.peak_since = max(self.peak_since, self.allocated)
-        return addr
+        return key, addr
 
-    def _free(self, addr: int, size: int) -> None:
-        for act in ("free_requested", "free_completed"):
-            self.log.append({"action": act, "addr": addr, "size": size, "user_metadata": self._meta()})
+    def _free(self, key: int, size: int) -> None:
+        self.history.free(key, self._meta())
         self.allocated -= rounded(size)
 
     def _track(self, st: Any) -> int:
         if st not in self.addr:
-            addr = self._alloc(int(st.nbytes()))
+            nbytes = int(st.nbytes())
+            if nbytes == 0:  # the CUDA allocator makes no block (and no entry) for 0 bytes
+                return 0
+            key, addr = self._alloc(nbytes)
             self.addr[st] = addr
-            weakref.finalize(st, self._free, addr, int(st.nbytes()))
+            weakref.finalize(st, self._free, key, nbytes)
         return int(self.addr[st])
 
     def begin(self, idx: int) -> None:
@@ -150,7 +152,7 @@ class CpuBackend:
             self._track(t.untyped_storage())
 
     def mark(self, step: int) -> None:
-        self._free(self._alloc(MARK + step, frames=False), MARK + step)
+        self._free(self._alloc(MARK + step, frames=False)[0], MARK + step)
 
     def step_end(self) -> list[int]:
         peaks = [max(self.step_max, self.peak_since), 0]
@@ -158,7 +160,7 @@ class CpuBackend:
         return peaks
 
     def snapshot(self) -> dict[str, Any]:
-        return {"segments": [], "device_traces": [list(self.log)]}
+        return self.history.snapshot()
 
     def events(self, snap: dict[str, Any]) -> list[Event]:
         return list(snap["device_traces"][0])
@@ -306,4 +308,5 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
     events = backend.events(snap)
     info["events"] = len(events)
     info["events_with_metadata"] = sum(1 for ev in events if ev.get("user_metadata"))
-    return {"info": info, "events": events, "calls": calls, "snapshot": snap}
+    device_index = backend.device if len(snap.get("device_traces") or []) > 1 else 0
+    return {"info": info, "events": events, "calls": calls, "snapshot": snap, "device": device_index}

@@ -498,63 +498,77 @@ class CleanReplay:
     peak_reserved: int
     slack_at_peak: int
     """At the model's allocated peak: live blocks' size minus their 512 B-rounded request, summed."""
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    """Per window asked for: the largest allocated after an entry in it, and the slack then."""
 
 
 def clean_replay(
-    snapshot: Mapping[str, Any], device: int = 0, config: AllocatorConfig | None = None
+    snapshot: Mapping[str, Any],
+    device: int = 0,
+    config: AllocatorConfig | None = None,
+    windows: Sequence[tuple[int, int]] = (),
 ) -> CleanReplay:
     """Replay ``device``'s trace from an empty allocator: the blocks live before its first entry are
     requested first (in address order), then every request and free of the trace. Against the real
-    peaks this tells how much the real cache's history (its layout, its addresses) moved them."""
+    peaks this tells how much the real cache's history (its layout, its addresses) moved them.
+
+    ``windows``: ``[start, end)`` entry ranges (a training step's) whose own peaks to report too.
+    """
     traces = snapshot.get("device_traces") or []
     trace: Sequence[Mapping[str, Any]] = traces[device] if device < len(traces) else []
     back = rewind(snapshot, device)
     config = config or config_from_settings(snapshot.get("allocator_settings"))
     model = AllocatorReplay(config)
     keys: dict[int, int] = {}
-    requested: dict[int, int] = {}
+    slack_of: dict[int, int] = {}  # live request -> its block's size minus its rounded request
     pending: set[int] = set()
-    pending_bytes = 0
-
+    pending_bytes = slack = 0
     counter = iter(range(1 << 62))
 
     def request(addr: int, nbytes: int, stream: int) -> int:
+        nonlocal slack
         key = next(counter)
-        keys[addr], requested[key] = key, nbytes
+        keys[addr] = key
         model.alloc(key, nbytes, stream)
+        slack_of[key] = _size(model, key) - round_size(nbytes, config)
+        slack += slack_of[key]
         return key
+
+    def set_pending(key: int) -> None:
+        nonlocal pending_bytes, slack
+        pending.add(key)
+        pending_bytes += _size(model, key)
+        slack -= slack_of[key]
 
     for g in back.segments:
         for b in g.blocks:
             if b.state != FREE:
                 key = request(b.address, b.requested, g.stream)
                 if b.state == PENDING:
-                    pending.add(key)
-                    pending_bytes += _size(model, key)
-    peak = model.allocated - pending_bytes
-    slack = _slack(model, requested, pending, config)
+                    set_pending(key)
+    peak, peak_slack = model.allocated - pending_bytes, slack
+    in_window = [(0, -1)] * len(windows)  # (allocated, slack) at each window's peak so far
     for i, e in enumerate(trace):
         action, addr = e["action"], int(e.get("addr", 0))
         if action == "segment_free" and (i == 0 or trace[i - 1]["action"] != "segment_free"):
             model.release_cached()  # empty_cache, or the retry before an OOM: the program asked
         elif action == "alloc":
             request(addr, int(e["size"]), int(e.get("stream", 0)))
-            if model.allocated - pending_bytes > peak:
-                peak = model.allocated - pending_bytes
-                slack = _slack(model, requested, pending, config)
         elif action == "free_requested":
-            pending.add(keys[addr])
-            pending_bytes += _size(model, keys[addr])
+            set_pending(keys[addr])
         elif action == "free_completed":
             key = keys.pop(addr)
-            pending.discard(key)
-            pending_bytes -= _size(model, key)
+            if key in pending:
+                pending.discard(key)
+                pending_bytes -= _size(model, key)
+            else:  # freed with no request before it: it leaves allocated now
+                slack -= slack_of[key]
             model.free(key)
-            del requested[key]
-    return CleanReplay(peak, model.peak_reserved, slack)
-
-
-def _slack(
-    model: AllocatorReplay, requested: dict[int, int], pending: set[int], config: AllocatorConfig
-) -> int:
-    return sum(_size(model, k) - round_size(n, config) for k, n in requested.items() if k not in pending)
+            del slack_of[key]
+        now = model.allocated - pending_bytes
+        if now > peak:
+            peak, peak_slack = now, slack
+        for w, (lo, hi) in enumerate(windows):
+            if lo <= i < hi and now > in_window[w][0]:
+                in_window[w] = (now, slack)
+    return CleanReplay(peak, model.peak_reserved, peak_slack, in_window)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU probe of the estimate's ViT/T5 gaps (tools/gpu_estimate_peak.py), one device call from
-# the repository root (the image: torch 2.11, no transformers):
+# the repository root (the image: torch 2.11 and, by the device notes, transformers 5.17.0):
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
 # .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
-# lacks it); .whl/tf517: 5.17.0 (measured), run again for ALSO (vit,t5,t5:eager; ALSO= skips).
+# lacks it), installed only where the image has no transformers; .whl/tf517: 5.17.0 (measured),
+# run again for ALSO (vit,t5,t5:eager; ALSO= skips) unless the main runs already used 5.17.
 # Writes <model>.json/.txt, <model>_trace.pickle (vit, t5:eager), summary.json, pip.log, probe.log;
 # prints the headlines. A device call brings back 8 files: at the end all of them go into
 # $OUT/probe.tgz, and only it, summary.json, probe.log, vit.txt and t5_eager.txt stay beside it.
@@ -17,14 +18,15 @@ for d in .whl/tf .whl/numpy .whl; do [ -d "$d" ] && links+=(--find-links "$d"); 
 python3 -c "import transformers" 2>/dev/null ||
     python3 -m pip install -q --no-compile "${links[@]}" transformers==5.24.0 >"$OUT/pip.log" 2>&1 ||
     { tail -5 "$OUT/pip.log"; exit 1; }
+ver=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
 also=()
 ALSO=${ALSO-vit,t5,t5:eager}
-if [ -d .whl/tf517 ] && [ -n "$ALSO" ] &&
+if [ "${ver%.*}" != 5.17 ] && [ -d .whl/tf517 ] && [ -n "$ALSO" ] &&
     python3 -m pip install -q --no-compile --no-deps --target /tmp/tf517 .whl/tf517/*.whl >>"$OUT/pip.log" 2>&1; then
     also=(--also-with /tmp/tf517 --also-models "$ALSO")
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "installed in ${SECONDS}s; with transformers 5.17: ${also[3]:-none}"
+echo "installed in ${SECONDS}s; transformers $ver; again with 5.17: ${also[3]:-none}"
 export PYTHONPATH=$PWD/src:$PWD/tests
 t=$((${TOTAL_TIMEOUT:-275} - SECONDS)) # the whole call, installs included, ends inside 300 s
 timeout "$((t > 60 ? t : 60))" python3 tools/gpu_estimate_peak.py --workers "${WORKERS:-8}" \

@@ -36,6 +36,7 @@ from memprofiler.estimate.failures import (
 from memprofiler.estimate.kernel_scratch import KernelScratch
 from memprofiler.estimate.known_values import AllOnes, transformers_masks
 from memprofiler.estimate.margins import CustomOps, margins
+from memprofiler.estimate.module_hooks import gradient_free_module_hooks
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
@@ -216,6 +217,7 @@ def estimate(
             if ones is not None:
                 ones.seed(batch, fake_batch)
             with (
+                gradient_free_module_hooks(),
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),

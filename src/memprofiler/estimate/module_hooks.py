@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,18 +27,31 @@ from torch.autograd.graph import _get_grad_fn_or_grad_acc, _MultiHandle
 
 def _all_without_grads(tensors: Sequence[torch.Tensor], fn: Callable[[Any], None]) -> _MultiHandle:
     """``register_multi_grad_hook(tensors, fn, mode="all")`` that keeps no gradient: ``fn`` gets
-    one ``None`` per tensor once every gradient this backward computes for them is computed."""
+    one ``None`` per tensor once every gradient this backward computes for them is computed.
+
+    The tensors are held weakly and their nodes looked up when the backward runs. torch keeps each
+    node in the hook, which the tensor's node holds: the node and every node above it (down to a
+    leaf's gradient accumulator, which holds the leaf) lived as long as the hook, so a leaf input
+    (Wav2Vec2's feature encoder sets ``requires_grad`` on its input) and its ``.grad`` outlived
+    every step (25,600 B more each step on the sweep's Wav2Vec2). A tensor whose Python object is
+    gone by then is not waited for (the hook may fire early: module attribution only).
+    """
     lock = threading.Lock()
     seen: dict[int, int] = {}
     expected: dict[int, int] = {}
-    grad_fns = [_get_grad_fn_or_grad_acc(t) for t in tensors]
+    refs = [weakref.ref(t) for t in tensors]
     n = len(tensors)
+
+    def will_run() -> int:
+        with torch.enable_grad():  # a leaf's accumulator is found through a view made now
+            nodes = [_get_grad_fn_or_grad_acc(t) for ref in refs if (t := ref()) is not None]
+        return sum(map(torch._C._will_engine_execute_node, nodes))
 
     def hook(_grad: torch.Tensor) -> None:
         task = torch._C._current_graph_task_id()
         with lock:
             if task not in expected:
-                expected[task] = sum(map(torch._C._will_engine_execute_node, grad_fns))
+                expected[task] = will_run()
             seen[task] = seen.get(task, 0) + 1
             done = seen[task] == expected[task]
             if done:

@@ -207,3 +207,130 @@ def test_a_cuda_layer_norm_over_a_strided_tensor_takes_its_contiguous_copies_as_
     assert layer_norm((x.contiguous(),)) == []
     assert layer_norm_backward((g, x)) == [[4096]]
     assert layer_norm_backward((x, x)) == [[4096, 4096]]
+
+
+# --- values the fake step knows from the batch (known_data.py)
+
+
+def _llama_no_cache() -> torch.nn.Module:
+    cfg = tf.LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_cache=False,  # as under gradient checkpointing: transformers checks the position ids for packing
+    )
+    return tf.LlamaForCausalLM(cfg)
+
+
+def test_a_decoder_without_a_cache_builds_no_mask_for_unpacked_position_ids():
+    ids = _ids(300)
+    batch = {"input_ids": ids, "labels": ids}
+    # WHEN estimated THEN the peak is the real one: on fake position ids transformers found "packed
+    # sequences" and built the batch x seq^2 mask the real run skips (+49,152 B on the sweep's LLaMA)
+    est, census = _pair(_llama_no_cache, batch)
+    assert est == census
+    # AND for a CUDA target the attention runs without a mask, as in the real run
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        meta = _llama_no_cache()
+    cuda = estimate_memory(meta, batch, optimizer=ADAMW, loss_fn=_hf_loss, gpu="H200", torch_version="2.11")
+    attention = [n for n in cuda.notes if n.startswith("scaled_dot_product_attention on H200")]
+    assert attention and not any("an attention mask is given" in n for n in attention)
+    assert not any("packed-sequence" in n for n in cuda.notes)
+
+
+class _ChecksLabels(torch.nn.Module):
+    """Reads the batch's values: a Python check on ``labels.max()`` and ``masked_select`` (a CTC
+    loss's flattened targets), both refused on fake tensors before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        if labels.max() >= 16:
+            raise ValueError("labels out of range")
+        picked = labels.masked_select(labels > 3)  # data-dependent length
+        return self.emb(picked).pow(2).mean()
+
+
+def test_values_read_from_the_batch_are_the_real_ones():
+    labels = torch.tensor([[1, 5, 7, 2], [9, 9, 0, 4]])  # 5 of 8 above 3
+
+    def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        return model(batch)
+
+    est, census = _pair(_ChecksLabels, labels, steps=1, loss=loss)
+    assert est == census
+
+
+def test_random_ops_draw_nothing_from_the_caller_s_generator():
+    class Noisy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x + torch.rand(4))  # a factory with no tensor operand: never computed
+
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    with torch.device("meta"):
+        model = Noisy()
+    estimate_memory(model, torch.ones(2, 4), optimizer=ADAMW, loss_fn=_square_mean, device="cpu", steps=1)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+class _LeafInput(torch.nn.Module):
+    """Wav2Vec2's feature encoder in small: it sets ``requires_grad`` on a view of its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 8, 5)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x[:, None]
+        h.requires_grad = True
+        return self.fc(self.conv(h).transpose(1, 2))
+
+
+def test_a_leaf_module_input_and_its_gradient_die_with_the_step():
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    # WHEN three steps are estimated THEN the peak is the real one: torch's module-tracker hook kept
+    # the leaf and its 25,600 B gradient alive, one more each step (767,448 / 793,048 vs 741,848)
+    est, census = _pair(_LeafInput, torch.randn(2, 3200), steps=3, loss=_square_mean, optimizer=sgd)
+    assert est == census
+
+
+def _wav2vec2_ctc() -> torch.nn.Module:
+    cfg = tf.Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        vocab_size=32,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        mask_time_prob=0.0,
+        layerdrop=0.0,  # a random skip decided by `torch.rand([]) < layerdrop`: cannot be known
+    )
+    return tf.Wav2Vec2ForCTC(cfg)
+
+
+def test_wav2vec2_with_a_ctc_loss_is_estimated_as_the_real_step():
+    # GIVEN a CTC batch: the loss reads the labels' values (`labels.max()`, `masked_select`, and
+    # `_ctc_loss`, whose output shape follows the longest target); all stopped the estimate before
+    g = torch.Generator().manual_seed(6)
+    batch = {
+        "input_values": torch.randn(2, 1600, generator=g),
+        "labels": torch.tensor([[3, 4, 5, 6, 7, 0, 0, 0], [9, 9, 8, 1, 2, 3, 4, 5]]),
+    }
+    est, census = _pair(_wav2vec2_ctc, batch)
+    assert est == census

@@ -86,7 +86,7 @@ class KnownData(TorchDispatchMode):
         written = [
             i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
         ]
-        if not written:
+        if not written or not self.known:
             return
         names = [a.name for a in schema.arguments]
         storages = set()
@@ -105,6 +105,8 @@ class KnownData(TorchDispatchMode):
             return func(*tree_map(to_real, args), **tree_map(to_real, kwargs))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(getattr(t, "__name__", "") == "DTensor" for t in types):
+            return NotImplemented  # FSDP2's DTensor runs first and brings its local ops back here
         kwargs = kwargs or {}
         tensors, all_known = self._operands(args, kwargs)
         computable = all_known and _SEEDED not in func.tags and (tensors or "device" in kwargs)

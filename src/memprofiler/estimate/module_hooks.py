@@ -29,22 +29,25 @@ def _all_without_grads(tensors: Sequence[torch.Tensor], fn: Callable[[Any], None
     """``register_multi_grad_hook(tensors, fn, mode="all")`` that keeps no gradient: ``fn`` gets
     one ``None`` per tensor once every gradient this backward computes for them is computed.
 
-    The tensors are held weakly and their nodes looked up when the backward runs. torch keeps each
-    node in the hook, which the tensor's node holds: the node and every node above it (down to a
-    leaf's gradient accumulator, which holds the leaf) lived as long as the hook, so a leaf input
-    (Wav2Vec2's feature encoder sets ``requires_grad`` on its input) and its ``.grad`` outlived
-    every step (25,600 B more each step on the sweep's Wav2Vec2). A tensor whose Python object is
-    gone by then is not waited for (the hook may fire early: module attribution only).
+    Like torch it keeps the tensors' nodes to count them, but only until the first backward is
+    done with them: each node holds the hook, so the node, every node above it and a leaf's
+    gradient accumulator (which holds the leaf) lived as long as the hook did. Wav2Vec2's feature
+    encoder sets ``requires_grad`` on its input: that leaf and its ``.grad`` outlived every step
+    (25,600 B more each step on the sweep's Wav2Vec2). A later backward (``retain_graph``) finds
+    the nodes again through weak references to the tensors.
     """
     lock = threading.Lock()
     seen: dict[int, int] = {}
     expected: dict[int, int] = {}
+    held: list[Any] = [_get_grad_fn_or_grad_acc(t) for t in tensors]
     refs = [weakref.ref(t) for t in tensors]
     n = len(tensors)
 
     def will_run() -> int:
-        with torch.enable_grad():  # a leaf's accumulator is found through a view made now
-            nodes = [_get_grad_fn_or_grad_acc(t) for ref in refs if (t := ref()) is not None]
+        nodes = held
+        if not nodes:
+            with torch.enable_grad():  # a leaf's accumulator is found through a view made now
+                nodes = [_get_grad_fn_or_grad_acc(t) for ref in refs if (t := ref()) is not None]
         return sum(map(torch._C._will_engine_execute_node, nodes))
 
     def hook(_grad: torch.Tensor) -> None:
@@ -56,6 +59,7 @@ def _all_without_grads(tensors: Sequence[torch.Tensor], fn: Callable[[Any], None
             done = seen[task] == expected[task]
             if done:
                 del seen[task], expected[task]
+                held.clear()
         if done:
             fn([None] * n)
 

@@ -51,6 +51,7 @@ class KnownData(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.computed = 0  # ops computed on real values
         self.shapes = 0  # value-dependent output shapes taken from the real result
         self.scalars = 0  # scalars read from real values
@@ -76,22 +77,32 @@ class KnownData(TorchDispatchMode):
         return self.known.get(t) if isinstance(t, torch.Tensor) else None
 
     def _operands(self, args: Any, kwargs: Any) -> tuple[list[Any], bool]:
-        flat, _ = tree_flatten((args, kwargs))
-        tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        return tensors, all(t in self.known for t in tensors)
+        """The op's tensor operands (an aten op nests them one list deep at most), and whether all
+        are known."""
+        tensors: list[Any] = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                tensors.append(a)
+            elif isinstance(a, (list, tuple)):
+                tensors.extend(x for x in a if isinstance(x, torch.Tensor))
+        known = self.known
+        return tensors, all(t in known for t in tensors)
 
     def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
         """An op with an unknown operand writes into a known storage: its tensors are forgotten."""
-        schema = func._schema
-        written = [
-            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-        ]
+        written = self._written.get(func)
+        if written is None:
+            arguments = func._schema.arguments
+            written = self._written[func] = tuple(
+                (i, a.name)
+                for i, a in enumerate(arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            )
         if not written or not self.known:
             return
-        names = [a.name for a in schema.arguments]
         storages = set()
-        for i in written:
-            t = kwargs.get(names[i], args[i] if i < len(args) else None)
+        for i, name in written:
+            t = kwargs.get(name, args[i] if i < len(args) else None)
             if isinstance(t, torch.Tensor):
                 storages.add(t.untyped_storage()._cdata)
         for t in [t for t in self.known if t.untyped_storage()._cdata in storages]:

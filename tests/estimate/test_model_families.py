@@ -334,3 +334,25 @@ def test_wav2vec2_with_a_ctc_loss_is_estimated_as_the_real_step():
     }
     est, census = _pair(_wav2vec2_ctc, batch)
     assert est == census
+
+
+def test_known_values_follow_ops_and_are_forgotten_when_an_unknown_value_is_written_in():
+    from memprofiler.estimate.known_data import KnownData
+
+    data = KnownData()
+    real = torch.tensor([[0, 1, 2, 3], [0, 1, 0, 1]])
+    with torch._subclasses.FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = mode.from_tensor(real)
+        assert data.seed(real, fake) == 1
+        with data:
+            pos = torch.arange(4).unsqueeze(0).expand(2, 4)  # made from nothing, then viewed
+            diff = (fake[:, 1:] - fake[:, :-1]).ne(1).sum()  # computed from the batch alone
+            assert int(diff) == 1  # .item() on a fake tensor: the real value
+            pos_value = data.real(pos)
+            unknown = mode.from_tensor(torch.ones(2, 4, dtype=torch.int64)) * 3  # not the batch's
+            assert data.real(unknown) is None
+            view = fake[0]
+            view.add_(unknown[0])  # an unknown value written into the batch's storage
+            assert data.real(fake) is None and data.real(view) is None
+            assert data.real(pos) is not None  # another storage: still known
+    assert torch.equal(pos_value, torch.arange(4).expand(2, 4))

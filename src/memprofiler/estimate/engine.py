@@ -34,8 +34,10 @@ from memprofiler.estimate.failures import (
     shape_failure,
 )
 from memprofiler.estimate.kernel_scratch import KernelScratch
+from memprofiler.estimate.known_data import KnownData, packing_note, transformers_packing
 from memprofiler.estimate.known_values import AllOnes, transformers_masks
 from memprofiler.estimate.margins import CustomOps, margins
+from memprofiler.estimate.module_hooks import gradient_free_module_hooks
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
@@ -215,7 +217,11 @@ def estimate(
             ones = AllOnes() if mode is not None and "transformers.masking_utils" in sys.modules else None
             if ones is not None:
                 ones.seed(batch, fake_batch)
+            data = KnownData() if mode is not None else None
+            if data is not None:
+                data.seed(batch, fake_batch)
             with (
+                gradient_free_module_hooks(),
                 tracker,
                 custom if custom is not None else contextlib.nullcontext(),
                 blas if blas is not None else contextlib.nullcontext(),
@@ -224,12 +230,16 @@ def estimate(
                 dispatch if dispatch is not None else contextlib.nullcontext(),
                 ones if ones is not None else contextlib.nullcontext(),
                 transformers_masks(ones) if ones is not None else contextlib.nullcontext(),
+                data if data is not None else contextlib.nullcontext(),
+                transformers_packing(data) if data is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
                     before = led.peak
                     resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
                     if led.peak > before:
                         peak_step = step
+    if data is not None and data.unknown_packing:
+        notes.append(packing_note(data.unknown_packing))
     if dispatch is not None:
         notes += dispatch.notes()
     if scratch is not None:

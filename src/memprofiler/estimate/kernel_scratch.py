@@ -25,6 +25,11 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
   head size rounded to 32, or 64 above 128); with grouped-query attention, dK and dV expanded to
   every query head before they are summed.
 
+- layer norm forward and backward (``layer_norm_cuda`` / ``layer_norm_backward_cuda``,
+  ``native/cuda/layer_norm_kernel.cu``): a contiguous copy of the input where it is not contiguous
+  (``input.expect_contiguous()``), and in backward of the output gradient too (``dY.contiguous()``).
+  Swin's patch merging normalises a transposed tensor.
+
 Each is a transient: allocated with the op's outputs alive, freed when the op returns.
 """
 
@@ -41,6 +46,8 @@ _aten = torch.ops.aten
 EFFICIENT_FWD = _aten._scaled_dot_product_efficient_attention.default
 EFFICIENT_BWD = _aten._scaled_dot_product_efficient_attention_backward.default
 FLASH_BWD = _aten._scaled_dot_product_flash_attention_backward.default
+LAYER_NORM = _aten.native_layer_norm.default
+LAYER_NORM_BWD = _aten.native_layer_norm_backward.default
 HALF = (torch.float16, torch.bfloat16)
 F32 = 4
 #: ``GradQTempStorage``'s lock, counter and padding ahead of each dQ tile.
@@ -117,6 +124,17 @@ def flash_backward(args: tuple[Any, ...]) -> list[list[int]]:
     return [[s for s in sizes if s]]
 
 
+def layer_norm(args: tuple[Any, ...]) -> list[list[int]]:
+    """The input's contiguous copy a CUDA layer norm forward makes (none when it is contiguous)."""
+    return [[n]] if (n := _copy_bytes(args[0])) else []
+
+
+def layer_norm_backward(args: tuple[Any, ...]) -> list[list[int]]:
+    """The contiguous copies of the input and the output gradient a CUDA layer norm backward makes."""
+    sizes = [_copy_bytes(args[1]), _copy_bytes(args[0])]
+    return [[s for s in sizes if s]] if any(sizes) else []
+
+
 @dataclass
 class ScratchLog:
     """Per op name: calls and the largest transient one call took, for the estimate's notes."""
@@ -144,7 +162,18 @@ class ScratchLog:
         return out
 
 
-_NAMES = {EFFICIENT_BWD: "memory-efficient attention backward", FLASH_BWD: "flash attention backward"}
+_NAMES = {
+    EFFICIENT_BWD: "memory-efficient attention backward",
+    FLASH_BWD: "flash attention backward",
+    LAYER_NORM: "layer norm",
+    LAYER_NORM_BWD: "layer norm backward",
+}
+_PHASES: dict[Any, Callable[[tuple[Any, ...]], list[list[int]]]] = {
+    EFFICIENT_BWD: efficient_backward,
+    FLASH_BWD: flash_backward,
+    LAYER_NORM: layer_norm,
+    LAYER_NORM_BWD: layer_norm_backward,
+}
 
 
 class KernelScratch(TorchDispatchMode):
@@ -159,12 +188,10 @@ class KernelScratch(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func is EFFICIENT_BWD:
-            found = efficient_backward(args)
-        elif func is FLASH_BWD:
-            found = flash_backward(args)
-        else:
+        scratch = _PHASES.get(func)
+        found = scratch(args) if scratch is not None else []
+        if not found:
             return out
         self.log.add(_NAMES[func], max(sum(p) for p in found))
-        self.phases("attention", found)
+        self.phases("layer_norm" if func in (LAYER_NORM, LAYER_NORM_BWD) else "attention", found)
         return out

@@ -75,9 +75,8 @@ class AllOnes(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
+        #: One dictionary for the run: :func:`transformers_masks` holds it, so forgetting clears it.
         self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        #: the storages of known tensors: a write into one (through any view) forgets them all
-        self.storages: set[int] = set()
         self._written: dict[Any, tuple[str, ...]] = {}
 
     def seed(self, real_batch: Any, fake_batch: Any) -> int:
@@ -98,7 +97,12 @@ class AllOnes(TorchDispatchMode):
 
     def _mark(self, t: torch.Tensor) -> None:
         self.known[t] = True
-        self.storages.add(t.untyped_storage()._cdata)
+
+    def storages(self) -> set[int]:
+        """The storages of the known tensors alive now: a write into one (through any view) forgets
+        them all. Taken from the live tensors, never kept: a dead one's address is reused (an Adam
+        state, a dropout mask), and a write there is no write into a known tensor."""
+        return {t.untyped_storage()._cdata for t in self.known}
 
     def _ones_made(self, func: Any, args: tuple[Any, ...]) -> bool:
         if func in ONES:
@@ -113,20 +117,20 @@ class AllOnes(TorchDispatchMode):
             written = self._written[func] = tuple(
                 a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
             )
-        if not written or not self.storages:
+        if not written or not self.known:
             return False
+        storages = self.storages()
         names = [a.name for a in func._schema.arguments]
         for name in written:
             t = kwargs.get(name, args[names.index(name)] if names.index(name) < len(args) else None)
-            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in self.storages:
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata in storages:
                 return True
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if self._writes_known(func, args, kwargs):  # values changed in place: know nothing from here on
-            self.known = WeakIdKeyDictionary()
-            self.storages.clear()
+            self.known.clear()
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor) and (
             (func in KEEP and args and self._known(args[0])) or self._ones_made(func, args)

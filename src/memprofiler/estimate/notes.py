@@ -13,10 +13,6 @@ CONV_SCRATCH = (
     "kernel-internal scratch is invisible to an op-level count: convolution_backward makes a contiguous "
     "copy of its gradient inside the kernel (about one activation of the layer), not counted here"
 )
-HF_CHECKPOINTING = (
-    "gradient checkpointing is on: a transformers model may take another attention path on fake tensors "
-    "and build a batch x seq^2 mask the real run does not, so the estimate can be high by that mask"
-)
 
 
 def model_notes(model: nn.Module) -> list[str]:
@@ -25,6 +21,4 @@ def model_notes(model: nn.Module) -> list[str]:
     modules = list(model.modules())
     if any(isinstance(m, nn.modules.conv._ConvNd) for m in modules):
         notes.append(CONV_SCRATCH)
-    if any(getattr(m, "gradient_checkpointing", False) is True for m in modules):  # transformers' flag
-        notes.append(HF_CHECKPOINTING)
     return notes

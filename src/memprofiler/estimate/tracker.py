@@ -22,7 +22,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memprofiler.estimate import accumulation, grouped_mm
+from memprofiler.estimate import accumulation, fake_layouts, grouped_mm
 from memprofiler.estimate.allocator import AllocatorReplay
 
 #: torch's reference types, by value, to the names an estimate reports.
@@ -162,6 +162,8 @@ def _make(base: type[MemTracker]) -> Any:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             if func is grouped_mm.OP and args and is_fake(args[0]):
                 func = _GROUPED_MM_OUTPUT  # its fake kernel refuses all but bfloat16
+            elif func in fake_layouts.REAL_LAYOUT and args and is_fake(args[0]):
+                func = fake_layouts.REAL_LAYOUT[func]  # its fake kernel strides an output otherwise
             if self.quiet:
                 return func(*args, **(kwargs or {}))
             if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:

@@ -1,0 +1,215 @@
+"""Values a fake step can still know: the batch's, and what ops compute from them alone.
+
+A fake tensor has no values, so a model that reads one (``labels.max() >= vocab_size``, a CTC
+loss's lengths, ``masked_select``) stopped the estimate, and where a model branches on values the
+estimate took the branch a tracer would. But the batch is real, and so are the small tensors a
+model makes from nothing (``torch.arange``): :class:`KnownData` keeps a real copy of each such
+tensor (up to :data:`LIMIT` elements) and computes, beside the fake op, the real result of every
+op whose tensor operands all have one. Then
+
+- ``.item()`` / a Python ``if`` on such a tensor gets the real value;
+- an op whose output shape depends on values (``nonzero``, ``masked_select``) gets a fake output
+  of the real shape, allocated through the dispatcher so the tracker counts it;
+- transformers' ``find_packed_sequence_indices`` (which returns ``None`` for rows without packed
+  sequences unless its ``is_tracing`` says the tensor is fake) gets the answer the real run gets:
+  without a cache (``use_cache=False``, gradient checkpointing) a decoder fed no attention mask
+  built a batch x seq^2 mask the real run skips, and for a CUDA target took an attention kernel
+  with a mask (LLaMA, ``use_cache=False``: 49,152 B over the census of real CPU steps).
+
+Random ops are never computed (they would draw from the caller's generator); a write into a known
+tensor's storage by an op with an unknown operand forgets the tensors of that storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    is_fake,
+)
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+#: The most elements a tensor may have to be kept with its real values (the batch's ids and masks,
+#: position ids; not activations).
+LIMIT = 1 << 20
+_SCALARS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default})
+_SEEDED = torch.Tag.nondeterministic_seeded
+_CTC = torch.ops.aten._ctc_loss.Tensor
+
+
+class KnownData(TorchDispatchMode):
+    """Fake tensors with their real values alongside (``known[fake] = real``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        self.computed = 0  # ops computed on real values
+        self.shapes = 0  # value-dependent output shapes taken from the real result
+        self.scalars = 0  # scalars read from real values
+        #: transformers' packed-sequence checks on position ids of unknown values (the mask was built)
+        self.unknown_packing = 0
+
+    def seed(self, real_batch: Any, fake_batch: Any) -> int:
+        """Keep the real values of the fake batch's tensors (those within :data:`LIMIT`)."""
+        reals, _ = tree_flatten(real_batch)
+        fakes, _ = tree_flatten(fake_batch)
+        reals = [t for t in reals if isinstance(t, torch.Tensor)]
+        fakes = [t for t in fakes if isinstance(t, torch.Tensor)]
+        if len(reals) != len(fakes):
+            return 0
+        for real, fake in zip(reals, fakes, strict=True):
+            if real.numel() <= LIMIT and real.device.type == "cpu" and not is_fake(real):
+                with _disable_current_modes():
+                    self.known[fake] = real.detach().to(fake.dtype).clone()
+        return len(self.known)
+
+    def real(self, t: Any) -> Any:
+        """The real value of a known fake tensor, else None."""
+        return self.known.get(t) if isinstance(t, torch.Tensor) else None
+
+    def _operands(self, args: Any, kwargs: Any) -> tuple[list[Any], bool]:
+        """The op's tensor operands (an aten op nests them one list deep at most), and whether all
+        are known."""
+        tensors: list[Any] = []
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                tensors.append(a)
+            elif isinstance(a, (list, tuple)):
+                tensors.extend(x for x in a if isinstance(x, torch.Tensor))
+        known = self.known
+        return tensors, all(t in known for t in tensors)
+
+    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
+        """An op with an unknown operand writes into a known storage: its tensors are forgotten."""
+        written = self._written.get(func)
+        if written is None:
+            arguments = func._schema.arguments
+            written = self._written[func] = tuple(
+                (i, a.name)
+                for i, a in enumerate(arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            )
+        if not written or not self.known:
+            return
+        storages = set()
+        for i, name in written:
+            t = kwargs.get(name, args[i] if i < len(args) else None)
+            if isinstance(t, torch.Tensor):
+                storages.add(t.untyped_storage()._cdata)
+        for t in [t for t in self.known if t.untyped_storage()._cdata in storages]:
+            del self.known[t]
+
+    def _compute(self, func: Any, args: Any, kwargs: Any) -> Any:
+        def to_real(a: Any) -> Any:
+            return self.known[a] if isinstance(a, torch.Tensor) else a
+
+        with _disable_current_modes():  # no mode below sees it: not fake, not counted
+            return func(*tree_map(to_real, args), **tree_map(to_real, kwargs))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(getattr(t, "__name__", "") == "DTensor" for t in types):
+            return NotImplemented  # FSDP2's DTensor runs first and brings its local ops back here
+        kwargs = kwargs or {}
+        tensors, all_known = self._operands(args, kwargs)
+        computable = all_known and _SEEDED not in func.tags and (tensors or "device" in kwargs)
+        if func in _SCALARS and computable:
+            self.scalars += 1
+            return self._compute(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            if func is _CTC and self.real(args[3]) is not None:
+                return _ctc_outputs(args[0], self.known[args[3]])
+            if not computable or not tensors:
+                raise
+            real = self._compute(func, args, kwargs)
+            self.shapes += 1
+            out = tree_map(_fake_like, real)  # allocated through the dispatcher: counted as the op's
+            self._mark(out, real)
+            return out
+        if not computable:
+            self._forget_written(func, args, kwargs)
+            return out
+        flat, _ = tree_flatten(out)
+        if any(isinstance(t, torch.Tensor) and (t.numel() > LIMIT or t.device.type != "cpu") for t in flat):
+            self._forget_written(func, args, kwargs)
+            return out
+        self._mark(out, self._compute(func, args, kwargs))
+        self.computed += 1
+        return out
+
+    def _mark(self, out: Any, real: Any) -> None:
+        fakes, _ = tree_flatten(out)
+        reals, _ = tree_flatten(real)
+        if len(fakes) != len(reals):
+            return
+        for f, r in zip(fakes, reals, strict=True):
+            if isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor) and f.shape == r.shape:
+                self.known[f] = r
+
+
+def _ctc_outputs(log_probs: torch.Tensor, target_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_ctc_loss``'s outputs, whose shape depends on the longest target: the loss per sample and
+    ``log_alpha`` (batch x input length x (2 x longest target + 1)), as the CPU and CUDA kernels
+    allocate them (``LossCTC.cpp``, ``cuda/LossCTC.cu``), made through the dispatcher."""
+    batch = int(log_probs.shape[1]) if log_probs.dim() == 3 else 1
+    with _disable_current_modes():  # real values, read with no mode below
+        longest = int(target_lengths.max()) if target_lengths.numel() else 0
+    nll = torch.empty((batch,), dtype=log_probs.dtype, device="cpu")
+    alpha = torch.empty(
+        (batch, int(log_probs.shape[0]), 2 * longest + 1), dtype=log_probs.dtype, device="cpu"
+    )
+    return nll, alpha
+
+
+def _fake_like(t: Any) -> Any:
+    """A fake tensor of ``t``'s sizes, strides and dtype, made through the dispatcher."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="cpu")
+
+
+@contextlib.contextmanager
+def transformers_packing(data: KnownData) -> Iterator[bool]:
+    """While on, transformers' ``find_packed_sequence_indices`` answers from the real position ids
+    where they are known (``None``: no packed sequences, as the real run finds). Yields whether
+    transformers has it."""
+    module = sys.modules.get("transformers.masking_utils")
+    original = getattr(module, "find_packed_sequence_indices", None)
+    if module is None or original is None:
+        yield False
+        return
+
+    def find(position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        real = data.real(position_ids)
+        if real is not None:
+            with _disable_current_modes():
+                if original(real, *args, **kwargs) is None:
+                    return None
+        else:
+            data.unknown_packing += 1
+        return original(position_ids, *args, **kwargs)
+
+    module.find_packed_sequence_indices = find  # type: ignore[attr-defined]
+    try:
+        yield True
+    finally:
+        module.find_packed_sequence_indices = original  # type: ignore[attr-defined]
+
+
+def packing_note(calls: int) -> str:
+    """The note for transformers' packed-sequence checks the estimate could not answer."""
+    return (
+        f"transformers' packed-sequence check ran {calls} time(s) on position ids whose values the estimate "
+        "does not know: it built the batch x seq^2 mask a real run skips when nothing is packed, so the "
+        "estimate can be high by that mask (and, for a CUDA target, count an attention kernel with a mask)"
+    )

@@ -6,16 +6,11 @@ steps to the byte (``models.census_peak``), and the unit under it must behave as
 
 from __future__ import annotations
 
-import gc
-import sys
-import types
-
 import pytest
 import torch
 from models import census_peak
 
 from memprofiler import estimate_memory
-from memprofiler.estimate.known_values import AllOnes, transformers_masks
 
 tf = pytest.importorskip("transformers")
 ADAMW = lambda ps: torch.optim.AdamW(ps, lr=1e-4)  # noqa: E731
@@ -42,38 +37,7 @@ def _pair(build, batch, steps: int = 2, loss=_hf_loss, optimizer=ADAMW) -> tuple
     return est.tensor_peak_bytes, census_peak(model, batch, optimizer(model.parameters()), loss, steps=steps)
 
 
-# --- known all-ones masks: forgetting must not lose the check's view, nor fire on a reused address
-
-
-def test_a_mask_of_ones_made_after_a_write_is_still_no_mask_to_transformers(monkeypatch):
-    # GIVEN transformers' skip check (a stand-in that says whether it was handed a padding mask)
-    seen: list[bool] = []
-    fake_utils = types.ModuleType("transformers.masking_utils")
-    fake_utils._ignore_causal_mask_sdpa = lambda padding_mask, *a: seen.append(padding_mask is None)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "transformers.masking_utils", fake_utils)
-    ones = AllOnes()
-    with torch._subclasses.FakeTensorMode(), ones, transformers_masks(ones):
-        first = torch.ones(2, 8, dtype=torch.int64)
-        first.add_(1)  # a write into a known tensor: everything known is forgotten
-        second = torch.ones(2, 8, dtype=torch.int64)  # the next step's mask, made anew
-        fake_utils._ignore_causal_mask_sdpa(second, 8)
-    # THEN the check sees the new mask as known: no padding (it saw a stale dictionary before)
-    assert seen == [True]
-
-
-def test_a_dead_known_tensor_leaves_no_storage_behind():
-    # GIVEN a known tensor that dies: its storage's address is free for an Adam state or a dropout mask
-    ones = AllOnes()
-    with torch._subclasses.FakeTensorMode(), ones:
-        keep = torch.ones(4, dtype=torch.int64)
-        gone = torch.ones(4, dtype=torch.int64)
-        address = gone.untyped_storage()._cdata
-        del gone
-        gc.collect()
-        # THEN only live known tensors' storages count as known (a write at the old address forgot
-        # every known mask before, so BART's second step built the masks its real run skips)
-        assert ones.storages() == {keep.untyped_storage()._cdata}
-        assert address not in ones.storages()
+# --- BART's decoder makes its own mask of ones: a real run skips it
 
 
 def _bart() -> torch.nn.Module:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,8 +33,7 @@ from memprofiler.estimate.failures import (
     shape_failure,
 )
 from memprofiler.estimate.kernel_scratch import KernelScratch
-from memprofiler.estimate.known_data import KnownData, packing_note, transformers_packing
-from memprofiler.estimate.known_values import AllOnes, transformers_masks
+from memprofiler.estimate.known_data import KnownData, packing_note, transformers_checks
 from memprofiler.estimate.margins import CustomOps, margins
 from memprofiler.estimate.module_hooks import gradient_free_module_hooks
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
@@ -214,9 +212,6 @@ def estimate(
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             scratch = KernelScratch(tracker.phases) if target is not None else None
             stats = FloatStats() if target is not None else None
-            ones = AllOnes() if mode is not None and "transformers.masking_utils" in sys.modules else None
-            if ones is not None:
-                ones.seed(batch, fake_batch)
             data = KnownData() if mode is not None else None
             if data is not None:
                 data.seed(batch, fake_batch)
@@ -228,10 +223,8 @@ def estimate(
                 scratch if scratch is not None else contextlib.nullcontext(),
                 stats if stats is not None else contextlib.nullcontext(),
                 dispatch if dispatch is not None else contextlib.nullcontext(),
-                ones if ones is not None else contextlib.nullcontext(),
-                transformers_masks(ones) if ones is not None else contextlib.nullcontext(),
                 data if data is not None else contextlib.nullcontext(),
-                transformers_packing(data) if data is not None else contextlib.nullcontext(),
+                transformers_checks(data) if data is not None else contextlib.nullcontext(),
             ):
                 for step in range(1, steps + 1):
                     before = led.peak

@@ -23,7 +23,7 @@ from memprofiler.analysis.profiler_views import build_views, trace_view
 from memprofiler.reporters.profiler_html import profiler_page
 
 _GPU = pytest.mark.skipif(
-    not GPU_TRACE.is_file(), reason="the recorded GPU run (../shared/fixtures/gpu) is absent"
+    not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent"
 )
 _CASES = [pytest.param("cpu_mlp", CPU_TRACE, o, id=f"cpu_mlp-{o}") for o in ORDERS]
 _CASES += [

@@ -150,3 +150,28 @@ def census_peak(
             optimizer.zero_grad()
             del loss
     return state["peak"]
+
+
+def estimate_and_census(
+    build: Callable[[], nn.Module],
+    batch: Any,
+    loss_fn: Any,
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
+    steps: int = 2,
+) -> tuple[int, int]:
+    """(the CPU estimate's tensor peak of ``build()`` made on the meta device, :func:`census_peak` of
+    the same real CPU steps), both from the same seed."""
+    from memprofiler import estimate_memory
+
+    make_opt = optimizer or (lambda ps: torch.optim.AdamW(ps, lr=1e-4))
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        meta = build()
+    meta.train()
+    est = estimate_memory(meta, batch, optimizer=make_opt, loss_fn=loss_fn, device="cpu", steps=steps)
+    torch.manual_seed(0)
+    model = build()
+    model.train()
+    return est.tensor_peak_bytes, census_peak(
+        model, batch, make_opt(model.parameters()), loss_fn, steps=steps
+    )

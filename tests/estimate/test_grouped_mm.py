@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import census_peak
+from models import estimate_and_census
 
 from memprofiler import estimate_memory
 from memprofiler.estimate.grouped_mm import out_layout
@@ -85,21 +85,14 @@ def _loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def test_a_float32_mixture_of_experts_estimate_equals_real_cpu_steps():
     ids = torch.randint(0, 200, (2, 24), generator=torch.Generator().manual_seed(1))
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-4)  # noqa: E731
-    # GIVEN two real CPU steps of a float32 Mixtral, every live storage counted
+    # GIVEN two real CPU steps of a float32 Mixtral, every live storage counted, and the estimate
+    est, measured = estimate_and_census(_mixtral, ids, _loss, adamw)
+    # WHEN it is also estimated for an H200
     torch.manual_seed(0)
-    model = _mixtral()
-    model.train()
-    measured = census_peak(model, ids, adamw(model.parameters()), _loss)
-    # WHEN estimated on fake tensors (meta model), on CPU rules and for an H200
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        meta = _mixtral()
-    meta.train()
-    est = estimate_memory(meta, ids, optimizer=adamw, loss_fn=_loss, device="cpu")
     with torch.device("meta"):
         meta = _mixtral()
     meta.train()
     gpu = estimate_memory(meta, ids, optimizer=adamw, loss_fn=_loss, gpu="H200", torch_version="2.11")
     # THEN the CPU estimate is the real peak to the byte, and the CUDA estimate runs through
-    assert est.tensor_peak_bytes == measured
+    assert est == measured
     assert gpu.peak_bytes > gpu.tensor_peak_bytes > 0

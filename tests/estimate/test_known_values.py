@@ -13,7 +13,7 @@ import types
 
 import pytest
 import torch
-from models import census_peak
+from models import estimate_and_census
 
 from memprofiler import estimate_memory
 from memprofiler.estimate.known_data import KnownData, transformers_checks
@@ -58,13 +58,9 @@ def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tenso
 @pytest.mark.parametrize("pad", [0, 5], ids=["all-ones mask", "padded mask"])
 def test_the_cpu_estimate_equals_real_cpu_steps_with_or_without_padding(pad):
     # GIVEN two real CPU steps (transformers skips the 4-D mask only when nothing is padded)
-    torch.manual_seed(0)
-    model = _bert()
-    model.train()
-    measured = census_peak(model, _batch(pad), ADAMW(model.parameters()), _loss)
     # WHEN estimated on fake tensors THEN the peak is the real one to the byte
-    est = estimate_memory(_meta(), _batch(pad), optimizer=ADAMW, loss_fn=_loss, device="cpu")
-    assert est.tensor_peak_bytes == measured
+    est, measured = estimate_and_census(_bert, _batch(pad), _loss, ADAMW)
+    assert est == measured
 
 
 def test_for_a_cuda_target_a_mask_of_ones_is_no_mask():

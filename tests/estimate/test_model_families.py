@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import census_peak
+from models import estimate_and_census
 
 from memprofiler import estimate_memory
 
@@ -26,15 +26,7 @@ def _ids(vocab: int, b: int = 2, t: int = 32, seed: int = 1) -> torch.Tensor:
 
 def _pair(build, batch, steps: int = 2, loss=_hf_loss, optimizer=ADAMW) -> tuple[int, int]:  # type: ignore[no-untyped-def]
     """(the CPU estimate's tensor peak, the census of the same real CPU steps)."""
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        meta = build()
-    meta.train()
-    est = estimate_memory(meta, batch, optimizer=optimizer, loss_fn=loss, device="cpu", steps=steps)
-    torch.manual_seed(0)
-    model = build()
-    model.train()
-    return est.tensor_peak_bytes, census_peak(model, batch, optimizer(model.parameters()), loss, steps=steps)
+    return estimate_and_census(build, batch, loss, optimizer, steps)
 
 
 # --- BART's decoder makes its own mask of ones: a real run skips it

@@ -81,7 +81,9 @@ def test_trace_devices_named_as_the_trace_names_them():
     ]
 
 
-@pytest.mark.skipif(not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent")
+@pytest.mark.skipif(
+    not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent"
+)
 def test_the_recorded_gpu_runs_two_peaks_are_explained_on_the_page(tmp_path):
     # GIVEN the GPU run's trace and categories (allocated 113.38 MiB, by category 48.38 MiB)
     for name in (GPU_TRACE.name, "fit_rank_0.1.memory_categories.json"):

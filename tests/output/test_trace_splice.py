@@ -244,7 +244,9 @@ def test_step_timeline_text_is_what_json_dumps_writes_for_its_events(tmp_path):
     assert StepTimeline(rank=1).to_json() == json.dumps(step_trace(StepTimeline(rank=1)))
 
 
-@pytest.mark.skipif(not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent")
+@pytest.mark.skipif(
+    not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent"
+)
 def test_a_recorded_h200_trace_takes_the_rows_as_the_dict_merge_did():
     # GIVEN the trace of a real GPU run (kernels, memcpy, CUDA memory events; written merged once)
     kineto = gzip.decompress(GPU_TRACE.read_bytes())

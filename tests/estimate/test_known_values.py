@@ -121,3 +121,13 @@ def test_a_mask_whose_values_are_unknown_is_built(monkeypatch):
         with pytest.raises(RuntimeError):  # the check reads values it cannot have...
             utils._ignore_causal_mask_sdpa(unknown, 8)
     assert answers == []  # ...so transformers (which checks is_tracing first) keeps the mask
+
+
+def test_uninitialized_memory_is_never_known():
+    data = KnownData()
+    with torch._subclasses.FakeTensorMode(), data:
+        made = [torch.empty(3, device="cpu"), torch.ones(3, device="cpu").new_empty(3)]
+        made.append(torch.empty_like(torch.ones(3, device="cpu")))
+        filled = torch.empty(3, device="cpu").fill_(1)  # its values are written in: known from there
+        assert [data.real(t) for t in made] == [None, None, None]
+        assert data.real(filled) is None or bool((data.real(filled) == 1).all())

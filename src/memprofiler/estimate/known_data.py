@@ -47,6 +47,17 @@ LIMIT = 1 << 20
 _SCALARS = frozenset({torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default})
 _SEEDED = torch.Tag.nondeterministic_seeded
 _CTC = torch.ops.aten._ctc_loss.Tensor
+_aten = torch.ops.aten
+#: Factories whose values are whatever memory held: never known, whatever their operands.
+_UNINITIALIZED = frozenset(
+    {
+        _aten.empty.memory_format,
+        _aten.empty_strided.default,
+        _aten.empty_like.default,
+        _aten.new_empty.default,
+        _aten.new_empty_strided.default,
+    }
+)
 
 
 class KnownData(TorchDispatchMode):
@@ -124,7 +135,12 @@ class KnownData(TorchDispatchMode):
             return NotImplemented  # FSDP2's DTensor runs first and brings its local ops back here
         kwargs = kwargs or {}
         tensors, all_known = self._operands(args, kwargs)
-        computable = all_known and _SEEDED not in func.tags and (tensors or "device" in kwargs)
+        computable = (
+            all_known
+            and _SEEDED not in func.tags
+            and func not in _UNINITIALIZED
+            and (tensors or "device" in kwargs)
+        )
         if func in _SCALARS and computable:
             self.scalars += 1
             return self._compute(func, args, kwargs)

@@ -49,7 +49,10 @@ _FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten
 #: Ops whose CUDA kernel returns its philox seed and offset as CPU scalars outside graph capture
 #: (``_efficient_attention_forward``); their fake kernels make them on the run device.
 _HOST_RNG_OPS = frozenset({torch.ops.aten._scaled_dot_product_efficient_attention.default})
-_GROUPED_MM_OUTPUT = grouped_mm.Output()
+#: Ops whose fake kernel allocates otherwise than the real CPU and CUDA kernels -> the stand-in the
+#: tracker dispatches instead, for fake operands: ``_grouped_mm`` (its fake kernel refuses all but
+#: bfloat16) and the output layouts of :data:`fake_layouts.REAL_LAYOUT`.
+_STAND_INS: dict[Any, Any] = {grouped_mm.OP: grouped_mm.Output(), **fake_layouts.REAL_LAYOUT}
 #: The ledger key of a storage whose bytes a gradient merged in place took over: its end frees nothing.
 _HANDED_OVER = 0
 
@@ -160,10 +163,8 @@ def _make(base: type[MemTracker]) -> Any:
                 self._quiet_metadata.__exit__(*args)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            if func is grouped_mm.OP and args and is_fake(args[0]):
-                func = _GROUPED_MM_OUTPUT  # its fake kernel refuses all but bfloat16
-            elif func in fake_layouts.REAL_LAYOUT and args and is_fake(args[0]):
-                func = fake_layouts.REAL_LAYOUT[func]  # its fake kernel strides an output otherwise
+            if func in _STAND_INS and args and is_fake(args[0]):
+                func = _STAND_INS[func]
             if self.quiet:
                 return func(*args, **(kwargs or {}))
             if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:

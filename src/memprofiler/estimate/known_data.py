@@ -203,22 +203,36 @@ def _fake_like(t: Any) -> Any:
 MASK_CHECKS = ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")
 
 
+#: :func:`_on_real`'s answer where a value it needs is unknown.
+_UNKNOWN = object()
+
+
+def _on_real(data: KnownData, fn: Any, first: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn`` called with modes off on the real value of its first argument (positional, or by the
+    name ``first``), or :data:`_UNKNOWN` where that value, or another tensor argument's, is unknown."""
+    if first in kwargs:
+        value, others = kwargs[first], [*args, *(v for k, v in kwargs.items() if k != first)]
+    else:
+        value, others = (args[0] if args else None), [*args[1:], *kwargs.values()]
+    real = data.real(value)
+    if real is None or any(isinstance(a, torch.Tensor) and is_fake(a) for a in others):
+        return _UNKNOWN
+    with _disable_current_modes():
+        if first in kwargs:
+            return fn(*args, **{**kwargs, first: real})
+        return fn(real, *args[1:], **kwargs)
+
+
 def _mask_check(data: KnownData, check: Any) -> Any:
     """``check`` answered from the padding mask's real values where they are known: a real run whose
     mask is all ones (no padding) builds no 4-D mask and calls SDPA with ``is_causal`` or no mask,
     which on CUDA leaves flash attention open; the BERT row on an H200 kept a float mask per layer
-    (1.0134 of the measured peak, exact without it)."""
+    (1.0134 of the measured peak, exact without it). Unknown: transformers builds the mask (over,
+    not under)."""
 
     def answer(*args: Any, **kwargs: Any) -> Any:
-        mask = kwargs["padding_mask"] if "padding_mask" in kwargs else (args[0] if args else None)
-        real = data.real(mask)
-        rest = [*args[1:], *kwargs.values()] if "padding_mask" not in kwargs else [*args, *kwargs.values()]
-        if real is None or any(is_fake(a) for a in rest if isinstance(a, torch.Tensor)):
-            return check(*args, **kwargs)  # values unknown: transformers builds the mask (over, not under)
-        with _disable_current_modes():
-            if "padding_mask" in kwargs:
-                return check(*args, **{**kwargs, "padding_mask": real})
-            return check(real, *args[1:], **kwargs)
+        known = _on_real(data, check, "padding_mask", args, kwargs)
+        return check(*args, **kwargs) if known is _UNKNOWN else known
 
     return answer
 
@@ -227,15 +241,13 @@ def _packing_check(data: KnownData, original: Any) -> Any:
     """``find_packed_sequence_indices`` answered from the real position ids where they are known
     (``None``: no packed sequences, as the real run finds)."""
 
-    def find(position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        real = data.real(position_ids)
-        if real is not None:
-            with _disable_current_modes():
-                if original(real, *args, **kwargs) is None:
-                    return None
-        else:
+    def find(*args: Any, **kwargs: Any) -> Any:
+        known = _on_real(data, original, "position_ids", args, kwargs)
+        if known is _UNKNOWN:
             data.unknown_packing += 1
-        return original(position_ids, *args, **kwargs)
+        elif known is None:
+            return None
+        return original(*args, **kwargs)
 
     return find
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 # Set by launchers (torchrun, SLURM, Lightning's own) or left behind by in-process runs: a child
@@ -24,6 +26,7 @@ _LAUNCHER_VARS = (
 
 
 _TESTS = Path(__file__).resolve().parent
+_SRC = _TESTS.parent / "src"
 
 
 def subprocess_env(*paths: Path | str, **extra: str) -> dict[str, str]:
@@ -36,3 +39,15 @@ def subprocess_env(*paths: Path | str, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env.update(extra)
     return env
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The real ``memprofiler`` command in a fresh process, on our sources (the caller's other
+    environment, AWS variables included, inherited)."""
+    return subprocess.run(
+        [sys.executable, "-m", "memprofiler", *args],
+        env=subprocess_env(_SRC),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from _env import subprocess_env
+from _env import run_cli
 from _ranks import launch
 from memprofiler import layout
 from memprofiler.analysis.run_ids import stats_run_id
@@ -57,16 +56,6 @@ def _worker(run_dir: str, width: int) -> None:
     print("worker finished", flush=True)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "memprofiler", *args],
-        env=subprocess_env(SRC),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     """Run ``a`` and run ``b``, each as (rank 0's node, rank 1's node)."""
@@ -99,11 +88,11 @@ def test_rank_one_wrote_no_run_id_but_its_world_size(runs):
 
 def test_a_runs_own_nodes_merge_without_a_word(runs, tmp_path):
     node0, node1 = runs["a"]
-    result = _cli("report", str(node0), str(node1), "--no-html")
+    result = run_cli("report", str(node0), str(node1), "--no-html")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "ranks: 0, 1" in result.stdout
-    merged = _cli("merge-traces", str(node0), str(node1), "-o", str(tmp_path / "m.json"))
+    merged = run_cli("merge-traces", str(node0), str(node1), "-o", str(tmp_path / "m.json"))
     assert merged.returncode == 0 and merged.stderr == "", merged.stderr
     # the figures are the runs' own: both ranks saved the Linear's input and the ReLU's output
     summary = yaml.safe_load((node0 / layout.MEMORY_SUMMARY_YAML).read_text())
@@ -120,7 +109,7 @@ def test_the_other_runs_rank_one_is_refused_by_the_summary(runs, tmp_path):
         ["report", str(node0), str(other), "--no-html"],
         ["merge-traces", str(node0), str(other), "-o", str(tmp_path / "m.json")],
     ):
-        result = _cli(*argv)
+        result = run_cli(*argv)
         assert result.returncode == 2, result.stderr
         lines = result.stderr.splitlines()
         assert len(lines) == 1, lines

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from _env import subprocess_env
+from _env import run_cli
 from _ranks import launch
 from memprofiler import layout
 
@@ -29,17 +29,6 @@ SAVED_BYTES = F32 * (4 * 10 + 4 * 33 + 4 * 7)
 
 def _launch(url: str) -> list[subprocess.CompletedProcess[str]]:
     return launch(lambda rank: [__file__, url], WORLD)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command in a fresh process (no torch import, the AWS variables inherited)."""
-    return subprocess.run(
-        [sys.executable, "-m", "memprofiler", *args],
-        env=subprocess_env(SRC),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _fs() -> Any:
@@ -79,7 +68,7 @@ def test_ddp_run_on_two_ranks_writes_every_rank_to_the_bucket(remote_run):
 
 def test_report_reads_the_run_from_the_bucket(remote_run, tmp_path):
     # WHEN `memprofiler report s3://bucket/run` runs in a fresh process
-    result = _cli("report", remote_run, "-o", str(tmp_path / "r.html"), "--top", "3")
+    result = run_cli("report", remote_run, "-o", str(tmp_path / "r.html"), "--top", "3")
     # THEN it lists both ranks' calls and writes the HTML report locally
     assert result.returncode == 0, result.stderr
     rows = [ln for ln in result.stdout.splitlines() if "│ training_step │" in ln]
@@ -98,25 +87,25 @@ def test_report_merges_node_local_directories_and_refuses_a_rank_twice(remote_ru
         node.mkdir(parents=True, exist_ok=True)
         fs.get_file(path, str(node / name))
     # WHEN both are reported together
-    result = _cli("report", str(nodes[0]), str(nodes[1]), "--no-html")
+    result = run_cli("report", str(nodes[0]), str(nodes[1]), "--no-html")
     # THEN both ranks appear, and the cross-rank table too
     assert result.returncode == 0, result.stderr
     rows = [ln for ln in result.stdout.splitlines() if "│ training_step │" in ln]
     assert [ln.split("│")[1].strip() for ln in rows] == ["0", "0", "1", "1"]
     assert "Across ranks" in result.stdout
     # AND merge-traces takes the same directories
-    merged = _cli("merge-traces", str(nodes[0]), str(nodes[1]), "-o", str(tmp_path / "m.json"))
+    merged = run_cli("merge-traces", str(nodes[0]), str(nodes[1]), "-o", str(tmp_path / "m.json"))
     assert merged.returncode == 0, merged.stderr
     assert merged.stdout.startswith("merged 2 rank(s)")
     # WHEN one node's directory is given twice
-    twice = _cli("report", str(nodes[1]), str(nodes[1]), "--no-html")
+    twice = run_cli("report", str(nodes[1]), str(nodes[1]), "--no-html")
     # THEN one line refuses it, naming the rank and both directories
     assert twice.returncode == 2
     assert twice.stderr == (
         f"memprofiler report: error: rank 1 is in both {str(nodes[1])!r} and {str(nodes[1])!r}; "
         "pass each node's directory of one run once\n"
     )
-    twice = _cli("merge-traces", str(nodes[1]), remote_run, "-o", str(tmp_path / "m2.json"))
+    twice = run_cli("merge-traces", str(nodes[1]), remote_run, "-o", str(tmp_path / "m2.json"))
     assert twice.returncode == 2
     assert twice.stderr == (
         f"memprofiler merge-traces: error: rank 1 is in both {str(nodes[1])!r} and {remote_run!r}; "
@@ -130,7 +119,7 @@ def test_check_and_diff_read_the_bucket_as_they_read_a_local_copy(remote_run, tm
     _fs().get(remote_run.removeprefix("s3://") + "/", str(local), recursive=True)
     assert (local / layout.MEMORY_STATS_YAML.format(rank=1)).is_file()
     # WHEN the bucket is diffed against the copy, with unchanged values shown
-    diff = _cli(
+    diff = run_cli(
         "diff", remote_run, str(local), "--all", "--per-call", "--metric", "saved_tensors.unique_bytes"
     )
     # THEN every value is the same on both sides: the analytic saved bytes of each rank's end
@@ -144,9 +133,9 @@ def test_check_and_diff_read_the_bucket_as_they_read_a_local_copy(remote_run, tm
         for c in (2, 3)
     ]
     # AND `check` gates the bucket's values with the analytic saved bytes as the limit
-    ok = _cli("check", remote_run, "--max", f"saved_tensors.unique_bytes={SAVED_BYTES}B", "--key", "*.end")
+    ok = run_cli("check", remote_run, "--max", f"saved_tensors.unique_bytes={SAVED_BYTES}B", "--key", "*.end")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    over = _cli(
+    over = run_cli(
         "check", remote_run, "--max", f"saved_tensors.unique_bytes={SAVED_BYTES - 1}B", "--key", "*.end"
     )
     assert over.returncode == 1
@@ -164,7 +153,7 @@ def test_a_cut_file_in_the_bucket_is_named_by_its_url(remote_run, s3_server):
         fs.pipe_file(f"{cut_url.removeprefix('s3://')}/{name}", data)
     # WHEN reported and diffed (read a block at a time, after the download)
     for args in (["report", cut_url, "--no-html"], ["diff", remote_run, cut_url]):
-        result = _cli(*args)
+        result = run_cli(*args)
         # THEN the warning names the file by its URL, not the temporary local copy
         assert result.returncode == 0, result.stderr
         [warning] = [ln for ln in result.stderr.splitlines() if "cut short" in ln]
@@ -181,7 +170,7 @@ def test_snapshot_reads_a_pickle_from_the_bucket(s3_bucket):
     url = f"{s3_bucket}/cuda_alloc_rank_0.training_step.2.end.pickle"
     _fs().pipe_file(url.removeprefix("s3://"), pickle.dumps(known_snapshot(), protocol=4))
     # WHEN `memprofiler snapshot` is given its URL
-    result = _cli("snapshot", url)
+    result = run_cli("snapshot", url)
     # THEN it analyses it as it would the local file
     assert result.returncode == 0, result.stderr
     assert "peak active 2.25 MiB requested (entry 5, t=0.000140s)" in result.stdout
@@ -190,7 +179,7 @@ def test_snapshot_reads_a_pickle_from_the_bucket(s3_bucket):
 def test_a_missing_run_url_is_one_line(s3_server):
     # WHEN a URL that holds nothing is reported
     url = f"{s3_server.new_bucket()}/nothing"
-    result = _cli("report", url, "--no-html")
+    result = run_cli("report", url, "--no-html")
     # THEN one line names it
     assert result.returncode == 2
     assert (

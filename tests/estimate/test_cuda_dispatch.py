@@ -110,3 +110,55 @@ def test_cuda_autocast_casts_cpu_autocast_does_not_make():
         assert args[0].dtype == torch.bfloat16  # not listed: unchanged
     (args, _) = cast(torch.pow, (x, 3.0), {})
     assert args[0].dtype == torch.bfloat16  # autocast off: nothing cast
+
+
+def _recorded(meta: dict | None) -> torch.Tensor | None:
+    if meta is None:
+        return None
+    dtype = getattr(torch, meta["dtype"].removeprefix("torch."))
+    return torch.empty_strided(meta["shape"], meta["stride"], dtype=dtype, device="meta")
+
+
+def _recorded_sdpa() -> dict:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "fixtures" / "gpu_h200" / "t5_sdpa_calls_h200.json"
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("kind", ["sdpa_calls", "sdpa_isolated"])
+def test_backend_choice_matches_the_h200s_own_choice(kind):
+    # GIVEN every sdpa call of a real T5 training step on an H200 (transformers 5.17: the relative
+    # position bias is a permuted view, its last dimension has stride = heads) and isolated calls
+    # with masks of every form, each with torch's own choice there (0 math, 1 flash, 2 efficient)
+    rec = _recorded_sdpa()
+    names = {0: "math", 1: "flash", 2: "efficient"}
+    h200 = resolve_target("H200", "2.11")
+    seen = set()
+    for r in rec[kind]:
+        if kind == "sdpa_calls":
+            q, k, v, mask = (_recorded(r[n]) for n in ("q", "k", "v", "mask"))
+        else:  # query = key = value of [8, 8, L, 64]; the mask [mask_b, 8, L, L], maybe expanded
+            q = k = v = torch.empty(8, 8, r["L"], 64, device="meta")
+            mask = torch.empty(r["mask_b"], 8, r["L"], r["L"], device="meta")
+            mask = mask.expand(8, 8, r["L"], r["L"]) if r["form"] == "expanded" else mask
+        call = Call(q, k, v, mask, r["dropout"], r.get("causal", False), None, False)
+        # THEN the estimate picks what torch picked on the device, for every call
+        backend, why = choose(call, h200, grad=True)
+        assert backend == names[r["choice"]], (r, why)
+        seen.add(backend)
+    assert seen == ({"math", "efficient"} if kind == "sdpa_calls" else {"efficient"})
+
+
+def test_a_mask_with_a_strided_last_dimension_takes_the_math_path_on_cuda():
+    # GIVEN a float32 call whose additive mask is a permuted (heads-last) position bias, as T5's
+    q = torch.empty(B, 4, T, 64, device="meta")
+    bias = torch.empty(T, T, 4, device="meta").permute(2, 0, 1).unsqueeze(0)
+    backend, why = choose(Call(q, q, q, bias, 0.1, False, None, False), H100, grad=True)
+    # THEN the GPU's fused kernels refuse it: math, and the note says why
+    assert backend == "math" and "stride 4" in why
+    # AND the same values laid out contiguously run memory-efficient attention
+    assert (
+        choose(Call(q, q, q, bias.contiguous(), 0.1, False, None, False), H100, grad=True)[0] == "efficient"
+    )

@@ -56,7 +56,7 @@ class Call:
         return int(self.q.shape[-1])
 
 
-def _dense_ok(c: Call, gqa_ok: bool) -> str | None:
+def _dense_ok(c: Call, gqa_ok: bool, singleton_ok: bool) -> str | None:
     if any(t.dim() != 4 for t in (c.q, c.k, c.v)):
         return "inputs are not 4-D"
     if c.q.shape[0] != c.k.shape[0] or c.k.shape[0] != c.v.shape[0]:
@@ -66,8 +66,13 @@ def _dense_ok(c: Call, gqa_ok: bool) -> str | None:
         return "query and key/value head counts differ (grouped-query attention)"
     if any(int(t.shape[-2]) == 0 for t in (c.q, c.k, c.v)):
         return "a sequence length is 0"
-    if any(t.stride(-1) != 1 and t.shape[-1] != 1 for t in (c.q, c.k, c.v)):
-        return "the last dimension is not contiguous"
+    # check_last_dim_stride_equals_1_dense: flash forgives a head size of 1, memory-efficient does
+    # not; on the GPU the mask's last dimension needs stride 1 too (a permuted position bias, as
+    # T5's, has stride = heads and sends the call to the math path)
+    if any(t.stride(-1) != 1 for t in (c.q, c.k, c.v)) and not (singleton_ok and c.q.shape[-1] == 1):
+        return "the last dimension of query, key or value is not contiguous"
+    if c.mask is not None and c.mask.stride(-1) != 1:
+        return f"the mask's last dimension has stride {c.mask.stride(-1)} (fused kernels need 1)"
     return None
 
 
@@ -87,7 +92,7 @@ def why_not_flash(c: Call, target: CudaTarget, grad: bool) -> str | None:
         return "causal with different query and key lengths"
     if c.q.dtype not in HALF:
         return f"{str(c.q.dtype).removeprefix('torch.')} (float16 / bfloat16 only)"
-    return _dense_ok(c, gqa_ok=True)
+    return _dense_ok(c, gqa_ok=True, singleton_ok=True)
 
 
 def why_not_efficient(c: Call, target: CudaTarget) -> str | None:
@@ -103,7 +108,7 @@ def why_not_efficient(c: Call, target: CudaTarget) -> str | None:
     ok = (torch.float32, torch.float16) + ((torch.bfloat16,) if target.capability >= (8, 0) else ())
     if c.q.dtype not in ok:
         return f"{c.q.dtype} on {target.sm}"
-    return _dense_ok(c, gqa_ok=False)
+    return _dense_ok(c, gqa_ok=False, singleton_ok=False)
 
 
 def choose(c: Call, target: CudaTarget, grad: bool) -> tuple[str, str]:
@@ -230,6 +235,8 @@ class AttentionLog:
 def attention(log: AttentionLog, target: CudaTarget, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """One ``F.scaled_dot_product_attention`` call, run by the backend CUDA would pick on ``target``."""
     c = _autocast(_parse(args, kwargs))
+    # sdpa turns a boolean mask into an additive one before it picks a kernel (the choice sees it)
+    c.mask = _bool_mask_to_float(c.mask, c.q.dtype)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v))
     backend, why = choose(c, target, grad)
     key = (backend, why)

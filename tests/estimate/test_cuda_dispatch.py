@@ -162,3 +162,61 @@ def test_a_mask_with_a_strided_last_dimension_takes_the_math_path_on_cuda():
     assert (
         choose(Call(q, q, q, bias.contiguous(), 0.1, False, None, False), H100, grad=True)[0] == "efficient"
     )
+
+
+@pytest.mark.parametrize(
+    ("causal", "gqa", "masked", "dtype"),
+    [
+        (False, False, True, torch.float32),
+        (True, False, False, torch.float32),
+        (False, True, True, torch.float32),
+        (True, True, False, torch.bfloat16),
+    ],
+)
+def test_the_math_path_op_by_op_computes_what_torchs_math_kernel_does(causal, gqa, masked, dtype):
+    from memprofiler.estimate.attention import math_path
+
+    # GIVEN real CPU tensors (dropout 0, so both are deterministic)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, generator=g).to(dtype)
+    k = torch.randn(2, 2 if gqa else 4, 16, 8, generator=g).to(dtype)
+    v = torch.randn(2, 2 if gqa else 4, 16, 8, generator=g).to(dtype)
+    mask = torch.randn(1, 4, 16, 16, generator=g).to(dtype) if masked else None
+    # THEN the op-by-op replica equals torch's own math kernel
+    want = torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, mask, 0.0, causal, None, enable_gqa=gqa
+    )[0]
+    got = math_path(Call(q, k, v, mask, 0.0, causal, None, gqa))
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
+class _BiasedAttention(nn.Module):
+    """One attention with a learned T5-like position bias: a permuted view (heads last in memory)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+        self.qkv = nn.Linear(32, 96)
+        self.bias = nn.Parameter(torch.zeros(T, T, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(B, T, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        mask = self.bias.permute(2, 0, 1).unsqueeze(0)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.p)
+        return out.sum()
+
+
+def test_math_path_dropout_keeps_cudas_one_byte_mask():
+    # GIVEN attention the GPU runs on its math path (strided mask), with and without dropout
+    x = torch.randn(B, T, 32)
+    est = {}
+    for p in (0.1, 0.0):
+        with torch.device("meta"):
+            model = _BiasedAttention(p)
+        est[p] = estimate_memory(model.train(), x, optimizer=ADAMW, loss_fn=lambda m, b: m(b), gpu="H100")
+    assert any("math kernel" in n and "stride 4" in n for n in est[0.1].notes)
+    # THEN dropout keeps its output (4 B per attention element, for the matmul with v) and the
+    # fused kernel's bool mask (1 B), not the CPU's float32 noise (4 B)
+    elems = B * 4 * T * T
+    assert est[0.1].saved_bytes - est[0.0].saved_bytes == elems * (4 + 1)

@@ -146,16 +146,46 @@ def run(backend: str, c: Call, grad: bool) -> torch.Tensor:
         return _aten._scaled_dot_product_efficient_attention(
             c.q, c.k, c.v, mask, grad, c.dropout, c.causal, scale=c.scale
         )[0]
-    # math: CUDA computes half precision in float32 unless the user allowed reduced precision
-    q, k, v = c.q, c.k, c.v
-    upcast = q.dtype in HALF and not _reduced_math_allowed()
-    if upcast:
+    return math_path(c)
+
+
+def math_path(c: Call) -> torch.Tensor:
+    """``_scaled_dot_product_attention_math`` op by op, as it runs on a CUDA device.
+
+    Called as one op on fake CPU tensors it would differ from CUDA in two ways: its dropout
+    takes the CPU's noise path (a mask of the attention's dtype kept for backward, 4x CUDA's
+    one-byte mask of the fused ``native_dropout``), and a fake tensor counts as a tensor
+    subclass, so the mask is added out of place (one more attention matrix, briefly). Here each
+    step is the CUDA one: half precision is computed in float32 unless the user allowed reduced
+    precision, the scale is split between query and key, a causal mask is made, grouped-query
+    heads are repeated, the mask is added in place, ``_safe_softmax``, the fused dropout, and
+    both outputs are cast back (the attention weights' copy is dropped, as sdpa drops it).
+    """
+    q, k, v, mask = c.q, c.k, c.v, c.mask
+    origin = q.dtype
+    if origin in HALF and not _reduced_math_allowed():
         q, k, v = q.float(), k.float(), v.float()
-        mask = mask.float() if mask is not None and mask.is_floating_point() else mask
-    out = _aten._scaled_dot_product_attention_math(
-        q, k, v, mask, c.dropout, c.causal, None, scale=c.scale, enable_gqa=c.gqa
-    )[0]
-    return out.to(c.q.dtype) if upcast else out
+    factor = math.sqrt(c.scale if c.scale is not None else 1 / math.sqrt(c.head_dim))
+    q = q * factor
+    if c.causal:
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        mask = _bool_mask_to_float(causal, q.dtype)
+    if c.gqa and q.shape[-3] != k.shape[-3]:
+        reps = int(q.shape[-3]) // int(k.shape[-3])
+        k, v = k.repeat_interleave(reps, dim=-3), v.repeat_interleave(reps, dim=-3)
+    attn = torch.matmul(q, k.transpose(-2, -1) * factor)
+    if mask is not None:
+        in_place = torch.broadcast_shapes(attn.shape, mask.shape) == attn.shape
+        in_place = in_place and torch.result_type(attn, mask) == attn.dtype
+        attn = attn.add_(mask) if in_place else attn + mask
+    attn = _aten._safe_softmax(attn, -1)
+    if c.dropout > 0:
+        attn = _aten.native_dropout(attn, c.dropout, True)[0]
+    out = torch.matmul(attn, v)
+    if out.dtype != origin:
+        out = out.to(origin)
+        attn.to(origin)  # the weights' cast copy, made and dropped
+    return out
 
 
 def _reduced_math_allowed() -> bool:

@@ -12,13 +12,16 @@ attention kernel from its CUDA selection rules, the reserved figure from the all
 The estimate's cuBLAS part is reported on its own, beside the workspace the measurement freed
 with ``torch._C._cuda_clearCublasWorkspaces()`` (GPT-2, fp32).
 
-T5 is estimated twice: eagerly (``attn_implementation="eager"``: only a run that keeps the
-attention matrices reaches the measured peak, so the measurement ran eagerly, although
-transformers 5.17's T5 has the same SDPA path as the one installed here) and with this machine's
-default (``scaled_dot_product_attention``), which no measurement matches.
+T5 runs ``scaled_dot_product_attention`` with a learned position bias as the mask. Under
+transformers 5.17 (the measured version) that bias is a permuted view whose last dimension has
+stride 8, so the GPU sends T5's self-attention to the math path (its cross-attention, whose mask
+is contiguous, to memory-efficient attention); 5.24 makes the mask contiguous, and every call
+runs memory-efficient attention. ``--pythonpath`` puts the measured version first on the
+children's path (``pip install --no-deps --target DIR .whl/tf517/*.whl``), so the rows are
+estimated with the transformers the measurement ran; each row records the version it used.
 
 Run (a CPU-only machine):
-``PYTHONPATH=src:tests python benchmarks/estimate_gpu.py --out benchmarks/results/estimate_gpu_h200.json``
+``PYTHONPATH=src:tests python benchmarks/estimate_gpu.py --pythonpath DIR --out benchmarks/results/estimate_gpu_h200.json``
 ``python benchmarks/estimate_gpu.py --markdown benchmarks/results/estimate_gpu_h200.json``
 """
 
@@ -45,9 +48,8 @@ ROWS = [
     ("bert_mlm", "bert_mlm", "32-true", None),
     ("vit", "vit", "32-true", None),
     ("llama", "llama", "32-true", None),
-    ("t5 (eager, as measured)", "t5", "32-true", "eager"),
+    ("t5", "t5", "32-true", None),
     ("gpt2", "gpt2", "bf16-mixed", None),
-    ("t5 (sdpa, transformers here)", "t5", "32-true", None),
 ]
 
 
@@ -80,7 +82,10 @@ def child(name: str, precision: str, attn: str | None) -> dict[str, Any]:
         gpu="H200",
         torch_version="2.11",
     )
+    import transformers
+
     return {
+        "transformers": transformers.__version__,
         "estimate_allocated": est.peak_bytes,
         "estimate_reserved": est.reserved_peak_bytes,
         "estimate_tensors": est.tensor_peak_bytes,
@@ -97,6 +102,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--child", nargs=3)
+    ap.add_argument("--pythonpath", help="put this first on the children's path (the measured transformers)")
     args = ap.parse_args()
     if args.child:
         name, precision, attn = args.child
@@ -109,6 +115,8 @@ def main() -> None:
     by_key = {(r["name"], r["precision"]): r for r in measured["rows"]}
     env = {**os.environ, "GPU_B": "8", "GPU_T": "512", "MALLOC_ARENA_MAX": "1"}
     env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    if args.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (args.pythonpath, env.get("PYTHONPATH")) if p)
     rows = []
     for label, name, precision, attn in ROWS:
         cmd = [sys.executable, __file__, "--child", name, precision, attn or "-"]

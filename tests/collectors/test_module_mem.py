@@ -261,3 +261,116 @@ def test_log_tables():
         "Pre-Forward # 0  cpu     3072.0 KiB  0.0 KiB   3072.0 KiB",
         "===============  ======  ==========  ========  ==========",
     ]
+
+
+# --- the tracker must not hold what the step does not: torch's module-tracker backward hooks
+
+
+class _Merge(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a[:, :256] + b
+
+
+class _TwoInputs(nn.Module):
+    """A module whose first input's gradient is ready a whole branch before its second's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(256, 256)
+        self.up = nn.Linear(256, 512)
+        self.out = _Merge()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = self.pre(x)
+        return self.out(torch.nn.functional.silu(self.up(r)), r)
+
+
+def test_the_window_holds_no_gradient_the_unprofiled_step_frees(tmp_path):
+    from estimate.models import census_peak
+
+    torch.manual_seed(0)
+    net = _TwoInputs()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    x = torch.randn(64, 256)
+    plain = census_peak(net, x, opt, lambda m, b: m(b).pow(2).mean(), steps=2)
+    # GIVEN the same steps, each inside a module-wise tracker window (open through backward)
+    prof = MemProfiler({"track_module_mem": True, "enable_saved_tensors_hooks": False}, save_dir=tmp_path)
+    prof.setup(net)
+    prof.bind(net, [opt])
+
+    def profiled(m: nn.Module, b: torch.Tensor) -> torch.Tensor:
+        with prof.profile("training_step", module=m):
+            return m(b).pow(2).mean()
+
+    tracked = census_peak(net, x, opt, profiled, steps=2)
+    prof.teardown()
+    # THEN the live tensors peak where they do without the profiler: torch's hooks kept the first
+    # input's gradient (64 x 512 float32) until the second's arrived, 131,072 B more
+    assert tracked == plain
+    assert (tmp_path / "module_mem_rank_0_training_step_2.yaml").is_file()  # the window did run
+    # AND torch's own function is back once the window is closed
+    from torch.distributed._tools import mod_tracker
+
+    assert mod_tracker.register_multi_grad_hook is torch.autograd.graph.register_multi_grad_hook
+
+
+class _LeafInput(nn.Module):
+    """Wav2Vec2's feature encoder in small: it sets ``requires_grad`` on a view of its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 8, 5)
+        self.fc = nn.Linear(8, 4)
+        self.leaves: list[Any] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import weakref
+
+        h = x[:, None]
+        h.requires_grad = True
+        self.leaves.append(weakref.ref(h))
+        return self.fc(self.conv(h).transpose(1, 2))
+
+
+def test_a_leaf_module_input_dies_with_its_step_inside_the_window(tmp_path):
+    torch.manual_seed(0)
+    net = _LeafInput()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    prof = MemProfiler(
+        {
+            "track_module_mem": True,
+            "enable_saved_tensors_hooks": False,
+            "schedule": {"warmup": 0, "active": 3},
+        },
+        save_dir=tmp_path,
+    )
+    prof.setup(net)
+    prof.bind(net, [opt])
+    for _ in range(3):
+        with prof.profile("training_step", module=net):
+            loss = net(torch.randn(2, 3200)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        del loss
+    # THEN each step's leaf (and its 25,600 B gradient) is gone once the step is, inside one window
+    # of three calls: torch's hook kept the leaf's gradient accumulator, and so the leaf, alive
+    alive = [ref() is not None for ref in net.leaves]
+    prof.teardown()
+    assert alive == [False, False, False]
+
+
+def test_overlapping_windows_share_the_hook_swap_and_the_last_out_restores_torch():
+    from torch.distributed._tools import mod_tracker
+
+    from memprofiler.tracker_hooks import gradient_free_module_hooks
+
+    original = mod_tracker.register_multi_grad_hook
+    first, second = gradient_free_module_hooks(), gradient_free_module_hooks()
+    assert first.__enter__() and second.__enter__()
+    swapped = mod_tracker.register_multi_grad_hook
+    assert swapped is not original
+    first.__exit__(None, None, None)  # closed out of order: the other window still needs it
+    assert mod_tracker.register_multi_grad_hook is swapped
+    second.__exit__(None, None, None)
+    assert mod_tracker.register_multi_grad_hook is original

@@ -99,7 +99,7 @@ def test_a_module_s_first_input_gradient_is_freed_when_its_node_has_run():
 
 
 def test_the_gradient_free_hook_fires_once_per_backward_after_every_gradient_it_computes():
-    from memprofiler.estimate.module_hooks import _all_without_grads
+    from memprofiler.tracker_hooks import _all_without_grads
 
     a = torch.randn(3, requires_grad=True)
     b = torch.randn(3, requires_grad=True)

@@ -17,6 +17,12 @@ are cleared with ``reset_mod_stats()`` before each call, which the trackers requ
 forward of the root module otherwise raises ``NotImplementedError``). The tracker is dropped
 when the schedule window closes, so nothing of it (not even its weak-reference callbacks on
 freed storages) costs anything outside the window.
+
+While a window is open torch's module tracker registers its backward hooks through
+:func:`memprofiler.tracker_hooks.gradient_free_module_hooks`: torch's own hooks hold each module
+input's gradient until the module's last input has one, and keep a leaf input (and its
+gradient) alive as long as the hook, so the profiled step would hold memory an unprofiled one
+does not.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from memprofiler.collectors import mem_report
 from memprofiler.collectors.base import BaseCollector, CallContext, CallId, Metrics, ProfilerView, Warn
 from memprofiler.collectors.faults import no_warn
 from memprofiler.output.writers import write_text, write_yaml
+from memprofiler.tracker_hooks import gradient_free_module_hooks
 
 WINDOW_TEXT = (
     "from the start of `{fn}` to the end of its step (backward and optimizer step included, "
@@ -89,6 +96,7 @@ class TrackerCollector(BaseCollector):
         self._bound = False
         self._tracker: Any = None
         self._open: CallContext | None = None
+        self._hooks: contextlib.ExitStack | None = None
         self._pending: dict[str, dict[str, Any]] = {}
         self._view: ProfilerView | None = None
 
@@ -138,7 +146,14 @@ class TrackerCollector(BaseCollector):
         tracker.reset_mod_stats()
         tracker.repeated_forward = False
         self._before_enter(tracker)
-        tracker.__enter__()
+        hooks = contextlib.ExitStack()
+        hooks.enter_context(gradient_free_module_hooks())
+        try:
+            tracker.__enter__()
+        except BaseException:
+            hooks.close()
+            raise
+        self._hooks = hooks
         self._open = ctx
         return {}
 
@@ -163,6 +178,9 @@ class TrackerCollector(BaseCollector):
         try:
             tracker.__exit__(None, None, None)
         finally:
+            if self._hooks is not None:
+                self._hooks.close()
+                self._hooks = None
             if ctx.closes_window or failed:
                 self._tracker = None
         notes = []

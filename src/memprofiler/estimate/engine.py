@@ -35,7 +35,7 @@ from memprofiler.estimate.failures import (
 from memprofiler.estimate.kernel_scratch import KernelScratch
 from memprofiler.estimate.known_data import KnownData, packing_note, transformers_checks
 from memprofiler.estimate.margins import CustomOps, margins
-from memprofiler.estimate.module_hooks import gradient_free_module_hooks
+from memprofiler.tracker_hooks import gradient_free_module_hooks
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes

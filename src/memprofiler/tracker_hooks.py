@@ -1,13 +1,14 @@
 """torch's module tracker, without the gradients its backward hooks hold.
 
-The estimate's tracker (torch's ``MemTracker``) follows modules with ``ModTracker``, which marks
-a module's backward done with ``register_multi_grad_hook(inputs, ..., mode="all")``. In that
-mode torch keeps every input's gradient in a buffer until the last one arrives, to hand them all
-to the hook; the tracker's hook never reads them. A real run has no such hook, so a gradient
-freed there as soon as its node ran lived on in the estimate until the module's other inputs had
-theirs: MobileViT's ``MobileViTOutput(hidden_states, input_tensor)`` held the gradient of its
-first input (8 x 16 x 288 float32, 147,456 B) from the activation's backward to the residual's
-merge, and the CPU estimate was 19,584 B over the census of real steps.
+torch's ``MemTracker`` and ``FSDPMemTracker`` (the run-time module-wise collectors) and the
+estimate's tracker follow modules with ``ModTracker``, which marks a module's backward done with
+``register_multi_grad_hook(inputs, ..., mode="all")``. In that mode torch keeps every input's
+gradient in a buffer until the last one arrives, to hand them all to the hook; the tracker's
+hook never reads them. An untracked run has no such hook, so a gradient freed there as soon as
+its node ran lived on under the tracker until the module's other inputs had theirs:
+MobileViT's ``MobileViTOutput(hidden_states, input_tensor)`` held the gradient of its first
+input (8 x 16 x 288 float32, 147,456 B) from the activation's backward to the residual's merge.
+A profiler that holds memory the training does not is measuring itself.
 
 :func:`gradient_free_module_hooks` swaps in the same counting (hooks fire when the engine has
 computed every gradient it will compute in this backward) with ``None`` in place of each gradient.
@@ -66,25 +67,51 @@ def _all_without_grads(tensors: Sequence[torch.Tensor], fn: Callable[[Any], None
     return _MultiHandle(tuple(t.register_hook(hook) for t in tensors))
 
 
+_patch_lock = threading.Lock()
+_patch_users = 0
+_patch_original: Any = None
+
+
 @contextlib.contextmanager
 def gradient_free_module_hooks() -> Iterator[bool]:
     """While on, torch's ``ModTracker`` registers its ``"all"`` hooks through
     :func:`_all_without_grads`; ``"any"`` hooks hold nothing and are left to torch. Yields whether
-    it could (a torch whose tracker registers elsewhere is left as it is)."""
+    it could (a torch whose tracker registers elsewhere is left as it is).
+
+    The swap is torch's module attribute, one for the process: windows that overlap (two
+    trackers, or an estimate made inside a profiled call) share it, and the last one out puts
+    torch's function back, whatever order they close in.
+    """
+    global _patch_users, _patch_original
     from torch.distributed._tools import mod_tracker
 
-    original = getattr(mod_tracker, "register_multi_grad_hook", None)
-    if original is None:
+    with _patch_lock:
+        if _patch_users == 0:
+            original = getattr(mod_tracker, "register_multi_grad_hook", None)
+            if original is None:
+                ok = False
+            else:
+                _patch_original = original
+                mod_tracker.register_multi_grad_hook = _register
+                ok = True
+        else:
+            ok = True
+        if ok:
+            _patch_users += 1
+    if not ok:
         yield False
         return
-
-    def register(tensors: Sequence[torch.Tensor], fn: Callable[..., None], mode: str = "all") -> Any:
-        if mode == "all":
-            return _all_without_grads(tensors, fn)
-        return original(tensors, fn, mode=mode)
-
-    mod_tracker.register_multi_grad_hook = register
     try:
         yield True
     finally:
-        mod_tracker.register_multi_grad_hook = original
+        with _patch_lock:
+            _patch_users -= 1
+            if _patch_users == 0:
+                mod_tracker.register_multi_grad_hook = _patch_original
+                _patch_original = None
+
+
+def _register(tensors: Sequence[torch.Tensor], fn: Callable[..., None], mode: str = "all") -> Any:
+    if mode == "all":
+        return _all_without_grads(tensors, fn)
+    return _patch_original(tensors, fn, mode=mode)

@@ -23,7 +23,7 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _Updat
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memprofiler.estimate import accumulation, fake_layouts, grouped_mm
-from memprofiler.estimate.allocator import AllocatorReplay
+from memprofiler.estimate.allocator import AllocatorReplay, round_size
 
 #: torch's reference types, by value, to the names an estimate reports.
 CATEGORY = {
@@ -76,6 +76,7 @@ class Ledger:
         self.peak_held = 0
         self.holds: list[tuple[str, int]] = []
         self.merged_in_place = 0  # engine gradient merges counted in place (accumulation.py)
+        self.what_if: dict[str, int] = {}  # name -> most allocated had a kernel taken its envelope
 
     def no_tensor_key(self) -> int:
         """A fresh allocator key for memory no tensor stands for (buckets, workspaces, scratch).
@@ -281,6 +282,15 @@ def _make(base: type[MemTracker]) -> Any:
                     led.allocator.free(key)
                 led.held -= total
                 led.move(cat, -total)
+
+        def what_if(self, name: str, nbytes: int) -> None:
+            """The allocated figure were a kernel here to take ``nbytes`` of scratch (not counted):
+            its most over the steps is kept per ``name`` for the fits margin."""
+            if nbytes <= 0:
+                return
+            led = self.ledger
+            at = led.allocator.allocated + round_size(nbytes, led.allocator.config)
+            led.what_if[name] = max(led.what_if.get(name, 0), at)
 
         def hold(self, name: str, nbytes: int) -> None:
             """Memory a library allocates through the caching allocator and keeps (a workspace)."""

@@ -205,15 +205,37 @@ def conv_scratch_bound(func: Any, args: tuple[Any, ...], out: Any) -> int:
     return max((t.numel() * t.element_size() for t in tensors), default=0)
 
 
+#: The most cuDNN's workspace measured, as a multiple of a convolution's largest operand counted in
+#: float32 bytes (input, weight, output; backward: output gradient, input, weight), rounded up to a
+#: quarter: 80 convolutions on an H200 (cuDNN 9.19, torch 2.11, ``cudnn.benchmark`` off; 2-D and
+#: 1-D, strided, grouped and depthwise, float32 / bfloat16, contiguous / channels-last), largest
+#: 2.74 forward and 4.94 backward (``tests/fixtures/gpu_h200/conv_workspaces_h200.json``, measured
+#: by ``tools/gpu_probe/conv_ws.py``). A measured envelope, not a rule: the algorithm, and so its
+#: workspace, is cuDNN's choice on the device.
+CONV_ENVELOPE = {"forward": 2.75, "backward": 5.0}
+
+
+def conv_workspace_envelope(func: Any, args: tuple[Any, ...], out: Any) -> int:
+    """What one convolution's workspace may reach (:data:`CONV_ENVELOPE`), for the fits margin."""
+    backward = func is _aten.convolution_backward.default
+    tensors = [a for a in args[: 3 if backward else 2] if isinstance(a, torch.Tensor)]
+    if not backward and isinstance(out, torch.Tensor):
+        tensors.append(out)
+    largest = max((t.numel() for t in tensors), default=0) * 4
+    return int(largest * CONV_ENVELOPE["backward" if backward else "forward"])
+
+
 class BlasWorkspaces(TorchDispatchMode):
     """Sees every matrix product and convolution: ``hold(name, nbytes)`` for each new cuBLAS
-    workspace, ``transient(name, nbytes)`` for each convolution's cuDNN scratch."""
+    workspace, ``transient(name, nbytes)`` for each convolution's cuDNN scratch, and
+    ``what_if(name, nbytes)`` with the envelope of that scratch (the margin's figure)."""
 
-    def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None) -> None:
+    def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None, what_if: Any = None) -> None:
         super().__init__()
         self.plan = plan
         self.hold = hold
         self.transient = transient
+        self.what_if = what_if
         self.convs = 0
         self.conv_max = 0
 
@@ -230,4 +252,6 @@ class BlasWorkspaces(TorchDispatchMode):
             self.convs += 1
             self.conv_max = max(self.conv_max, n)
             self.transient("cudnn", n)
+            if self.what_if is not None:
+                self.what_if("cudnn", conv_workspace_envelope(func, args, out))
         return out

@@ -210,7 +210,7 @@ def estimate(
             dispatch = CudaDispatch(target) if target is not None else None
             custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
-            scratch = KernelScratch(tracker.phases) if target is not None else None
+            scratch = KernelScratch(tracker.phases, target) if target is not None else None
             stats = FloatStats() if target is not None else None
             data = KnownData() if mode is not None else None
             if data is not None:

@@ -369,7 +369,7 @@ def launch_scratch(it: Iter, kernel: Kernel, device: Device) -> list[int]:
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
+    return dtype.itemsize
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:

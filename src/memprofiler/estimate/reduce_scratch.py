@@ -26,8 +26,12 @@ dtype), with no data and no device:
 - ``ReduceConfig``'s ``global_memory_size`` and ``semaphore_size``;
 - the accumulator type each kernel reduces in (``arg_t``: float for half/bfloat16/float sums,
   means and norms; the input's own type for amax/amin and any/all; a (value, int64 index) pair for
-  max/min along a dim and argmax/argmin; Welford's (mean, m2, n, nf) for var/std), and the
-  unroll factor (2 for var/std, 4 otherwise);
+  max/min along a dim and argmax/argmin; Welford's (mean, m2, n, nf) for var/std), and how many
+  elements a thread loads at once from a vectorised input (8 for 16-bit sums and means, 2 for
+  var/std, 4 otherwise; recent torch also widens float sums whose reduced size divides by 1024,
+  not modelled: over 170,000 row-reduction shapes tried, the width never changes the global
+  scratch, since a launch narrow enough for it to matter has too few values per thread to be
+  split across blocks);
 - an iterator too large for 32-bit offsets is halved along its widest dim until each piece fits
   (``with_32bit_indexing``), each piece a launch of its own; where the output cannot accumulate
   partial results in its own type (half or bfloat16 in and out, pairs, Welford) a float
@@ -105,14 +109,16 @@ class Iter:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One instantiation of ``gpu_reduce_kernel``: element sizes and unroll factor."""
+    """One instantiation of ``gpu_reduce_kernel``: element sizes and input vector width."""
 
     in_size: int
     """``sizeof(scalar_t)``: the input the kernel reads."""
     arg_size: int
     """``sizeof(arg_t)``: the accumulator the staging buffer holds."""
     out_size: int
-    vt0: int = 4
+    input_vec: int = 4
+    """``input_vec_size``: elements one thread loads at once when the input is vectorised (``vt0``
+    unless the kernel says otherwise)."""
     accumulates_in_output: bool = True
     """Whether partial results of 32-bit pieces can be combined in the output's own type."""
     max_threads: int = MAX_THREADS
@@ -274,7 +280,7 @@ def reduce_config(it: Iter, kernel: Kernel, device: Device) -> Config:
         on_fastest, fastest, dim0, dim1 = True, kernel.in_size, 1, 1
     if fastest == kernel.in_size:
         if on_fastest and dim0 >= 128 and nred == 1:
-            dim0 //= kernel.vt0  # input vectorised: input_vec_size defaults to vt0
+            dim0 //= kernel.input_vec
         elif not on_fastest:
             cfg.output_vec_size = _output_vec_size(it, kernel.in_size)
             dim0 //= cfg.output_vec_size
@@ -402,7 +408,6 @@ class Call:
     kernel: Kernel
     dims: list[int]
     in_dtype: torch.dtype
-    noutputs: int = 1
 
 
 def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call | None:
@@ -429,6 +434,7 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> C
             _size(in_dt),
             _size(acc),
             _size(out_dt),
+            input_vec=8 if name in ("sum", "mean") and _size(in_dt) == 2 else 4,
             accumulates_in_output=not (in_dt in LOWP and in_dt == out_dt),
         )
         return Call(k, dims, in_dt)
@@ -441,7 +447,7 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> C
         return Call(Kernel(s, s, s, accumulates_in_output=x.dtype not in LOWP), list(range(ndim)), x.dtype)
     if name in ("max", "min") and func in (_aten.max.dim, _aten.min.dim):
         s = x.element_size()
-        return Call(Kernel(s, 16, s, accumulates_in_output=False), _dims(arg(0, "dim"), ndim), x.dtype, 2)
+        return Call(Kernel(s, 16, s, accumulates_in_output=False), _dims(arg(0, "dim"), ndim), x.dtype)
     if name in ("argmax", "argmin"):
         dim = arg(0, "dim")
         s = x.element_size()
@@ -466,8 +472,8 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> C
         if not x.dtype.is_floating_point:
             return None
         welford = 16 if _acc(x.dtype) == torch.float32 else 32  # mean, m2, n (int32), nf
-        k = Kernel(x.element_size(), welford, x.element_size(), vt0=2, accumulates_in_output=False)
-        return Call(k, _dims(arg(0, "dim"), ndim), x.dtype, 2 if name.endswith("_mean") else 1)
+        k = Kernel(x.element_size(), welford, x.element_size(), input_vec=2, accumulates_in_output=False)
+        return Call(k, _dims(arg(0, "dim"), ndim), x.dtype)
     if name in ("any", "all"):
         if x.numel() <= 1:
             return None  # a copy, no reduction kernel

@@ -110,8 +110,8 @@ def test_the_probe_replayed_through_the_allocator_model():
         for key in reversed(scratch):
             r.free(key)
         r.free(out_key)
-    # THEN all but the 9 rows whose cached block came from the probe's earlier work (a T5 step
-    # whose tensors were still alive) match to the byte, the 148 MB ones served from a cached
+    # THEN all but the 9 rows whose cached block depends on the probe's earlier work (its cache
+    # still held the T5 step of its first part) match to the byte, the 148 MB ones served from a cached
     # block included
     assert exact == 1811
 

@@ -265,3 +265,11 @@ def test_cpu_estimates_are_unchanged(monkeypatch):
     assert with_hook.by_category == without.by_category
     assert "reduction_scratch" not in with_hook.by_category
     assert not any("CUDA reduction" in n for n in with_hook.notes)
+
+
+def test_fsdp_bias_gradients_are_reduced_on_the_unsharded_gradient(monkeypatch):
+    # GIVEN the same step under FSDP2 on 4 ranks for an H200: each Linear's bias gradient is
+    # summed on the full [3152, 384] gradient before it is reduce-scattered
+    est = _estimate(monkeypatch, True, gpu="H200", torch_version="2.11", strategy="fsdp", world_size=4)
+    # THEN the peak holds the same staging buffer and semaphores as a single GPU's
+    assert est.by_category["reduction_scratch"] == 4 * 384 * 50 * 128 + 12

@@ -415,6 +415,8 @@ def describe_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> C
     x = args[0] if args else None
     if not isinstance(x, torch.Tensor) or x.is_complex() or x.numel() == 0:
         return None
+    if getattr(x, "to_local", None) is not None:
+        return None  # a DTensor: its global shape runs no kernel; its local op comes back on its own
     name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else ""
     ndim = x.dim()
     rest = list(args[1:])

@@ -273,3 +273,30 @@ def test_fsdp_bias_gradients_are_reduced_on_the_unsharded_gradient(monkeypatch):
     est = _estimate(monkeypatch, True, gpu="H200", torch_version="2.11", strategy="fsdp", world_size=4)
     # THEN the peak holds the same staging buffer and semaphores as a single GPU's
     assert est.by_category["reduction_scratch"] == 4 * 384 * 50 * 128 + 12
+
+
+def test_vit_estimate_for_the_h200_is_the_measured_peak():
+    # GIVEN the panel's ViT-S (6 layers, 16 images, AdamW, float32), measured on an H200 with
+    # torch 2.11: its peak is in backward at the last fc2's bias gradient, a column reduction
+    pytest.importorskip("transformers")
+    from fixtures.gpu_h200 import panel
+
+    measured = json.loads((FIXTURE.parent / "estimate_measured_h200.json").read_text())
+    row = next(r for r in measured["rows"] if r["name"] == "vit" and r["precision"] == "32-true")
+    got = []
+    for steps in (1, 2):
+        make_model, make_batch = panel.PANEL["vit"]
+        torch.manual_seed(0)
+        with torch.device("meta"):
+            model = make_model()
+        model.train()
+        est = estimate_memory(
+            model, make_batch(), optimizer=panel.OPTIMIZERS["adamw"], loss_fn=panel.hf_loss,
+            gpu="H200", torch_version="2.11", steps=steps,
+        )  # fmt: skip
+        assert est.by_category["reduction_scratch"] == 9_830_412
+        got.append((est.peak_bytes, est.reserved_peak_bytes))
+    # THEN both steps' allocated peaks and the reserved peak are the measured ones, to the byte
+    # (without the reduction's scratch the estimate was 9,830,912 B short at step 1)
+    assert [p for p, _ in got] == row["step_peaks"] == [628_306_944, 722_020_352]
+    assert got[1][1] == row["meas_reserved"] == 861_929_472

@@ -214,7 +214,7 @@ def estimate(
                 if plan is not None
                 else None
             )
-            scratch = KernelScratch(tracker.phases) if target is not None else None
+            scratch = KernelScratch(tracker.phases, target) if target is not None else None
             stats = FloatStats() if target is not None else None
             data = KnownData() if mode is not None else None
             if data is not None:

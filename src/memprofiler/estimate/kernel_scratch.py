@@ -30,6 +30,11 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
   (``input.expect_contiguous()``), and in backward of the output gradient too (``dY.contiguous()``).
   Swin's patch merging normalises a transposed tensor.
 
+- reductions through ``gpu_reduce_kernel`` (sum, mean, amax, max along a dim, norms, var/std...):
+  the staging buffer and semaphores of a launch that splits each output's inputs across blocks,
+  and the copy of an input the kernel cannot read in its own dtype
+  (:mod:`memprofiler.estimate.reduce_scratch`); a Linear's bias gradient is such a reduction.
+
 Each is a transient: allocated with the op's outputs alive, freed when the op returns.
 """
 
@@ -41,6 +46,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from memprofiler.estimate import reduce_scratch
+from memprofiler.estimate.target import CudaTarget
 
 _aten = torch.ops.aten
 EFFICIENT_FWD = _aten._scaled_dot_product_efficient_attention.default
@@ -177,17 +185,30 @@ _PHASES: dict[Any, Callable[[tuple[Any, ...]], list[list[int]]]] = {
 
 
 class KernelScratch(TorchDispatchMode):
-    """Calls ``phases(name, [[bytes, ...], ...])`` for each op whose CUDA kernel takes scratch."""
+    """Calls ``phases(name, [[bytes, ...], ...])`` for each op whose CUDA kernel takes scratch.
 
-    def __init__(self, phases: Callable[[str, list[list[int]]], None]) -> None:
+    Reductions are sized for ``target``'s SM count and threads per SM; without a target they are
+    left out (the other kernels' scratch does not depend on the device).
+    """
+
+    def __init__(
+        self, phases: Callable[[str, list[list[int]]], None], target: CudaTarget | None = None
+    ) -> None:
         super().__init__()
         self.phases = phases
         self.log = ScratchLog()
+        self.device = reduce_scratch.Device(target.sms, target.threads_per_sm) if target is not None else None
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
+        if func in reduce_scratch.OPS:
+            sizes = reduce_scratch.op_scratch(func, args, kwargs or {}, self.device) if self.device else []
+            if sizes:
+                self.log.add(f"CUDA reduction {func.__name__}", sum(sizes))
+                self.phases("reduction", [sizes])
+            return out
         scratch = _PHASES.get(func)
         found = scratch(args) if scratch is not None else []
         if not found:

@@ -11,32 +11,59 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from memprofiler.errors import ConfigError
 
-#: Compute capability (major, minor) of the GPUs a user names most often.
-GPUS: dict[str, tuple[int, int]] = {
-    "V100": (7, 0),
-    "T4": (7, 5),
-    "A100": (8, 0),
-    "A30": (8, 0),
-    "A10": (8, 6),
-    "A10G": (8, 6),
-    "A40": (8, 6),
-    "RTX3090": (8, 6),
-    "L4": (8, 9),
-    "L40": (8, 9),
-    "L40S": (8, 9),
-    "RTX4090": (8, 9),
-    "H100": (9, 0),
-    "H200": (9, 0),
-    "GH200": (9, 0),
-    "B200": (10, 0),
-    "GB200": (10, 0),
-    "B300": (10, 3),
-    "RTX5090": (12, 0),
+
+class Gpu(NamedTuple):
+    """What an estimate needs to know of a GPU model: its compute capability and SM count."""
+
+    capability: tuple[int, int]
+    sms: int
+    """Streaming multiprocessors (``multiProcessorCount``), from NVIDIA's data sheets."""
+
+
+#: The GPUs a user names most often: compute capability (major, minor) and SM count (the SXM or
+#: flagship board where a model comes in several: ``H100`` is the SXM part, 132 SMs).
+GPUS: dict[str, Gpu] = {
+    "V100": Gpu((7, 0), 80),
+    "T4": Gpu((7, 5), 40),
+    "A100": Gpu((8, 0), 108),
+    "A30": Gpu((8, 0), 56),
+    "A10": Gpu((8, 6), 72),
+    "A10G": Gpu((8, 6), 80),
+    "A40": Gpu((8, 6), 84),
+    "RTX3090": Gpu((8, 6), 82),
+    "L4": Gpu((8, 9), 58),
+    "L40": Gpu((8, 9), 142),
+    "L40S": Gpu((8, 9), 142),
+    "RTX4090": Gpu((8, 9), 128),
+    "H100": Gpu((9, 0), 132),
+    "H100PCIE": Gpu((9, 0), 114),
+    "H100NVL": Gpu((9, 0), 132),
+    "H200": Gpu((9, 0), 132),
+    "GH200": Gpu((9, 0), 132),
+    "B200": Gpu((10, 0), 148),
+    "GB200": Gpu((10, 0), 148),
+    "B300": Gpu((10, 3), 148),
+    "RTX5090": Gpu((12, 0), 170),
+}
+#: Resident threads per SM (``maxThreadsPerMultiProcessor``) by compute capability (CUDA
+#: programming guide, "Compute Capabilities"); one not listed is taken as 2048.
+THREADS_PER_SM: dict[tuple[int, int], int] = {
+    (7, 0): 2048,
+    (7, 5): 1024,
+    (8, 0): 2048,
+    (8, 6): 1536,
+    (8, 7): 1536,
+    (8, 9): 1536,
+    (9, 0): 2048,
+    (10, 0): 2048,
+    (10, 3): 2048,
+    (12, 0): 1536,
 }
 #: The target assumed when none is named and this machine has no GPU.
 DEFAULT_GPU = "H100"
@@ -48,13 +75,17 @@ class CudaTarget:
 
     Example:
         >>> t = resolve_target("H200", torch_version="2.11.0")
-        >>> (t.name, t.capability, t.torch_version)
-        ('H200', (9, 0), (2, 11))
+        >>> (t.name, t.capability, t.torch_version, t.sms, t.threads_per_sm)
+        ('H200', (9, 0), (2, 11), 132, 2048)
     """
 
     name: str
     capability: tuple[int, int]
     torch_version: tuple[int, int]
+    sms: int
+    """Streaming multiprocessors: CUDA reductions size their grids (and global scratch) by them."""
+    threads_per_sm: int
+    """Resident threads per SM (``maxThreadsPerMultiProcessor``)."""
     how: str = "named"
     """``named`` (``gpu=``), ``local`` (this machine's GPU) or ``default`` (:data:`DEFAULT_GPU`)."""
 
@@ -81,15 +112,32 @@ def parse_version(text: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
-def _capability(text: str) -> tuple[str, tuple[int, int]] | None:
+def sms_for(capability: tuple[int, int]) -> int:
+    """The SM count assumed for a target named by compute capability: the first GPU of :data:`GPUS`
+    with that capability, else with that major version, else :data:`DEFAULT_GPU`'s."""
+    for gpu in GPUS.values():
+        if gpu.capability == capability:
+            return gpu.sms
+    for gpu in GPUS.values():
+        if gpu.capability[0] == capability[0]:
+            return gpu.sms
+    return GPUS[DEFAULT_GPU].sms
+
+
+def threads_per_sm(capability: tuple[int, int]) -> int:
+    """Resident threads per SM for ``capability`` (:data:`THREADS_PER_SM`, else 2048)."""
+    return THREADS_PER_SM.get(capability, 2048)
+
+
+def _lookup(text: str) -> tuple[str, Gpu] | None:
     key = re.sub(r"[\s_-]", "", text).upper().removeprefix("NVIDIA")
-    for name, cap in GPUS.items():  # "NVIDIA H100 80GB HBM3" -> H100
+    for name, gpu in GPUS.items():  # "NVIDIA H100 80GB HBM3" -> H100
         if key == name or (key.startswith(name) and not key[len(name) : len(name) + 1].isalpha()):
-            return name, cap
+            return name, gpu
     found = re.fullmatch(r"(?:SM_?)?(\d{1,2})\.?(\d)", key)
     if found:
         cap = (int(found.group(1)), int(found.group(2)))
-        return f"sm{cap[0]}{cap[1]}", cap
+        return f"sm{cap[0]}{cap[1]}", Gpu(cap, sms_for(cap))
     return None
 
 
@@ -97,26 +145,34 @@ def resolve_target(gpu: str | None = None, torch_version: str | None = None) -> 
     """The target for ``gpu`` (a name or compute capability), else this GPU, else the default."""
     version = parse_version(torch_version or torch.__version__)
     if gpu:
-        found = _capability(gpu)
+        found = _lookup(gpu)
         if found is None:
             known = ", ".join(GPUS)
             raise ConfigError(
                 "gpu", f"got {gpu!r}; use one of {known} or a compute capability such as 9.0 or sm90"
             )
-        return CudaTarget(found[0], found[1], version, "named")
+        name, spec = found
+        return CudaTarget(name, spec.capability, version, spec.sms, threads_per_sm(spec.capability), "named")
     local = _local_gpu()
     if local is not None:
-        return CudaTarget(local[0], local[1], version, "local")
-    return CudaTarget(DEFAULT_GPU, GPUS[DEFAULT_GPU], version, "default")
+        return CudaTarget(local[0], local[1].capability, version, local[1].sms, local[2], "local")
+    spec = GPUS[DEFAULT_GPU]
+    return CudaTarget(
+        DEFAULT_GPU, spec.capability, version, spec.sms, threads_per_sm(spec.capability), "default"
+    )
 
 
-def _local_gpu() -> tuple[str, tuple[int, int]] | None:
-    """This machine's GPU 0 as (name, capability), or None where there is none or it cannot be read."""
+def _local_gpu() -> tuple[str, Gpu, int] | None:
+    """This machine's GPU 0 as (name, its capability and SM count, threads per SM), read from the
+    device's properties; None where there is none or it cannot be read."""
     try:
         if not torch.cuda.is_available():
             return None
-        major, minor = torch.cuda.get_device_capability()
-        found = _capability(torch.cuda.get_device_name())
+        props = torch.cuda.get_device_properties(0)
+        cap = (int(props.major), int(props.minor))
+        found = _lookup(str(props.name))
+        sms = int(props.multi_processor_count)
+        threads = int(getattr(props, "max_threads_per_multi_processor", 0)) or threads_per_sm(cap)
     except Exception:  # a CPU-only build told otherwise, a device id it does not have, a broken driver
         return None
-    return (found[0] if found else f"sm{major}{minor}"), (major, minor)
+    return (found[0] if found else f"sm{cap[0]}{cap[1]}"), Gpu(cap, sms), threads

@@ -206,3 +206,22 @@ def test_expandable_segments_prefer_a_hole_to_the_growable_tail():
     seg_base = r.block(1)[0]
     assert r.block(4) == (seg_base + 4 * MiB, 3 * MiB)
     assert (r.segments, r.reserved) == (1, 20 * MiB)
+
+
+def test_a_mirrored_replay_serves_the_same_requests_with_what_if_sizes_from_its_start():
+    from memprofiler.estimate.allocator import MirroredReplay
+
+    r = MirroredReplay()
+    r.alloc(1, 3 << 20)  # before the twin: 3 MiB, a 20 MiB segment
+    r.start_mirror()
+    r.alloc_as(2, 1 << 20, 30 << 20)  # 1 MiB here, 30 MiB in the twin
+    r.free(2)
+    r.alloc(3, 5 << 20)  # both serve it from the first segment (best fit)
+    assert r.mirror is not None
+    # THEN the twin holds the same blocks, but reserved a 30 MiB segment where the model took 2 MiB
+    assert (r.allocated, r.mirror.allocated) == (8 << 20, 8 << 20)
+    assert (r.peak_reserved, r.mirror.peak_reserved) == (22 << 20, 50 << 20)  # + a 2 MiB small segment
+    assert r.mirror.peak_allocated == (3 << 20) + (30 << 20)
+    r.free(1)
+    r.free(3)
+    assert r.mirror.allocated == 0

@@ -43,6 +43,7 @@ its first entry and checks the model against what the real allocator did.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -449,3 +450,60 @@ class AllocatorReplay:
                 self._release(pool_key, seg)
                 out.append((seg.address, seg.size))
         return out
+
+
+@dataclass
+class MirroredReplay(AllocatorReplay):
+    """An allocator replay with a what-if twin: once :meth:`start_mirror` is called, every request
+    is served by a second replay too, where the requests made through :meth:`alloc_as` take
+    another size. The estimate uses it for cuDNN's workspaces (``workspaces.CONV_ENVELOPE``): the
+    twin's peaks are the step's had every convolution taken its envelope, reserved segments
+    included, so the margin follows the caching allocator rather than adding sizes up.
+    """
+
+    mirror: AllocatorReplay | None = None
+    _mirror_sizes: dict[int, int] = field(default_factory=dict)
+
+    def start_mirror(self) -> None:
+        """From here on keep the twin (a copy of this replay's state now); once only."""
+        if self.mirror is None:
+            twin = AllocatorReplay(self.config, self.capacity, self.memory_fraction)
+            state = copy.deepcopy({k: getattr(self, k) for k in _REPLAY_STATE})
+            for k, v in state.items():
+                setattr(twin, k, v)
+            self.mirror = twin
+
+    def alloc_as(self, key: int, nbytes: int, mirror_nbytes: int, stream: int = 0) -> None:
+        """Serve ``nbytes`` here and ``mirror_nbytes`` in the twin (when there is one)."""
+        if self.mirror is not None:
+            self._mirror_sizes[key] = mirror_nbytes
+        self.alloc(key, nbytes, stream)
+
+    def alloc(self, key: int, nbytes: int, stream: int = 0) -> None:
+        super().alloc(key, nbytes, stream)
+        if self.mirror is not None:
+            self.mirror.alloc(key, self._mirror_sizes.pop(key, nbytes), stream)
+
+    def free(self, key: int) -> None:
+        super().free(key)
+        if self.mirror is not None:
+            self.mirror.free(key)
+
+    def release_cached(self) -> list[tuple[int, int]]:
+        if self.mirror is not None:
+            self.mirror.release_cached()
+        return super().release_cached()
+
+
+#: What a replay's state is (copied into a mirror at its start).
+_REPLAY_STATE = (
+    "allocated",
+    "reserved",
+    "peak_allocated",
+    "peak_reserved",
+    "segments",
+    "released",
+    "_pools",
+    "_live",
+    "_requests",
+)

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_map_only
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import strategies, ties
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
-from memprofiler.estimate.allocator import AllocatorConfig, AllocatorReplay
+from memprofiler.estimate.allocator import AllocatorConfig, MirroredReplay
 from memprofiler.estimate.cuda_dispatch import CudaDispatch
 from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
 from memprofiler.estimate.cuda_stats import FloatStats
@@ -191,7 +191,7 @@ def estimate(
                 )
             alloc_conf = AllocatorConfig.from_env()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
-            tracker = new_tracker(fsdp, model, opt, AllocatorReplay(alloc_conf, device_memory))
+            tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
             tracker.host_rng = target is not None
@@ -209,11 +209,7 @@ def estimate(
             plan = WorkspacePlan.for_target(target) if target is not None else None
             dispatch = CudaDispatch(target) if target is not None else None
             custom = CustomOps() if cuda else None  # only the CUDA view adds margins
-            blas = (
-                BlasWorkspaces(plan, tracker.hold, tracker.transient, tracker.what_if)
-                if plan is not None
-                else None
-            )
+            blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
             scratch = KernelScratch(tracker.phases, target) if target is not None else None
             stats = FloatStats() if target is not None else None
             data = KnownData() if mode is not None else None
@@ -275,13 +271,14 @@ def estimate(
             f"its larger input or output (output gradient in backward), up to {blas.conv_max:,} B; cuDNN's "
             "actual workspace depends on the algorithm it picks on the device"
         )
-        if cuda:
-            over = led.what_if.get("cudnn", 0) - led.allocator.peak_allocated
+        twin = getattr(led.allocator, "mirror", None)
+        if cuda and twin is not None:
+            over = twin.peak_reserved - led.allocator.peak_reserved
             conv_margin = (
                 "cuDNN convolution workspaces are cuDNN's choice: had each convolution taken "
                 f"{CONV_ENVELOPE['forward']}x (forward) / {CONV_ENVELOPE['backward']}x (backward) its largest "
-                "operand in float32 bytes, the most measured on an H200 (cuDNN 9.19), the peak would be this "
-                "much higher",
+                "operand in float32 bytes, the most measured on an H200 (cuDNN 9.19), the caching allocator "
+                f"would have reserved this much more (allocated peak {twin.peak_allocated:,} B)",
                 max(over, 0),
             )
     if plan is not None and plan.held:

@@ -23,7 +23,7 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _Updat
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memprofiler.estimate import accumulation, fake_layouts, grouped_mm
-from memprofiler.estimate.allocator import AllocatorReplay, round_size
+from memprofiler.estimate.allocator import AllocatorReplay, MirroredReplay
 
 #: torch's reference types, by value, to the names an estimate reports.
 CATEGORY = {
@@ -76,7 +76,6 @@ class Ledger:
         self.peak_held = 0
         self.holds: list[tuple[str, int]] = []
         self.merged_in_place = 0  # engine gradient merges counted in place (accumulation.py)
-        self.what_if: dict[str, int] = {}  # name -> most allocated had a kernel taken its envelope
 
     def no_tensor_key(self) -> int:
         """A fresh allocator key for memory no tensor stands for (buckets, workspaces, scratch).
@@ -262,37 +261,39 @@ def _make(base: type[MemTracker]) -> Any:
                     "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
                 )
 
-        def transient(self, name: str, nbytes: int) -> None:
-            """Scratch a kernel allocates through the caching allocator and frees before returning."""
-            self.phases(name, [[nbytes]])
+        def transient(self, name: str, nbytes: int, what_if: int | None = None) -> None:
+            """Scratch a kernel allocates through the caching allocator and frees before returning;
+            ``what_if``: the size it might take instead, served in the allocator's what-if twin
+            (started at the first such call; ``allocator.MirroredReplay``)."""
+            alloc = self.ledger.allocator
+            if what_if is not None and isinstance(alloc, MirroredReplay):
+                alloc.start_mirror()
+                self.phases(name, [[nbytes]], what_if=[[what_if]])
+            else:
+                self.phases(name, [[nbytes]])
 
-        def phases(self, name: str, phases: list[list[int]]) -> None:
+        def phases(self, name: str, phases: list[list[int]], what_if: list[list[int]] | None = None) -> None:
             """Scratch a kernel allocates in phases (each a list of blocks live together), freed on return."""
-            if self.quiet:  # DTensor's shape inference on fake tensors of the global shape: no kernel runs
-                return
             led = self.ledger
+            if self.quiet:
+                return
             cat = f"{name}_scratch"
-            for sizes in phases:
+            alloc = led.allocator
+            for i, sizes in enumerate(phases):
                 keys = [led.no_tensor_key() for _ in sizes]
                 total = sum(sizes)
                 led.move(cat, total)
                 led.held += total
-                for key, n in zip(keys, sizes, strict=True):
-                    led.allocator.alloc(key, n)
+                for j, (key, n) in enumerate(zip(keys, sizes, strict=True)):
+                    if what_if is not None and isinstance(alloc, MirroredReplay):
+                        alloc.alloc_as(key, n, what_if[i][j])
+                    else:
+                        alloc.alloc(key, n)
                 self._note_peak()
                 for key in keys:
-                    led.allocator.free(key)
+                    alloc.free(key)
                 led.held -= total
                 led.move(cat, -total)
-
-        def what_if(self, name: str, nbytes: int) -> None:
-            """The allocated figure were a kernel here to take ``nbytes`` of scratch (not counted):
-            its most over the steps is kept per ``name`` for the fits margin."""
-            if nbytes <= 0:
-                return
-            led = self.ledger
-            at = led.allocator.allocated + round_size(nbytes, led.allocator.config)
-            led.what_if[name] = max(led.what_if.get(name, 0), at)
 
         def hold(self, name: str, nbytes: int) -> None:
             """Memory a library allocates through the caching allocator and keeps (a workspace)."""

@@ -227,15 +227,14 @@ def conv_workspace_envelope(func: Any, args: tuple[Any, ...], out: Any) -> int:
 
 class BlasWorkspaces(TorchDispatchMode):
     """Sees every matrix product and convolution: ``hold(name, nbytes)`` for each new cuBLAS
-    workspace, ``transient(name, nbytes)`` for each convolution's cuDNN scratch, and
-    ``what_if(name, nbytes)`` with the envelope of that scratch (the margin's figure)."""
+    workspace, ``transient(name, nbytes, what_if)`` for each convolution's cuDNN scratch, with
+    the envelope it might take instead (the margin's figure)."""
 
-    def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None, what_if: Any = None) -> None:
+    def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None) -> None:
         super().__init__()
         self.plan = plan
         self.hold = hold
         self.transient = transient
-        self.what_if = what_if
         self.convs = 0
         self.conv_max = 0
 
@@ -251,7 +250,5 @@ class BlasWorkspaces(TorchDispatchMode):
             n = conv_scratch_bound(func, args, out)
             self.convs += 1
             self.conv_max = max(self.conv_max, n)
-            self.transient("cudnn", n)
-            if self.what_if is not None:
-                self.what_if("cudnn", conv_workspace_envelope(func, args, out))
+            self.transient("cudnn", n, conv_workspace_envelope(func, args, out))
         return out

@@ -127,6 +127,8 @@ class EstimateLog:
         def alloc(orig: Any) -> Any:
             def wrapped(replay: Any, key: int, nbytes: int, stream: int = 0) -> None:
                 orig(replay, key, nbytes, stream)
+                if getattr(replay, "what_if", False):  # the convolution margin's twin
+                    return
                 if nbytes > 0 and not getattr(replay, "probe_synthetic", False):
                     log.on_alloc(replay, key, nbytes)
 
@@ -135,6 +137,8 @@ class EstimateLog:
         def free(orig: Any) -> Any:
             def wrapped(replay: Any, key: int) -> None:
                 orig(replay, key)
+                if getattr(replay, "what_if", False):
+                    return
                 if not getattr(replay, "probe_synthetic", False):  # the dry run's real side
                     log.on_free(replay, key)
 

@@ -212,6 +212,8 @@ class AllocatorReplay:
     _live: dict[int, tuple[tuple[int, bool], _Segment, _Block]] = field(default_factory=dict)
     _requests: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     """Requests per pool kind (small: True) so far: the garbage collector's clock."""
+    what_if: bool = False
+    """A :class:`MirroredReplay`'s twin: its figures are a what-if, not the estimate's."""
 
     @classmethod
     def seeded(
@@ -467,7 +469,7 @@ class MirroredReplay(AllocatorReplay):
     def start_mirror(self) -> None:
         """From here on keep the twin (a copy of this replay's state now); once only."""
         if self.mirror is None:
-            twin = AllocatorReplay(self.config, self.capacity, self.memory_fraction)
+            twin = AllocatorReplay(self.config, self.capacity, self.memory_fraction, what_if=True)
             state = copy.deepcopy({k: getattr(self, k) for k in _REPLAY_STATE})
             for k, v in state.items():
                 setattr(twin, k, v)

@@ -220,3 +220,26 @@ def test_math_path_dropout_keeps_cudas_one_byte_mask():
     # fused kernel's bool mask (1 B), not the CPU's float32 noise (4 B)
     elems = B * 4 * T * T
     assert est[0.1].saved_bytes - est[0.0].saved_bytes == elems * (4 + 1)
+
+
+class _IdsAndLabels(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(128, 16)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.emb(input_ids).sum() + labels.float().sum()
+
+
+@pytest.mark.parametrize(("kw", "copies"), [({"gpu": "H100"}, 2), ({"device": "cpu"}, 1)])
+def test_a_tensor_standing_twice_in_the_batch_is_two_device_copies_on_cuda(kw, copies):
+    # GIVEN a language-model batch whose labels are its input ids, one CPU tensor in two places
+    ids = torch.randint(0, 128, (B, T))
+    with torch.device("meta"):
+        model = _IdsAndLabels()
+    est = estimate_memory(
+        model, {"input_ids": ids, "labels": ids}, optimizer=ADAMW, loss_fn=lambda m, b: m(**b), **kw
+    )
+    # THEN moved to the GPU tensor by tensor (Lightning's batch_to_device, {k: v.to("cuda")}) it is
+    # two copies; on the CPU it stays one
+    assert est.by_category["inputs"] == copies * ids.numel() * ids.element_size()

@@ -121,14 +121,23 @@ def _materialize(model: nn.Module, device: str, tied: list[list[ties.Place]]) ->
     ties.restore_ties(tied)
 
 
-def _to_fake(batch: Any, mode: Any, device: str, dtype: torch.dtype | None = None) -> Any:
-    """The batch on the run device; with ``dtype``, its floating-point tensors converted to it."""
+def _to_fake(
+    batch: Any, mode: Any, device: str, dtype: torch.dtype | None = None, copies: bool = False
+) -> Any:
+    """The batch on the run device; with ``dtype``, its floating-point tensors converted to it.
+
+    ``copies`` (a CUDA target): each tensor of the batch is its own copy, as when a batch is moved
+    to the GPU tensor by tensor (Lightning's ``batch_to_device``, ``{k: v.to("cuda")}``): a CPU
+    tensor that stands in two places (``{"input_ids": ids, "labels": ids}``) becomes two.
+    """
+    seen: set[int] = set()
 
     def conv(t: torch.Tensor) -> torch.Tensor:
+        shared = copies and t.untyped_storage()._cdata in seen
+        seen.add(t.untyped_storage()._cdata)
         t = mode.from_tensor(t) if mode is not None else t
-        if dtype is not None and t.is_floating_point():
-            return t.to(device, dtype)
-        return t.to(device)
+        t = t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
+        return t.clone() if shared else t
 
     return tree_map_only(torch.Tensor, conv, batch)
 
@@ -177,7 +186,7 @@ def estimate(
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
         with torch.device(where), mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, tied)
-            fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(precision))
+            fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(precision), copies=cuda)
             if optimizer_of_model is not None:  # LightningModule.configure_optimizers
                 opt = optimizer_of_model(model)
             elif optimizer is not None:

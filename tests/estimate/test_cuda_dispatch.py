@@ -243,3 +243,53 @@ def test_a_tensor_standing_twice_in_the_batch_is_two_device_copies_on_cuda(kw, c
     # THEN moved to the GPU tensor by tensor (Lightning's batch_to_device, {k: v.to("cuda")}) it is
     # two copies; on the CPU it stays one
     assert est.by_category["inputs"] == copies * ids.numel() * ids.element_size()
+
+
+def _rms_net() -> nn.Module:
+    with torch.device("meta"):
+        return nn.Sequential(nn.Linear(256, 256), nn.RMSNorm(256), nn.Linear(256, 8))
+
+
+def _rms_estimate(precision: str = "32-true", **kw):
+    sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+    x = torch.randn(64, 256)
+    return estimate_memory(
+        _rms_net(), x, optimizer=sgd, loss_fn=lambda m, b: m(b).sum(), precision=precision, **kw
+    )
+
+
+def test_rms_norm_keeps_what_cudas_fused_kernel_keeps():
+    # GIVEN Linear -> nn.RMSNorm -> Linear on 64 rows of 256 float32 features
+    cuda, cpu = _rms_estimate(gpu="H100"), _rms_estimate(device="cpu")
+    act = 64 * 256 * 4
+    # THEN for a CUDA target backward keeps the batch (first Linear), the norm's input and a float32
+    # rstd per row (the fused kernel), and the norm's output (second Linear): 3 activations + 64 x 4 B
+    assert cuda.saved_bytes == 3 * act + 64 * 4
+    assert any(n.startswith("rms_norm: 2 call(s) as CUDA's fused kernel") for n in cuda.notes)
+    # AND the CPU's composite keeps the normalised input as well: one activation more
+    assert cpu.saved_bytes - cuda.saved_bytes == act
+    assert not any(n.startswith("rms_norm:") for n in cpu.notes)
+
+
+def test_rms_norm_under_cuda_autocast_runs_in_float32():
+    # GIVEN the same net in bf16-mixed for a CUDA target: CUDA autocast runs rms_norm in float32
+    est = _rms_estimate("bf16-mixed", gpu="H100")
+    act32, act16 = 64 * 256 * 4, 64 * 256 * 2
+    # THEN the norm keeps its input cast to float32 and rstd; the Linears keep bfloat16 copies of
+    # their inputs, and the second Linear its bfloat16 weight (8 x 256)
+    assert est.saved_bytes == act16 + act32 + 64 * 4 + act16 + 8 * 256 * 2
+    assert any(n.startswith("rms_norm: 2 call(s)") for n in est.notes)
+
+
+def test_rms_norm_with_a_weight_of_another_dtype_takes_the_composite_path_as_on_cuda():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memprofiler.estimate.fused_norms import fused_rms_norm
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8, dtype=torch.bfloat16)
+        assert fused_rms_norm((x, (8,), torch.empty(8)), {}) is None  # float32 weight: composite
+        assert fused_rms_norm((x, (8,), torch.empty(8, dtype=torch.bfloat16)), {}) is not None
+        cl = torch.empty(2, 3, 4, 4).to(memory_format=torch.channels_last)
+        assert fused_rms_norm((cl, (4,)), {}) is None  # channels-last: composite
+    assert fused_rms_norm((torch.randn(4, 8), (8,)), {}) is None  # real tensors: their values count

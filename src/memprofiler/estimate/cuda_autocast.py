@@ -3,7 +3,7 @@
 The fake step runs under CPU autocast (fake CUDA tensors cannot run autograd on a CPU-only
 torch). Both autocasts run matrix products and convolutions in the low precision, but CUDA's
 also runs a list of ops in float32 that CPU's leaves alone (``autocast_mode.cpp``,
-``KERNEL_CUDA``): ``pow``, ``exp``, ``log``, ``rsqrt``, ``layer_norm``, ``group_norm``,
+``KERNEL_CUDA``): ``pow``, ``exp``, ``log``, ``rsqrt``, ``layer_norm``, ``rms_norm``, ``group_norm``,
 ``softplus``, the losses, ``logsumexp``, ...; and it runs ``softmax``, ``log_softmax``,
 ``sum``, ``prod``, ``cumsum``, ``cumprod`` and the vector/matrix norms with a float32 output
 (``fp32_set_opt_dtype``) unless a dtype is given. Those float32 results are what backward
@@ -42,6 +42,7 @@ FP32 = frozenset(
         "float_power",
         "softplus",
         "layer_norm",
+        "rms_norm",
         "group_norm",
         "frobenius_norm",
         "nuclear_norm",

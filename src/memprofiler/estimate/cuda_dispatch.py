@@ -13,6 +13,8 @@ estimate takes CUDA's, so a laptop's answer is the GPU node's answer:
   dropouts at batch 8 x 512 keep 54 MiB more than on the GPU (``aten/src/ATen/native/Dropout.cpp``,
   ``is_fused_kernel_acceptable``). In-place, alpha and feature dropout take the noise path on
   CUDA too and are left as they are.
+- ``F.rms_norm``: CUDA's fused kernel keeps the input, the weight and a float32 ``rstd`` per row;
+  the CPU's composite keeps the normalised input too, see :mod:`memprofiler.estimate.fused_norms`.
 - ``F.batch_norm`` and ``torch.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``: run as on the CPU, and
   logged where CUDA would hand them to cuDNN, which keeps a reserve space of its own size for
   backward (a stated margin, :mod:`memprofiler.estimate.cudnn_state`).
@@ -29,10 +31,14 @@ from torch.overrides import TorchFunctionMode
 from memprofiler.estimate import cuda_autocast
 from memprofiler.estimate.attention import AttentionLog, attention
 from memprofiler.estimate.cudnn_state import GATES, CudnnStateLog
+from memprofiler.estimate.fused_norms import fused_rms_norm
 from memprofiler.estimate.target import CudaTarget
 
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _DROPOUT = (F.dropout, torch.dropout)
+_RMS_NORM = tuple(
+    f for f in (getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None)) if f is not None
+)
 _RNN = {getattr(torch, name): name for name in GATES}
 #: ``loss.backward()``: a mode is off while it handles a call, and the call's own work would find
 #: no mode; so the backward is run through the engine with the mode back on, or a checkpointed
@@ -102,6 +108,7 @@ class CudaDispatch(TorchFunctionMode):
         self.target = target
         self.log = AttentionLog()
         self.fused_dropouts = 0
+        self.fused_rms_norms = 0
         self.cudnn = CudnnStateLog()
 
     def __torch_function__(
@@ -122,6 +129,11 @@ class CudaDispatch(TorchFunctionMode):
         elif func in _RNN:
             self.cudnn.rnn(_RNN[func], args)
         args, kwargs = cuda_autocast.cast(func, args, kwargs)
+        if func in _RMS_NORM:
+            out = fused_rms_norm(args, kwargs)
+            if out is not None:
+                self.fused_rms_norms += 1
+                return out
         return func(*args, **kwargs)
 
     def notes(self) -> list[str]:
@@ -130,5 +142,10 @@ class CudaDispatch(TorchFunctionMode):
             out.append(
                 f"dropout: {self.fused_dropouts} call(s) as CUDA's fused native_dropout (a 1-byte mask kept for "
                 "backward, where the CPU keeps a noise tensor of the input's dtype)"
+            )
+        if self.fused_rms_norms:
+            out.append(
+                f"rms_norm: {self.fused_rms_norms} call(s) as CUDA's fused kernel (the input, the weight and a "
+                "float32 rstd per row kept for backward, where the CPU's composite keeps the normalised input too)"
             )
         return out

@@ -292,4 +292,6 @@ def test_rms_norm_with_a_weight_of_another_dtype_takes_the_composite_path_as_on_
         assert fused_rms_norm((x, (8,), torch.empty(8, dtype=torch.bfloat16)), {}) is not None
         cl = torch.empty(2, 3, 4, 4).to(memory_format=torch.channels_last)
         assert fused_rms_norm((cl, (4,)), {}) is None  # channels-last: composite
+        # a target of torch 2.7: the fused kernel did not exist yet
+        assert fused_rms_norm((x, (8,), torch.empty(8, dtype=torch.bfloat16)), {}, (2, 7)) is None
     assert fused_rms_norm((torch.randn(4, 8), (8,)), {}) is None  # real tensors: their values count

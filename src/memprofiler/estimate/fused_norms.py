@@ -11,8 +11,9 @@ of the activation per norm, or two. ``torch.nn.RMSNorm`` (torchtitan's LLaMA, fo
 ``F.rms_norm``; transformers' own ``*RMSNorm`` modules compute it with plain ops on both devices and
 are left alone.
 
-CUDA keeps the composite path for a channels-last or complex input and where the weight's dtype is
-not the input's; so does this. Under CUDA autocast ``rms_norm`` runs in float32
+The fused kernel came with torch 2.8 (pytorch/pytorch#153666); a target of an earlier torch keeps
+the composite. CUDA keeps the composite path for a channels-last or complex input and where the
+weight's dtype is not the input's; so does this. Under CUDA autocast ``rms_norm`` runs in float32
 (:mod:`memprofiler.estimate.cuda_autocast` casts first).
 """
 
@@ -53,9 +54,17 @@ def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def fused_rms_norm(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+#: The first torch release whose CUDA ``rms_norm`` runs the fused kernel.
+FUSED_SINCE = (2, 8)
+
+
+def fused_rms_norm(
+    args: tuple[Any, ...], kwargs: dict[str, Any], torch_version: tuple[int, int] = FUSED_SINCE
+) -> torch.Tensor | None:
     """``F.rms_norm(input, normalized_shape, weight, eps)`` by CUDA's fused kernel, or None where
     CUDA too takes the composite path (or the tensors are real: their values are needed)."""
+    if torch_version < FUSED_SINCE:
+        return None
     names = ("input", "normalized_shape", "weight", "eps")
     got = {"weight": None, "eps": None, **dict(zip(names, args, strict=False)), **kwargs}
     x, weight = got["input"], got["weight"]

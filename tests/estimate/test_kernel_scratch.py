@@ -85,3 +85,84 @@ def test_memory_efficient_seed_and_offset_stay_on_the_host(monkeypatch):
     lse = B * H * 128 * 4
     assert saved["activations"] == B * M * H * K * 4 + lse + 2 * 4
     assert any("2 philox seed/offset scalar(s) kept on the host" in n for n in est.notes)
+
+
+# --- the weight gradient of a norm over many rows and few features: two stages (torch 2.8+)
+
+
+def test_gamma_beta_rows_follow_the_launch_rule():
+    from memprofiler.estimate.kernel_scratch import gamma_beta_rows
+
+    assert gamma_beta_rows(3152, 384, 132) == 0  # ViT's 16 x 197 rows: one pass
+    assert gamma_beta_rows(65536, 384, 132) == 0  # M > 64 x 1024 only
+    assert gamma_beta_rows(100_000, 384, 132) == min(32768 // 12, -(-100_000 // 32)) == 2730
+    assert gamma_beta_rows(100_000, 4096, 132) == 0  # 128 column blocks >= 66: one pass
+    assert gamma_beta_rows(100_000, 4096, 300) == min(32768 // 128, 3125) == 256
+
+
+def _two_stage_peaks(norm: type[torch.nn.Module]) -> tuple[int, int, int]:
+    from memprofiler.estimate import estimate_memory
+    from memprofiler.estimate.allocator import round_size
+    from memprofiler.estimate.kernel_scratch import gamma_beta_rows, two_stage_weight_grads
+    from memprofiler.estimate.reduce_scratch import Device
+    from memprofiler.estimate.target import resolve_target
+
+    m, n = 70_000, 384
+    x = torch.randn(m, n)
+    peaks = []
+    for version in ("2.11", "2.7"):
+        with torch.device("meta"):
+            model = norm(n)
+        sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+        est = estimate_memory(
+            model, x, optimizer=sgd, loss_fn=lambda mdl, b: mdl(b).sum(), gpu="H200", torch_version=version
+        )
+        peaks.append(est.peak_bytes)
+    t = resolve_target("H200", "2.11")
+    rows = gamma_beta_rows(m, n, t.sms)
+    grads = 2 if norm is torch.nn.LayerNorm else 1
+    blocks = two_stage_weight_grads(rows, n, torch.empty(n), grads, Device(t.sms, t.threads_per_sm))
+    return peaks[0], peaks[1], sum(round_size(b) for b in blocks)
+
+
+def test_layer_norm_backward_over_many_rows_keeps_its_partial_sums():
+    # GIVEN LayerNorm(384) over 70,000 rows for an H200 with torch 2.11 and with 2.7 (one pass)
+    with_two_stage, one_pass, blocks = _two_stage_peaks(torch.nn.LayerNorm)
+    # THEN backward (the peak) holds gamma's and beta's 2,188 x 384 float32 partial sums, their
+    # .sum(0) results and that column reduction's scratch on top of what 2.7's kernel holds
+    assert blocks > 2 * 2188 * 384 * 4
+    assert with_two_stage - one_pass == blocks
+
+
+def test_fused_rms_norm_backward_over_many_rows_sums_its_weight_gradient_in_two_stages(monkeypatch):
+    from memprofiler.estimate import estimate_memory, fused_norms
+    from memprofiler.estimate.allocator import round_size
+    from memprofiler.estimate.kernel_scratch import gamma_beta_rows
+    from memprofiler.estimate.reduce_scratch import Device, op_scratch
+    from memprofiler.estimate.target import resolve_target
+
+    # GIVEN a Linear and nn.RMSNorm(384) over 70,000 rows for an H200 (torch 2.11: the fused
+    # kernel), estimated as it is and with the weight gradient summed in one pass
+    m, n = 70_000, 384
+    x = torch.randn(m, n)
+
+    def peak() -> int:
+        with torch.device("meta"):  # the Linear makes the norm's input need a gradient
+            model = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False), torch.nn.RMSNorm(n))
+        sgd = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
+        return estimate_memory(
+            model, x, optimizer=sgd, loss_fn=lambda mdl, b: mdl(b).sum(), gpu="H200", torch_version="2.11"
+        ).peak_bytes
+
+    two_stage = peak()
+    monkeypatch.setattr(fused_norms, "gamma_beta_rows", lambda *a: 0)
+    one_pass = peak()
+    # THEN the norm's backward (the peak: input, output gradient's copy, input gradient) also holds
+    # the 2,188 x 384 float32 partial sums and the scratch of the .sum(0) over them (the weight's
+    # gradient itself is the same 384 floats either way)
+    t = resolve_target("H200", "2.11")
+    rows = gamma_beta_rows(m, n, t.sms)
+    partial = torch.empty(rows, n, device="meta")
+    sums = op_scratch(torch.ops.aten.sum.dim_IntList, (partial, [0]), {}, Device(t.sms, t.threads_per_sm))
+    assert rows == min(32768 // 12, -(-m // 32)) == 2188
+    assert two_stage - one_pass == round_size(rows * n * 4) + sum(round_size(b) for b in sums)

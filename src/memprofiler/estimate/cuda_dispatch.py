@@ -130,7 +130,7 @@ class CudaDispatch(TorchFunctionMode):
             self.cudnn.rnn(_RNN[func], args)
         args, kwargs = cuda_autocast.cast(func, args, kwargs)
         if func in _RMS_NORM:
-            out = fused_rms_norm(args, kwargs, self.target.torch_version)
+            out = fused_rms_norm(args, kwargs, self.target.torch_version, self.target.sms)
             if out is not None:
                 self.fused_rms_norms += 1
                 return out

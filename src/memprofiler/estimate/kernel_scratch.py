@@ -28,7 +28,10 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
 - layer norm forward and backward (``layer_norm_cuda`` / ``layer_norm_backward_cuda``,
   ``native/cuda/layer_norm_kernel.cu``): a contiguous copy of the input where it is not contiguous
   (``input.expect_contiguous()``), and in backward of the output gradient too (``dY.contiguous()``).
-  Swin's patch merging normalises a transposed tensor.
+  Swin's patch merging normalises a transposed tensor. With many rows and few features (more than
+  65,536 rows, fewer than 16 x the SM count features) the weight's gradients are summed in two
+  stages (torch 2.8 and later): rows of partial sums, then ``.sum(0)`` over them, with that
+  reduction's own scratch (:func:`gamma_beta_rows`).
 
 - reductions through ``gpu_reduce_kernel`` (sum, mean, amax, max along a dim, norms, var/std...):
   the staging buffer and semaphores of a launch that splits each output's inputs across blocks,
@@ -40,6 +43,7 @@ Each is a transient: allocated with the op's outputs alive, freed when the op re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +147,40 @@ def layer_norm_backward(args: tuple[Any, ...]) -> list[list[int]]:
     return [[s for s in sizes if s]] if any(sizes) else []
 
 
+#: ``LaunchGammaBetaBackwardCUDAKernel``'s threads along the normalised dimension.
+GAMMA_BETA_BLOCK_X = 32
+#: The most blocks its two-stage launch spreads over the rows (``64 * 1024 / 2`` over ``blocks.x``).
+GAMMA_BETA_MAX_GRID = 64 * 1024 // 2
+#: The first torch release with the two-stage weight-gradient launch (pytorch/pytorch#150576).
+TWO_STAGE_SINCE = (2, 8)
+
+
+def gamma_beta_rows(m: int, n: int, sms: int) -> int:
+    """Rows of the partial sums (``dgamma_blocks``) a CUDA norm backward over ``m`` rows of ``n``
+    features keeps, or 0 where it sums the weight's gradient in one pass.
+
+    With many rows and few features (``M > 64 * 1024`` and ``N / 32 < SMs / 2``) the kernel splits
+    the rows over ``min(32768 / ceil(N / 32), ceil(M / 32))`` blocks, each writing a row of partial
+    sums, and ``.sum(0)`` adds them up (``layer_norm_kernel.cu``).
+    """
+    if m <= 64 * 1024 or n // GAMMA_BETA_BLOCK_X >= sms // 2:
+        return 0
+    blocks_x = -(-n // GAMMA_BETA_BLOCK_X)
+    return min(GAMMA_BETA_MAX_GRID // blocks_x, -(-m // 32))
+
+
+def two_stage_weight_grads(
+    rows: int, n: int, weight: torch.Tensor, grads: int, device: reduce_scratch.Device
+) -> list[int]:
+    """The blocks of the two-stage weight-gradient pass for ``grads`` gradients (gamma, and beta for
+    layer norm): each one's partial sums (``rows`` x ``n`` in the weight's dtype), the new gradient
+    ``.sum(0)`` makes, and that column reduction's own scratch. All live until the op returns."""
+    partial = torch.empty(rows, n, dtype=weight.dtype, device="meta")
+    sums = reduce_scratch.op_scratch(_aten.sum.dim_IntList, (partial, [0]), {}, device)
+    es = weight.element_size()
+    return [rows * n * es] * grads + [n * es] * grads + sums
+
+
 @dataclass
 class ScratchLog:
     """Per op name: calls and the largest transient one call took, for the estimate's notes."""
@@ -198,6 +236,7 @@ class KernelScratch(TorchDispatchMode):
         self.phases = phases
         self.log = ScratchLog()
         self.device = reduce_scratch.Device(target.sms, target.threads_per_sm) if target is not None else None
+        self.two_stage = target is not None and target.torch_version >= TWO_STAGE_SINCE
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -211,8 +250,23 @@ class KernelScratch(TorchDispatchMode):
             return out
         scratch = _PHASES.get(func)
         found = scratch(args) if scratch is not None else []
+        if func is LAYER_NORM_BWD and self.two_stage and self.device is not None:
+            found = self._layer_norm_weight_grads(args, found)
         if not found:
             return out
         self.log.add(_NAMES[func], max(sum(p) for p in found))
         self.phases("layer_norm" if func in (LAYER_NORM, LAYER_NORM_BWD) else "attention", found)
         return out
+
+    def _layer_norm_weight_grads(self, args: tuple[Any, ...], found: list[list[int]]) -> list[list[int]]:
+        """``found`` (the contiguous copies) with the two-stage weight-gradient blocks where the
+        kernel takes that path (:func:`gamma_beta_rows`)."""
+        assert self.device is not None
+        x, shape, weight, bias, mask = args[1], args[2], args[5], args[6], args[7]
+        n = math.prod(int(d) for d in shape)
+        rows = gamma_beta_rows(x.numel() // max(n, 1), n, self.device.sms)
+        grads = int(bool(mask[1]) and weight is not None) + int(bool(mask[2]) and bias is not None)
+        if not rows or not grads or weight is None:
+            return found
+        blocks = two_stage_weight_grads(rows, n, weight, grads, self.device)
+        return [[*(found[0] if found else []), *blocks]]

@@ -460,7 +460,8 @@ class MirroredReplay(AllocatorReplay):
     is served by a second replay too, where the requests made through :meth:`alloc_as` take
     another size. The estimate uses it for cuDNN's workspaces (``workspaces.CONV_ENVELOPE``): the
     twin's peaks are the step's had every convolution taken its envelope, reserved segments
-    included, so the margin follows the caching allocator rather than adding sizes up.
+    included, so the margin follows the caching allocator rather than adding sizes up. Each
+    replay makes room for itself (a release before an OOM is the replay's own).
     """
 
     mirror: AllocatorReplay | None = None
@@ -490,11 +491,6 @@ class MirroredReplay(AllocatorReplay):
         super().free(key)
         if self.mirror is not None:
             self.mirror.free(key)
-
-    def release_cached(self) -> list[tuple[int, int]]:
-        if self.mirror is not None:
-            self.mirror.release_cached()
-        return super().release_cached()
 
 
 #: What a replay's state is (copied into a mirror at its start).

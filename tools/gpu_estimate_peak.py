@@ -1,11 +1,13 @@
 """Which tensors explain the estimate's gap at the peak: a real CUDA run against the estimate, op by op.
 
-For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t5`` as built,
-``t5:eager``, ``t5:sdpa`` and ``gpt2`` as a control), in a child process of its own:
+For each panel model (``tests/fixtures/gpu_h200/panel.py``; a spec is
+``name[:attention][%precision]``, the default :data:`DEFAULT_MODELS`: ``rmsnorm_lm`` in float32
+and bf16-mixed, LLaMA, ViT and T5 in bf16-mixed, GPT-2 as a control), in a child process of its own:
 
 1. the real run, as ``estimate_measured_h200.json`` was measured (model built under
    ``torch.device("cuda")``, the batch moved there, AdamW lr 1e-4, two steps of forward, loss,
-   backward, ``step()``, ``zero_grad()``): first untagged (its step peaks are the measurement's),
+   backward, ``step()``, ``zero_grad()``; ``bf16-mixed``: forward and loss under CUDA autocast,
+   as Lightning runs them): first untagged (its step peaks are the measurement's),
    then, everything freed, again with the allocator's history on and every aten op tagged: a
    dispatch mode names the op, the module (torch's ``ModTracker``) and forward or backward, sets
    the call's index as the allocations' user metadata and reads the exact
@@ -32,7 +34,7 @@ For each panel model (``tests/fixtures/gpu_h200/panel.py``; default ``vit``, ``t
    ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
-``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (vit, t5:eager)
+``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (rmsnorm_lm%bf16-mixed, llama%bf16-mixed)
 the tagged run's allocator trace without frames, with the calls' labels, as
 ``<model>_trace.pickle`` (``tools/allocator_check.py`` reads it); the whole snapshot only with
 ``--keep-snapshot``. ``gpu_estimate_peak.sh`` packs it all into ``$OUT/probe.tgz`` (a device call
@@ -67,37 +69,54 @@ from gpu_probe.history import gap_jumps, initial_live, label_by_outputs, module_
 from gpu_probe.real import PANEL_DIR, load_panel, real_run
 from gpu_probe.report import allocator_summary, headline, render
 
-#: ``t5`` as built (the default attention, as ``panel.build`` measured it), then forced either way
-DEFAULT_MODELS = ("vit", "t5", "t5:eager", "t5:sdpa", "gpt2")
+#: What the next GPU call should answer (session 14 settled the fp32 rows): nn.RMSNorm's fused
+#: kernel (``rmsnorm_lm``, fp32 and bf16-mixed), and bf16-mixed on LLaMA (grouped-query flash
+#: attention), ViT and T5; GPT-2 fp32 as the control, exact to 0.14% on the H200.
+DEFAULT_MODELS = (
+    "rmsnorm_lm",
+    "rmsnorm_lm%bf16-mixed",
+    "llama%bf16-mixed",
+    "vit%bf16-mixed",
+    "t5%bf16-mixed",
+    "gpt2",
+)
 
 
-def fixture_peaks(name: str) -> list[int] | None:
+def fixture_peaks(name: str, precision: str = "32-true") -> list[int] | None:
     """The measured step peaks for this model, where the batch is the measured one (B=8, T=512);
     which attention the measured T5 ran is not recorded, so every t5 row is compared."""
     if (os.environ.get("GPU_B"), os.environ.get("GPU_T")) != ("8", "512"):
         return None
     data = json.loads((PANEL_DIR / "estimate_measured_h200.json").read_text())
     for row in data["rows"]:
-        if row["name"] == name and row["precision"] == "32-true":
+        if row["name"] == name and row["precision"] == precision:
             return list(row["step_peaks"])
     return None
 
 
 def tag_of(spec: str) -> str:
-    """``t5:eager@alt`` -> ``t5_eager_alt`` (``@alt``: run with ``--also-with``'s packages first)."""
-    return spec.replace(":", "_").replace("@", "_")
+    """``t5:eager@alt`` -> ``t5_eager_alt`` (``@alt``: run with ``--also-with``'s packages first),
+    ``llama%bf16-mixed`` -> ``llama_bf16-mixed``."""
+    return spec.replace(":", "_").replace("@", "_").replace("%", "_")
+
+
+def parse_spec(spec: str) -> tuple[str, str | None, str]:
+    """``name[:attention][%precision][@alt]`` -> (name, attention or None, precision)."""
+    base, _, precision = spec.split("@", 1)[0].partition("%")
+    name, _, attn = base.partition(":")
+    return name, attn or None, precision or "32-true"
 
 
 def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(int(os.environ.get("PROBE_THREADS", "4")))
-    name, _, attn_text = spec.split("@", 1)[0].partition(":")
-    attn = attn_text or None
+    name, attn, precision = parse_spec(spec)
     out = Path(args.out)
     cuda = not args.cpu_dry_run and torch.cuda.is_available()
     result: dict[str, Any] = {
         "model": spec,
+        "precision": precision,
         "stage": "start",
         "dry_run": not cuda,
         "device": torch.cuda.get_device_name() if cuda else "cpu (dry run: the real side is a CPU run)",
@@ -131,9 +150,9 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     panel = stage("import", versions)
     if panel is None:
         return result
-    real = stage("real", lambda: real_run(panel, name, attn, cuda, args.max_entries))
+    real = stage("real", lambda: real_run(panel, name, attn, cuda, args.max_entries, precision))
     if real is not None:
-        result["real"] = {**real["info"], "fixture_step_peaks": fixture_peaks(name)}
+        result["real"] = {**real["info"], "fixture_step_peaks": fixture_peaks(name, precision)}
         if args.keep_snapshot:
             with open(out / f"{tag_of(spec)}_snapshot.pickle", "wb") as f:
                 pickle.dump(real["snapshot"], f)
@@ -156,7 +175,9 @@ def child(spec: str, args: argparse.Namespace) -> dict[str, Any]:
             stage("keep_trace", keep)
     gpu = args.gpu or (None if cuda else "H200")
     version = args.torch_version or (None if cuda else "2.11")  # the dry run models the measured torch
-    est = stage("estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version))
+    est = stage(
+        "estimate", lambda: estimate_run(panel, name, attn, gpu, args.estimate_device, version, precision)
+    )
     if est is not None:
         result["estimate"] = est["info"]
     if real is not None and est is not None:
@@ -206,7 +227,11 @@ def run_child(spec: str, args: argparse.Namespace, env: dict[str, str]) -> dict[
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help="panel names, :attention to set one")
+    ap.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help="panel names; :attention sets one, %%precision (bf16-mixed, bf16-true) another precision",
+    )
     ap.add_argument("--out", default=os.environ.get("OUT") or "gpu_probe_out")
     ap.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "0") or 0))
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("PROBE_TIMEOUT", "150")))
@@ -220,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--keep-snapshot", action="store_true", help="also write the snapshot pickles (MBs)")
     ap.add_argument(
         "--keep-trace",
-        default="vit,t5:eager",
+        default="rmsnorm_lm%bf16-mixed,llama%bf16-mixed",
         help="models whose allocator trace to keep, without frames (<model>_trace.pickle, for allocator_check.py)",
     )
     ap.add_argument("--also-with", help="a site directory (e.g. another transformers) for --also-models")

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The GPU probe of the estimate's ViT/T5 gaps (tools/gpu_estimate_peak.py), one device call from
-# the repository root (the image: torch 2.11 and, by the device notes, transformers 5.17.0):
+# The GPU probe of the estimate (tools/gpu_estimate_peak.py; its DEFAULT_MODELS, or MODELS=spec,...
+# with spec name[:attention][%precision]), one device call from the repository root (the image:
+# torch 2.11 and transformers 5.17.0; session 14 ran it five times, benchmarks/results/gpu_h200_s14_probe/):
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
 # .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
 # lacks it), installed only where the image has no transformers; .whl/tf517: 5.17.0 (measured),
-# run again for ALSO (vit,t5,t5:eager; ALSO= skips) unless the main runs already used 5.17.
-# Writes <model>.json/.txt, <model>_trace.pickle (vit, t5:eager), summary.json, pip.log, probe.log;
+# run again for ALSO (a list of specs; empty by default) unless the main runs already used 5.17.
+# Writes <model>.json/.txt, <model>_trace.pickle (--keep-trace's), summary.json, pip.log, probe.log;
 # prints the headlines. A device call brings back 8 files: at the end all of them go into
-# $OUT/probe.tgz, and only it, summary.json, probe.log, vit.txt and t5_eager.txt stay beside it.
+# $OUT/probe.tgz, and only it, summary.json, probe.log and two .txt stay beside it.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_probe_out}
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ python3 -c "import transformers" 2>/dev/null ||
     { tail -5 "$OUT/pip.log"; exit 1; }
 ver=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
 also=()
-ALSO=${ALSO-vit,t5,t5:eager}
+ALSO=${ALSO-}
 if [ "${ver%.*}" != 5.17 ] && [ -d .whl/tf517 ] && [ -n "$ALSO" ] &&
     python3 -m pip install -q --no-compile --no-deps --target /tmp/tf517 .whl/tf517/*.whl >>"$OUT/pip.log" 2>&1; then
     also=(--also-with /tmp/tf517 --also-models "$ALSO")
@@ -35,6 +36,6 @@ rc=$?
 sed -n '/^== headlines/,$p' "$OUT/probe.log" | tail -c 11800
 [ $rc -eq 0 ] || tail -c 1500 "$OUT/probe.log"
 tar czf /tmp/probe.tgz -C "$OUT" . && mv /tmp/probe.tgz "$OUT/" && find "$OUT" -maxdepth 1 -type f ! -name probe.tgz \
-    ! -name summary.json ! -name probe.log ! -name vit.txt ! -name t5_eager.txt -delete
+    ! -name summary.json ! -name probe.log ! -name rmsnorm_lm_bf16-mixed.txt ! -name llama_bf16-mixed.txt -delete
 echo "rc=$rc after ${SECONDS}s; output in $OUT/probe.tgz"
 exit $rc

@@ -557,3 +557,29 @@ def test_the_estimates_log_keeps_its_slack_at_each_step_peak() -> None:
     assert log.step_peaks[1] == BUILD_BLOCKS + 8_000_000
     assert log.step_slack == {0: P_SLACK, 1: P_SLACK + W_SLACK, 2: P_SLACK}
     assert log.slack == P_SLACK
+
+
+def test_a_bf16_mixed_dry_run_runs_forward_under_autocast_on_both_sides() -> None:
+    panel = SimpleNamespace(
+        PANEL={"tiny": (_Tiny, lambda: {"x": torch.randn(32, 8), "y": torch.randn(32, 4)})},
+        OPTIMIZERS={"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4)},
+        hf_loss=lambda model, batch: model(**batch).loss,
+    )
+    real = runs.real_run(panel, "tiny", None, cuda=False, max_entries=0, precision="bf16-mixed")
+    est = elog.estimate_run(panel, "tiny", None, gpu="H200", device="cpu", precision="bf16-mixed")
+    # THEN both sides made the forward's bfloat16 copies, and agree to the byte at each step's peak
+    assert any("_to_copy" in c.op for c in real["calls"])
+    steps = cmp.compare(
+        cmp.Side(real["events"], real["calls"], {}), cmp.Side(est["events"], est["calls"], {}), 20
+    )
+    assert [(s["step"], s["delta_rounded"]) for s in steps] == [(1, 0), (2, 0)]
+
+
+def test_a_probe_spec_names_the_model_its_attention_and_its_precision() -> None:
+    spec = importlib.util.spec_from_file_location("gpu_estimate_peak", TOOLS / "gpu_estimate_peak.py")
+    assert spec is not None and spec.loader is not None
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.parse_spec("t5:eager") == ("t5", "eager", "32-true")
+    assert probe.parse_spec("llama%bf16-mixed@alt") == ("llama", None, "bf16-mixed")
+    assert probe.tag_of("llama:sdpa%bf16-mixed") == "llama_sdpa_bf16-mixed"

@@ -166,7 +166,13 @@ class EstimateLog:
 
 
 def estimate_run(
-    panel: Any, name: str, attn: str | None, gpu: str | None, device: str, version: str | None = None
+    panel: Any,
+    name: str,
+    attn: str | None,
+    gpu: str | None,
+    device: str,
+    version: str | None = None,
+    precision: str = "32-true",
 ) -> dict[str, Any]:
     import torch
 
@@ -185,7 +191,7 @@ def estimate_run(
             make_batch(),
             optimizer=panel.OPTIMIZERS["adamw"],
             loss_fn=panel.hf_loss,
-            precision="32-true",
+            precision=precision,
             gpu=gpu,
             torch_version=version,
             device=device,

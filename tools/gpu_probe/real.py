@@ -213,7 +213,27 @@ def set_attention(model: Any, attn: str | None) -> None:
             m.config._attn_implementation = attn
 
 
-def plain_run(panel: Any, name: str, attn: str | None) -> dict[str, Any]:
+def prepare(model: Any, batch: Any, precision: str) -> tuple[Any, Any, Any]:
+    """The model, the batch and the forward's context for a Lightning precision: ``bf16-mixed``
+    runs forward and loss under autocast (backward outside it, as Lightning does), ``bf16-true``
+    casts the model and the batch's floating tensors."""
+    import contextlib
+
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    if precision == "bf16-true":
+        model = model.to(torch.bfloat16)
+        batch = tree_map_only(
+            torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, batch
+        )
+    if precision == "bf16-mixed":
+        device = next(iter(model.parameters())).device.type
+        return model, batch, lambda: torch.autocast(device, dtype=torch.bfloat16)
+    return model, batch, contextlib.nullcontext
+
+
+def plain_run(panel: Any, name: str, attn: str | None, precision: str = "32-true") -> dict[str, Any]:
     """The two steps as measured, nothing recorded or tagged (max allocated / reserved per step),
     then everything freed, the cuBLAS workspaces and the cache too: the tagged run starts fresh."""
     import gc
@@ -229,10 +249,12 @@ def plain_run(panel: Any, name: str, attn: str | None) -> dict[str, Any]:
     set_attention(model, attn)
     model.train()
     batch = tree_map_only(torch.Tensor, lambda t: t.to("cuda"), make_batch())
+    model, batch, forward_ctx = prepare(model, batch, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     peaks = []
     for _ in (1, 2):
-        loss = model(**batch).loss
+        with forward_ctx():
+            loss = model(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -248,7 +270,9 @@ def plain_run(panel: Any, name: str, attn: str | None) -> dict[str, Any]:
     return {"plain_step_peaks": peaks, "allocated_after_plain_run": torch.cuda.memory_allocated()}
 
 
-def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: int) -> dict[str, Any]:
+def real_run(
+    panel: Any, name: str, attn: str | None, cuda: bool, max_entries: int, precision: str = "32-true"
+) -> dict[str, Any]:
     import torch
     from torch.distributed._tools.mod_tracker import ModTracker
     from torch.utils._pytree import tree_map_only
@@ -258,7 +282,7 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
     plain: dict[str, Any] = {}
     if cuda:
         try:
-            plain = plain_run(panel, name, attn)
+            plain = plain_run(panel, name, attn, precision)
         except Exception as err:  # the tagged run still goes
             plain = {"plain_error": f"{type(err).__name__}: {err}"}
     backend: Any = CudaBackend(max_entries) if cuda else CpuBackend()
@@ -268,6 +292,7 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
     set_attention(model, attn)
     model.train()
     batch = tree_map_only(torch.Tensor, lambda t: t.to(device), make_batch())
+    model, batch, forward_ctx = prepare(model, batch, precision)
     backend.setup([*model.parameters(), *model.buffers(), *batch.values()])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     mt = ModTracker()
@@ -278,7 +303,8 @@ def real_run(panel: Any, name: str, attn: str | None, cuda: bool, max_entries: i
             backend.mark(step)
             tagger.step = step
             with tagger:
-                loss = model(**batch).loss
+                with forward_ctx():
+                    loss = model(**batch).loss
                 loss.backward()
                 opt.step()
                 opt.zero_grad()

@@ -5,7 +5,7 @@ For every (architecture, optimizer) pair, a fresh child process:
 1. estimates two training steps with ``estimate_memory(device="cpu")`` on a model built on
    the meta device;
 2. runs the same two steps for real on CPU (the same loss, ``zero_grad`` after each step)
-   under :class:`LiveBytes`, a ``TorchDispatchMode`` written here that knows nothing of the
+   under ``LiveBytes`` (``tests/census.py``), a ``TorchDispatchMode`` that knows nothing of the
    estimate's tracker: it counts every storage an op returns once, from the op until the
    storage is freed (a weakref callback), plus the parameters, buffers and batch alive
    before the steps. Its peak is the measured peak of live tensor bytes.
@@ -31,7 +31,6 @@ import os
 import random
 import subprocess
 import sys
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,48 +44,6 @@ V, SEQ, BATCH = 2048, 64, 4
 #: One arena, and every block over 64 KiB its own mapping, returned to the system when freed:
 #: so the RSS follows the live bytes instead of glibc's retained heap.
 MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
-
-
-class LiveBytes:
-    """Live tensor bytes over real ops, each storage once; the peak and the op-boundary RSS peak."""
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.total = 0
-        self.peak = 0
-        self.rss_peak = 0
-
-    def add(self, t: Any) -> None:
-        st = t.untyped_storage()
-        key = st._cdata
-        if key in self.live:
-            return
-        n = st.nbytes()
-        self.live[key] = n
-        self.total += n
-        weakref.finalize(st, self._free, key)
-
-    def _free(self, key: int) -> None:
-        self.total -= self.live.pop(key, 0)
-
-    def mode(self) -> Any:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        census = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                for t in tree_leaves(out):
-                    if isinstance(t, torch.Tensor):
-                        census.add(t)
-                census.peak = max(census.peak, census.total)
-                census.rss_peak = max(census.rss_peak, rss())
-                return out
-
-        return _Mode()
 
 
 def rss() -> int:
@@ -265,6 +222,9 @@ def one(arch: str, opt_name: str) -> dict[str, Any]:
 
     from memprofiler.estimate import estimate_memory
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from census import LiveBytes
+
     torch.set_num_threads(1)
     build, make_batch, loss_fn, tied = ARCHS[arch]
     make_opt = OPTIMIZERS[opt_name]
@@ -289,8 +249,9 @@ def one(arch: str, opt_name: str) -> dict[str, Any]:
         if isinstance(t, torch.Tensor):
             census.add(t)
     start_bytes, start_rss = census.total, rss()
-    census.peak, census.rss_peak = census.total, start_rss
-    with census.mode():
+    census.peak = census.total
+    rss_peak = [start_rss]
+    with census.mode(after_op=lambda: rss_peak.append(max(rss_peak.pop(), rss()))):
         for _ in range(2):  # a training loop's order: the loss is alive until the step ends
             loss = loss_fn(model, batch)
             loss.backward()
@@ -298,7 +259,7 @@ def one(arch: str, opt_name: str) -> dict[str, Any]:
             opt.zero_grad()
             del loss
     est_growth = est.tensor_peak_bytes - start_bytes
-    rss_growth = census.rss_peak - start_rss
+    rss_growth = rss_peak[0] - start_rss
     return {
         "arch": arch,
         "optimizer": opt_name,

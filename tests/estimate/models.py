@@ -16,7 +16,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the census
 from demo import Block
+
+from census import census_peak
+
+__all__ = ["census_peak"]
 
 
 class Net(nn.Module):
@@ -101,55 +106,6 @@ def panel() -> dict[
         "checkpointed": (lambda: Checkpointed(d, 4), lambda: torch.randn(b, t, d), square_mean),
         "hf_llama": (_hf_decoder, lambda: torch.randint(0, 256, (2, 32)), hf_loss),
     }
-
-
-def census_peak(
-    model: nn.Module, batch: Any, optimizer: torch.optim.Optimizer, loss_fn: Any, steps: int = 2
-) -> int:
-    """The most bytes of live tensor storages over ``steps`` real steps, each storage counted once:
-    the model's, the optimizer's and the batch's, and every op's outputs (a weak reference each)."""
-    import gc
-    import weakref
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    live: dict[int, int] = {}
-    state = {"total": 0, "peak": 0}
-
-    def drop(key: int) -> None:
-        state["total"] -= live.pop(key, 0)
-
-    def add(t: Any) -> None:
-        if not isinstance(t, torch.Tensor):
-            return
-        st = t.untyped_storage()
-        if st._cdata in live:
-            return
-        live[st._cdata] = st.nbytes()
-        state["total"] += st.nbytes()
-        weakref.finalize(st, drop, st._cdata)
-
-    class Census(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                add(t)
-            state["peak"] = max(state["peak"], state["total"])
-            return out
-
-    gc.collect()
-    for t in [*model.parameters(), *model.buffers(), *tree_leaves(batch)]:
-        add(t)
-    state["peak"] = state["total"]
-    with Census():
-        for _ in range(steps):
-            loss = loss_fn(model, batch)  # held through the optimizer step, as Lightning holds it
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            del loss
-    return state["peak"]
 
 
 def estimate_and_census(

@@ -9,7 +9,7 @@ from torch import nn
 
 from memprofiler.estimate import embedding_scratch, estimate_memory
 from memprofiler.estimate.allocator import round_size
-from memprofiler.estimate.embedding_scratch import backward_phases, bounds, sort_storage
+from memprofiler.estimate.embedding_scratch import backward_phases, bounds, num_bits, sort_storage
 
 SMS = 132  # H100 / H200
 V2_11 = (2, 11)
@@ -65,6 +65,18 @@ def test_cub_sort_storage_is_the_alternate_buffers_bins_and_lookback():
     # THEN 256 four-byte bins per pass (8,192 B), 2 tiles of 1 KiB look-back, the alternate key
     # and value buffers (32,768 B each), 8 counters (32 -> 256 B), plus 255 B
     assert sort_storage(4096, 8, 8) == 8192 + 2048 + 32768 + 32768 + 256 + 255 == 76_287
+
+
+def test_later_torch_sorts_over_the_tables_bits_only():
+    # GIVEN 4,096 ids into a 200-row table (8 bits: one pass) and into 1,000 rows (10 bits: two)
+    assert num_bits(200) == 8 and num_bits(1000) == 10
+    # THEN torch 2.11 sorts over 64 bits either way; from 2.12 a one-pass sort keeps no alternate
+    # buffers (bins 1 KiB, look-back 2 KiB, counters 256 B, plus 255 B)
+    assert backward_phases(_args((8, 512), 64, 200), SMS, V2_11)[0][-1] == 76_287
+    assert backward_phases(_args((8, 512), 64, 200), SMS, (2, 12))[0][-1] == 1024 + 2048 + 256 + 255
+    # AND two passes keep them (bins 2 KiB)
+    two = 2048 + 2048 + 32768 + 32768 + 256 + 255
+    assert backward_phases(_args((8, 512), 64, 1000), SMS, (2, 12))[0][-1] == two
 
 
 def test_many_indices_are_sized_by_bounds_not_by_their_values():

@@ -32,15 +32,18 @@ cub's temporary storage is cub's own size rule, which depends on its tuning for 
   alternate key and value buffers (n each; cub skips them only for a single-pass sort) plus,
   in the one-sweep algorithm cub uses on sm80 and later, 256 four-byte bins per pass, a look-back
   array of 256 four-byte counters per tile and a counter per pass, each part aligned to 256 B
-  plus 255 B. The passes are counted over all the key's bits (32 or 64: the torch source read
-  for 2.11 leaves ``end_bit`` at its default; recent main passes the bits of ``num_weights``,
-  which only drops the alternate buffers for tables under 256 rows). The tile is taken as 3,072
-  items (384 threads x 8 items for 8-byte keys, my reading of cub's sm80+ tuning): the least
-  certain term, under 0.35 B per index.
+  plus 255 B. torch 2.11 sorts over all the key's bits (64 for int64 ids: 8 passes of 8 bits);
+  pytorch/pytorch#183578 (merged May 2026, taken here as torch 2.12 and later, not checked
+  against a release) passes only the bits of ``num_weights``, so a table under 256 rows sorts in
+  one pass, with no alternate buffers. The tile is taken as 3,072 items (384 threads x 8 items
+  for 8-byte keys, as cub's sm80+ tuning reads): the least certain term, under 0.35 B per index.
 - the scans and the unique-by-key (decoupled look-back) are bounded at 24 B per tile of 128
-  items plus 32 padding tiles: cub's tiles are larger, so this is over, and at most a few KiB.
+  items plus 32 padding tiles (under 0.2 B per item): cub's tiles are larger, so this is over.
 
-All from the source read on GitHub, not measured on a GPU.
+Each phase is replayed with the op's output (the zeroed weight gradient) alive, as the other
+kernels' scratch is; torch allocates that output after the sort, so where the sort's phase is the
+call's largest (a small table, or a dim of a few features) the estimate is over by the output's
+size, which is then small. All from the source read on GitHub, not measured on a GPU.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ MAX_BLOCK_SIZE = 1024
 ATOMIC_BLOCKS_PER_SM = 4
 #: The first release with the fused atomic kernel (pytorch/pytorch#172454, merged January 2026).
 FUSED_SINCE = (2, 11)
+#: The first release taken to sort over the table's bits only (pytorch/pytorch#183578, May 2026).
+NBITS_SINCE = (2, 12)
 #: cub's alignment of each temporary inside its storage blob.
 CUB_ALIGN = 256
 RADIX_BITS = 8
@@ -82,10 +87,19 @@ def _blob(sizes: list[int]) -> int:
     return sum(_align(s) for s in sizes) + CUB_ALIGN - 1
 
 
-def sort_storage(n: int, key_size: int, value_size: int) -> int:
-    """cub's temporary storage for sorting ``n`` (key, value) pairs over all the key's bits into
-    separate output buffers (the one-sweep algorithm)."""
-    passes = -(-key_size * 8 // RADIX_BITS)
+def num_bits(max_key: int) -> int:
+    """``at::cuda::cub::get_num_bits``: 1 plus the times ``max_key`` halves before reaching 1."""
+    bits = 1
+    while max_key > 1:
+        max_key >>= 1
+        bits += 1
+    return bits
+
+
+def sort_storage(n: int, key_size: int, value_size: int, end_bit: int | None = None) -> int:
+    """cub's temporary storage for sorting ``n`` (key, value) pairs over ``end_bit`` bits (all the
+    key's by default) into separate output buffers (the one-sweep algorithm)."""
+    passes = -(-(end_bit or key_size * 8) // RADIX_BITS)
     tiles = -(-n // ONESWEEP_TILE)
     alternate = passes > 1
     return _blob(
@@ -133,7 +147,7 @@ def backward_phases(
 ) -> list[list[int]]:
     """Phases of scratch (each a list of blocks live together) of one CUDA
     ``embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad_by_freq)``."""
-    grad, indices, num_weights = args[0], args[1], int(args[2])
+    grad, indices, num_weights, padding_idx = args[0], args[1], int(args[2]), int(args[3])
     by_freq = bool(args[4]) if len(args) > 4 else False
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
@@ -144,7 +158,10 @@ def backward_phases(
         return [copies] if copies else []
     isz = indices.element_size()
     idx = n * isz
-    sort = [*copies, idx, idx, idx, sort_storage(n, isz, isz)]  # sorted, orig, range, cub
+    end_bit = None
+    if torch_version >= NBITS_SINCE:
+        end_bit = num_bits(num_weights if padding_idx >= 0 else num_weights - 1 - padding_idx)
+    sort = [*copies, idx, idx, idx, sort_storage(n, isz, isz, end_bit)]  # sorted, orig, range, cub
     phases = [sort]
     base = [*copies, idx, idx]
     if by_freq:

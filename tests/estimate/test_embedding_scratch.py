@@ -34,7 +34,7 @@ def _sort_and_segments(n: int, num_weights: int) -> list[list[int]]:
     ms, _ = bounds(n, num_weights)
     return [
         [idx, idx, idx, sort_storage(n, 8, 8)],
-        [idx, idx, idx, 8, embedding_scratch.scan_storage(n)],
+        [idx, idx, idx, 8, idx, embedding_scratch.scan_storage(n)],
         [idx, idx, idx, 8, 8 * ms, 8 * ms, embedding_scratch.scan_storage(ms)],
     ]
 

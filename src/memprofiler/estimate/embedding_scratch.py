@@ -11,9 +11,11 @@
   dtype) live to the end of the call. The sort (``at::cuda::cub::radix_sort_pairs``) also
   holds ``range`` (``arange(n)``, the values sorted along) and cub's temporary storage, both
   freed when it returns. With ``scale_grad_by_freq`` a ``count`` per index follows (two
-  scan-by-key passes with their own cub storage). Then the segmenting, all live at the last
-  kernel: ``segment_offsets`` (n indices), the segment count (a 0-d int64 on the device),
-  ``partials_per_segment`` and its exclusive sum (``max_segments`` each), the partial-segment
+  scan-by-key passes with their own cub storage). Then the segmenting: ``segment_offsets``
+  (n indices) and the segment count (a 0-d int64 on the device) from ``cub::unique_by_key``,
+  whose torch wrapper allocates the unique keys it discards (n more indices) for the call; then,
+  all live at the last kernel with those two, ``partials_per_segment`` and its exclusive sum
+  (``max_segments`` each), the partial-segment
   count (0-d int64) and ``partial_segment_offset`` (``max_partial_segment``). Finally either the
   two-pass sum: ``grad_weight_per_segment``, ``max_partial_segment`` x embedding dim in the
   accumulate type (float32 for half and bfloat16 gradients); or, in torch 2.11 and later where
@@ -168,7 +170,8 @@ def backward_phases(
         phases.append([*base, idx, scan_storage(n)])  # count and the scan-by-key storage
         base.append(idx)
     max_segments, max_partial = bounds(n, num_weights)
-    phases.append([*base, idx, COUNTER, scan_storage(n)])  # segment_offsets, unique_by_key
+    # segment_offsets and the segment count; unique_by_key's discarded keys (n) and cub storage
+    phases.append([*base, idx, COUNTER, idx, scan_storage(n)])
     segs = [*base, idx, COUNTER, max_segments * isz, max_segments * isz]
     phases.append([*segs, scan_storage(max_segments)])  # the exclusive sum
     last = [*segs, COUNTER, max_partial * isz]

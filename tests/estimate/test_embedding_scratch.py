@@ -173,3 +173,40 @@ def test_cpu_estimates_are_unchanged(monkeypatch):
     assert with_hook.by_category == without.by_category
     assert "embedding_scratch" not in with_hook.by_category
     assert not any(note.startswith("embedding backward") for note in with_hook.notes)
+
+
+def test_t5_relative_bias_sorts_many_ids_into_a_small_table():
+    # GIVEN T5's relative position bias: 512 x 512 bucket ids into 32 rows of 8 heads, its output
+    # gradient a permuted view (not contiguous)
+    grad = torch.empty(8, 512, 512, device="meta").permute(1, 2, 0)
+    ids = torch.empty(512, 512, dtype=torch.long, device="meta")
+    phases = backward_phases((grad, ids, 32, -1, False), SMS, V2_11)
+    n, idx = 512 * 512, 8 * 512 * 512
+    # THEN the largest phase is the sort's: the gradient's copy, sorted, orig and range ids, cub's
+    # storage (the note's 18,971,135 B in T5's estimate)
+    assert phases[0] == [512 * 512 * 8 * 4, idx, idx, idx, sort_storage(n, 8, 8)]
+    assert max(sum(p) for p in phases) == sum(phases[0]) == 18_971_135
+    # AND the fused kernel (the scatter's grid is 32 blocks) maps its 26,246 partial segments
+    assert bounds(n, 32) == (32, 26_246)
+    assert phases[-1][-2:] == [26_246 * 8, 26_246 * 8]
+
+
+def test_int32_ids_hold_four_byte_copies():
+    grad = torch.empty(8, 512, 64, device="meta")
+    ids = torch.empty(8, 512, dtype=torch.int32, device="meta")
+    phases = backward_phases((grad, ids, 1000, -1, False), SMS, V2_11)
+    # THEN sorted, orig and range are 4,096 x 4 B; cub sorts 4-byte keys and values over 32 bits
+    assert phases[0] == [16_384, 16_384, 16_384, sort_storage(4096, 4, 4)]
+    assert sort_storage(4096, 4, 4) == 4096 + 2048 + 16_384 + 16_384 + 256 + 255
+
+
+def test_the_batch_values_do_not_change_the_estimate(monkeypatch):
+    # GIVEN the H200 estimate with 4,096 copies of one id, and with random ids
+    same = estimate_memory(
+        EmbedLinear(), torch.zeros(8, 512, dtype=torch.long), optimizer=SGD, loss_fn=lambda m, b: m(b),
+        precision="32-true", steps=1, gpu="H200", torch_version="2.11",
+    )  # fmt: skip
+    random = _estimate(monkeypatch, True, gpu="H200", torch_version="2.11")
+    # THEN the same scratch: torch 2.11 sizes it by min(ids, rows), whatever the values
+    assert same.by_category["embedding_scratch"] == random.by_category["embedding_scratch"]
+    assert same.peak_bytes == random.peak_bytes

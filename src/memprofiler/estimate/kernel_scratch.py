@@ -33,6 +33,11 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
   stages (torch 2.8 and later): rows of partial sums, then ``.sum(0)`` over them, with that
   reduction's own scratch (:func:`gamma_beta_rows`).
 
+- dense embedding backward (``embedding_dense_backward_cuda``, ``native/cuda/Embedding.cu``): over
+  3,072 indices (or with ``scale_grad_by_freq``) it sorts the indices and sums the gradient rows
+  in partial segments, sized by bounds, not by the index values
+  (:mod:`memprofiler.estimate.embedding_scratch`).
+
 - reductions through ``gpu_reduce_kernel`` (sum, mean, amax, max along a dim, norms, var/std...):
   the staging buffer and semaphores of a launch that splits each output's inputs across blocks,
   and the copy of an input the kernel cannot read in its own dtype
@@ -51,7 +56,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprofiler.estimate import reduce_scratch
+from memprofiler.estimate import embedding_scratch, reduce_scratch
 from memprofiler.estimate.target import CudaTarget
 
 _aten = torch.ops.aten
@@ -213,6 +218,7 @@ _NAMES = {
     FLASH_BWD: "flash attention backward",
     LAYER_NORM: "layer norm",
     LAYER_NORM_BWD: "layer norm backward",
+    embedding_scratch.EMBEDDING_BWD: "embedding backward",
 }
 _PHASES: dict[Any, Callable[[tuple[Any, ...]], list[list[int]]]] = {
     EFFICIENT_BWD: efficient_backward,
@@ -237,6 +243,7 @@ class KernelScratch(TorchDispatchMode):
         self.log = ScratchLog()
         self.device = reduce_scratch.Device(target.sms, target.threads_per_sm) if target is not None else None
         self.two_stage = target is not None and target.torch_version >= TWO_STAGE_SINCE
+        self.target = target
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -248,6 +255,8 @@ class KernelScratch(TorchDispatchMode):
                 self.log.add(f"CUDA reduction {func.__name__}", sum(sizes))
                 self.phases("reduction", [sizes])
             return out
+        if func is embedding_scratch.EMBEDDING_BWD:
+            return self._embedding_backward(args, out)
         scratch = _PHASES.get(func)
         found = scratch(args) if scratch is not None else []
         if func is LAYER_NORM_BWD and self.two_stage and self.device is not None:
@@ -256,6 +265,16 @@ class KernelScratch(TorchDispatchMode):
             return out
         self.log.add(_NAMES[func], max(sum(p) for p in found))
         self.phases("layer_norm" if func in (LAYER_NORM, LAYER_NORM_BWD) else "attention", found)
+        return out
+
+    def _embedding_backward(self, args: tuple[Any, ...], out: Any) -> Any:
+        """The dense embedding backward's scratch, for the target's SM count and torch release."""
+        if self.target is None:
+            return out
+        found = embedding_scratch.backward_phases(args, self.target.sms, self.target.torch_version)
+        if found:
+            self.log.add(_NAMES[embedding_scratch.EMBEDDING_BWD], max(sum(p) for p in found))
+            self.phases("embedding", found)
         return out
 
     def _layer_norm_weight_grads(self, args: tuple[Any, ...], found: list[list[int]]) -> list[list[int]]:

@@ -11,7 +11,7 @@ NOT_MODELLED = (
     "side streams: FSDP2's all-gather / reduce-scatter buffers are replayed in the default stream's pools",
     "tensor and pipeline parallelism",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
-    "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm and reduction scratch replayed from torch's source",
+    "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm, reduction and embedding backward scratch replayed from torch's source",
 )
 
 

@@ -8,9 +8,9 @@ with the mean left out). On the CPU ``_fused_rms_norm`` has no kernel and decomp
 ``pow``, ``mean``, ``rsqrt`` and two ``mul``: autograd then keeps the normalised input as well
 (float32 for a half-precision input, with the upcast input beside it), one more tensor the size
 of the activation per norm, or two. Its backward sums the weight's gradient in two stages where
-layer norm's does (:func:`memprofiler.estimate.kernel_scratch.gamma_beta_rows`). ``torch.nn.RMSNorm`` (torchtitan's LLaMA, for one) goes through
-``F.rms_norm``; transformers' own ``*RMSNorm`` modules compute it with plain ops on both devices and
-are left alone.
+layer norm's does (:func:`memprofiler.estimate.kernel_scratch.gamma_beta_rows`).
+``torch.nn.RMSNorm`` (torchtitan's LLaMA, for one) goes through ``F.rms_norm``; transformers' own
+``*RMSNorm`` modules compute it with plain ops on both devices and are left alone.
 
 The fused kernel came with torch 2.8 (pytorch/pytorch#153666); a target of an earlier torch keeps
 the composite. CUDA keeps the composite path for a channels-last or complex input and where the

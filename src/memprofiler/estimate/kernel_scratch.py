@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -213,79 +213,84 @@ class ScratchLog:
         return out
 
 
-_NAMES = {
-    EFFICIENT_BWD: "memory-efficient attention backward",
-    FLASH_BWD: "flash attention backward",
-    LAYER_NORM: "layer norm",
-    LAYER_NORM_BWD: "layer norm backward",
-    embedding_scratch.EMBEDDING_BWD: "embedding backward",
+class _Call(NamedTuple):
+    """One op call as a kernel's scratch rule sees it: its arguments and the device it runs on."""
+
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    target: CudaTarget
+    device: reduce_scratch.Device
+
+
+def _layer_norm_backward_on(c: _Call) -> list[list[int]]:
+    """The contiguous copies, with the two-stage weight-gradient blocks where the kernel takes
+    that path (:func:`gamma_beta_rows`; torch 2.8 and later)."""
+    found = layer_norm_backward(c.args)
+    if c.target.torch_version < TWO_STAGE_SINCE:
+        return found
+    x, shape, weight, bias, mask = c.args[1], c.args[2], c.args[5], c.args[6], c.args[7]
+    n = math.prod(int(d) for d in shape)
+    rows = gamma_beta_rows(x.numel() // max(n, 1), n, c.device.sms)
+    grads = int(bool(mask[1]) and weight is not None) + int(bool(mask[2]) and bias is not None)
+    if not rows or not grads or weight is None:
+        return found
+    blocks = two_stage_weight_grads(rows, n, weight, grads, c.device)
+    return [[*(found[0] if found else []), *blocks]]
+
+
+def _reduction(c: _Call) -> list[list[int]]:
+    sizes = reduce_scratch.op_scratch(c.func, c.args, c.kwargs, c.device)
+    return [sizes] if sizes else []
+
+
+class _Rule(NamedTuple):
+    label: str
+    """The op's name in the notes; empty: ``CUDA reduction <op>``."""
+    category: str
+    """The scratch's category in the peak's breakdown (``<category>_scratch``)."""
+    phases: Callable[[_Call], list[list[int]]]
+
+
+#: Every op whose CUDA kernel takes scratch, and how much, with :data:`_REDUCTION`: what
+#: ``KernelScratch`` reads.
+_RULES: dict[Any, _Rule] = {
+    EFFICIENT_BWD: _Rule(
+        "memory-efficient attention backward", "attention", lambda c: efficient_backward(c.args)
+    ),
+    FLASH_BWD: _Rule("flash attention backward", "attention", lambda c: flash_backward(c.args)),
+    LAYER_NORM: _Rule("layer norm", "layer_norm", lambda c: layer_norm(c.args)),
+    LAYER_NORM_BWD: _Rule("layer norm backward", "layer_norm", _layer_norm_backward_on),
+    embedding_scratch.EMBEDDING_BWD: _Rule(
+        "embedding backward",
+        "embedding",
+        lambda c: embedding_scratch.backward_phases(c.args, c.target.sms, c.target.torch_version),
+    ),
 }
-_PHASES: dict[Any, Callable[[tuple[Any, ...]], list[list[int]]]] = {
-    EFFICIENT_BWD: efficient_backward,
-    FLASH_BWD: flash_backward,
-    LAYER_NORM: layer_norm,
-    LAYER_NORM_BWD: layer_norm_backward,
-}
+#: The rule of every op in ``reduce_scratch.OPS`` (looked up there at each call).
+_REDUCTION = _Rule("", "reduction", _reduction)
 
 
 class KernelScratch(TorchDispatchMode):
-    """Calls ``phases(name, [[bytes, ...], ...])`` for each op whose CUDA kernel takes scratch.
+    """Calls ``phases(category, [[bytes, ...], ...])`` for each op whose CUDA kernel on ``target``
+    takes scratch (:data:`_RULES`), and logs it for the notes."""
 
-    Reductions are sized for ``target``'s SM count and threads per SM; without a target they are
-    left out (the other kernels' scratch does not depend on the device).
-    """
-
-    def __init__(
-        self, phases: Callable[[str, list[list[int]]], None], target: CudaTarget | None = None
-    ) -> None:
+    def __init__(self, phases: Callable[[str, list[list[int]]], None], target: CudaTarget) -> None:
         super().__init__()
         self.phases = phases
         self.log = ScratchLog()
-        self.device = reduce_scratch.Device(target.sms, target.threads_per_sm) if target is not None else None
-        self.two_stage = target is not None and target.torch_version >= TWO_STAGE_SINCE
         self.target = target
+        self.device = reduce_scratch.Device(target.sms, target.threads_per_sm)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func in reduce_scratch.OPS:
-            sizes = reduce_scratch.op_scratch(func, args, kwargs or {}, self.device) if self.device else []
-            if sizes:
-                self.log.add(f"CUDA reduction {func.__name__}", sum(sizes))
-                self.phases("reduction", [sizes])
+        rule = _REDUCTION if func in reduce_scratch.OPS else _RULES.get(func)
+        if rule is None:
             return out
-        if func is embedding_scratch.EMBEDDING_BWD:
-            return self._embedding_backward(args, out)
-        scratch = _PHASES.get(func)
-        found = scratch(args) if scratch is not None else []
-        if func is LAYER_NORM_BWD and self.two_stage and self.device is not None:
-            found = self._layer_norm_weight_grads(args, found)
-        if not found:
-            return out
-        self.log.add(_NAMES[func], max(sum(p) for p in found))
-        self.phases("layer_norm" if func in (LAYER_NORM, LAYER_NORM_BWD) else "attention", found)
-        return out
-
-    def _embedding_backward(self, args: tuple[Any, ...], out: Any) -> Any:
-        """The dense embedding backward's scratch, for the target's SM count and torch release."""
-        if self.target is None:
-            return out
-        found = embedding_scratch.backward_phases(args, self.target.sms, self.target.torch_version)
+        found = rule.phases(_Call(func, args, kwargs or {}, self.target, self.device))
         if found:
-            self.log.add(_NAMES[embedding_scratch.EMBEDDING_BWD], max(sum(p) for p in found))
-            self.phases("embedding", found)
+            self.log.add(rule.label or f"CUDA reduction {func.__name__}", max(sum(p) for p in found))
+            self.phases(rule.category, found)
         return out
-
-    def _layer_norm_weight_grads(self, args: tuple[Any, ...], found: list[list[int]]) -> list[list[int]]:
-        """``found`` (the contiguous copies) with the two-stage weight-gradient blocks where the
-        kernel takes that path (:func:`gamma_beta_rows`)."""
-        assert self.device is not None
-        x, shape, weight, bias, mask = args[1], args[2], args[5], args[6], args[7]
-        n = math.prod(int(d) for d in shape)
-        rows = gamma_beta_rows(x.numel() // max(n, 1), n, self.device.sms)
-        grads = int(bool(mask[1]) and weight is not None) + int(bool(mask[2]) and bias is not None)
-        if not rows or not grads or weight is None:
-            return found
-        blocks = two_stage_weight_grads(rows, n, weight, grads, self.device)
-        return [[*(found[0] if found else []), *blocks]]

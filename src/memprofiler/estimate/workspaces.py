@@ -191,18 +191,29 @@ def current_thread() -> str:
 CONV_OPS = {_aten.convolution.default, _aten.convolution_backward.default}
 
 
+def _conv_operands(func: Any, args: tuple[Any, ...], out: Any, weight: bool) -> list[torch.Tensor]:
+    """A convolution's input, weight and output (forward), or its output gradient and input
+    (backward), with ``weight`` the weight too."""
+    backward = func is _aten.convolution_backward.default
+    n = 3 if backward and weight else 2
+    tensors = [a for a in args[:n] if isinstance(a, torch.Tensor)]
+    if not backward and isinstance(out, torch.Tensor):
+        tensors.append(out)
+    return tensors
+
+
 def conv_scratch_bound(func: Any, args: tuple[Any, ...], out: Any) -> int:
-    """The stated bound on cuDNN's workspace for one convolution: its largest activation-sized operand.
+    """The estimate's figure for cuDNN's workspace at one convolution: its largest operand (input,
+    weight or output forward; output gradient or input backward).
 
     cuDNN picks an algorithm per call (heuristics, or timing under ``cudnn.benchmark``) and torch
     allocates that algorithm's workspace through the caching allocator for the call only. The
-    sizes are cuDNN's and not knowable here; the bound taken is the larger of the input and the
-    output (forward) or of the output gradient and the input (backward).
+    size is cuDNN's, not knowable here, and this is a typical figure rather than a bound (an H200
+    took up to 4.94x it): :func:`conv_workspace_envelope` gives the fits margin its figure.
     """
-    tensors = [a for a in args[:2] if isinstance(a, torch.Tensor)]
-    if func is _aten.convolution.default and isinstance(out, torch.Tensor):
-        tensors.append(out)
-    return max((t.numel() * t.element_size() for t in tensors), default=0)
+    return max(
+        (t.numel() * t.element_size() for t in _conv_operands(func, args, out, weight=False)), default=0
+    )
 
 
 #: The most cuDNN's workspace measured, as a multiple of a convolution's largest operand counted in
@@ -217,12 +228,9 @@ CONV_ENVELOPE = {"forward": 2.75, "backward": 5.0}
 
 def conv_workspace_envelope(func: Any, args: tuple[Any, ...], out: Any) -> int:
     """What one convolution's workspace may reach (:data:`CONV_ENVELOPE`), for the fits margin."""
-    backward = func is _aten.convolution_backward.default
-    tensors = [a for a in args[: 3 if backward else 2] if isinstance(a, torch.Tensor)]
-    if not backward and isinstance(out, torch.Tensor):
-        tensors.append(out)
-    largest = max((t.numel() for t in tensors), default=0) * 4
-    return int(largest * CONV_ENVELOPE["backward" if backward else "forward"])
+    largest = max((t.numel() for t in _conv_operands(func, args, out, weight=True)), default=0) * 4
+    kind = "backward" if func is _aten.convolution_backward.default else "forward"
+    return int(largest * CONV_ENVELOPE[kind])
 
 
 class BlasWorkspaces(TorchDispatchMode):

@@ -130,8 +130,9 @@ def _bool_mask_to_float(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.
 
 
 def run(backend: str, c: Call, grad: bool) -> torch.Tensor:
-    """Call the chosen backend's own op (its fake kernel allocates what CUDA's does)."""
-    mask = _bool_mask_to_float(c.mask, c.q.dtype)
+    """Call the chosen backend's own op (its fake kernel allocates what CUDA's does); ``c.mask`` is
+    already additive (:func:`attention` converts a boolean one before the choice)."""
+    mask = c.mask
     if backend == "flash":
         pad = (-c.head_dim) % 8  # sdpa pads the head size to a multiple of 8 for flash
         q, k, v = (F.pad(t, (0, pad)) if pad else t for t in (c.q, c.k, c.v))

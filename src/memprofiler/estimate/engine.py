@@ -133,8 +133,9 @@ def _to_fake(
     seen: set[int] = set()
 
     def conv(t: torch.Tensor) -> torch.Tensor:
-        shared = copies and t.untyped_storage()._cdata in seen
-        seen.add(t.untyped_storage()._cdata)
+        key = t.untyped_storage()._cdata
+        shared = copies and key in seen
+        seen.add(key)
         t = mode.from_tensor(t) if mode is not None else t
         t = t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device)
         return t.clone() if shared else t

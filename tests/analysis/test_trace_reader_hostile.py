@@ -14,8 +14,8 @@ import pytest
 
 from _trace_orders import CPU_TRACE
 from memprofiler.__main__ import main
-from memprofiler.analysis import trace_events
-from memprofiler.analysis.profiler_views import trace_view
+from memprofiler.analysis.traces import events as trace_events
+from memprofiler.analysis.traces.views import trace_view
 from memprofiler.errors import ArtifactError
 
 

@@ -125,6 +125,47 @@ def parse_version(text: str) -> tuple[int, int]:
     return version
 
 
+#: What an estimate takes from the target's ``torch_version``: rules written from each release's source.
+FOLLOWS_TARGET = (
+    "cuBLAS and cuBLASLt workspaces",
+    "kernel scratch (layer norm, fused RMS norm, embedding backward)",
+)
+#: What runs as the torch installed where the estimate runs, whatever the target.
+RUNS_AS_INSTALLED = (
+    "FSDP2",
+    "activation checkpointing",
+    "autograd",
+    "the optimizers",
+    "the attention backend's choice",
+    "the ops' fake kernels",
+)
+#: Parsed by the rules of one release whatever the target: the allocator settings (torch 2.13's
+#: ``ConfigTokenizer``).
+ALLOC_CONF_RULES = (2, 13)
+
+
+def torch_rules(target: CudaTarget) -> dict[str, str]:
+    """Which torch each part of the estimate followed: ``{"FSDP2": "2.13 (installed)", ...}``."""
+    major, minor = target.torch_version
+    low, high = KNOWN_TORCH
+    ruled = min(max(target.torch_version, low), high)
+    installed = "{}.{} (installed)".format(*installed_version())
+    out = {part: f"{ruled[0]}.{ruled[1]} (target {major}.{minor})" for part in FOLLOWS_TARGET}
+    out["PYTORCH_CUDA_ALLOC_CONF parsing"] = "{}.{}".format(*ALLOC_CONF_RULES)
+    out.update({part: installed for part in RUNS_AS_INSTALLED})
+    return out
+
+
+def rules_note(target: CudaTarget) -> str:
+    """The line that says what the target's torch changed and what ran as the installed torch."""
+    major, minor = target.torch_version
+    imajor, iminor = installed_version()
+    return (
+        f"torch {major}.{minor} (the target) decides: {', '.join(FOLLOWS_TARGET)}; the installed torch "
+        f"{imajor}.{iminor} ran {', '.join(RUNS_AS_INSTALLED)}"
+    )
+
+
 def installed_version() -> tuple[int, int]:
     """The installed torch's (major, minor)."""
     major, minor = re.findall(r"\d+", torch.__version__)[:2]

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.margins import (
+from memprofiler.estimate.cuda.margins import (
     COMPILE_FRACTION,
     NCCL_CHANNELS,
     NCCL_DEFAULT_BUFFSIZE,
@@ -62,7 +62,7 @@ def test_compiled_blocks_get_the_margin_and_the_note_under_every_strategy(how, s
 
 
 def test_fully_shard_keeps_the_compiled_class_under_its_fsdp_name():
-    from memprofiler.estimate.strategies import fake_process_group, fully_shard_model
+    from memprofiler.estimate.parallel.strategies import fake_process_group, fully_shard_model
 
     with torch.device("meta"):
         net = Blocks("wrapped")

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import alloc_conf
-from memprofiler.estimate.environment import VARIABLES, allocator_note, workspace_notes
-from memprofiler.estimate.margins import nccl_buffsize
-from memprofiler.estimate.target import resolve_target, version_note
-from memprofiler.estimate.workspaces import (
+from memprofiler.estimate.allocator import conf as alloc_conf
+from memprofiler.estimate.cuda.environment import VARIABLES, allocator_note, workspace_notes
+from memprofiler.estimate.cuda.margins import nccl_buffsize
+from memprofiler.estimate.cuda.target import resolve_target, version_note
+from memprofiler.estimate.cuda.workspaces import (
     WorkspacePlan,
     cublas_workspace_bytes,
     cublaslt_workspace_bytes,

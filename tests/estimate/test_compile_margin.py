@@ -49,10 +49,10 @@ def _estimate(how: str, strategy: str, world_size: int):
     )
 
 
-@pytest.mark.parametrize("how", ["wrapped", "in place", "forward"])
+@pytest.mark.parametrize("how", ["wrapped", "in place"])
 @pytest.mark.parametrize(("strategy", "world_size"), [("single", 1), ("fsdp", 2)])
 def test_compiled_blocks_get_the_margin_and_the_note_under_every_strategy(how, strategy, world_size):
-    # GIVEN two blocks compiled (torch.compile(block), block.compile(), a compiled forward)
+    # GIVEN two blocks compiled (torch.compile(block) or block.compile())
     est = _estimate(how, strategy, world_size)
     # THEN the margin is 10% of the modelled peak (plus NCCL's under fsdp), and the note names the blocks
     nccl = NCCL if strategy == "fsdp" else 0
@@ -70,6 +70,13 @@ def test_fully_shard_keeps_the_compiled_class_under_its_fsdp_name():
         fully_shard_model(net, 2, None)
         assert type(net.blocks[0]).__name__ == "FSDPOptimizedModule"
         assert compiled_modules(net) == ["blocks.0", "blocks.1"]
+
+
+def test_a_compiled_forward_is_found_too():
+    with torch.device("meta"):
+        net = Blocks("forward")
+    assert compiled_modules(net) == ["blocks.0", "blocks.1"]
+    assert compiled_modules(Blocks("eager")) == []
 
 
 def test_a_plain_model_has_no_compile_margin():

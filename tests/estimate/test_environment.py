@@ -252,3 +252,76 @@ def test_every_variable_the_estimate_reads_is_in_the_reliability_guide():
     guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "reliability.md").read_text()
     missing = [name for name in VARIABLES if f"`{name}`" not in guide]
     assert not missing
+
+
+# ---- in an estimate -----------------------------------------------------------------------------
+
+
+def _mlp() -> torch.nn.Module:
+    with torch.device("meta"):
+        return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+
+
+def _estimate(**kwargs):
+    from memprofiler.estimate import estimate_memory
+
+    kwargs.setdefault("gpu", "H100")
+    batch = kwargs.pop("batch", torch.randn(4, 64))
+    return estimate_memory(_mlp(), batch, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1), **kwargs)
+
+
+def test_a_smaller_workspace_from_the_environment_is_said_in_the_estimate(monkeypatch):
+    base = _estimate(torch_version="2.11")
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    small = _estimate(torch_version="2.11")
+    # two cuBLAS workspaces of 128 KiB instead of 32 MiB, the cuBLASLt one capped at 128 KiB (not 1 MiB)
+    assert base.peak_bytes - small.peak_bytes == 2 * (32 * MiB - 128 * KiB) + (MiB - 128 * KiB)
+    assert any(
+        n.startswith("environment: CUBLAS_WORKSPACE_CONFIG=':16:8'") and "below the default" in n
+        for n in small.notes
+    )
+    assert not any(n.startswith("environment:") for n in base.notes)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("CUBLAS_WORKSPACE_CONFIG", ":99999999999999999999:8"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:maybe"),
+        ("PYTORCH_ALLOC_CONF", "garbage"),
+    ],
+)
+def test_an_environment_torch_refuses_is_refused_before_the_steps(monkeypatch, variable, value):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=f"`{variable}`: got"):
+        _estimate()
+
+
+def test_the_allocator_settings_are_one_line_with_what_the_model_does_not_follow(monkeypatch):
+    monkeypatch.setenv(CONF, "backend:cudaMallocAsync")
+    (line,) = [n for n in _estimate().notes if n.startswith("caching allocator")]
+    assert "backend:cudaMallocAsync hands memory to CUDA's own pool allocator" in line
+
+
+def test_a_batch_of_size_0_is_refused():
+    with pytest.raises(ConfigError, match="`batch`: the batch has 0 rows"):
+        _estimate(batch=torch.randn(0, 64))
+    with pytest.raises(ConfigError, match=r"`batch`: batch\['x'\] has 0 rows"):
+        _estimate(batch={"x": torch.randn(0, 64)}, loss_fn=lambda m, b: m(b["x"]).sum())
+
+
+def test_the_result_says_which_torch_each_part_followed():
+    from memprofiler.estimate.cuda.target import installed_version
+
+    est = _estimate(torch_version="2.5")
+    installed = "{}.{} (installed)".format(*installed_version())
+    assert est.torch_rules["cuBLAS and cuBLASLt workspaces"] == "2.9 (target 2.5)"
+    assert est.torch_rules["FSDP2"] == est.torch_rules["activation checkpointing"] == installed
+    assert est.torch_rules["autograd"] == installed
+    assert any(n.startswith("torch 2.5 is outside the releases the rules know") for n in est.notes)
+    assert any(
+        n.startswith("torch 2.5 (the target) decides: cuBLAS and cuBLASLt workspaces") for n in est.notes
+    )
+    same = _estimate(torch_version="{}.{}".format(*installed_version()))
+    assert not any("(the target) decides" in n for n in same.notes)
+    assert _estimate(device="cpu").torch_rules == {}

@@ -166,6 +166,15 @@ def rules_note(target: CudaTarget) -> str:
     )
 
 
+def target_notes(target: CudaTarget) -> list[str]:
+    """The target's lines: a release outside the rules, and what the target's torch decided when it
+    is not the installed one."""
+    out = [line] if (line := version_note(target.torch_version)) else []
+    if target.torch_version != installed_version():
+        out.append(rules_note(target))
+    return out
+
+
 def installed_version() -> tuple[int, int]:
     """The installed torch's (major, minor)."""
     major, minor = re.findall(r"\d+", torch.__version__)[:2]

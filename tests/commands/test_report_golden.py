@@ -21,4 +21,5 @@ def test_the_demo_run_report_is_byte_identical_to_the_golden_pages(tmp_path):
     for name, text in pages.items():
         if text != golden[name]:
             diff = difflib.unified_diff(golden[name].splitlines(), text.splitlines(), lineterm="", n=1)
-            raise AssertionError(f"{name} differs from its golden page:\n" + "\n".join(list(diff)[:40]))
+            shown = [line if len(line) < 240 else line[:240] + " ..." for line in list(diff)[:40]]
+            raise AssertionError(f"{name} differs from its golden page:\n" + "\n".join(shown))

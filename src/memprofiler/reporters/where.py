@@ -24,6 +24,7 @@ from memprofiler.reporters.model.memory_split import (
 )
 from memprofiler.reporters.model.report import ReportModel
 from memprofiler.reporters.parts import svg
+from memprofiler.reporters.parts.assets import asset
 from memprofiler.reporters.parts.cells import b, bytes_cell, table
 from memprofiler.units import format_bytes
 
@@ -32,11 +33,7 @@ MAX_BARS = 12
 #: Modules listed beside the bars before the rest are summed into one "other" row.
 TOP_MODULES = 8
 
-CSS = """
-.mp-where{display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap}.mp-where>div:first-child{max-width:630px}.mp-where>div+div{flex:1 1 280px}
-.mp-legend{display:flex;gap:14px;flex-wrap:wrap;font-size:12px;margin:4px 0}
-.mp-legend i{display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:baseline}
-"""
+CSS = asset("where.css")
 
 
 #: Which peak a section's charts show first: the device's, then the tracker's, then the host's.

@@ -3,7 +3,7 @@
 Python does the heavy work (:mod:`~memprofiler.analysis.snapshot.replay` for blocks and lifetimes,
 :mod:`~memprofiler.analysis.snapshot.lod` for the level of detail); the page gets compact typed arrays, gzipped
 and base64-encoded into one ``<script>`` element, and draws them on canvases with the script
-of :mod:`~memprofiler.reporters.explorer.assets`. Nothing is fetched: the page opens from ``file://`` with a policy
+of ``reporters/assets/explorer.js``. Nothing is fetched: the page opens from ``file://`` with a policy
 that forbids every request.
 """
 
@@ -26,10 +26,10 @@ from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, repla
 from memprofiler.analysis.snapshot.roles import role_index
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, analyze, load_snapshot
 from memprofiler.errors import ArtifactError
-from memprofiler.reporters.explorer.assets import EXPLORER_CSS, EXPLORER_JS
 from memprofiler.reporters.explorer.oom import banner_html, oom_view
 from memprofiler.reporters.explorer.oom import meta as oom_meta
 from memprofiler.reporters.model.report import ReportModel, SnapshotEntry
+from memprofiler.reporters.parts.assets import asset
 from memprofiler.reporters.parts.cells import b, json_script, page
 from memprofiler.reporters.parts.snapshot import snapshot_html
 
@@ -204,7 +204,9 @@ def _page(source: str, meta: dict[str, Any], blob: str, summary: str, banner: st
         f"<script type='application/json' id='mp-meta'>{json_script(meta)}</script>"
         f"<script type='application/octet-stream' id='mp-data'>{blob}</script>"
     )
-    return page(f"allocation explorer: {base}", body, style=EXPLORER_CSS, script=EXPLORER_JS)
+    return page(
+        f"allocation explorer: {base}", body, style=asset("explorer.css"), script=asset("explorer.js")
+    )
 
 
 def render_explorer(data: Mapping[str, Any], source: str, top: int = 10) -> tuple[SnapshotAnalysis, str]:

@@ -9,37 +9,13 @@ from html import escape
 from typing import Any
 
 from memprofiler.analysis.runs.artifacts import is_number
+from memprofiler.reporters.parts.assets import asset
 from memprofiler.units import format_bytes, format_value
 
-STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
-h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:32px}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}th,td{border:1px solid #ddd;padding:3px 8px}
-th{background:#f4f4f4;text-align:left}td.n{text-align:right;font-variant-numeric:tabular-nums}
-td.stack{font-family:ui-monospace,Menlo,monospace;font-size:12px;white-space:pre}
-.plot{display:block;margin:8px 0;background:#fff}.plot .ttl{font-weight:600;font-size:13px}
-.plot .lbl,.plot .val,.plot .tick{font-size:11px;fill:#333}.plot .frame{fill:none;stroke:#999}
-.plot .grid{stroke:#eee}.plot .peak{fill:#D55E00}.plot .peaklbl{font-size:11px;fill:#D55E00;font-weight:600}
-.muted{color:#666}.oom{color:#b00;font-weight:600}input.filter{margin:4px 0;padding:3px 6px;width:260px}
-pre{background:#f8f8f8;padding:8px;overflow:auto;font-size:12px}
-.scroll{max-height:420px;overflow:auto;display:inline-block}.scroll thead th{position:sticky;top:0}
-"""
+STYLE = asset("page.css")
 
 # Adds a filter box above every table marked `filterable`; no other behaviour depends on JS.
-SCRIPT = """
-document.querySelectorAll("table.filterable").forEach(function (table) {
-  var box = document.createElement("input");
-  box.className = "filter";
-  box.placeholder = "filter rows";
-  box.addEventListener("input", function () {
-    var q = box.value.toLowerCase();
-    table.querySelectorAll("tbody tr").forEach(function (tr) {
-      tr.style.display = tr.textContent.toLowerCase().indexOf(q) >= 0 ? "" : "none";
-    });
-  });
-  table.parentNode.insertBefore(box, table);
-});
-"""
+SCRIPT = asset("page.js")
 
 
 def page(title: str, body: str, style: str = "", script: str = SCRIPT) -> str:

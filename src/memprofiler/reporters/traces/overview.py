@@ -15,6 +15,7 @@ from memprofiler.analysis.traces.ops import OpRow
 from memprofiler.analysis.traces.steps import STEP_PARTS
 from memprofiler.analysis.traces.views import ProfilerViews, TraceView
 from memprofiler.reporters.parts import svg
+from memprofiler.reporters.parts.assets import asset
 from memprofiler.units import format_bytes
 
 #: Operators listed per "top" list of the overview.
@@ -199,31 +200,6 @@ def _time_tops(tv: TraceView, n: int) -> str:
 #: Opens the folded sections on the way to a link's target and shows it: a click on an overview
 #: link, or a page opened at ``#target``. A target gone from a table (a range selection redrew
 #: its rows) falls back to the table.
-SCRIPT = r"""
-(function () {
-  function reveal(id, fallback) {
-    var el = document.getElementById(id) || (fallback && document.getElementById(fallback));
-    if (!el) return false;
-    for (var p = el; p; p = p.parentElement) if (p.tagName === "DETAILS") p.open = true;
-    el.scrollIntoView({block: "center"});
-    document.querySelectorAll(".pv-target").forEach(function (t) { t.classList.remove("pv-target"); });
-    el.classList.add("pv-target");
-    return true;
-  }
-  document.querySelectorAll("a.pv-link").forEach(function (a) {
-    a.addEventListener("click", function (ev) {
-      var id = a.getAttribute("href").slice(1);
-      if (reveal(id, a.dataset.table)) { ev.preventDefault(); history.replaceState(null, "", "#" + id); }
-    });
-  });
-  if (location.hash.length > 1) reveal(decodeURIComponent(location.hash.slice(1)));
-})();
-"""
+SCRIPT = asset("profiler_overview.js")
 
-CSS = """
-#profiler-overview{border:1px solid #ddd;padding:4px 12px;margin:8px 0 16px;background:#fcfcfc}
-.pv-tops{display:grid;gap:4px 28px;grid-template-columns:repeat(auto-fill,minmax(320px,1fr))}.pv-tops ol{margin:0 0 8px;padding-left:22px;font-size:13px}
-details.pv-fold{margin:6px 0}details.pv-fold>summary{cursor:pointer;font-weight:600}
-.pv-sw{display:inline-block;width:9px;height:9px;margin-right:3px}
-.pv-target{outline:2px solid #E69F00;background:#fff6e0}
-"""
+CSS = asset("profiler_overview.css")

@@ -1,30 +1,4 @@
-"""The allocation explorer's stylesheet and script, inlined into every explorer page."""
 
-from __future__ import annotations
-
-EXPLORER_CSS = """
-body{max-width:1500px}
-#mp-app .bar{display:flex;gap:10px;align-items:center;flex-wrap:wrap;margin:6px 0;font-size:13px}
-#mp-app canvas{display:block;border:1px solid #ddd;background:#fff}
-#mp-main{cursor:crosshair;width:100%;height:380px}#mp-alloc{width:100%;height:130px;margin-top:4px}
-#mp-tip{position:fixed;pointer-events:none;background:#fffffe;border:1px solid #888;padding:4px 8px;
-font-size:12px;max-width:560px;box-shadow:0 2px 6px rgba(0,0,0,.2);display:none;z-index:9}
-.mp-cols{display:grid;grid-template-columns:1fr 1fr;gap:16px}
-.mp-panel{border:1px solid #ddd;padding:6px 10px;min-width:0}
-.mp-panel h3{margin:4px 0 8px}
-.mp-stack{font-family:ui-monospace,Menlo,monospace;font-size:12px;white-space:pre-wrap;word-break:break-all}
-.mp-stack .cpp{color:#555}.mp-stack .internal{color:#aaa}.mp-stack .user{font-weight:600}
-ul.mp-tree{list-style:none;padding-left:14px;margin:0;font-size:12px}
-ul.mp-tree li{margin:1px 0}.mp-tree .row{display:flex;gap:6px;align-items:center;cursor:pointer}
-.mp-tree .share{display:inline-block;height:8px;background:#0072B2;min-width:1px}
-.mp-tree .num{font-variant-numeric:tabular-nums;min-width:150px;text-align:right}
-.mp-tree .fr{font-family:ui-monospace,Menlo,monospace;white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
-#mp-segs{width:100%}.mp-segwrap{max-height:320px;overflow:auto}
-.mp-oom{border:2px solid #b00;background:#fff4f4;padding:8px 12px;margin:8px 0 12px;font-size:15px}
-.mp-oom .mp-oom-req{color:#b00}
-"""
-
-EXPLORER_JS = r"""
 (async function () {
 "use strict";
 const $ = (id) => document.getElementById(id);
@@ -573,4 +547,3 @@ setTimeout(() => {
   X.draws = 1; X.warmMs = performance.now() - X.firstPaintMs; X.ready = true;
 }, 0);
 })().catch((err) => { console.error("allocation explorer: " + (err && err.stack || err)); });
-"""

@@ -195,6 +195,16 @@ class RunArtifacts:
         notes = (self.manifest or {}).get("notes") or []
         return [str(n) for n in notes] if isinstance(notes, list) else [str(notes)]
 
+    @property
+    def crash(self) -> str | None:
+        """What ended the run when its manifest says ``status: crashed``: the exception as the
+        profiler recorded it, or a line saying it was not recorded (older runs)."""
+        manifest = self.manifest or {}
+        if manifest.get("status") != "crashed":
+            return None
+        error = manifest.get("error")
+        return str(error) if error else "the exception was not recorded"
+
     def collected_nothing(self) -> bool:
         """Whether the run has stats files and none holds a single snapshot.
 
@@ -214,11 +224,17 @@ class RunArtifacts:
         Args:
             notes_shown: the notes were printed just above; point to them instead of repeating.
         """
+        status = (self.manifest or {}).get("status")
+        crashed = ""
+        if status == "crashed":
+            crashed = f"the run crashed ({self.crash}) before any call was collected"
+            if not self.notes:
+                return f"no call was collected: {crashed}"
+            crashed += "; "
         if self.notes:
-            return "no call was collected: " + (
+            return f"no call was collected: {crashed}" + (
                 "see the note above" if notes_shown else "; ".join(self.notes)
             )
-        status = (self.manifest or {}).get("status")
         if status is None:
             why = f"it has no readable `{layout.RUN_MANIFEST}` (written by an older memprofiler?)"
         elif status == "running":

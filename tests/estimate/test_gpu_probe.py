@@ -540,7 +540,7 @@ def test_a_real_h200_trace_without_step_markers_is_checked_and_kept_without_fram
 
 
 def test_the_estimates_log_keeps_its_slack_at_each_step_peak() -> None:
-    from memprofiler.estimate.allocator import AllocatorReplay
+    from memprofiler.estimate.allocator.caching import AllocatorReplay
 
     log = elog.EstimateLog()
     with log.installed():

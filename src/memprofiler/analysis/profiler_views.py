@@ -58,6 +58,9 @@ class TraceView:
     rank_row: RankRow | None = None
     peak_gaps: list[PeakGap] = field(default_factory=list)
     """Per device with memory by category: its two peaks and one sentence on why they differ."""
+    notes: list[str] = field(default_factory=list)
+    """One line per event field the reader converted or could not read (see
+    :attr:`~memprofiler.analysis.trace_stream.Summary.notes`)."""
 
     @property
     def title(self) -> str:
@@ -132,6 +135,7 @@ def trace_view(path: Path) -> TraceView:
         has_device_time=s.has_device_time,
         rank_row=s.rank_row,
         peak_gaps=gaps,
+        notes=s.notes,
     )
 
 

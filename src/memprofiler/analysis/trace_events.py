@@ -7,9 +7,11 @@ gzipped files alike. :mod:`memprofiler.analysis.trace_stream` folds the events i
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import math
+import os
 import re
 import sys
 import zlib
@@ -45,8 +47,21 @@ _RANK_IN_HEADER = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\
 _BASE_IN_HEADER = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
 #: One event's text at most (torch's longest are a few KiB: an operator's ``Input Dims``).
 MAX_EVENT_CHARS = 16 * 2**20
-#: A trace's decompressed content at most (a 6M-event torch trace is about 2 GiB).
-MAX_TRACE_BYTES = 256 * 2**30
+#: A trace's decompressed content at most (a 6M-event torch trace is about 2 GiB); the
+#: environment variable :data:`MAX_TRACE_BYTES_ENV` (bytes) sets another.
+MAX_TRACE_BYTES = 16 * 2**30
+#: The environment variable that sets the decompressed size a trace may reach.
+MAX_TRACE_BYTES_ENV = "MEMPROFILER_MAX_TRACE_BYTES"
+#: A gzipped trace's decompressed content at most, as a multiple of the file's size, once past
+#: :data:`RATIO_FROM` bytes: torch's traces compress about 10-20 times; gzip's ceiling is about
+#: 1,030, which only a crafted file (a gzip bomb) comes near.
+MAX_GZIP_RATIO = 200
+#: Decompressed bytes below which :data:`MAX_GZIP_RATIO` is not applied.
+RATIO_FROM = 256 * 2**20
+#: A line on stderr each time this many more decompressed bytes have been read.
+PROGRESS_EVERY = 2**30
+#: Bytes of the top-level object read before ``traceEvents`` at most (torch writes a few KiB).
+MAX_HEADER_BYTES = 64 * 2**20
 #: Bytes (characters on the exact path) read at a time.
 _BLOCK = 1 << 20
 #: Characters from the end of the text within which a decoding error may be a cut word or number.
@@ -151,19 +166,51 @@ def iter_events(path: Path) -> Iterator[Event | None]:
     fail = f"{path}: not a readable profiler trace"
     try:
         with open_maybe_gzip(path) as f:
-            yield from _scan(_Limited(f, fail), fail)
+            yield from _scan(_Limited(f, fail, path), fail)
     except (OSError, EOFError, zlib.error) as err:
         raise ArtifactError(f"{fail} ({_one_line(err)}); re-copy the file or re-export it") from None
     except UnicodeDecodeError:
         raise ArtifactError(f"{fail} (not UTF-8 text); {_FIX_SOURCE}") from None
 
 
+def max_trace_bytes() -> int:
+    """The decompressed size a trace may reach: :data:`MAX_TRACE_BYTES_ENV` when set, else
+    :data:`MAX_TRACE_BYTES`.
+
+    Raises:
+        ArtifactError: the variable is set to something other than a positive whole number.
+    """
+    raw = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+    if not raw:
+        return MAX_TRACE_BYTES
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ArtifactError(
+            f"{MAX_TRACE_BYTES_ENV}={raw!r}: not a positive number of bytes; set it to a whole number "
+            f"(the default is {MAX_TRACE_BYTES:,}) or unset it"
+        )
+    return value
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 class _Limited(io.RawIOBase):
     """Bytes of ``f``, with the bytes taken back by :meth:`unread` first; past
-    :data:`MAX_TRACE_BYTES` in all, an :class:`ArtifactError`."""
+    :func:`max_trace_bytes` in all (or, for a gzipped file, past :data:`MAX_GZIP_RATIO` times
+    its size), an :class:`ArtifactError`; a line on stderr every :data:`PROGRESS_EVERY` bytes."""
 
-    def __init__(self, f: IO[bytes], fail: str) -> None:
+    def __init__(self, f: IO[bytes], fail: str, path: Path | None = None) -> None:
         self.f, self.fail, self.total, self.head = f, fail, 0, b""
+        self.path = path
+        self.limit = max_trace_bytes()
+        self.next_progress = PROGRESS_EVERY
+        compressed = path.stat().st_size if path is not None and isinstance(f, gzip.GzipFile) else 0
+        self.ratio_cap = max(RATIO_FROM, MAX_GZIP_RATIO * compressed) if compressed else 0
 
     def readable(self) -> bool:
         return True
@@ -177,10 +224,25 @@ class _Limited(io.RawIOBase):
             return out
         out = self.f.read(n)
         self.total += len(out)
-        if self.total > MAX_TRACE_BYTES:
+        if self.total > self.limit:
             raise ArtifactError(
-                f"{self.fail} (longer than {MAX_TRACE_BYTES:,} bytes decompressed, the reader's limit "
-                "MAX_TRACE_BYTES; a gzip bomb?)"
+                f"{self.fail} (longer than {self.limit:,} bytes decompressed, the reader's limit "
+                f"MAX_TRACE_BYTES; a gzip bomb? to read a larger trace set {MAX_TRACE_BYTES_ENV} to its size "
+                "in bytes)"
+            )
+        if self.ratio_cap and self.total > self.ratio_cap:
+            raise ArtifactError(
+                f"{self.fail} (expands past {self.ratio_cap:,} bytes, {MAX_GZIP_RATIO} times the gzip file's "
+                "size, the reader's limit MAX_GZIP_RATIO: a gzip bomb, not a profiler trace); "
+                "re-export it, or pass the trace decompressed"
+            )
+        if self.total >= self.next_progress:
+            self.next_progress += PROGRESS_EVERY
+            print(
+                f"memprofiler: {self.path}: {_size(self.total)} read (the limit: {_size(self.limit)}, "
+                f"{MAX_TRACE_BYTES_ENV})",
+                file=sys.stderr,
+                flush=True,
             )
         return out
 
@@ -212,19 +274,60 @@ def _finite_float(text: str) -> float:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 _EVENTS = msgspec.json.Decoder(list[Event])
 _GAP = re.compile(r"[ \t\n\r]*(,?)[ \t\n\r]*")
-_OPEN = re.compile(rb'"traceEvents"[ \t\n\r]*:[ \t\n\r]*\[')
+#: What moves the depth of the top-level scan, or starts a string.
+_TOKEN = re.compile(rb'["{}\[\]]')
+#: The rest of a JSON string after its opening quote.
+_STRING_REST = re.compile(rb'[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+#: After a key: its ':' and a list's '['.
+_KEY_LIST = re.compile(rb"[ \t\n\r]*:[ \t\n\r]*\[")
 #: Between two events: the end of one, a comma, the start of the next.
 _SEP = re.compile(rb"\}[ \t\n\r]*,[ \t\n\r]*\{")
 
 
-def _scan(f: _Limited, fail: str) -> Iterator[Event | None]:
+def _open_events(f: _Limited, fail: str) -> tuple[bytes, int]:
+    """The bytes read so far and where the top-level ``traceEvents`` list's items start.
+
+    Only a key of the top-level object counts: a ``traceEvents`` nested in another value
+    (``deviceProperties``, an event's ``args``) is skipped with that value, strings included.
+    """
     buf = f.read(_BLOCK)
-    while (m := _OPEN.search(buf)) is None:
+    pos = depth = 0
+    done = False
+    nothing = f"{fail} (no top-level traceEvents list); pass a trace written by torch.profiler"
+    while True:
+        m = _TOKEN.search(buf, pos)
+        if m is not None and m.group() != b'"':
+            depth += 1 if m.group() in b"{[" else -1
+            pos = m.end()
+            if depth <= 0:
+                raise ArtifactError(nothing)
+            continue
+        if m is not None:
+            e = _STRING_REST.match(buf, m.end())
+            # a key needs its ':' and '[' after it: read on when they may be in the next block
+            if e is not None and (done or depth != 1 or len(buf) - e.end() >= 64):
+                if depth == 1 and buf[m.end() : e.end() - 1] == b"traceEvents":
+                    k = _KEY_LIST.match(buf, e.end())
+                    if k is not None:
+                        return buf, k.end()
+                pos = e.end()
+                continue
+        if done:
+            raise ArtifactError(nothing)
+        if f.total > MAX_HEADER_BYTES:
+            raise ArtifactError(
+                f"{fail} (no top-level traceEvents list in the first {MAX_HEADER_BYTES:,} bytes, the "
+                "reader's limit MAX_HEADER_BYTES); pass a trace written by torch.profiler"
+            )
+        keep = m.start() if m is not None else len(buf)  # a token boundary: the state holds there
         more = f.read(_BLOCK)
-        if not more or f.total > MAX_EVENT_CHARS:
-            raise ArtifactError(f"{fail} (no traceEvents list); pass a trace written by torch.profiler")
-        buf = buf[-64:] + more
-    pos = m.end()
+        done = not more
+        buf = buf[keep:] + more
+        pos = 0
+
+
+def _scan(f: _Limited, fail: str) -> Iterator[Event | None]:
+    buf, pos = _open_events(f, fail)
     done = False
     while True:
         if not done and len(buf) - pos < _BLOCK:
@@ -326,8 +429,36 @@ def _scan_exact(f: IO[str], fail: str) -> Iterator[Event | None]:
         yield _event(ev)
 
 
+def number(v: Any) -> float | int | None:
+    """A trace field's number: an ``int`` or ``float`` as it is, a string holding a finite
+    number converted (as Chrome's and Perfetto's trace viewers read ``"ts": "12.5"``); ``None``
+    for anything else (``True``, a list, ``"late"``, ``"nan"``)."""
+    if v.__class__ is bool:
+        return None
+    if isinstance(v, (int, float)):
+        return v
+    if isinstance(v, str) and len(v) < 64:
+        t = v.strip()
+        try:
+            return int(t)
+        except ValueError:
+            pass
+        try:
+            f = float(t)
+        except ValueError:
+            return None
+        return f if math.isfinite(f) else None
+    return None
+
+
 def _int(v: Any, default: int = -1) -> int:
-    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+    n = number(v)
+    if n is None:
+        return default
+    try:
+        return int(n)
+    except (OverflowError, ValueError):
+        return default
 
 
 def _shapes_text(dims: list[Any]) -> str:

@@ -31,6 +31,7 @@ temporary file is closed on every path, errors included.
 from __future__ import annotations
 
 import contextlib
+import errno
 import heapq
 import os
 import tempfile
@@ -67,6 +68,7 @@ from memprofiler.analysis.trace_events import (
     checked_header,
     iter_events,
     memory_device,
+    number,
 )
 from memprofiler.errors import ArtifactError
 
@@ -108,11 +110,13 @@ def _hashable(v: Any) -> Any:
 
 
 def _float(v: Any) -> float | None:
-    """A time or duration as a float; ``None`` for one that is not a number or past float's range."""
-    if v.__class__ is bool or not isinstance(v, (int, float)):
+    """A time or duration as a float (a string holding a number converted); ``None`` for one
+    that is not a number or past float's range."""
+    n = number(v)
+    if n is None:
         return None
     try:
-        return float(v)
+        return float(n)
     except OverflowError:
         return None
 
@@ -123,6 +127,27 @@ def _clamp(v: int) -> int:
 
 
 _I64 = 1 << 63
+
+
+def _spill_write(data: Any, file: Any) -> None:
+    """Append an ``array`` or numpy array to a temporary file (the one seam through which the
+    reader writes to disk: a test makes it fail as a full disk would).
+
+    Raises:
+        OSError: ``ENOSPC`` for a short write on a full filesystem (numpy's own error names
+            no errno: "N requested and M written").
+    """
+    try:
+        data.tofile(file)
+    except OSError as err:
+        free = None
+        if err.errno is None:
+            with contextlib.suppress(OSError, ValueError):
+                st = os.fstatvfs(file.fileno())
+                free = st.f_bavail * st.f_frsize
+        if free is not None and free < max(getattr(data, "nbytes", 0), 2**20):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from err
+        raise
 
 
 class _Intervals:
@@ -186,7 +211,7 @@ class _Spill:
     def add(self, *values: Any) -> None:
         self.buf.extend(values)
         if len(self.buf) >= _CHUNK * self.width:
-            self.buf.tofile(self.file)
+            _spill_write(self.buf, self.file)
             del self.buf[:]
 
     def written(self) -> int:
@@ -195,7 +220,7 @@ class _Spill:
 
     def read(self) -> Any:
         """Yield the records back, chunk by chunk, as flat arrays."""
-        self.buf.tofile(self.file)
+        _spill_write(self.buf, self.file)
         del self.buf[:]
         self.file.seek(0)
         size = _CHUNK * self.width
@@ -235,7 +260,7 @@ class _Runs:
         if self.file is None:
             self.file = tempfile.TemporaryFile(prefix="memprofiler-trace-", suffix=".bin")  # noqa: SIM115  # closed by close()
         self.file.seek(self.count * RECORD.itemsize)
-        a.tofile(self.file)
+        _spill_write(a, self.file)
         self.runs.append((self.count, len(a)))
         self.count += len(a)
 
@@ -334,6 +359,54 @@ class Summary:
     has_device_time: bool = False
     allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
     """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
+    notes: list[str] = field(default_factory=list)
+    """One line per field of the events that was not a number where one was expected: how
+    many were converted from strings, how many could not be read and what was done."""
+
+
+#: What the reader does with an event whose field it cannot read as a number.
+_UNREADABLE = {
+    "ts": "the event skipped",
+    "dur": "read as 0",
+    "Bytes": "the memory event skipped",
+    "Total Allocated": "read as 0",
+    "Total Reserved": "read as 0",
+}
+
+
+class _Fields:
+    """Per event field, how many values were strings converted to numbers and how many could
+    not be read (with the first such value), for one line each at the end."""
+
+    def __init__(self) -> None:
+        self.converted: Counter[str] = Counter()
+        self.unreadable: Counter[str] = Counter()
+        self.example: dict[str, str] = {}
+
+    def seen(self, key: str, raw: Any, ok: bool) -> None:
+        """``raw``, a value of field ``key`` that was not an ``int`` or ``float``: converted
+        when ``ok``."""
+        if ok:
+            self.converted[key] += 1
+            return
+        self.unreadable[key] += 1
+        if key not in self.example:
+            text = repr(raw)
+            self.example[key] = text if len(text) <= 40 else text[:37] + "..."
+
+    def lines(self, path: Path) -> list[str]:
+        out = []
+        for key in _UNREADABLE:
+            if n := self.unreadable[key]:
+                out.append(
+                    f"{path.name}: {n:,} event(s) with a `{key}` that is not a number (or past float's range) "
+                    f"(first: {self.example[key]}): {_UNREADABLE[key]}"
+                )
+            if n := self.converted[key]:
+                out.append(
+                    f"{path.name}: {n:,} event(s) with a `{key}` written as a string: read as its number"
+                )
+        return out
 
 
 class _Reader:
@@ -373,6 +446,7 @@ class _Reader:
         self.kernels = False
         self.probes: dict[str, list[float]] = {}
         self.allocated_at: dict[tuple[str, float], int] = {}
+        self.fields = _Fields()
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
@@ -407,8 +481,13 @@ class _Reader:
             if ev is None:
                 continue
             ts = ev.ts
-            if ts.__class__ is not float and (ts := _float(ts)) is None:
-                continue
+            if ts.__class__ is not float:
+                raw = ts
+                ts = _float(raw)
+                if (raw.__class__ is not int or ts is None) and (raw is not None or ev.ph != "M"):
+                    self.fields.seen("ts", raw, ts is not None)
+                if ts is None:
+                    continue
             ph = ev.ph
             if ph == "X":
                 if ts < start:
@@ -461,7 +540,13 @@ class _Reader:
     def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
         name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
         d = ev.dur
-        dur = d if d.__class__ is float else (_float(d) or 0.0)
+        if d.__class__ is float:
+            dur = d
+        else:
+            f = _float(d)
+            if d.__class__ is not int or f is None:
+                self.fields.seen("dur", d, f is not None)
+            dur = f or 0.0
         end = ts + dur
         if cat == "cpu_op":
             self._op(ev, name, ts, dur, end, seq)
@@ -556,7 +641,13 @@ class _Reader:
         return dev
 
     def _memory(self, ev: Event, args: EventArgs, ts: float) -> None:
-        nbytes = _clamp(_int(args.nbytes, 0))
+        raw = args.nbytes
+        if raw.__class__ is not int:
+            self.fields.seen("Bytes", raw, number(raw) is not None)
+        for key, v in (("Total Allocated", args.allocated), ("Total Reserved", args.reserved)):
+            if v.__class__ is not int and v is not None:
+                self.fields.seen(key, v, number(v) is not None)
+        nbytes = _clamp(_int(raw, 0))
         if nbytes == 0:
             return
         try:
@@ -765,8 +856,29 @@ def summarise(path: str | Path, probes: dict[str, list[float]] | None = None) ->
     try:
         r.read()
         return _summary(r, p, rank, base)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise ArtifactError(
+            f"{p}: no space left in {tempfile.gettempdir()} for the trace reader's temporary files "
+            f"(this trace needs about {_space_needed(p) / 2**20:,.0f} MiB there); set TMPDIR to a folder "
+            "with room"
+        ) from None
     finally:
         r.close()
+
+
+def _space_needed(p: Path) -> int:
+    """About what the reader's temporary files take for trace ``p``: some 120 bytes for each
+    event of about 300 bytes of JSON (a gzipped trace's size read from its trailer, which holds
+    it modulo 4 GiB, or taken as ten times the file)."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            f.seek(-4, os.SEEK_END)
+            trailer = int.from_bytes(f.read(4), "little")
+            size = trailer if trailer >= size else 10 * size
+    return max(2**20, size * 2 // 5)
 
 
 def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
@@ -784,6 +896,7 @@ def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
     out.allocated_at = r.allocated_at
+    out.notes = r.fields.lines(p)
     return out
 
 

@@ -88,6 +88,7 @@ _NOTE = (
 def _trace_html(tv: TraceView, n: int, top: int) -> str:
     rank = "" if tv.rank is None else f" · rank {tv.rank}"
     out = [f"<h3 id='trace-{n}'>{escape(tv.title)}{rank}</h3>", f"<p class='muted'>{tv.events:,} events</p>"]
+    out += [f"<p class='oom'>warning: {escape(note)}</p>" for note in tv.notes]
     out.append(_steps_html(tv, n))
     for d, dv in enumerate(tv.devices):
         out.append(_memory_html(dv, n, d))

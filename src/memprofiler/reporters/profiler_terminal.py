@@ -56,6 +56,8 @@ class ProfilerTerminalReporter:
     def _trace(self, tv: TraceView, console: Console) -> None:
         rank = "" if tv.rank is None else f"  rank {tv.rank}"
         console.print(f"[bold]profiler trace[/bold] {escape(str(tv.path))}{rank}  {tv.events:,} events")
+        for note in tv.notes:
+            console.print(f"[yellow]warning:[/yellow] {escape(note)}")
         t = _table("Step time breakdown (ms)", ["step", "total", *STEP_PARTS])
         for s in tv.steps:
             t.add_row(escape(s.step), _ms(s.total_us), *(_ms(s.parts[p]) for p in STEP_PARTS))

@@ -36,12 +36,12 @@ module replays those, from torch 2.11's CUDA sources (``aten/src/ATen/native/tra
 - dense embedding backward (``embedding_dense_backward_cuda``, ``native/cuda/Embedding.cu``): over
   3,072 indices (or with ``scale_grad_by_freq``) it sorts the indices and sums the gradient rows
   in partial segments, sized by bounds, not by the index values
-  (:mod:`memprofiler.estimate.embedding_scratch`).
+  (:mod:`memprofiler.estimate.cuda.embedding_scratch`).
 
 - reductions through ``gpu_reduce_kernel`` (sum, mean, amax, max along a dim, norms, var/std...):
   the staging buffer and semaphores of a launch that splits each output's inputs across blocks,
   and the copy of an input the kernel cannot read in its own dtype
-  (:mod:`memprofiler.estimate.reduce_scratch`); a Linear's bias gradient is such a reduction.
+  (:mod:`memprofiler.estimate.cuda.reduce_scratch`); a Linear's bias gradient is such a reduction.
 
 Each is a transient: allocated with the op's outputs alive, freed when the op returns.
 """
@@ -56,8 +56,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprofiler.estimate import embedding_scratch, reduce_scratch
-from memprofiler.estimate.target import CudaTarget
+from memprofiler.estimate.cuda import embedding_scratch, reduce_scratch
+from memprofiler.estimate.cuda.target import CudaTarget
 
 _aten = torch.ops.aten
 EFFICIENT_FWD = _aten._scaled_dot_product_efficient_attention.default

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memprofiler.estimate.allocator import (
+from memprofiler.estimate.allocator.caching import (
     NO_LIMIT,
     SMALL_SEGMENT,
     SMALL_SIZE,

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprofiler.estimate.target import CudaTarget
+from memprofiler.estimate.cuda.target import CudaTarget
 
 KiB = 1024
 MiB = 1 << 20

@@ -15,7 +15,7 @@ layer norm's does (:func:`memprofiler.estimate.kernel_scratch.gamma_beta_rows`).
 The fused kernel came with torch 2.8 (pytorch/pytorch#153666); a target of an earlier torch keeps
 the composite. CUDA keeps the composite path for a channels-last or complex input and where the
 weight's dtype is not the input's; so does this. Under CUDA autocast ``rms_norm`` runs in float32
-(:mod:`memprofiler.estimate.cuda_autocast` casts first).
+(:mod:`memprofiler.estimate.cuda.autocast` casts first).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from memprofiler.estimate.kernel_scratch import gamma_beta_rows
+from memprofiler.estimate.cuda.kernel_scratch import gamma_beta_rows
 
 
 class _FusedRMSNorm(torch.autograd.Function):

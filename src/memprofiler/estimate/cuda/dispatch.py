@@ -4,9 +4,9 @@ Where torch's CPU and CUDA code take different paths that keep different tensors
 estimate takes CUDA's, so a laptop's answer is the GPU node's answer:
 
 - ``F.scaled_dot_product_attention``: the kernel CUDA's selection rules pick, see
-  :mod:`memprofiler.estimate.attention`.
+  :mod:`memprofiler.estimate.cuda.attention`.
 - autocast: the casts CUDA autocast makes and CPU autocast does not, see
-  :mod:`memprofiler.estimate.cuda_autocast`.
+  :mod:`memprofiler.estimate.cuda.autocast`.
 - ``F.dropout`` (training, 0 < p < 1, not in place): CUDA runs the fused ``native_dropout`` and
   keeps a one-byte mask per element for backward; the CPU multiplies by a noise tensor of the
   input's dtype and keeps that (four bytes per element in float32), so on CPU rules GPT-2's nine
@@ -14,10 +14,10 @@ estimate takes CUDA's, so a laptop's answer is the GPU node's answer:
   ``is_fused_kernel_acceptable``). In-place, alpha and feature dropout take the noise path on
   CUDA too and are left as they are.
 - ``F.rms_norm``: CUDA's fused kernel keeps the input, the weight and a float32 ``rstd`` per row;
-  the CPU's composite keeps the normalised input too, see :mod:`memprofiler.estimate.fused_norms`.
+  the CPU's composite keeps the normalised input too, see :mod:`memprofiler.estimate.cuda.fused_norms`.
 - ``F.batch_norm`` and ``torch.lstm`` / ``gru`` / ``rnn_tanh`` / ``rnn_relu``: run as on the CPU, and
   logged where CUDA would hand them to cuDNN, which keeps a reserve space of its own size for
-  backward (a stated margin, :mod:`memprofiler.estimate.cudnn_state`).
+  backward (a stated margin, :mod:`memprofiler.estimate.cuda.cudnn_state`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from memprofiler.estimate import cuda_autocast
-from memprofiler.estimate.attention import AttentionLog, attention
-from memprofiler.estimate.cudnn_state import GATES, CudnnStateLog
-from memprofiler.estimate.fused_norms import fused_rms_norm
-from memprofiler.estimate.target import CudaTarget
+from memprofiler.estimate.cuda import autocast as cuda_autocast
+from memprofiler.estimate.cuda.attention import AttentionLog, attention
+from memprofiler.estimate.cuda.cudnn_state import GATES, CudnnStateLog
+from memprofiler.estimate.cuda.fused_norms import fused_rms_norm
+from memprofiler.estimate.cuda.target import CudaTarget
 
 _SDPA = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
 _DROPOUT = (F.dropout, torch.dropout)

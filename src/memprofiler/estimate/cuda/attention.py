@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from memprofiler.estimate.target import CudaTarget
+from memprofiler.estimate.cuda.target import CudaTarget
 
 _aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)

@@ -12,7 +12,7 @@ the "fits" decision (``MemoryEstimate.margin_bytes``):
   ``cudaMalloc``, outside the caching allocator; margin ``NCCL_BUFFSIZE`` (4 MiB by default) x 2
   directions x :data:`NCCL_CHANNELS` channels x 2 algorithms (ring, tree) = 512 MiB by default;
 - cuDNN's reserve spaces (batch norm, recurrent layers) for a CUDA target: the allowances of
-  :mod:`memprofiler.estimate.cudnn_state`.
+  :mod:`memprofiler.estimate.cuda.cudnn_state`.
 
 These are stated upper-side allowances, not measurements; ``reserve`` adds the user's own.
 """

@@ -8,8 +8,8 @@ from pathlib import Path
 import yaml
 
 from memprofiler.__main__ import main
-from memprofiler.analysis.artifacts import load_run
-from memprofiler.analysis.snapshot import analyze, load_snapshot
+from memprofiler.analysis.runs.artifacts import load_run
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from snapshot_fixtures import known_snapshot
 
 KiB, MiB = 1024, 1024**2

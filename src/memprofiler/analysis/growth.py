@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memprofiler.analysis.artifacts import match_any
+from memprofiler.analysis.runs.artifacts import match_any
 from memprofiler.errors import ConfigError
 from memprofiler.units import format_value, parse_size
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from memprofiler.commands._shared import add_run_dir, load, refuse_cuts, refuse_empty, warn_crashed
 
 if TYPE_CHECKING:
-    from memprofiler.analysis.artifacts import RunArtifacts
     from memprofiler.analysis.growth import Growth, GrowthViolation
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
 
 
 _HINT = "`memprofiler diff --per-call` lists them"
@@ -54,7 +54,7 @@ class CheckCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.budget import Limit, check_budget
-        from memprofiler.analysis.fs import named_as_given
+        from memprofiler.analysis.files.fs import named_as_given
         from memprofiler.analysis.growth import is_growth, parse_growth
         from memprofiler.errors import ConfigError
 
@@ -97,7 +97,7 @@ def _growth(
 ) -> tuple[list[GrowthViolation], int]:
     """Compare each function's medians with the baseline's; print what was not compared."""
     from memprofiler.analysis.diff import diff_functions
-    from memprofiler.analysis.fs import named_as_given
+    from memprofiler.analysis.files.fs import named_as_given
     from memprofiler.analysis.growth import check_growth
     from memprofiler.errors import ArtifactError
 

@@ -31,8 +31,8 @@ class Baseline:
             ArtifactError: one line naming ``--memprofiler-baseline``: no such directory, no
                 run in it, a cut or malformed file, or a run that measured no test.
         """
-        from memprofiler.analysis.artifacts import load_run
-        from memprofiler.analysis.fs import localize, named_as_given
+        from memprofiler.analysis.files.fs import localize, named_as_given
+        from memprofiler.analysis.runs.artifacts import load_run
         from memprofiler.errors import ArtifactError
 
         try:

@@ -56,6 +56,7 @@ from memprofiler.analysis.profiler_steps import (
 from memprofiler.analysis.trace_events import (
     _DEVICE_CATS,
     _STEP,
+    DISPATCH_WRAPPERS,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -92,6 +93,9 @@ RANGE_GROUPS = 100_000
 _OP, _MOD = 0, 1
 #: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
 _TORCH_MOD = 2
+#: A dispatch-mode wrapper (:data:`~memprofiler.analysis.trace_events.DISPATCH_WRAPPERS`): its
+#: time is taken from the operator around it, it is no operator row and no part of a call path.
+_WRAPPER = 3
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
@@ -334,6 +338,11 @@ class Summary:
     has_device_time: bool = False
     allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
     """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
+    wrapper_calls: int = 0
+    """Spans of dispatch-mode wrappers (a module tracker's ``PythonDispatchMode``) left out of the
+    operator views."""
+    wrapper_self_us: float = 0.0
+    """Host time of those spans outside the operators inside them: the tracker's own work."""
 
 
 class _Reader:
@@ -373,6 +382,8 @@ class _Reader:
         self.kernels = False
         self.probes: dict[str, list[float]] = {}
         self.allocated_at: dict[tuple[str, float], int] = {}
+        self.wrapper_calls = 0
+        self.wrapper_self_us = 0.0
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
@@ -517,6 +528,9 @@ class _Reader:
         """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
         if end > self.end:
             self.end = end
+        if name in DISPATCH_WRAPPERS:
+            self.records.add((ts, 0, -dur, seq, self._thread(ev), _WRAPPER, self.intern(name), -1, 0, 0, 0))
+            return
         n = self.ix.get(name)
         if n is None:
             n = self.intern(name)
@@ -582,6 +596,10 @@ class _Reader:
         stack = th.stack
         while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
             kind, n, dur, _, child, *_ = stack.pop()
+            if kind == _WRAPPER:
+                self.wrapper_calls += 1
+                self.wrapper_self_us += max(0.0, dur - child)
+                continue
             rows = self.ops if kind == _OP else self.mods
             r = rows.get(n)
             if r is None:
@@ -614,6 +632,12 @@ class _Reader:
                     if c is None:
                         c = self.chains[ops, kmods] = len(self.chains)
                     self.ext.add(ext, seq, c)
+                entry += (ops, kmods, entry, mod_parent, mods, None)
+            elif kind == _WRAPPER:
+                # Transparent: the operator around it does not count its time as its own, the
+                # operators inside keep their call path; their time is its "child" time.
+                if op_parent is not None:
+                    op_parent[4] += dur
                 entry += (ops, kmods, entry, mod_parent, mods, None)
             else:
                 if mod_parent is not None:
@@ -784,6 +808,7 @@ def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
     out.allocated_at = r.allocated_at
+    out.wrapper_calls, out.wrapper_self_us = r.wrapper_calls, r.wrapper_self_us
     return out
 
 

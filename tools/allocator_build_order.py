@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from memprofiler import estimate_memory
-from memprofiler.estimate.allocator import AllocatorReplay, round_size
+from memprofiler.estimate.allocator.caching import AllocatorReplay, round_size
 
 PANEL = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "gpu_h200"
 Event = tuple[Any, ...]

@@ -80,9 +80,9 @@ def test_a_merge_adds_no_gradient_sized_tensor(device: str) -> None:
 
 
 def _column_sum_scratch() -> int:
-    from memprofiler.estimate.allocator import round_size
-    from memprofiler.estimate.reduce_scratch import Device, op_scratch
-    from memprofiler.estimate.target import DEFAULT_GPU, resolve_target
+    from memprofiler.estimate.allocator.caching import round_size
+    from memprofiler.estimate.cuda.reduce_scratch import Device, op_scratch
+    from memprofiler.estimate.cuda.target import DEFAULT_GPU, resolve_target
 
     t = resolve_target(DEFAULT_GPU)
     g = torch.empty(1024, 256, device="meta")

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.allocator import AllocatorReplay, round_size, segment_size
+from memprofiler.estimate.allocator.caching import AllocatorReplay, round_size, segment_size
 
 MiB = 1 << 20
 
@@ -61,7 +61,7 @@ def test_cuda_estimate_reports_the_allocator_view_and_cpu_the_tensor_bytes():
 
 
 def test_alloc_conf_is_parsed_and_unknown_keys_are_named():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     cfg = AllocatorConfig.parse(
         "max_split_size_mb:128,expandable_segments:True,garbage_collection_threshold:0.6,"
@@ -73,7 +73,7 @@ def test_alloc_conf_is_parsed_and_unknown_keys_are_named():
 
 
 def test_roundup_power2_divisions_rounds_to_the_next_quarter_of_the_power_of_two():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     cfg = AllocatorConfig(roundup_power2_divisions=4)
     assert round_size(1_200_000, cfg) == MiB + MiB // 4  # [1 MiB, 2 MiB) in steps of 256 KiB
@@ -82,7 +82,7 @@ def test_roundup_power2_divisions_rounds_to_the_next_quarter_of_the_power_of_two
 
 
 def test_max_split_size_keeps_oversize_blocks_from_small_requests():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     r = AllocatorReplay(AllocatorConfig(max_split_size=16 * MiB))
     r.alloc(1, 30 * MiB)
@@ -97,7 +97,7 @@ def test_max_split_size_keeps_oversize_blocks_from_small_requests():
 
 
 def test_expandable_segments_grow_one_segment_by_pages():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     plain = AllocatorReplay()
     grown = AllocatorReplay(AllocatorConfig(expandable_segments=True))
@@ -125,7 +125,7 @@ def test_streams_have_their_own_pools():
 
 
 def test_garbage_collection_needs_a_memory_fraction_and_frees_the_oldest_large_segments():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     def run(fraction: float | None) -> AllocatorReplay:
         # threshold 0.5 of the allowed memory (200 MiB x 0.5 = 100 MiB): the line is 50 MiB
@@ -150,7 +150,7 @@ def test_garbage_collection_needs_a_memory_fraction_and_frees_the_oldest_large_s
 
 
 def test_before_an_oom_max_split_size_releases_one_oversize_segment_first():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     r = AllocatorReplay(AllocatorConfig(max_split_size=20 * MiB), capacity=100 * MiB)
     r.alloc(1, 60 * MiB)
@@ -164,7 +164,7 @@ def test_before_an_oom_max_split_size_releases_one_oversize_segment_first():
 
 
 def test_max_non_split_rounding_widens_what_an_oversize_request_may_take():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     cfg = AllocatorConfig.parse("max_split_size_mb:20,max_non_split_rounding_mb:40")
     assert (cfg.max_non_split_rounding, cfg.describe()) == (
@@ -193,7 +193,7 @@ def test_an_estimate_says_garbage_collection_needs_a_memory_fraction(monkeypatch
 
 
 def test_expandable_segments_prefer_a_hole_to_the_growable_tail():
-    from memprofiler.estimate.allocator import AllocatorConfig
+    from memprofiler.estimate.allocator.caching import AllocatorConfig
 
     r = AllocatorReplay(AllocatorConfig(expandable_segments=True))
     r.alloc(1, 4 * MiB)  # one 20 MiB page: [0, 4) taken
@@ -209,7 +209,7 @@ def test_expandable_segments_prefer_a_hole_to_the_growable_tail():
 
 
 def test_a_mirrored_replay_serves_the_same_requests_with_what_if_sizes_from_its_start():
-    from memprofiler.estimate.allocator import MirroredReplay
+    from memprofiler.estimate.allocator.caching import MirroredReplay
 
     r = MirroredReplay()
     r.alloc(1, 3 << 20)  # before the twin: 3 MiB, a 20 MiB segment

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.snapshot import load_snapshot
-from memprofiler.estimate.allocator import (
+from memprofiler.analysis.snapshot.summary import load_snapshot
+from memprofiler.estimate.allocator.caching import (
     NO_LIMIT,
     AllocatorConfig,
     AllocatorReplay,
@@ -23,7 +23,7 @@ from memprofiler.estimate.allocator import (
     SeedSegment,
     round_size,
 )
-from memprofiler.estimate.allocator_trace import (
+from memprofiler.estimate.allocator.trace import (
     RewindError,
     check_trace,
     clean_replay,

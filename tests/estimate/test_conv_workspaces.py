@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from memprofiler import estimate_memory
-from memprofiler.estimate import workspaces
-from memprofiler.estimate.workspaces import CONV_ENVELOPE, conv_workspace_envelope
+from memprofiler.estimate.cuda import workspaces
+from memprofiler.estimate.cuda.workspaces import CONV_ENVELOPE, conv_workspace_envelope
 
 _aten = torch.ops.aten
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "gpu_h200" / "conv_workspaces_h200.json"

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.attention import Call, choose
-from memprofiler.estimate.cuda_autocast import cast
-from memprofiler.estimate.target import resolve_target
+from memprofiler.estimate.cuda.attention import Call, choose
+from memprofiler.estimate.cuda.autocast import cast
+from memprofiler.estimate.cuda.target import resolve_target
 
 pytest.importorskip("transformers")
 
@@ -174,7 +174,7 @@ def test_a_mask_with_a_strided_last_dimension_takes_the_math_path_on_cuda():
     ],
 )
 def test_the_math_path_op_by_op_computes_what_torchs_math_kernel_does(causal, gqa, masked, dtype):
-    from memprofiler.estimate.attention import math_path
+    from memprofiler.estimate.cuda.attention import math_path
 
     # GIVEN real CPU tensors (dropout 0, so both are deterministic)
     g = torch.Generator().manual_seed(0)
@@ -284,7 +284,7 @@ def test_rms_norm_under_cuda_autocast_runs_in_float32():
 def test_rms_norm_with_a_weight_of_another_dtype_takes_the_composite_path_as_on_cuda():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memprofiler.estimate.fused_norms import fused_rms_norm
+    from memprofiler.estimate.cuda.fused_norms import fused_rms_norm
 
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16)

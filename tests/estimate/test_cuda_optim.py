@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
+from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
 
 LAYERS, D = 6, 64
 LAYER = D * D * 4  # one float32 weight, 16 KiB: a multiple of the allocator's 512 B

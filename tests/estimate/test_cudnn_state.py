@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from memprofiler.estimate import cuda_stats, estimate_memory, strategies
-from memprofiler.estimate.cudnn_state import batch_norm_on_cudnn
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.cuda import stats as cuda_stats
+from memprofiler.estimate.cuda.cudnn_state import batch_norm_on_cudnn
+from memprofiler.estimate.parallel import strategies
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
 
@@ -27,7 +29,7 @@ def _margins(est) -> list[str]:
 
 
 def test_batch_norm_margin_is_one_bit_per_input_element_of_each_cudnn_call(monkeypatch):
-    from memprofiler.estimate import workspaces
+    from memprofiler.estimate.cuda import workspaces
 
     # (the convolution's own workspace margin is tests/estimate/test_conv_workspaces.py's: off here)
     monkeypatch.setattr(workspaces, "conv_workspace_envelope", lambda func, args, out: 0)

@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from memprofiler.estimate import embedding_scratch, estimate_memory
-from memprofiler.estimate.allocator import round_size
-from memprofiler.estimate.embedding_scratch import backward_phases, bounds, num_bits, sort_storage
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.allocator.caching import round_size
+from memprofiler.estimate.cuda import embedding_scratch
+from memprofiler.estimate.cuda.embedding_scratch import backward_phases, bounds, num_bits, sort_storage
 
 SMS = 132  # H100 / H200
 V2_11 = (2, 11)

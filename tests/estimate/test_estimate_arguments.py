@@ -8,7 +8,7 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate.api import estimate_memory
-from memprofiler.estimate.strategies import check
+from memprofiler.estimate.parallel.strategies import check
 
 
 @pytest.mark.parametrize(

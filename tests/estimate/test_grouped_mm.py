@@ -12,7 +12,7 @@ import torch
 from models import estimate_and_census
 
 from memprofiler import estimate_memory
-from memprofiler.estimate.grouped_mm import out_layout
+from memprofiler.estimate.fake.grouped_mm import out_layout
 
 OFFS = torch.tensor([3, 7, 10], dtype=torch.int32)
 

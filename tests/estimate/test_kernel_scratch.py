@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memprofiler.estimate import estimate_memory, kernel_scratch
-from memprofiler.estimate.allocator import round_size
-from memprofiler.estimate.kernel_scratch import efficient_workspace
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.allocator.caching import round_size
+from memprofiler.estimate.cuda import kernel_scratch
+from memprofiler.estimate.cuda.kernel_scratch import efficient_workspace
 
 B, H, M, K = 2, 4, 100, 64
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731
@@ -91,7 +92,7 @@ def test_memory_efficient_seed_and_offset_stay_on_the_host(monkeypatch):
 
 
 def test_gamma_beta_rows_follow_the_launch_rule():
-    from memprofiler.estimate.kernel_scratch import gamma_beta_rows
+    from memprofiler.estimate.cuda.kernel_scratch import gamma_beta_rows
 
     assert gamma_beta_rows(3152, 384, 132) == 0  # ViT's 16 x 197 rows: one pass
     assert gamma_beta_rows(65536, 384, 132) == 0  # M > 64 x 1024 only
@@ -102,10 +103,10 @@ def test_gamma_beta_rows_follow_the_launch_rule():
 
 def _two_stage_peaks(norm: type[torch.nn.Module]) -> tuple[int, int, int]:
     from memprofiler.estimate import estimate_memory
-    from memprofiler.estimate.allocator import round_size
-    from memprofiler.estimate.kernel_scratch import gamma_beta_rows, two_stage_weight_grads
-    from memprofiler.estimate.reduce_scratch import Device
-    from memprofiler.estimate.target import resolve_target
+    from memprofiler.estimate.allocator.caching import round_size
+    from memprofiler.estimate.cuda.kernel_scratch import gamma_beta_rows, two_stage_weight_grads
+    from memprofiler.estimate.cuda.reduce_scratch import Device
+    from memprofiler.estimate.cuda.target import resolve_target
 
     m, n = 70_000, 384
     x = torch.randn(m, n)
@@ -135,11 +136,12 @@ def test_layer_norm_backward_over_many_rows_keeps_its_partial_sums():
 
 
 def test_fused_rms_norm_backward_over_many_rows_sums_its_weight_gradient_in_two_stages(monkeypatch):
-    from memprofiler.estimate import estimate_memory, fused_norms
-    from memprofiler.estimate.allocator import round_size
-    from memprofiler.estimate.kernel_scratch import gamma_beta_rows
-    from memprofiler.estimate.reduce_scratch import Device, op_scratch
-    from memprofiler.estimate.target import resolve_target
+    from memprofiler.estimate import estimate_memory
+    from memprofiler.estimate.allocator.caching import round_size
+    from memprofiler.estimate.cuda import fused_norms
+    from memprofiler.estimate.cuda.kernel_scratch import gamma_beta_rows
+    from memprofiler.estimate.cuda.reduce_scratch import Device, op_scratch
+    from memprofiler.estimate.cuda.target import resolve_target
 
     # GIVEN a Linear and nn.RMSNorm(384) over 70,000 rows for an H200 (torch 2.11: the fused
     # kernel), estimated as it is and with the weight gradient summed in one pass

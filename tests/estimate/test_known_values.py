@@ -16,7 +16,7 @@ import torch
 from models import estimate_and_census
 
 from memprofiler import estimate_memory
-from memprofiler.estimate.known_data import KnownData, transformers_checks
+from memprofiler.estimate.fake.known_data import KnownData, transformers_checks
 
 tf = pytest.importorskip("transformers")
 ADAMW = lambda ps: torch.optim.AdamW(ps, lr=1e-4)  # noqa: E731

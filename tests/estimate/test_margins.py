@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.margins import COMPILE_FRACTION, CUSTOM_OP_FRACTION, margins
+from memprofiler.estimate.cuda.margins import COMPILE_FRACTION, CUSTOM_OP_FRACTION, margins
 from memprofiler.estimate.result import MemoryEstimate
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.1)  # noqa: E731

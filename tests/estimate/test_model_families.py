@@ -136,7 +136,7 @@ def test_swin_costs_what_the_real_step_costs():
 
 
 def test_the_layer_norm_backward_stand_in_lays_the_input_gradient_out_contiguous():
-    from memprofiler.estimate.fake_layouts import LAYER_NORM_BACKWARD, REAL_LAYOUT
+    from memprofiler.estimate.fake.layouts import LAYER_NORM_BACKWARD, REAL_LAYOUT
 
     def grads(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
         w, b = torch.ones(32), torch.zeros(32)
@@ -155,7 +155,7 @@ def test_the_layer_norm_backward_stand_in_lays_the_input_gradient_out_contiguous
 
 
 def test_a_cuda_layer_norm_over_a_strided_tensor_takes_its_contiguous_copies_as_scratch():
-    from memprofiler.estimate.kernel_scratch import layer_norm, layer_norm_backward
+    from memprofiler.estimate.cuda.kernel_scratch import layer_norm, layer_norm_backward
 
     x = torch.empty(2, 32, 16, device="meta").transpose(1, 2)  # 4,096 B, not contiguous
     g = torch.empty(2, 16, 32, device="meta")  # contiguous: no copy
@@ -293,7 +293,7 @@ def test_wav2vec2_with_a_ctc_loss_is_estimated_as_the_real_step():
 
 
 def test_known_values_follow_ops_and_are_forgotten_when_an_unknown_value_is_written_in():
-    from memprofiler.estimate.known_data import KnownData
+    from memprofiler.estimate.fake.known_data import KnownData
 
     data = KnownData()
     real = torch.tensor([[0, 1, 2, 3], [0, 1, 0, 1]])

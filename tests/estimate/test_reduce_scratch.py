@@ -11,10 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from memprofiler.estimate import estimate_memory, reduce_scratch
-from memprofiler.estimate.allocator import AllocatorReplay, round_size
-from memprofiler.estimate.reduce_scratch import Device, build_iter, op_scratch
-from memprofiler.estimate.target import resolve_target
+from memprofiler.estimate import estimate_memory
+from memprofiler.estimate.allocator.caching import AllocatorReplay, round_size
+from memprofiler.estimate.cuda import reduce_scratch
+from memprofiler.estimate.cuda.reduce_scratch import Device, build_iter, op_scratch
+from memprofiler.estimate.cuda.target import resolve_target
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "gpu_h200" / "reductions_h200.json"
 H200 = Device(132, 2048)

@@ -11,7 +11,7 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.strategies import ddp_buckets
+from memprofiler.estimate.parallel.strategies import ddp_buckets
 
 ADAM = lambda ps: torch.optim.Adam(ps, lr=1e-3)  # noqa: E731
 F32 = 4

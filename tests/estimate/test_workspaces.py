@@ -8,8 +8,8 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import estimate_memory
-from memprofiler.estimate.target import DEFAULT_GPU, resolve_target
-from memprofiler.estimate.workspaces import (
+from memprofiler.estimate.cuda.target import DEFAULT_GPU, resolve_target
+from memprofiler.estimate.cuda.workspaces import (
     WorkspacePlan,
     cublas_workspace_bytes,
     cublaslt_workspace_bytes,

@@ -1,5 +1,5 @@
 """The estimate's allocator model on the real run's own trace, and what the cache the steps began
-with did to their peaks (``memprofiler.estimate.allocator_trace``).
+with did to their peaks (``memprofiler.estimate.allocator.trace``).
 
 - ``check``: the trace rewound to its first entry and replayed through the model (match rates,
   peaks, the slack at the real peak on both sides);
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from memprofiler.estimate.allocator import round_size
-from memprofiler.estimate.allocator_trace import (
+from memprofiler.estimate.allocator.caching import round_size
+from memprofiler.estimate.allocator.trace import (
     ALLOCATED,
     RewindError,
     Rewound,

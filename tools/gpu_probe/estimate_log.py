@@ -48,7 +48,7 @@ class EstimateLog:
             self.window = None
 
     def on_alloc(self, allocator: Any, key: int, nbytes: int) -> None:
-        from memprofiler.estimate.allocator import round_size
+        from memprofiler.estimate.allocator.caching import round_size
 
         self.allocated = allocator.allocated
         placed = allocator.block(key)
@@ -85,10 +85,10 @@ class EstimateLog:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[EstimateLog]:
-        from memprofiler.estimate import allocator as al
         from memprofiler.estimate import engine
         from memprofiler.estimate import tracker as trk
-        from memprofiler.estimate import workspaces as ws
+        from memprofiler.estimate.allocator import caching as al
+        from memprofiler.estimate.cuda import workspaces as ws
 
         log = self
         saved: list[tuple[Any, str, Any]] = []

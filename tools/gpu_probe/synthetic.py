@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from memprofiler.estimate.allocator import SMALL_SEGMENT, AllocatorConfig, AllocatorReplay
+from memprofiler.estimate.allocator.caching import SMALL_SEGMENT, AllocatorConfig, AllocatorReplay
 
 from .history import Event
 

@@ -17,12 +17,15 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import strategies, ties
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
-from memprofiler.estimate.allocator import AllocatorConfig, MirroredReplay
-from memprofiler.estimate.cuda_dispatch import CudaDispatch
-from memprofiler.estimate.cuda_optim import foreach_as_on_cuda
-from memprofiler.estimate.cuda_stats import FloatStats
+from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
+from memprofiler.estimate.cuda.dispatch import CudaDispatch
+from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
+from memprofiler.estimate.cuda.margins import CustomOps, margins
+from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
+from memprofiler.estimate.cuda.stats import FloatStats
+from memprofiler.estimate.cuda.target import CudaTarget, resolve_target
+from memprofiler.estimate.cuda.workspaces import CONV_ENVELOPE, BlasWorkspaces, WorkspacePlan
 from memprofiler.estimate.failures import (
     ModuleStack,
     device_failure,
@@ -32,15 +35,13 @@ from memprofiler.estimate.failures import (
     quiet_meta_failures,
     shape_failure,
 )
-from memprofiler.estimate.kernel_scratch import KernelScratch
-from memprofiler.estimate.known_data import KnownData, packing_note, transformers_checks
-from memprofiler.estimate.margins import CustomOps, margins
+from memprofiler.estimate.fake import ties
+from memprofiler.estimate.fake.known_data import KnownData, packing_note, transformers_checks
 from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
+from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
-from memprofiler.estimate.target import CudaTarget, resolve_target
 from memprofiler.estimate.tracker import Ledger, new_tracker
-from memprofiler.estimate.workspaces import CONV_ENVELOPE, BlasWorkspaces, WorkspacePlan
 from memprofiler.tracker_hooks import gradient_free_module_hooks
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -74,7 +75,7 @@ ON_CPU = (
     "ran on fake CPU tensors (on every machine, so a GPU node gives the same figures); kernels that "
     "save different tensors on CUDA (attention backends) are counted as on CPU"
 )
-#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda_dispatch`); ``{tensors}``
+#: The run's note for a CUDA target (:mod:`memprofiler.estimate.cuda.dispatch`); ``{tensors}``
 #: says which tensors the steps ran on.
 ON_CPU_AS_CUDA = (
     "ran on {tensors} (on every machine, so a GPU node gives the same figures), dispatching as CUDA "

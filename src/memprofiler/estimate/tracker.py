@@ -22,8 +22,10 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _UpdateType
 from torch.utils.weak import WeakIdKeyDictionary
 
-from memprofiler.estimate import accumulation, fake_layouts, grouped_mm
-from memprofiler.estimate.allocator import AllocatorReplay, MirroredReplay
+from memprofiler.estimate import accumulation
+from memprofiler.estimate.allocator.caching import AllocatorReplay, MirroredReplay
+from memprofiler.estimate.fake import grouped_mm
+from memprofiler.estimate.fake import layouts as fake_layouts
 
 #: torch's reference types, by value, to the names an estimate reports.
 CATEGORY = {

@@ -1,0 +1,1 @@
+"""How data parallelism changes one rank's memory: the fake process group, FSDP2, DDP."""

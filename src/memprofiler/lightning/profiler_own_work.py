@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler.analysis.trace_events import DISPATCH_WRAPPERS
+from memprofiler.analysis.traces.events import DISPATCH_WRAPPERS
 
 #: Files (as the Python tracer names them, relative to ``sys.path``) whose threads are
 #: memprofiler's: a thread with a frame of their ``_run`` is left out whole.

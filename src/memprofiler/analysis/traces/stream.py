@@ -95,7 +95,7 @@ RANGE_GROUPS = 100_000
 _OP, _MOD = 0, 1
 #: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
 _TORCH_MOD = 2
-#: A dispatch-mode wrapper (:data:`~memprofiler.analysis.trace_events.DISPATCH_WRAPPERS`): its
+#: A dispatch-mode wrapper (:data:`~memprofiler.analysis.traces.events.DISPATCH_WRAPPERS`): its
 #: time is taken from the operator around it, it is no operator row and no part of a call path.
 _WRAPPER = 3
 #: Kernels joined to their operators at a time.

@@ -33,7 +33,7 @@ from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
-from memprofiler.output.run_dir import RunManifest
+from memprofiler.output.run_dir import RunManifest, crash_line
 from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.user_line import warn_at_user
 
@@ -414,6 +414,7 @@ class MemProfiler:
             return []
         if self._files.manifest is not None:
             self._files.manifest.status = "crashed"
+            self._files.manifest.error = crash_line(exc)
         self._crashed = True
         written = self._collectors.crash(exc)
         written += self.dump(final=True)

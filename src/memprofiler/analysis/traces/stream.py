@@ -46,25 +46,26 @@ from typing import Any
 import numpy as np
 
 from memprofiler.analysis.traces.events import (
-    _DEVICE_CATS,
-    _STEP,
+    DEVICE_CATS,
+    DISPATCH_WRAPPERS,
     KERNEL,
     MEMCPY,
     MEMSET,
     MODULE_PREFIXES,
+    STEP_NAME,
     Event,
     EventArgs,
-    _int,
-    _shapes_text,
     checked_header,
+    int_or,
     iter_events,
     memory_device,
     number,
+    shapes_text,
 )
 from memprofiler.analysis.traces.memory import CURVE_POINTS, DeviceMemory, MemPair, MemStat
-from memprofiler.analysis.traces.ops import _FACTORIES, OpRow, module_name
+from memprofiler.analysis.traces.ops import FACTORIES, OpRow, module_name
 from memprofiler.analysis.traces.steps import (
-    _COMM_OPS,
+    COMM_OPS,
     DATA_LOADING,
     STEP_PARTS,
     RankRow,
@@ -94,10 +95,13 @@ RANGE_GROUPS = 100_000
 _OP, _MOD = 0, 1
 #: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
 _TORCH_MOD = 2
+#: A dispatch-mode wrapper (:data:`~memprofiler.analysis.traces.events.DISPATCH_WRAPPERS`): its
+#: time is taken from the operator around it, it is no operator row and no part of a call path.
+_WRAPPER = 3
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
-_WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
+_WANTED = frozenset({*DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
 _CHUNK = 65536
 
 
@@ -359,6 +363,11 @@ class Summary:
     has_device_time: bool = False
     allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
     """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
+    wrapper_calls: int = 0
+    """Spans of dispatch-mode wrappers (a module tracker's ``PythonDispatchMode``) left out of the
+    operator views."""
+    wrapper_self_us: float = 0.0
+    """Host time of those spans outside the operators inside them: the tracker's own work."""
     notes: list[str] = field(default_factory=list)
     """One line per field of the events that was not a number where one was expected: how
     many were converted from strings, how many could not be read and what was done."""
@@ -446,6 +455,8 @@ class _Reader:
         self.kernels = False
         self.probes: dict[str, list[float]] = {}
         self.allocated_at: dict[tuple[str, float], int] = {}
+        self.wrapper_calls = 0
+        self.wrapper_self_us = 0.0
         self.fields = _Fields()
 
     def close(self) -> None:
@@ -551,18 +562,18 @@ class _Reader:
         if cat == "cpu_op":
             self._op(ev, name, ts, dur, end, seq)
             return
-        if cat in _DEVICE_CATS:
+        if cat in DEVICE_CATS:
             self.any_device = True
             if end > self.end:
                 self.end = end
-            kind = _DEVICE_CATS[cat]
+            kind = DEVICE_CATS[cat]
             if kind != KERNEL:
                 self.device_kind[kind].add(ts, end)
             else:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
-            e = _clamp(_int(ev.args.ext)) if ev.args is not None else -1
+            e = _clamp(int_or(ev.args.ext)) if ev.args is not None else -1
             if e >= 0:
                 self.kernel_ext.add(e)
                 self.kernel_dur.add(dur)
@@ -573,7 +584,7 @@ class _Reader:
         if cat == "user_annotation":
             if end > self.end:
                 self.end = end
-            if _STEP.match(name):
+            if STEP_NAME.match(name):
                 self.step_windows.append((name, ts, end))
                 return
             if not name.startswith(MODULE_PREFIXES):
@@ -595,17 +606,20 @@ class _Reader:
             else:
                 kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
         ext = args.ext
-        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
 
     def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
         """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
         if end > self.end:
             self.end = end
+        if name in DISPATCH_WRAPPERS:
+            self.records.add((ts, 0, -dur, seq, self._thread(ev), _WRAPPER, self.intern(name), -1, 0, 0, 0))
+            return
         n = self.ix.get(name)
         if n is None:
             n = self.intern(name)
-            self.comm_names[n] = name.startswith(_COMM_OPS)
+            self.comm_names[n] = name.startswith(COMM_OPS)
         t = self._thread(ev)
         th = self.thread_list[t]
         args = ev.args
@@ -619,10 +633,10 @@ class _Reader:
                 raw = repr(dims)  # the same dims give the same text: convert each once
                 sid = self.shape_ids.get(raw)
                 if sid is None:
-                    sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
+                    sid = self.shape_ids[raw] = self.intern(shapes_text(dims))
                 c[sid] += 1
             ext = args.ext
-            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.calls.add(ts, n)
         (th.comm if self.comm_names[n] else th.ops).add(ts, end)
         pending = self.records.pending
@@ -647,7 +661,7 @@ class _Reader:
         for key, v in (("Total Allocated", args.allocated), ("Total Reserved", args.reserved)):
             if v.__class__ is not int and v is not None:
                 self.fields.seen(key, v, number(v) is not None)
-        nbytes = _clamp(_int(raw, 0))
+        nbytes = _clamp(int_or(raw, 0))
         if nbytes == 0:
             return
         try:
@@ -660,10 +674,10 @@ class _Reader:
         self.records.add(
             (
                 ts, 1, 0.0, j, self._thread(ev), 0, dev,
-                (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
+                (addr if addr.__class__ is int else int_or(addr, 0)) % (1 << 63),
                 nbytes,
-                _clamp(allocated if allocated.__class__ is int else _int(allocated, 0)),
-                _clamp(reserved if reserved.__class__ is int else _int(reserved, 0)),
+                _clamp(allocated if allocated.__class__ is int else int_or(allocated, 0)),
+                _clamp(reserved if reserved.__class__ is int else int_or(reserved, 0)),
             )
         )  # fmt: skip
 
@@ -673,6 +687,10 @@ class _Reader:
         stack = th.stack
         while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
             kind, n, dur, _, child, *_ = stack.pop()
+            if kind == _WRAPPER:
+                self.wrapper_calls += 1
+                self.wrapper_self_us += max(0.0, dur - child)
+                continue
             rows = self.ops if kind == _OP else self.mods
             r = rows.get(n)
             if r is None:
@@ -705,6 +723,12 @@ class _Reader:
                     if c is None:
                         c = self.chains[ops, kmods] = len(self.chains)
                     self.ext.add(ext, seq, c)
+                entry += (ops, kmods, entry, mod_parent, mods, None)
+            elif kind == _WRAPPER:
+                # Transparent: the operator around it does not count its time as its own, the
+                # operators inside keep their call path; their time is its "child" time.
+                if op_parent is not None:
+                    op_parent[4] += dur
                 entry += (ops, kmods, entry, mod_parent, mods, None)
             else:
                 if mod_parent is not None:
@@ -744,7 +768,7 @@ class _Reader:
         label = -1
         if ops:
             inner = self.names[ops[0]]
-            if inner in _FACTORIES and len(ops) > 1:
+            if inner in FACTORIES and len(ops) > 1:
                 label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
                 label = ops[0]
@@ -896,6 +920,7 @@ def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
     out.allocated_at = r.allocated_at
+    out.wrapper_calls, out.wrapper_self_us = r.wrapper_calls, r.wrapper_self_us
     out.notes = r.fields.lines(p)
     return out
 

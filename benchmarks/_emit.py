@@ -73,7 +73,7 @@ def record(benchmark: str, result: dict[str, Any], hw: str | None = None) -> dic
     return {
         "benchmark": benchmark,
         "hardware": hw or hardware(),
-        "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),
+        "date": dt.datetime.now(dt.UTC).date().isoformat(),
         "commit": commit(),
         "command": " ".join(["python", *sys.argv]),
         "machine": machine_info(),

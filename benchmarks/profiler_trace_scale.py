@@ -90,7 +90,8 @@ else:
 wall = time.perf_counter() - t
 ru = resource.getrusage(resource.RUSAGE_SELF)
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
-print(json.dumps({"events": n, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_rss": hwm, "page_bytes": size}))
+cpu = ru.ru_utime + ru.ru_stime
+print(json.dumps({"events": n, "wall_s": wall, "cpu_s": cpu, "peak_rss": hwm, "page_bytes": size}))
 """
 
 
@@ -116,7 +117,8 @@ def write_trace(path: Path, events: int) -> int:
                 {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts + 30,
                  "args": {"Bytes": -65536, "Addr": 4096 * (ext % 512), "Total Allocated": 0, "Total Reserved": 2**21,
                           "Device Type": 1, "Device Id": 0}},
-                {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_64x32", "pid": 0, "tid": 7, "ts": ts + 50, "dur": 30.0,
+                {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_64x32", "pid": 0, "tid": 7,
+                 "ts": ts + 50, "dur": 30.0,
                  "args": {"External id": ext + 10**9, "device": 0, "stream": 7}},
             ] + [
                 {"ph": "X", "cat": "python_function", "name": f"model.py({k}): forward", "pid": 1, "tid": 1,

@@ -25,7 +25,8 @@ per-module attribution). Median step-time ratios to ``baseline`` (pooled over al
 and ``paired_*``: the median over rounds of each round's ratio) are printed as one JSON
 object, for wall time and for the main thread's CPU time (``time.thread_time``, user and
 system, with ``torch.set_num_threads(1)`` all of a step's work): on a shared machine the CPU
-time is the steadier figure, as waiting for a core is not counted. Run as ``MALLOC_ARENA_MAX=1 python benchmarks/scaling.py [--out FILE]``.
+time is the steadier figure, as waiting for a core is not counted. Run as ``MALLOC_ARENA_MAX=1 python
+benchmarks/scaling.py [--out FILE]``.
 """
 
 from __future__ import annotations

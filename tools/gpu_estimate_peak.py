@@ -34,7 +34,8 @@ and bf16-mixed, LLaMA, ViT and T5 in bf16-mixed, GPT-2 as a control), in a child
    ``errors``.
 
 Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under ``--out`` (default
-``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (rmsnorm_lm%bf16-mixed, llama%bf16-mixed)
+``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (rmsnorm_lm%bf16-mixed,
+llama%bf16-mixed)
 the tagged run's allocator trace without frames, with the calls' labels, as
 ``<model>_trace.pickle`` (``tools/allocator_check.py`` reads it); the whole snapshot only with
 ``--keep-snapshot``. ``gpu_estimate_peak.sh`` also packs it all into ``$OUT/probe.tgz``, one file to copy off the

@@ -33,7 +33,8 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "demo.py"), "fit", "--config", str(ROOT / "configs" / "demo.yaml")],
+            [sys.executable, str(ROOT / "examples" / "demo.py"), "fit",
+             "--config", str(ROOT / "configs" / "demo.yaml")],
             cwd=tmp, env=env, check=True, capture_output=True,
         )  # fmt: skip
         html = Path(tmp) / "report.html"

@@ -29,8 +29,8 @@ typedef struct {
 } Clock;
 
 static PyTypeObject ClockType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "memprofiler._packer.Clock",
+    PyVarObject_HEAD_INIT(NULL, 0) // the macro ends in a comma
+        .tp_name = "memprofiler._packer.Clock",
     .tp_basicsize = sizeof(Clock),
     .tp_flags = Py_TPFLAGS_DEFAULT,
 };
@@ -59,8 +59,8 @@ static PyMemberDef Entry_members[] = {
 };
 
 static PyTypeObject EntryType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "memprofiler._packer.Entry",
+    PyVarObject_HEAD_INIT(NULL, 0) // the macro ends in a comma
+        .tp_name = "memprofiler._packer.Entry",
     .tp_doc = "One storage saved in the call.",
     .tp_basicsize = sizeof(Entry),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -99,8 +99,8 @@ static PyMemberDef Holder_members[] = {
 };
 
 static PyTypeObject HolderType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "memprofiler._packer.Holder",
+    PyVarObject_HEAD_INIT(NULL, 0) // the macro ends in a comma
+        .tp_name = "memprofiler._packer.Holder",
     .tp_doc = "What the autograd graph stores for one saved tensor.",
     .tp_basicsize = sizeof(Holder),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -156,8 +156,8 @@ typedef struct {
     long long last_nr;
 } Packer;
 
-static PyObject *s_untyped_storage, *s_cdata, *s_grad_fn, *s_sequence_nr, *s_detach, *s_nbytes,
-    *s_data_ptr, *s_base, *s_f_locals, *s_self;
+static PyObject *s_untyped_storage, *s_cdata, *s_grad_fn, *s_sequence_nr, *s_detach, *s_nbytes, *s_data_ptr,
+    *s_base, *s_f_locals, *s_self;
 
 static int Packer_traverse(Packer *self, visitproc visit, void *arg) {
     Py_VISIT(self->held);
@@ -207,11 +207,11 @@ static void Packer_dealloc(Packer *self) {
     } while (0)
 
 static int Packer_init(Packer *self, PyObject *args, PyObject *kwds) {
-    static char *kw[] = {"storage_of", "on_fault", "next_nr", "tensor_type", "param_type", "call_code",
-                         "outside", NULL};
+    static char *kw[] = {"storage_of", "on_fault",  "next_nr", "tensor_type",
+                         "param_type", "call_code", "outside", NULL};
     PyObject *storage_of, *on_fault, *next_nr, *tensor_type, *param_type, *call_code, *outside;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOU", kw, &storage_of, &on_fault, &next_nr, &tensor_type,
-                                     &param_type, &call_code, &outside))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOU", kw, &storage_of, &on_fault, &next_nr,
+                                     &tensor_type, &param_type, &call_code, &outside))
         return -1;
     if (!PyType_Check(tensor_type) || !PyType_Check(param_type)) {
         PyErr_SetString(PyExc_TypeError, "tensor_type and param_type must be types");
@@ -258,7 +258,9 @@ static long long as_ll(PyObject *r) {
 }
 
 /* `obj.name()` as a C long long. */
-static long long call_ll(PyObject *obj, PyObject *name) { return as_ll(PyObject_CallMethodNoArgs(obj, name)); }
+static long long call_ll(PyObject *obj, PyObject *name) {
+    return as_ll(PyObject_CallMethodNoArgs(obj, name));
+}
 
 /* Label of the innermost module of `labels` whose `__call__` is on the stack (new reference). */
 static PyObject *running_module(Packer *self) {
@@ -321,9 +323,10 @@ static PyObject *running_module(Packer *self) {
 
 /* Whether the state Python may have replaced or deleted is still what the C code reads. */
 static int state_ok(Packer *self) {
-    if (self->held == NULL || self->excluded == NULL || self->labels == NULL || !PyDict_CheckExact(self->held) ||
-        !PyDict_CheckExact(self->excluded) || !PyDict_CheckExact(self->labels) || self->owner == NULL ||
-        self->storage_of == NULL || self->on_fault == NULL || self->next_nr == NULL || self->last_owner == NULL) {
+    if (self->held == NULL || self->excluded == NULL || self->labels == NULL ||
+        !PyDict_CheckExact(self->held) || !PyDict_CheckExact(self->excluded) ||
+        !PyDict_CheckExact(self->labels) || self->owner == NULL || self->storage_of == NULL ||
+        self->on_fault == NULL || self->next_nr == NULL || self->last_owner == NULL) {
         PyErr_SetString(PyExc_TypeError, "packer state was replaced by something other than dicts");
         return 0;
     }
@@ -443,8 +446,8 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
     }
     st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
     if (st == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) && !PyErr_ExceptionMatches(PyExc_NotImplementedError) &&
-            !PyErr_ExceptionMatches(PyExc_TypeError))
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
+            !PyErr_ExceptionMatches(PyExc_NotImplementedError) && !PyErr_ExceptionMatches(PyExc_TypeError))
             return NULL;
         PyErr_Clear(); /* no storage (sparse, nested): saved detached, counted as nothing */
         return holder_of_detached(t);
@@ -597,9 +600,13 @@ static PyMethodDef Packer_methods[] = {
     {NULL},
 };
 
-static PyObject *Packer_get_count(Packer *self, void *closure) { return PyLong_FromSsize_t(self->clock->count); }
+static PyObject *Packer_get_count(Packer *self, void *closure) {
+    return PyLong_FromSsize_t(self->clock->count);
+}
 
-static PyObject *Packer_get_enabled(Packer *self, void *closure) { return PyBool_FromLong(self->clock->open); }
+static PyObject *Packer_get_enabled(Packer *self, void *closure) {
+    return PyBool_FromLong(self->clock->open);
+}
 
 static int Packer_set_enabled(Packer *self, PyObject *value, void *closure) {
     int on = value == NULL ? 0 : PyObject_IsTrue(value);
@@ -628,8 +635,8 @@ static PyMemberDef Packer_members[] = {
 };
 
 static PyTypeObject PackerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "memprofiler._packer.Packer",
+    PyVarObject_HEAD_INIT(NULL, 0) // the macro ends in a comma
+        .tp_name = "memprofiler._packer.Packer",
     .tp_doc = "Counts what autograd saves in one collected call (see saved_tensors._PyPacker).",
     .tp_basicsize = sizeof(Packer),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -644,8 +651,11 @@ static PyTypeObject PackerType = {
 };
 
 static struct PyModuleDef packer_module = {
-    PyModuleDef_HEAD_INIT, "memprofiler._packer",
-    "The compiled saved-tensor pack hook (see memprofiler.collectors.saved_tensors).", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    "memprofiler._packer",
+    "The compiled saved-tensor pack hook (see memprofiler.collectors.saved_tensors).",
+    -1,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__packer(void) {

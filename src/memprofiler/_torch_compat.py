@@ -41,7 +41,10 @@ class Pin:
 HIST = "allocator history recording (`cuda_allocator_history`) and snapshots (collectors/cuda_backend.py)"
 OOM = "OOM records (the allocator's out-of-memory observer; collectors/cuda_backend.py)"
 MARKS = "call marks in the allocator history (collectors/cuda_backend.py)"
-SAVED = "saved-tensor collection: each tensor's autograd node and module (collectors/saved_tensors.py, pytest_plugin/tracking.py)"
+SAVED = (
+    "saved-tensor collection: each tensor's autograd node and module "
+    "(collectors/saved_tensors.py, pytest_plugin/tracking.py)"
+)
 HOOKS = "module-tracker backward hooks without the gradients they hold (tracker_hooks.py: module_mem, fsdp, estimate)"
 MODMEM = "module-wise memory (collectors/module_mem.py)"
 FSDP = "FSDP2 memory by module (collectors/fsdp.py)"
@@ -51,7 +54,10 @@ CATS = (
 )
 ADV_CKPT = "advise: activation checkpointing on a copy of the model (advice/checkpointing.py)"
 FAKE = "estimate: the training step on fake tensors (estimate/engine.py, failures.py, fake/, cuda/)"
-MODES = "dispatch modes: the estimate's CUDA models (estimate/cuda/, fake/known_data.py, accumulation.py), advise's FLOPs"
+MODES = (
+    "dispatch modes: the estimate's CUDA models (estimate/cuda/, fake/known_data.py, accumulation.py), "
+    "advise's FLOPs"
+)
 TREE = "estimate: nested inputs and outputs (torch.utils._pytree; estimate/, lightning/estimate.py, advice/)"
 BWD = "estimate: backward dispatched as CUDA would run it (estimate/cuda/dispatch.py)"
 SDPA = "estimate: attention dispatched as on CUDA (estimate/cuda/dispatch.py, estimate/tracker.py)"

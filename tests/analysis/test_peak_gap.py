@@ -24,8 +24,8 @@ def _dm(peak: int, at_ms: float = 5.0) -> DeviceMemory:
 
 
 def _cats(tmp_path, rows, tensors=None):
-    doc = {"format": "memprofiler-memory-categories", "version": 1, "categories": ["parameter", "activation", "unknown"],
-           "devices": {"cpu": rows}}  # fmt: skip
+    doc = {"format": "memprofiler-memory-categories", "version": 1,
+           "categories": ["parameter", "activation", "unknown"], "devices": {"cpu": rows}}  # fmt: skip
     if tensors is not None:
         doc["tensors"] = tensors
     path = tmp_path / "c.memory_categories.json"

@@ -183,7 +183,8 @@ CPP_ONLY = [
     {"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
     {"name": "torch::CapturedTraceback::gather(bool, bool, bool)", "filename": "??", "line": 0},
     {
-        "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+        "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"
+        "(signed char, unsigned long, CUstream_st*)",
         "filename": "CUDACachingAllocator.cpp",
         "line": 0,
     },

@@ -149,7 +149,8 @@ def test_lightning_module_spans_win_over_torchs_in_any_order(tmp_path, lightning
         return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
 
     mem = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1012,
-           "args": {"Bytes": 512, "Addr": 64, "Total Allocated": 512, "Total Reserved": 0, "Device Type": 0}}  # fmt: skip
+           "args": {"Bytes": 512, "Addr": 64, "Total Allocated": 512, "Total Reserved": 0,
+                    "Device Type": 0}}  # fmt: skip
     torch_span = span("nn.Module: Linear_0", 1001, 40, "python_function")
     pl_span = span("[pl][module]torch.nn.modules.linear.Linear: layer", 1000, 50, "user_annotation")
     events = [mem, pl_span, torch_span] if lightning_first else [torch_span, pl_span, mem]
@@ -234,7 +235,8 @@ def test_a_dispatch_modes_wrapper_is_no_operator_and_its_own_time_is_counted_apa
         }
 
     mem = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1050,
-           "args": {"Bytes": 4096, "Addr": 64, "Total Allocated": 4096, "Total Reserved": 0, "Device Type": 0}}  # fmt: skip
+           "args": {"Bytes": 4096, "Addr": 64, "Total Allocated": 4096, "Total Reserved": 0,
+                    "Device Type": 0}}  # fmt: skip
     events = [
         op("aten::linear", 1000, 120),
         op("PythonDispatchMode", 1010, 100),

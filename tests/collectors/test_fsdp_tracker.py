@@ -244,7 +244,8 @@ def _fit(tmp_path: Path, **cfg: Any) -> tuple[MemProfilerCallback, ShardedLM]:
 def test_lightning_bad_root_fails_at_fit_start_before_any_step(world1, tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"'model\.5' is not a submodule of ShardedLM; fully_shard-ed module paths: 'model', 'model\.0', 'model\.2'",
+        match=r"'model\.5' is not a submodule of ShardedLM; "
+        r"fully_shard-ed module paths: 'model', 'model\.0', 'model\.2'",
     ):
         _fit(tmp_path, fsdp_mem_tracker_root_module="model.5")
     assert not list((tmp_path / "mp").glob("fsdp_mem_*"))

@@ -135,7 +135,7 @@ def test_a_rank_some_minutes_after_a_long_run_ended_only_warns(nodes, capsys):
     import datetime as dt
 
     def iso(t: float) -> str:
-        return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
+        return dt.datetime.fromtimestamp(t, dt.UTC).isoformat(timespec="seconds")
 
     manifest = _edit_manifest(nodes[0], started=iso(started - 3600 - 900), finished=iso(started - 900))
     # WHEN report merges them THEN it goes on, with a line for the gap (and the world size)

@@ -22,4 +22,7 @@ def test_the_demo_run_report_is_byte_identical_to_the_golden_pages(tmp_path):
         if text != golden[name]:
             diff = difflib.unified_diff(golden[name].splitlines(), text.splitlines(), lineterm="", n=1)
             shown = [line if len(line) < 240 else line[:240] + " ..." for line in list(diff)[:40]]
-            raise AssertionError(f"{name} differs from its golden page:\n" + "\n".join(shown))
+            raise AssertionError(
+                f"{name} differs from its golden page (a change meant to show in the report: "
+                "python tests/fixtures/reports/make_reports.py, and commit the pages):\n" + "\n".join(shown)
+            )

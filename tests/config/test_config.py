@@ -59,7 +59,8 @@ def test_direct_construction_accepts_nested_mappings():
         ),
         (
             {"schedule": {"activ": 1}},
-            "`schedule.activ`: unknown key; did you mean `active`? allowed keys here: active, follow_profiler, max_iter",
+            "`schedule.activ`: unknown key; did you mean `active`? allowed keys here: active, "
+            "follow_profiler, max_iter",
         ),
         ({"zzz": 1}, "`zzz`: unknown key; allowed keys here: allocator_history,"),
         ({"schedule": {"active": 0}}, "`schedule.active`: got 0; must be >= 1"),

@@ -462,8 +462,8 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
     assert "clean from step1: allocated peak 29,277,696" in text
     assert text.count("max_memory_allocated() in this step") == 1
     assert (
-        "reserved peak in the steps: real 39,845,888; the same requests from an empty cache at step 1 39,845,888; estimate 41,943,040"
-        in text
+        "reserved peak in the steps: real 39,845,888; the same requests from an empty cache at step 1 "
+        "39,845,888; estimate 41,943,040" in text
     )
     assert "the run's max_memory_allocated() in this step: 29,749,248 (+512)" in text
 

@@ -279,12 +279,12 @@ def test_ancestor_keys_in_the_group_are_read_with_a_deprecation(tmp_path):
         )
     messages = [str(w.message) for w in caught if "deprecated" in str(w.message)]
     assert (
-        "memprofiler: config key `memprofiler.fsdp_mem_track_module_depth` is deprecated; use `memprofiler.module_mem_depth`"
-        in messages
+        "memprofiler: config key `memprofiler.fsdp_mem_track_module_depth` is deprecated; use "
+        "`memprofiler.module_mem_depth`" in messages
     )
     assert (
-        "memprofiler: config key `memprofiler.collect_funcs.fsdp` is deprecated; use `memprofiler.collect_funcs.module_mem`"
-        in messages
+        "memprofiler: config key `memprofiler.collect_funcs.fsdp` is deprecated; use "
+        "`memprofiler.collect_funcs.module_mem`" in messages
     )
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, MemProfilerCallback)]
     assert cb.config.module_mem_depth == 1 and cb.config.module_mem_units == "KiB"

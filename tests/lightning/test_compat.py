@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 
 import lightning

@@ -295,7 +295,10 @@ def test_the_trace_text_is_the_chrome_trace_format_byte_for_byte(tmp_path):
         '{"ph": "X", "cat": "memprofiler", "name": "step.4", "pid": 1, "tid": 0, "ts": 250000.0, "dur": 1500.0, '
         '"args": {"rank": 1, "fn": "step", "call": 4, "rss": 12, "rss_peak": 20}}'
     )
-    call_5 = '{"ph": "C", "cat": "memprofiler", "name": "rss", "pid": 1, "tid": 0, "ts": 252000.0, "args": {"bytes": 11}}'
+    call_5 = (
+        '{"ph": "C", "cat": "memprofiler", "name": "rss", "pid": 1, "tid": 0, "ts": 252000.0, '
+        '"args": {"bytes": 11}}'
+    )
     head = '{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": 1700000000000000000, "traceEvents": ['
     tail = f'], "otherData": {{"memprofiler_rank": 1, "os_pid": {os.getpid()}, "memprofiler_run_id": "r1"}}}}'
     assert first == f"{head}{meta}, {call_4}{tail}"

@@ -195,6 +195,7 @@ def test_gpu_cache():
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(
         [
-            "SKIPPED [[]1[]] *: memory_leak: cuda not checked: no CUDA device in this run (all else its markers ask was checked and passed)"
+            "SKIPPED [[]1[]] *: memory_leak: cuda not checked: no CUDA device in this run (all else its "
+            "markers ask was checked and passed)"
         ]
     )

@@ -25,7 +25,8 @@ JSON.stringify(Array.from(document.querySelectorAll("#mem-0-0 table[data-kind=st
 
 def _cells(stats):
     return [
-        [s.name, *map(str, (s.calls, s.increase, s.self_increase, s.alloc_count, s.self_alloc_count, s.alloc_size, s.self_alloc_size))]
+        [s.name, *map(str, (s.calls, s.increase, s.self_increase, s.alloc_count, s.self_alloc_count,
+                            s.alloc_size, s.self_alloc_size))]
         for s in stats
     ]  # fmt: skip
 

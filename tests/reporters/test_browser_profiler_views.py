@@ -25,7 +25,8 @@ _TABLES = """
   const rows = (sel) => Array.from(document.querySelectorAll(sel + " tbody tr")).map(
     (tr) => Array.from(tr.cells).map((td) => td.dataset.v !== undefined ? td.dataset.v : td.textContent));
   return JSON.stringify({
-    stats: Array.from(document.querySelectorAll("div.memview")).map((v) => rows("#" + v.id + " table[data-kind=stats]")),
+    stats: Array.from(document.querySelectorAll("div.memview"))
+      .map((v) => rows("#" + v.id + " table[data-kind=stats]")),
     ranks: rows("table[data-kind=ranks]"),
     catpeak: rows("table[data-kind=catpeak]"),
     text: document.body.innerText,
@@ -37,7 +38,8 @@ _TABLES = """
 
 def _stat_cells(stats):
     return [
-        [s.name, *map(str, (s.calls, s.increase, s.self_increase, s.alloc_count, s.self_alloc_count, s.alloc_size, s.self_alloc_size))]
+        [s.name, *map(str, (s.calls, s.increase, s.self_increase, s.alloc_count, s.self_alloc_count,
+                            s.alloc_size, s.self_alloc_size))]
         for s in stats
     ]  # fmt: skip
 
@@ -51,8 +53,8 @@ def _run(tmp_path: Path) -> Path:
         with_stack=True,
     )
     pl.Trainer(
-        default_root_dir=tmp_path, max_steps=5, profiler=prof, logger=False, accelerator="cpu", enable_checkpointing=False,
-        enable_model_summary=False, enable_progress_bar=False,
+        default_root_dir=tmp_path, max_steps=5, profiler=prof, logger=False, accelerator="cpu",
+        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
     ).fit(TinyModel())  # fmt: skip
     return tmp_path / "fit_rank_0.1.pt.trace.json"
 

@@ -26,7 +26,8 @@ _BARS = """
 # Charts in the "across calls" section: the siblings from its heading to the next one.
 _ACROSS_PLOTS = """
 (() => { let n = 0;
-  for (let el = document.getElementById("across").nextElementSibling; el && el.tagName !== "H2"; el = el.nextElementSibling)
+  for (let el = document.getElementById("across").nextElementSibling; el && el.tagName !== "H2";
+       el = el.nextElementSibling)
     n += el.matches("svg.plot") ? 1 : el.querySelectorAll("svg.plot").length;
   return n; })()
 """

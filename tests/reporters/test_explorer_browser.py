@@ -69,7 +69,8 @@ def test_hover_shows_size_and_frame_and_click_pins_the_stack(real_html):
         # GIVEN the largest block allocated in the trace
         i = view.eval(
             "(() => { let best = -1, s = -1; for (let i = 0; i < mpExplorer.blockCount(); i++) {"
-            " const b = mpExplorer.block(i); if (b.start >= 0 && b.size > s) { s = b.size; best = i; } } return best; })()"
+            " const b = mpExplorer.block(i); if (b.start >= 0 && b.size > s) { s = b.size; best = i; } } "
+            "return best; })()"
         )
         block = view.eval(f"mpExplorer.block({i})")
         where = view.eval(f"mpExplorer.locate({i})")

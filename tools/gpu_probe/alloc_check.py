@@ -202,7 +202,8 @@ def summary_line(
     real_res = fig.get("real_reserved_in_steps")
     if clean_res is not None and real_res is not None and est_reserved is not None:
         parts.append(
-            f"reserved {real_res - est_reserved:+,} = cache {real_res - clean_res:+,} + requests {clean_res - est_reserved:+,}"
+            f"reserved {real_res - est_reserved:+,} = cache {real_res - clean_res:+,} + requests "
+            f"{clean_res - est_reserved:+,}"
         )
     parts += fig.get("errors", [])
     return "allocator: " + "; ".join(parts)

@@ -58,7 +58,8 @@ def allocator_lines(fig: dict[str, Any], est: dict[str, Any]) -> list[str]:
     if fig.get("rates"):
         lines.append(f"   match rates over {check.get('allocs', 0):,} allocations: {fig['rates']}")
         lines.append(
-            f"   whole trace: allocated peak real {check['real_peak_allocated']:,} model {check['model_peak_allocated']:,}; "
+            f"   whole trace: allocated peak real {check['real_peak_allocated']:,} model "
+            f"{check['model_peak_allocated']:,}; "
             f"reserved real {check['real_peak_reserved']:,} model {check['model_peak_reserved']:,}; end state equal "
             f"{check['end_state_equal']}; slack at the real peak real {check['real_slack_at_peak']:,} "
             f"model {check['model_slack_at_peak']:,} ({check['live_at_peak']} live blocks)"
@@ -74,7 +75,8 @@ def allocator_lines(fig: dict[str, Any], est: dict[str, Any]) -> list[str]:
     if fig.get("clean_from_step1") and "real_reserved_in_steps" in fig:
         lines.append(
             f"   reserved peak in the steps: real {fig['real_reserved_in_steps']:,}; the same requests from an empty "
-            f"cache at step 1 {fig['clean_from_step1']['peak_reserved']:,}; estimate {_n(est.get('reserved_peak_bytes'))}"
+            f"cache at step 1 {fig['clean_from_step1']['peak_reserved']:,}; estimate "
+            f"{_n(est.get('reserved_peak_bytes'))}"
         )
     est_slack = est.get("slack_at_step_peaks") or []
     lines.append(
@@ -140,7 +142,8 @@ def render(result: dict[str, Any]) -> str:
     for s in result.get("steps", []):
         lines.append(
             f"-- step {s['step']}: real - estimate at the peaks: {s['delta_exact']:+,} B "
-            f"({s['real_call_peak'] or 0:,} - {s['est_call_peak'] or 0:,}), {s['delta_rounded']:+,} B in blocks rounded "
+            f"({s['real_call_peak'] or 0:,} - {s['est_call_peak'] or 0:,}), {s['delta_rounded']:+,} B in "
+            "blocks rounded "
             f"(block slack real {s['real_slack']:,}, est {s['est_slack']:,})"
         )
         lines.append(f"   real peak in {s['real_at']}; estimate peak in {s['est_at']}")
@@ -152,7 +155,8 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"   {title}:   delta            real             est   blocks(real/est)  key")
             for row in rows:
                 lines.append(
-                    f"   {row['delta']:+15,} {row['real']:15,} {row['est']:15,}  {row['n'][0]:>5}/{row['n'][1]:<5}  {row['key']}"
+                    f"   {row['delta']:+15,} {row['real']:15,} {row['est']:15,}  "
+                    f"{row['n'][0]:>5}/{row['n'][1]:<5}  {row['key']}"
                 )
         lines.append(f"   (rest of the difference outside the rows above: {s['by_key_rest']:+,} B)")
         for title, same in (

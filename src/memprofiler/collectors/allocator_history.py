@@ -17,7 +17,8 @@ and the role map of the blocks alive when the window began (:mod:`block_roles`).
 (:mod:`memprofiler.analysis.snapshot.calls`) is cut from that file.
 
 Nothing is lost: the recording is also written when a collected call raises, at teardown
-with a window still open (training ended inside it), when training ends in an exception (the OOM recorder writes its own pickle at the OOM itself), and at the
+with a window still open (training ended inside it), when training ends in an exception (the OOM recorder
+writes its own pickle at the OOM itself), and at the
 profiler's flushes once ``flush_interval_s`` has passed since the last write, so a process
 killed later keeps the history up to then. Before the ring can wrap past a part's first call,
 the part is written and the next calls go to part ``n + 1``: two calls into a part the ring is

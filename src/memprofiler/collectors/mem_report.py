@@ -16,7 +16,8 @@ One report per collected call, in two forms that hold the same numbers:
           Before Pre-Forward: [{cpu: {...}}]
 
 * a human-readable ``.log``: the peak snapshot, the snapshot at the end of the window, then
-  the module-wise snapshots down to the chosen depth, in the chosen units (values rounded to 2 decimals, bytes unrounded), one
+  the module-wise snapshots down to the chosen depth, in the chosen units (values rounded to 2 decimals,
+  bytes unrounded), one
   ``category: value unit`` line each, or as tables.
 
 Nothing here imports Lightning.

@@ -158,7 +158,7 @@ class OomRecorder(BaseCollector):
         record: dict[str, Any] = {
             "rank": prof.rank,
             "n": n,
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             **info,
             "step": prof.current_step(),
             "calls": dict(sorted(prof.call_counts().items())),

@@ -82,7 +82,7 @@ def check_dir(value: str | os.PathLike[str], key: str) -> None:
         Traceback (most recent call last):
         ...
         memprofiler.errors.ConfigError: `save_dir`: 's3:/bucket/run' is not a valid s3 URL (it would be a local folder named 's3:'); write 's3://bucket/run'
-    """
+    """  # noqa: E501
     text = os.fspath(value)
     proto = protocol(text)
     if proto is None:
@@ -119,7 +119,10 @@ def bucket_rule(proto: str, bucket: str) -> str | None:
         if bucket.startswith("arn:"):  # an access point ARN: s3fs resolves it
             return None
         ok = _S3_BUCKET.match(bucket) and ".." not in bucket and not _IP.match(bucket)
-        rule = "S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit"
+        rule = (
+            "S3 bucket names are 3-63 lowercase letters, digits, dots and hyphens, "
+            "starting and ending with a letter or digit"
+        )
         return None if ok else rule
     if proto in ("gs", "gcs"):
         ok = (
@@ -127,7 +130,10 @@ def bucket_rule(proto: str, bucket: str) -> str | None:
             and all(0 < len(p) <= 63 for p in bucket.split("."))
             and not _IP.match(bucket)
         )
-        rule = "GCS bucket names are 3-63 lowercase letters, digits, dots, hyphens and underscores, starting and ending with a letter or digit"
+        rule = (
+            "GCS bucket names are 3-63 lowercase letters, digits, dots, hyphens and underscores, "
+            "starting and ending with a letter or digit"
+        )
         return None if ok else rule
     return None
 

@@ -3,7 +3,8 @@
 A framework adapter (the Lightning callback) hands the profiler the objects whose methods a
 user may name: the LightningModule, the DataModule, the strategy. Each name in
 ``collect_funcs`` is looked up on them in that order, preferring one whose own code defines it
-over one that only inherits the framework's default hook; that owner gets it wrapped, at its class, exactly as ``@memprofilable`` wraps it
+over one that only inherits the framework's default hook; that owner gets it wrapped, at its class, exactly
+as ``@memprofilable`` wraps it
 (:func:`~memprofiler.core.decorator.collecting`), and the wrapping is undone by
 :meth:`WrappedMethods.restore`. A method decorated in the class or in a base (an override
 calling the decorated one through ``super()``) is left alone: the decorator wins and no call

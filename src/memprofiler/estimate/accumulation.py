@@ -11,7 +11,8 @@ run never allocates.
 
 :func:`routing_hooks` finds the engine's adds: a post hook on every node that sends a gradient
 to an input another edge also reaches records the storages of the gradients the node has just
-computed (the engine routes them into input buffers next); a pre hook on every node clears them. An ``aten.add.Tensor`` whose second operand is
+computed (the engine routes them into input buffers next); a pre hook on every node clears them. An
+``aten.add.Tensor`` whose second operand is
 one of them is an accumulation. :func:`inplace_candidate` then applies torch's rule to the
 buffer's gradient: grad mode off, dense and non-overlapping, its storage referenced no more
 than a lone buffer gradient's is inside ``__torch_dispatch__`` (:func:`lone_counts`, measured

@@ -12,7 +12,9 @@ NOT_MODELLED = (
     "tensor and pipeline parallelism",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
-    "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm, reduction and embedding backward scratch replayed from torch's source",
+    "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, "
+    "for a CUDA target, the attention, layer norm, reduction and embedding backward scratch "
+    "replayed from torch's source",
 )
 
 

@@ -16,7 +16,8 @@ which ``memprofiler report`` draws offline. Format (version 1)::
 ``t_us`` is -1 for a tensor that existed before the cycle. Times are on the trace's clock.
 ``tensors`` (optional) says what made each tensor: the operator that allocated it (a factory
 such as ``aten::empty`` named with its caller, ``aten::linear (aten::empty)``), the innermost
-module open then (torch's ``nn.Module:`` span or Lightning's ``[pl][module]``, as the views name it), and its shape and dtype as an operator saw it as an
+module open then (torch's ``nn.Module:`` span or Lightning's ``[pl][module]``, as the views name it), and its
+shape and dtype as an operator saw it as an
 input; ``""`` / ``null`` where the profiler did not see it (a tensor from before the cycle).
 """
 

@@ -38,7 +38,8 @@ class LoggerListener:
 
     Figures are logged at the step Lightning logs the same batch's metrics at (for
     ``training_step`` call ``n`` that is ``n - 1``, the batches that stepped before it, under
-    automatic and manual optimization alike). Loggers log on rank zero only, so multi-rank runs show rank zero's figures; every
+    automatic and manual optimization alike). Loggers log on rank zero only, so multi-rank runs show rank
+    zero's figures; every
     rank's figures are in its own ``rank_{rank}_memory_stats.yaml``.
 
     Args:

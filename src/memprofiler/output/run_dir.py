@@ -149,7 +149,7 @@ def crash_line(exc: BaseException, limit: int = 300) -> str:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def claim(requested: Path, manifest: RunManifest, key: str = "save_dir") -> Path:

@@ -183,7 +183,7 @@ def misspelt_marker(name: str) -> str | None:
     Example:
         >>> misspelt_marker("memory_budjet")
         "`@pytest.mark.memory_budjet` is not a memprofiler marker: did you mean `memory_budget`? (as written, nothing is measured or checked)"
-    """
+    """  # noqa: E501
     import difflib
 
     close = difflib.get_close_matches(name, (BUDGET_MARKER, LEAK_MARKER), n=1, cutoff=0.75)

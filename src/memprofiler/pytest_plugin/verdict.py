@@ -147,7 +147,8 @@ def _growth_lines(
         pct = f", {100.0 * rise / abs(a):+.1f}%" if a else ""
         where = ""
         if name in _GROWTH_BASE:
-            where = f" above the {format_bytes(start[_GROWTH_BASE[name]])} {_GROWTH_BASE[name].upper()} at the test's start"
+            base = _GROWTH_BASE[name]
+            where = f" above the {format_bytes(start[base])} {base.upper()} at the test's start"
         lines.append(
             f"{BUDGET_MARKER}: {name} = {_amount(name, value)}{where}, baseline {_amount(name, a)}: "
             f"+{format_value(name, rise)}{pct}, over the allowed {growth.shown(a)}{tail}"

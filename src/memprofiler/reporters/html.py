@@ -361,7 +361,8 @@ class HtmlReporter:
             )
             why = escape(str(info.get("reason", "OOM")))
             out.append(
-                f"<p class='oom mp-oom-line'>Out of memory (rank {o.rank}, record {o.n}, {why}): {', '.join(bits)}.{link}</p>"
+                f"<p class='oom mp-oom-line'>Out of memory (rank {o.rank}, record {o.n}, {why}): "
+                f"{', '.join(bits)}.{link}</p>"
             )
         return out
 

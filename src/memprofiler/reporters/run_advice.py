@@ -103,7 +103,8 @@ def render_lines(advice: RunAdvice, budget: int | None = None) -> list[str]:
     ]
     for p in advice.proposals:
         lines.append(
-            f"  {p.module:<40} {format_bytes(p.saved):>12} {format_bytes(p.at_peak):>24} {format_bytes(p.peak_after):>12}"
+            f"  {p.module:<40} {format_bytes(p.saved):>12} {format_bytes(p.at_peak):>24} "
+            f"{format_bytes(p.peak_after):>12}"
         )
     if budget is not None:
         enough = next((i for i, p in enumerate(advice.proposals) if p.peak_after <= budget), None)
@@ -111,11 +112,13 @@ def render_lines(advice: RunAdvice, budget: int | None = None) -> list[str]:
             lines.append(f"the peak is within {format_bytes(budget)} already")
         elif enough is None:
             lines.append(
-                f"checkpointing these cannot bring the peak under {format_bytes(budget)}: see `advise` from Python or the Lightning config"
+                f"checkpointing these cannot bring the peak under {format_bytes(budget)}: see `advise` "
+                "from Python or the Lightning config"
             )
         else:
             lines.append(f"under {format_bytes(budget)}: checkpoint at least the first {enough + 1}")
     lines.append(
-        "figures are upper bounds: a checkpointed block keeps its input; estimate the change with `advise` for exact ones"
+        "figures are upper bounds: a checkpointed block keeps its input; estimate the change with "
+        "`advise` for exact ones"
     )
     return lines

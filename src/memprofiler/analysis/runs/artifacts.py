@@ -186,12 +186,14 @@ class RunArtifacts:
     selection: str | None = None
     """When the directory given held several runs: which one was read and how to pick another."""
     run_ids: dict[str, str | None] = field(default_factory=dict)
-    """File -> the run id it carries (stats YAML, manifest): :func:`~memprofiler.analysis.runs.ids.check_one_run` input."""
+    """File -> the run id it carries (stats YAML, manifest): the input of
+    :func:`~memprofiler.analysis.runs.ids.check_one_run`."""
     stats_files: dict[int, Path] = field(default_factory=dict)
     """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
     reads it a block at a time."""
     merge_warnings: list[str] = field(default_factory=list)
-    """Directories merged as one run (:func:`~memprofiler.analysis.runs.multi_dir.merge_runs`) whose rank files without a
+    """Directories merged as one run (:func:`~memprofiler.analysis.runs.multi_dir.merge_runs`) whose rank
+    files without a
     run id only probably belong together, or could not be checked: one line each, for the
     command to print (:mod:`~memprofiler.analysis.runs.evidence`)."""
 
@@ -325,7 +327,7 @@ def find_runs(root: str | os.PathLike[str]) -> list[RunDir]:
 def posix_time(v: Any) -> float | None:
     """A manifest's time (an ISO string, or the datetime YAML reads it as) in POSIX seconds, or ``None``."""
     if isinstance(v, dt.datetime):  # YAML reads an unquoted ISO timestamp as a datetime
-        return (v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)).timestamp()
+        return (v if v.tzinfo else v.replace(tzinfo=dt.UTC)).timestamp()
     if is_number(v):
         return float(v)
     if isinstance(v, str):
@@ -370,7 +372,7 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
     chosen = runs[-1]
     run = RunArtifacts(root=chosen.path, files=chosen.files, manifest=chosen.manifest)
     if len(runs) > 1:
-        when = dt.datetime.fromtimestamp(chosen.started, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = dt.datetime.fromtimestamp(chosen.started, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         others = ", ".join(str(r.path) for r in reversed(runs[:-1][-3:])) + (" ..." if len(runs) > 4 else "")
         run.selection = (
             f"{root} holds {len(runs)} runs; reading the newest, {chosen.path} (started {when}); "

@@ -1,1 +1,2 @@
-"""CUDA allocator snapshots (``torch.cuda.memory._snapshot()`` pickles): totals, replay, stacks, roles, per-call views."""
+"""CUDA allocator snapshots (``torch.cuda.memory._snapshot()`` pickles): totals, replay, stacks,
+roles, per-call views."""

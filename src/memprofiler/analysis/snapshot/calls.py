@@ -10,7 +10,8 @@ view of a call at a mark is what a snapshot taken at that instant would have hel
   as inside the call);
 * ``segments``: the end state rewound to the mark, undoing every later entry: a later
   ``alloc`` was not live yet, a later ``free_completed`` still was (with the stack of its
-  allocation when the trace holds it, else none, as for any block older than the trace), a later ``free_requested`` was not
+  allocation when the trace holds it, else none, as for any block older than the trace), a later
+  ``free_requested`` was not
   requested yet, later segment allocations and releases are undone. Segments that none of
   this touches keep their blocks as recorded; a touched segment gets its live blocks and the
   free gaps between them. Blocks brought back are sized by the allocator's smallest rounding

@@ -181,7 +181,8 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
     """Every device of a checked ``_snapshot()`` dict (see :func:`snapshot.check_layout`).
 
     ``roles`` (the role map beside a recording) names the blocks older than the trace: their
-    stack is then the role's synthetic frames (category, then the tensor), see :mod:`~memprofiler.analysis.snapshot.roles`.
+    stack is then the role's synthetic frames (category, then the tensor), see
+    :mod:`~memprofiler.analysis.snapshot.roles`.
     An allocation recorded with no Python stack is named by the ``record_function`` span it
     was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
 

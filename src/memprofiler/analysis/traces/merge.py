@@ -4,7 +4,8 @@ Done after the run, from the files, so it never blocks training (Composer's merg
 idea, applied to the memory timeline). The input is each rank's
 ``memory_trace_rank_{rank}.json``, the extended profiler's ``step_timeline_rank_{rank}.json``
 (hooks, data-loader waits, host metrics) where present and, on request, its per-cycle
-``*.pt.trace.json`` traces (gzip ones too; the rank is read from the name or the file). Timestamps are moved onto the earliest
+``*.pt.trace.json`` traces (gzip ones too; the rank is read from the name or the file). Timestamps are moved
+onto the earliest
 file's ``baseTimeNanoseconds``, so ranks line up on the shared wall clock.
 """
 

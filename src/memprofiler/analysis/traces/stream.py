@@ -768,10 +768,11 @@ class _Reader:
         label = -1
         if ops:
             inner = self.names[ops[0]]
-            if inner in FACTORIES and len(ops) > 1:
-                label = self.intern(f"{self.names[ops[1]]} ({inner})")
-            else:
-                label = ops[0]
+            label = (
+                self.intern(f"{self.names[ops[1]]} ({inner})")
+                if inner in FACTORIES and len(ops) > 1
+                else ops[0]
+            )
         return sid, label, (sid, mods)
 
     def _spread(self) -> None:

@@ -73,7 +73,8 @@ class TraceView:
         if not self.wrapper_calls:
             return ""
         return (
-            f"{self.wrapper_calls:,} PythonDispatchMode span{'s' if self.wrapper_calls != 1 else ''} (a module tracker's dispatch mode, e.g. "
+            f"{self.wrapper_calls:,} PythonDispatchMode span{'s' if self.wrapper_calls != 1 else ''} (a "
+            "module tracker's dispatch mode, e.g. "
             f"`track_module_mem`) are left out of the operator views: {self.wrapper_self_us / 1000:,.3f} ms "
             "of host time of their own, not counted as any operator's"
         )

@@ -133,7 +133,7 @@ def when_text(step: int | None, calls: Mapping[str, int]) -> str:
     Example:
         >>> when_text(3, {"training_step": 4})
         'in training_step call 4 (calls are numbered from 1, as the explorer marks them; Trainer step 3, counted from 0)'
-    """
+    """  # noqa: E501
     if not calls:
         return (
             f"Trainer step {step:,} (counted from 0)"
@@ -165,7 +165,8 @@ def banner_html(v: OomView) -> str:
     )
     more = f" The history holds {v.count} OOMs; this is the last." if v.count > 1 else ""
     return (
-        f"<div id='mp-oom' class='mp-oom' data-requested='{v.requested}' data-free='{v.free if v.free is not None else ''}'"
+        f"<div id='mp-oom' class='mp-oom' data-requested='{v.requested}' "
+        f"data-free='{v.free if v.free is not None else ''}'"
         f" data-total='{v.total if v.total is not None else ''}' data-index='{v.index}'>"
         f"<b>Out of memory on device {v.device}</b> at entry {v.index:,}{when}: "
         f"<b class='mp-oom-req'>{b(v.requested)} requested</b>, {free}{total}; "

@@ -62,7 +62,8 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
             )
         if d.top_stacks:
             out.append(
-                f"<p>Live at the peak: {d.live_blocks_at_peak:,} blocks, by allocating stack (top {len(d.top_stacks)}):</p>"
+                f"<p>Live at the peak: {d.live_blocks_at_peak:,} blocks, by allocating stack (top "
+                f"{len(d.top_stacks)}):</p>"
             )
             rows = [[bytes_cell(g.bytes), f"{g.count:,}", "\n".join(g.frames)] for g in d.top_stacks[:top]]
             out.append(table(["requested bytes", "blocks", "stack (innermost first)"], rows, stack_col=2))

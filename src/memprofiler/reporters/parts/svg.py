@@ -91,7 +91,8 @@ def line_chart(
         step = max(1, len(x_labels) // 8)
         for i in range(0, len(x_labels), step):
             out.append(
-                f'<text x="{sx(i):.1f}" y="{top + ph + 16}" text-anchor="middle" class="tick">{escape(x_labels[i])}</text>'
+                f'<text x="{sx(i):.1f}" y="{top + ph + 16}" text-anchor="middle" '
+                f'class="tick">{escape(x_labels[i])}</text>'
             )
     elif integer_x:
         for tick in integer_ticks(x0, x1):

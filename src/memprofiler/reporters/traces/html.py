@@ -324,7 +324,8 @@ def stacked_area(
     for k in range(5):
         yv = y1 * k / 4
         out.append(
-            f'<text x="{left - 4}" y="{sy(yv) + 4:.1f}" text-anchor="end" class="tick">{escape(format_bytes(yv))}</text>'
+            f'<text x="{left - 4}" y="{sy(yv) + 4:.1f}" text-anchor="end" '
+            f'class="tick">{escape(format_bytes(yv))}</text>'
         )
     for k in range(5):
         xv = x0 + (x1 - x0) * k / 4
@@ -345,7 +346,8 @@ def stacked_area(
         colour = _CAT_COLOURS.get(name, svg.PALETTE[n % len(svg.PALETTE)])
         poly = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts + bot)
         out.append(
-            f'<polygon points="{poly}" fill="{colour}" fill-opacity="0.8" stroke="none"><title>{escape(name)}</title></polygon>'
+            f'<polygon points="{poly}" fill="{colour}" fill-opacity="0.8" '
+            f'stroke="none"><title>{escape(name)}</title></polygon>'
         )
         out.append(
             f'<rect x="{left + pw + 10}" y="{top + n * 18}" width="10" height="10" fill="{colour}"/>'

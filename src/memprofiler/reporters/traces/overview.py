@@ -142,13 +142,15 @@ def _peaks_overview(tv: TraceView, n: int) -> str:
         m = dv.memory
         rows.append(
             f"<tr><td>{_link(memory_id(n, d), escape(m.device))}</td><td>allocator's memory events</td>"
-            f"<td class=n>{escape(format_bytes(m.peak_allocated))}</td><td class=n>{escape(format_bytes(m.peak_reserved))}</td>"
+            f"<td class=n>{escape(format_bytes(m.peak_allocated))}</td><td "
+            f"class=n>{escape(format_bytes(m.peak_reserved))}</td>"
             f"<td class=n>{m.peak_ms:,.3f}</td></tr>"
         )
     for c, tl in enumerate(tv.categories):
         rows.append(
             f"<tr><td>{_link(categories_id(n, c), escape(tl.device))}</td><td>memory timeline (by category)</td>"
-            f"<td class=n>{escape(format_bytes(tl.peak_bytes))}</td><td class=n>-</td><td class=n>{tl.peak_ms:,.3f}</td></tr>"
+            f"<td class=n>{escape(format_bytes(tl.peak_bytes))}</td><td class=n>-</td><td "
+            f"class=n>{tl.peak_ms:,.3f}</td></tr>"
         )
     if not rows:
         return ""
@@ -157,8 +159,8 @@ def _peaks_overview(tv: TraceView, n: int) -> str:
     )
     why = "".join(f"<p class='peakwhy'>{escape(g.device)}: {escape(g.reason)}</p>" for g in tv.peak_gaps)
     return (
-        f"<p><b>Peak per device</b></p><table class='pv-peaks'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
-        + why
+        "<p><b>Peak per device</b></p><table "
+        f"class='pv-peaks'><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>" + why
     )
 
 
@@ -177,7 +179,8 @@ def _memory_tops(tv: TraceView, n: int) -> str:
         if items:
             out.append(
                 f"<div><p><b>Top operators by memory</b>, {escape(dv.memory.device)} "
-                f"(bytes they allocated themselves; {_link(stats_id(n, d), 'table')})</p><ol>{''.join(items)}</ol></div>"
+                "(bytes they allocated themselves; "
+                f"{_link(stats_id(n, d), 'table')})</p><ol>{''.join(items)}</ol></div>"
             )
     return "".join(out)
 
@@ -186,7 +189,8 @@ def _time_tops(tv: TraceView, n: int) -> str:
     out = []
     for what, get, idx in top_by_time(tv):
         items = [
-            f"<li>{_link(op_row_id(n, i), escape(tv.ops[i].name))} <span class='muted'>{_ms(get(tv.ops[i]))}</span></li>"
+            f"<li>{_link(op_row_id(n, i), escape(tv.ops[i].name))} <span "
+            f"class='muted'>{_ms(get(tv.ops[i]))}</span></li>"
             for i in idx
         ]
         if items:

@@ -48,7 +48,8 @@ class ProfilerTerminalReporter:
                 ["rank", "from", "steps", "computation", "overlap", "communication", "other"],
             )
             for r in self.views.ranks:
-                t.add_row(str(r.rank), r.source, *(_ms(v) for v in (r.step_us, r.computation_us, r.overlap_us, r.communication_us, r.other_us)))  # fmt: skip
+                parts = (r.step_us, r.computation_us, r.overlap_us, r.communication_us, r.other_us)
+                t.add_row(str(r.rank), r.source, *(_ms(v) for v in parts))
             console.print(t)
             if (slow := self.views.slowest) is not None:
                 console.print(f"slowest rank: {slow.rank} ({_ms(slow.step_us)} ms of profiled steps)")
@@ -69,10 +70,12 @@ class ProfilerTerminalReporter:
                 f"peak reserved {format_bytes(dm.peak_reserved)}, {dv.pair_count:,} allocations and releases"
             )
             m = _table(f"{dm.device}: memory per operator (top {self.top} by size increase)",
-                       ["operator", "calls", "size increase", "self increase", "allocs", "self allocs", "alloc size", "self alloc size"])  # fmt: skip
+                       ["operator", "calls", "size increase", "self increase", "allocs", "self allocs",
+                        "alloc size", "self alloc size"])  # fmt: skip
             for st in dv.stats[: self.top]:
                 m.add_row(escape(st.name), f"{st.calls:,}", format_bytes(st.increase), format_bytes(st.self_increase),
-                          f"{st.alloc_count:,}", f"{st.self_alloc_count:,}", format_bytes(st.alloc_size), format_bytes(st.self_alloc_size))  # fmt: skip
+                          f"{st.alloc_count:,}", f"{st.self_alloc_count:,}", format_bytes(st.alloc_size),
+                          format_bytes(st.self_alloc_size))  # fmt: skip
             console.print(m)
         for tl in tv.categories:
             parts = ", ".join(

@@ -17,7 +17,7 @@ from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
     from memprofiler.core.profiler import MemProfiler
-    from memprofiler.estimate import MemoryEstimate, estimate_memory
+    from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_memory, estimate_plan
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.cli import MemProfilerCLI
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
@@ -31,6 +31,8 @@ _LAZY = {
     "MemProfilerCLI": "memprofiler.lightning.cli",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
     "estimate_memory": "memprofiler.estimate",
+    "estimate_plan": "memprofiler.estimate",
+    "EstimatePlan": "memprofiler.estimate",
     "MemoryEstimate": "memprofiler.estimate",
 }
 
@@ -46,6 +48,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ArtifactError",
     "ConfigError",
+    "EstimatePlan",
     "ExtendedPyTorchProfiler",
     "MemProfiler",
     "MemProfilerCLI",
@@ -56,5 +59,6 @@ __all__ = [
     "ProfilerHooksMixin",
     "__version__",
     "estimate_memory",
+    "estimate_plan",
     "memprofilable",
 ]

@@ -105,7 +105,7 @@ RUN_ID_LINE = "#memprofiler-run {run_id}"
 #: Where a per-rank memory trace keeps the same id: ``otherData[TRACE_RUN_ID_KEY]``.
 TRACE_RUN_ID_KEY = "memprofiler_run_id"
 #: And the process group's world size when the rank had one (absent without): evidence that
-#: tells two runs' files apart when a rank never learned the run id (``analysis.run_evidence``).
+#: tells two runs' files apart when a rank never learned the run id (``analysis.runs.evidence``).
 TRACE_WORLD_SIZE_KEY = "memprofiler_world_size"
 #: Written after every block of top-level entries: ``#memprofiler-end entries=<n>``, ``n`` the
 #: number of top-level keys in the file up to this line. Files appended in blocks (the stats

@@ -18,9 +18,10 @@ from _trace_orders import (
     read_golden,
     write_order,
 )
-from memprofiler.analysis import trace_events, trace_stream
-from memprofiler.analysis.profiler_views import build_views, trace_view
-from memprofiler.reporters.profiler_html import profiler_page
+from memprofiler.analysis.traces import events as trace_events
+from memprofiler.analysis.traces import stream as trace_stream
+from memprofiler.analysis.traces.views import build_views, trace_view
+from memprofiler.reporters.traces.html import profiler_page
 
 _GPU = pytest.mark.skipif(
     not GPU_TRACE.is_file(), reason="the recorded GPU run (tests/fixtures/gpu_demo_run) is absent"

@@ -14,8 +14,8 @@ import pytest
 
 from _trace_orders import CPU_TRACE
 from memprofiler.__main__ import main
-from memprofiler.analysis import trace_events
-from memprofiler.analysis.profiler_views import trace_view
+from memprofiler.analysis.traces import events as trace_events
+from memprofiler.analysis.traces.views import trace_view
 from memprofiler.errors import ArtifactError
 
 
@@ -113,7 +113,7 @@ def test_broken_traces_get_one_line(case, tmp_path, capsys):
         want = "cut short"
     elif case == "no_list":
         path.write_text('{"schemaVersion": 1, "events": []}')
-        want = "no traceEvents list"
+        want = "no top-level traceEvents list"
     else:
         path.write_text(good.replace("}, {", "} {", 1))
         want = "no ',' between events"
@@ -149,3 +149,171 @@ def test_a_cut_inside_an_event_falls_back_to_the_exact_path(tmp_path):
     path.write_text(json.dumps({"traceEvents": [*odd, _mem(5.0, 64)]}))
     view = trace_view(path)
     assert view.events == 3001 and sum(r.calls for r in view.ops) == 3000
+
+
+def _cpu_events() -> dict:
+    with gzip.open(CPU_TRACE, "rt") as f:
+        return json.load(f)
+
+
+def _figures(view) -> tuple:
+    """What the views show of a trace: events, operator rows, each device's peak and events,
+    the steps."""
+    return (
+        view.events,
+        [(r.name, r.calls, r.alloc_bytes, round(r.host_self_us, 3)) for r in view.ops],
+        [(d.memory.device, d.memory.peak_allocated, d.memory.event_count) for d in view.devices],
+        [(s.step, round(s.total_us, 3)) for s in view.steps],
+    )
+
+
+def test_only_the_top_level_trace_events_are_read(tmp_path):
+    # GIVEN a real trace with a decoy `traceEvents` of 50 events nested in a value written
+    # before the real list (as deviceProperties would hold it), and one inside a string
+    doc = _cpu_events()
+    real = _figures(trace_view(CPU_TRACE))
+    decoy = [_op(float(k), "aten::decoy") for k in range(50)]
+    hostile = {
+        "schemaVersion": 1,
+        "note": 'a string with "traceEvents": [ in it',
+        "deviceProperties": [{"traceEvents": decoy}],
+        **{k: v for k, v in doc.items() if k != "traceEvents"},
+        "traceEvents": doc["traceEvents"],
+        "after": {"traceEvents": decoy},
+    }
+    path = tmp_path / "decoy_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps(hostile))
+    # THEN the views are the real trace's (50 decoy events read instead of 1,140 before)
+    view = trace_view(path)
+    assert _figures(view) == real
+    assert view.events == len(doc["traceEvents"]) > 1000
+    assert not [r for r in view.ops if r.name == "aten::decoy"]
+    # AND with only a nested list there is no trace, in one line
+    path.write_text(json.dumps({"deviceProperties": [{"traceEvents": decoy}]}))
+    with pytest.raises(ArtifactError, match="no top-level traceEvents list"):
+        trace_view(path)
+
+
+def test_times_written_as_strings_are_read_as_numbers_and_unreadable_ones_named(tmp_path):
+    # GIVEN the real trace with every ts, dur and memory figure written as a JSON string
+    doc = _cpu_events()
+    real = _figures(trace_view(CPU_TRACE))
+    timed = 0
+    for ev in doc["traceEvents"]:
+        for k in ("ts", "dur"):
+            if k in ev:
+                ev[k] = str(ev[k])
+                timed += k == "ts"
+        for k in ("Bytes", "Total Allocated"):
+            if k in ev.get("args", {}):
+                ev["args"][k] = str(ev["args"][k])
+    path = tmp_path / "strings_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    # THEN the figures are the real trace's (steps and memory peaks missing before), and the
+    # conversion is said
+    view = trace_view(path)
+    assert _figures(view) == real
+    assert view.devices and view.steps
+    assert f"{timed:,} event(s) with a `ts` written as a string: read as its number" in "\n".join(view.notes)
+    # AND a time that is no number is counted and named in one line, not dropped without a word
+    doc["traceEvents"][-1]["ts"] = "late"
+    next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op")["dur"] = [1]
+    path.write_text(json.dumps(doc))
+    notes = trace_view(path).notes
+    assert any(n.endswith("1 event(s) with a `ts` that is not a number (or past float's range) "
+                          "(first: 'late'): the event skipped") for n in notes), notes  # fmt: skip
+    assert any("1 event(s) with a `dur` that is not a number" in n and "read as 0" in n for n in notes), notes
+
+
+def test_the_notes_reach_the_terminal_report(tmp_path, capsys):
+    path = tmp_path / "late_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [_op(1), {**_op(2), "ts": "late"}, _mem(3, 64)]}))
+    assert main(["report", "--no-html", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 event(s) with a `ts` that is not a number" in out
+
+
+def test_a_full_temporary_folder_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    # GIVEN a temporary folder that is full: the reader's spill fails with ENOSPC
+    import errno
+    import os
+    import tempfile
+
+    from memprofiler.analysis.traces import stream as trace_stream
+
+    def full(data, file):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(trace_stream, "_spill_write", full)
+    monkeypatch.setattr(trace_stream, "RUN", 64)
+    path = tmp_path / "big_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [_op(float(k)) for k in range(200)]}))
+    # THEN one line names the folder, the space needed and the variable (a traceback before)
+    line = _report_one_line(path, capsys)
+    assert f"no space left in {tempfile.gettempdir()} for the trace reader's temporary files" in line
+    assert "MiB there); set TMPDIR to a folder with room" in line
+
+
+def test_a_real_full_filesystem_under_the_reader_is_the_same_line(tmp_path, monkeypatch, capsys):
+    # GIVEN TMPDIR on a real 64 KiB tmpfs (numpy's own error on it names no errno)
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from memprofiler.analysis.traces import stream as trace_stream
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(mnt))
+        monkeypatch.setattr(trace_stream, "RUN", 4096)
+        path = tmp_path / "big_rank_0.1.pt.trace.json"
+        path.write_text(json.dumps({"traceEvents": [_op(float(k)) for k in range(20_000)]}))
+        line = _report_one_line(path, capsys)
+        assert f"no space left in {mnt} for the trace reader's temporary files" in line
+        assert not os.listdir(mnt)  # nothing left behind
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_gzip_bomb_stops_at_the_stated_ratio_and_the_limit_is_configurable(tmp_path, monkeypatch, capsys):
+    # GIVEN a 1 MiB trace opening that expands (gzipped) past 200 times its file's size
+    monkeypatch.setattr(trace_events, "RATIO_FROM", 2**20)
+    bomb = tmp_path / "bomb_rank_0.1.pt.trace.json.gz"
+    with gzip.open(bomb, "wb") as f:
+        f.write(b'{"traceEvents": [' + json.dumps(_op(1.0)).encode() + b", ")
+        f.write(b" " * (64 * 2**20))
+    assert bomb.stat().st_size < 2**18
+    line = _report_one_line(bomb, capsys)
+    assert "200 times the gzip file's size, the reader's limit MAX_GZIP_RATIO" in line
+    # AND the absolute limit comes from MEMPROFILER_MAX_TRACE_BYTES, named in its line
+    monkeypatch.setenv("MEMPROFILER_MAX_TRACE_BYTES", "100000")
+    plain = tmp_path / "plain_rank_0.1.pt.trace.json"
+    plain.write_text(json.dumps({"traceEvents": [_op(float(k)) for k in range(2000)]}))
+    line = _report_one_line(plain, capsys)
+    assert "longer than 100,000 bytes decompressed" in line and "set MEMPROFILER_MAX_TRACE_BYTES" in line
+    monkeypatch.setenv("MEMPROFILER_MAX_TRACE_BYTES", "lots")
+    assert main(["report", "--no-html", str(plain)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "MEMPROFILER_MAX_TRACE_BYTES='lots': not a positive number of bytes" in line
+
+
+def test_a_long_read_says_how_far_it_is(tmp_path, monkeypatch, capsys):
+    # GIVEN a line due every 100,000 bytes, read in blocks of 65,536
+    monkeypatch.setattr(trace_events, "PROGRESS_EVERY", 100_000)
+    monkeypatch.setattr(trace_events, "_BLOCK", 65536)
+    path = tmp_path / "long_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": [_op(float(k)) for k in range(3000)]}))
+    assert 300_000 < path.stat().st_size < 400_000
+    trace_view(path)
+    # THEN a line at 131,072 bytes read, 262,144 and 327,680
+    assert capsys.readouterr().err.splitlines() == [
+        f"memprofiler: {path}: {mib} MiB read (the limit: 16.0 GiB, MEMPROFILER_MAX_TRACE_BYTES)"
+        for mib in ("0.1", "0.2", "0.3")
+    ]

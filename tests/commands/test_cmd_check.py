@@ -133,8 +133,8 @@ def test_a_nested_name_is_reached_by_literal_and_wildcard_limits(real_runs, caps
 
 def test_streamed_and_loaded_runs_give_the_same_verdict(real_runs):
     # GIVEN the same run loaded whole and left to be streamed a block at a time
-    from memprofiler.analysis.artifacts import load_run
     from memprofiler.analysis.budget import Limit, check_budget
+    from memprofiler.analysis.runs.artifacts import load_run
 
     whole, streamed = load_run(real_runs["a"]), load_run(real_runs["a"], streamed=True)
     assert streamed.stats == {} and list(streamed.stats_files) == [0]

@@ -12,7 +12,7 @@ import pytest
 
 from memprofiler import MemProfiler
 from memprofiler.__main__ import main
-from memprofiler.analysis.artifacts import load_run
+from memprofiler.analysis.runs.artifacts import load_run
 
 NOTE = "`train_step` (in `collect_funcs`) was never called; calls seen: training_step x4"
 

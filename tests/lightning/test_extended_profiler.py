@@ -289,7 +289,7 @@ def test_follow_profiler_rejects_the_short_form():
 
 def test_traces_and_memory_categories_are_read_back_by_the_profiler_views(tmp_path):
     # GIVEN the extended profiler with the options torch's memory categories need
-    from memprofiler.analysis.profiler_views import build_views
+    from memprofiler.analysis.traces.views import build_views
 
     prof = ExtendedPyTorchProfiler(
         schedule_cfg={"wait": 1, "warmup": 1, "active": 2},
@@ -446,7 +446,7 @@ def test_a_run_shorter_than_the_schedule_ends_cleanly(tmp_path):
 @pytest.mark.slow  # long-running: six profiler cycles, each trace written and gzipped
 def test_memory_categories_follow_the_traces_gzip_and_retention(tmp_path):
     # GIVEN three cycles with memory categories on, gzip, and only the newest cycle kept
-    from memprofiler.analysis.profiler_views import build_views
+    from memprofiler.analysis.traces.views import build_views
 
     prof = ExtendedPyTorchProfiler(
         schedule_cfg={"wait": 1, "warmup": 1, "active": 2, "repeat": 3},

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from memprofiler.__main__ import main
-from memprofiler.reporters.explorer_oom import MIN_WINDOW, opening_window, user_frame
+from memprofiler.reporters.explorer.oom import MIN_WINDOW, opening_window, user_frame
 
 RUN = Path(__file__).parents[1] / "fixtures" / "gpu_oom_run"
 PICKLE = RUN / "oom_rank_0_0.pickle"

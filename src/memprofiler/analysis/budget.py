@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
+from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.units import format_value, parse_size
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprofiler import layout, metrics
-from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
-from memprofiler.analysis.gc_pause import gc_paused
+from memprofiler.analysis.files.gc_pause import gc_paused
+from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 
 _np: Any
 try:  # numpy comes with torch and lightning; without it, medians sort

@@ -33,7 +33,7 @@ class CheckCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.budget import Limit, check_budget
-        from memprofiler.analysis.fs import named_as_given
+        from memprofiler.analysis.files.fs import named_as_given
 
         limits = [Limit.parse(t) for t in args.limits]
         run = load(self.name, args.run_dir, partial_ok=False, streamed=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from memprofiler.commands._shared import add_run_dir, add_top, load, warn_cuts
 
 if TYPE_CHECKING:
-    from memprofiler.analysis.artifacts import RunArtifacts
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
 
 
 class DiffCommand:
@@ -58,8 +58,8 @@ class DiffCommand:
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.diff import diff_functions, diff_runs
         from memprofiler.analysis.estimate import diff_line
-        from memprofiler.analysis.fs import named_as_given
-        from memprofiler.analysis.trace_events import is_trace_file
+        from memprofiler.analysis.files.fs import named_as_given
+        from memprofiler.analysis.traces.events import is_trace_file
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
@@ -114,11 +114,11 @@ def _profiler_diff(args: argparse.Namespace) -> int:
     """Operators and modules of run A's traces against run B's: time and memory deltas."""
     from pathlib import Path
 
-    from memprofiler.analysis.profiler_diff import diff_views
-    from memprofiler.analysis.profiler_views import build_views, one_run_traces
+    from memprofiler.analysis.traces.diff import diff_views
+    from memprofiler.analysis.traces.views import build_views, one_run_traces
     from memprofiler.errors import ArtifactError
-    from memprofiler.reporters.profiler_terminal import render_profiler_diff
     from memprofiler.reporters.terminal import make_console
+    from memprofiler.reporters.traces.terminal import render_profiler_diff
 
     views = []
     for given in (args.run_a, args.run_b):

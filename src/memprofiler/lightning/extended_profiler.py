@@ -463,7 +463,7 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             rows: list[TraceRows] = [*self._timelines]
             if self.step_timeline is not None:
                 rows.append(self.step_timeline)
-            # First in the file: a reader learns rank and run from the first bytes (run_ids.py).
+            # First in the file: a reader learns rank and run from the first bytes (analysis/runs/ids.py).
             ident = {"run_id": self._run_id, "rank": self.rank, "cycle": cycle.index, **_plain(cycle.fields)}
             # Kineto draws CPU events under this process's pid: our rows join them.
             return trace.with_rows(rows, os.getpid(), {"memprofiler": ident})

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from memprofiler import layout
-from memprofiler.analysis.profiler_ops import _FACTORIES, module_name
-from memprofiler.analysis.trace_events import MODULE_PREFIXES
+from memprofiler.analysis.traces.events import MODULE_PREFIXES
+from memprofiler.analysis.traces.ops import _FACTORIES, module_name
 
 #: The file's ``format`` and ``version``.
 FORMAT, VERSION = layout.MEMORY_CATEGORIES_FORMAT, 1

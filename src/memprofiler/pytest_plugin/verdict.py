@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from memprofiler import metrics
-from memprofiler.analysis.artifacts import flatten_metrics
+from memprofiler.analysis.runs.artifacts import flatten_metrics
 from memprofiler.pytest_plugin.markers import BUDGET_MARKER, BY_MODULE, LEAK_MARKER, MarkerBudgets
 from memprofiler.units import format_bytes, format_value
 

@@ -9,9 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unmatched
-from memprofiler.analysis.snapshot import SnapshotAnalysis
-from memprofiler.reporters.figures import BANDED, table_figures
-from memprofiler.reporters.model import CallRow, ReportModel
+from memprofiler.analysis.snapshot.summary import SnapshotAnalysis
+from memprofiler.reporters.model.figures import BANDED, table_figures
+from memprofiler.reporters.model.report import CallRow, ReportModel
 from memprofiler.units import format_bytes, format_value
 
 

@@ -89,7 +89,8 @@ PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
 # ---------------------------------------------------------------------------- runs
 #: Run manifest, written by rank 0 at set-up and rewritten at the end: ``run_id``, ``started``,
 #: ``finished`` (null while running), ``status`` (``running`` / ``finished`` / ``crashed``),
-#: ``world_size``, ``host``, ``pid``, ``memprofiler`` (version). Marks a directory as one run.
+#: ``world_size``, ``host``, ``pid``, ``memprofiler`` (version), ``notes``, and ``error`` (what
+#: ended a crashed run). Marks a directory as one run.
 RUN_MANIFEST = "memprofiler_run.yaml"
 #: A second run into a ``save_dir`` that already holds a run (live or finished) writes into the
 #: first free ``version_{n}`` under it, n >= 1, as Lightning's loggers do; nothing is overwritten.

@@ -35,7 +35,7 @@ def test_each_violation_is_one_line_naming_key_value_and_limit(real_runs, capsys
 
 def test_exact_limit_passes_and_one_byte_less_fails(real_runs, capsys):
     saved = expected_saved_bytes(256)
-    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved}"]) == 0
+    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved}B"]) == 0
     assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved - 1}B"]) == 1
 
 

@@ -108,3 +108,29 @@ def warn_cuts(command: str, cuts: Sequence[Cut]) -> None:
 
     for cut in cuts:
         print(f"memprofiler {command}: warning: {as_given(cut.line())}", file=sys.stderr)
+
+
+def refuse_empty(*runs: tuple[str, RunArtifacts]) -> None:
+    """A run that collected no call has nothing to compare: say so, and why, not "no differences".
+
+    Raises:
+        ArtifactError: one line naming each such run and its own note (a crash first).
+    """
+    from memprofiler.errors import ArtifactError
+
+    empty = [f"{given}: {run.nothing_collected()}" for given, run in runs if run.collected_nothing()]
+    if empty:
+        raise ArtifactError("; ".join(empty) + "; there is nothing to compare")
+
+
+def warn_crashed(command: str, *runs: tuple[str, RunArtifacts]) -> None:
+    """One warning line on stderr per run that crashed: it holds only the calls before the crash."""
+    from memprofiler.analysis.files.fs import as_given
+
+    for given, run in runs:
+        if run.crash is not None:
+            print(
+                f"memprofiler {command}: warning: {as_given(given)} crashed ({run.crash}); "
+                "it holds the calls collected before the crash",
+                file=sys.stderr,
+            )

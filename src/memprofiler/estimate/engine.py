@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,10 +20,14 @@ from torch.utils._pytree import tree_map_only
 from memprofiler.errors import ConfigError
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
+from memprofiler.estimate.allocator.conf import read as read_alloc_conf
+from memprofiler.estimate.cuda.margins import FLOAT8_NOTE, float8_modules
 from memprofiler.estimate.cuda.model import CudaModel
-from memprofiler.estimate.cuda.target import CudaTarget, resolve_target
+from memprofiler.estimate.cuda.target import CudaTarget, resolve_target, target_notes, torch_rules
+from memprofiler.estimate.cuda.workspaces import WorkspacePlan
 from memprofiler.estimate.failures import (
     ModuleStack,
+    check_batch,
     device_failure,
     fake_errors,
     fake_failure,
@@ -144,10 +149,17 @@ def _to_fake(
 def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | None = None) -> MemoryEstimate:
     """Run ``plan.steps`` training steps of one rank and return the estimate (see ``estimate_plan``)."""
     probe = probe if probe is not None else Probe()
+    check_batch(batch)
     cuda = plan.device.startswith("cuda")
     target: CudaTarget | None = resolve_target(plan.gpu, plan.torch_version) if cuda else None
+    # The environment is read (and refused where torch would refuse it) before anything runs.
+    env_conf = read_alloc_conf(os.environ) if cuda else None
+    workspaces = WorkspacePlan.for_target(target) if target is not None else None
     where, notes = run_device(plan.device, plan.fake, target)
+    if target is not None:
+        notes += target_notes(target)
     notes += model_notes(model)
+    user_model = model
     fsdp = plan.strategy == "fsdp"
     loss_fn = plan.loss_fn or default_loss
     pg = strategies.fake_process_group(plan.world_size) if fsdp else contextlib.nullcontext()
@@ -164,7 +176,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
             opt = _optimizer(model, plan)
-            alloc_conf = AllocatorConfig.from_env()
+            alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, plan.device_memory))
             led: Ledger = tracker.ledger
@@ -181,7 +193,9 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
-            device = CudaModel(target, tracker, opt, alloc_conf, plan.steps) if target is not None else None
+            device = None
+            if target is not None and env_conf is not None and workspaces is not None:
+                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps)
             parts: list[Part] = [*(device.parts if device is not None else [])]
             if mode is not None:
                 parts.append(KnownValues(batch, fake_batch))
@@ -203,7 +217,11 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     for part in parts:
         notes = part.notes(notes)
     peak = led.allocator.peak_allocated if cuda else led.peak
-    extra = device.margins(model, peak, plan.strategy, plan.world_size) if device is not None else []
+    float8 = float8_modules(user_model, model)
+    if float8:
+        notes.append(FLOAT8_NOTE.format(names=", ".join(float8)))
+    models = [user_model, model]
+    extra = device.margins(models, peak, plan.strategy, plan.world_size) if device is not None else []
     notes += [m.line() for m in extra]
     return MemoryEstimate(
         peak_bytes=peak,
@@ -224,6 +242,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         notes=notes,
         target=target.describe() if target is not None else "",
         workspace_bytes=device.workspace_bytes() if device is not None else {},
+        torch_rules=torch_rules(target) if target is not None else {},
         margin_bytes=sum(m.nbytes for m in extra),
     )
 

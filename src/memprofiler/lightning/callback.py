@@ -15,14 +15,13 @@ from typing_extensions import override
 
 from memprofiler import layout
 from memprofiler.collectors.cuda_backend import CudaBackend
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import MemProfilerConfig, urls
 from memprofiler.core.method_wrap import Owner
 from memprofiler.core.profiler import MemProfiler
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerWarning
 from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
 from memprofiler.lightning.metrics_logger import LoggerListener
-from memprofiler.output import urls
 from memprofiler.output.remote import is_url
 from memprofiler.user_line import warn_at_user
 

@@ -23,13 +23,14 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
+from memprofiler.config import urls
 from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.estimate import EstimatePlan, engine, estimate_plan
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.lightning import _compat as compat
-from memprofiler.output import remote, urls
+from memprofiler.output import remote
 from memprofiler.units import parse_size
 
 GROUP = "estimate"

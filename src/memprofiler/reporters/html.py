@@ -15,6 +15,7 @@ from typing import Any
 
 from memprofiler.analysis.runs.artifacts import is_number
 from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+from memprofiler.reporters.explorer.oom import when_text
 from memprofiler.reporters.explorer.page import explorer_relpath
 from memprofiler.reporters.model.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.model.memory_split import top_with_other
@@ -347,8 +348,11 @@ class HtmlReporter:
             free, total = info.get("device_free_bytes"), info.get("device_total_bytes")
             if is_number(free):
                 bits.append(f"{b(free)} free" + (f" of {b(total)} total" if is_number(total) else ""))
-            if is_number(info.get("step")):
-                bits.append(f"step {info['step']}")
+            calls = info.get("calls")
+            calls = {str(k): v for k, v in calls.items() if type(v) is int} if isinstance(calls, dict) else {}
+            step = info.get("step")
+            if calls or type(step) is int:
+                bits.append(escape(when_text(step if type(step) is int else None, calls), quote=False))
             href = pages.get(str(o.pickle_path)) if o.pickle_path else None
             link = (
                 f" <a class='oom-explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"

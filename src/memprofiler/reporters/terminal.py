@@ -151,7 +151,16 @@ class TerminalReporter:
                 for k, v in info.items()
                 if isinstance(v, (int, float))
             ]
-            console.print(f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml"))
+            again = oom.repeated_by
+            same = (
+                f" (record #{again.n} is the exception handler's record of this OOM: "
+                f"{escape(str((again.info or {}).get('exception', '')))})"
+                if again is not None
+                else ""
+            )
+            console.print(
+                f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml") + same
+            )
 
 
 def _max_rank(stats: dict[str, object]) -> object:
@@ -179,14 +188,22 @@ def render_snapshot(
             f"({_at(d.peak_allocated_index, d.peak_allocated_time_us)}); "
             f"peak reserved {format_bytes(d.peak_reserved)} ({_at(d.peak_reserved_index, d.peak_reserved_time_us)})"
         )
-        if d.top_stacks:
-            t = Table(
-                title=f"device {d.device}: live at the active peak by stack ({d.live_blocks_at_peak:,} blocks)"
+        # With an OOM, what held the memory when the allocation failed is the question, not the
+        # peak before it (a step earlier, the peak's blocks may all be gone).
+        stacks, blocks = (
+            (d.oom_stacks, d.live_blocks_at_oom) if d.ooms else (d.top_stacks, d.live_blocks_at_peak)
+        )
+        if stacks:
+            when = (
+                f"live at the OOM (entry {d.ooms[-1].index:,}, {format_bytes(d.allocated_at_oom)} active)"
+                if d.ooms
+                else "live at the active peak"
             )
+            t = Table(title=f"device {d.device}: {when} by stack ({blocks:,} blocks)")
             t.add_column("requested bytes", justify="right")
             t.add_column("blocks", justify="right")
             t.add_column("stack (innermost first)")
-            for g in d.top_stacks[:top]:
+            for g in stacks[:top]:
                 t.add_row(format_bytes(g.bytes), f"{g.count:,}", escape("\n".join(g.frames)))
             console.print(t)
         for o in d.ooms:

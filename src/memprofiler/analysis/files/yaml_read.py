@@ -37,11 +37,11 @@ from memprofiler.errors import ArtifactError
 #: libyaml's parser where PyYAML was built with it (about 4x faster than the pure-Python one).
 _BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-_HEADER = layout.YAML_HEADER
+HEADER = layout.YAML_HEADER
 #: ``#memprofiler-end entries=<n>`` as a pattern, from the layout constant. It starts with the
 #: literal, not ``^``, so the regex engine skips ahead to each occurrence (anchored, it tried
 #: every position: 0.6 s on a 74 MB file); :func:`_block_ends` keeps those at a line start.
-_BLOCK_END = re.compile(
+BLOCK_END = re.compile(
     re.escape(layout.YAML_BLOCK_END).replace(re.escape("{n}"), r"(\d+)") + r"[ \t]*\r?$", re.M
 )
 #: A top-level key: a line at column 0 that is not a comment, nor an item of a sequence
@@ -109,7 +109,7 @@ def read_text(path: Path) -> str:
 
 
 def _block_ends(text: str) -> Iterator[re.Match[str]]:
-    for m in _BLOCK_END.finditer(text):
+    for m in BLOCK_END.finditer(text):
         if m.start() == 0 or text[m.start() - 1] == "\n":
             yield m
 
@@ -117,7 +117,7 @@ def _block_ends(text: str) -> Iterator[re.Match[str]]:
 def no_block_end(path: Path) -> ArtifactError:
     """The error for a file with the header and no block-end whose count matches."""
     return ArtifactError(
-        f"{path}: starts with `{_HEADER}` but has no matching `{layout.YAML_BLOCK_END.format(n='<n>')}` "
+        f"{path}: starts with `{HEADER}` but has no matching `{layout.YAML_BLOCK_END.format(n='<n>')}` "
         "line: the file was cut before its first block was complete; re-copy it or re-run"
     )
 
@@ -133,7 +133,7 @@ def verified_text(text: str, path: Path) -> tuple[str, Cut | None]:
     Raises:
         ArtifactError: the file has the header but no block-end whose count matches.
     """
-    if not text.startswith(_HEADER):
+    if not text.startswith(HEADER):
         return text, None  # an older file: no integrity lines to check
     count_from, counted = 0, 0
     good: tuple[int, int] | None = None  # (end offset of the block-end line, its count)

@@ -142,6 +142,27 @@ class OomRecord:
     n: int
     pickle_path: Path | None = None
     info: dict[str, Any] | None = None
+    repeated_by: OomRecord | None = None
+    """The exception handler's record of this same OOM (written after the allocator's, with
+    the exception's text), folded into this one so that each OOM is shown once."""
+
+    def repeats(self, earlier: OomRecord) -> bool:
+        """Whether this record is the exception handler's record of the OOM ``earlier`` recorded.
+
+        The allocator's observer writes ``reason: cuda_oom`` when the allocation fails; the
+        exception that follows ends training and writes ``reason: exception`` with the same
+        failed size on the same device, as the next record of the rank.
+        """
+        mine, theirs = self.info or {}, earlier.info or {}
+        return (
+            self.rank == earlier.rank
+            and self.n == earlier.n + 1
+            and mine.get("reason") == "exception"
+            and theirs.get("reason") == "cuda_oom"
+            and mine.get("failed_alloc_bytes") is not None
+            and mine.get("failed_alloc_bytes") == theirs.get("failed_alloc_bytes")
+            and mine.get("device") == theirs.get("device")
+        )
 
 
 @dataclass
@@ -195,6 +216,16 @@ class RunArtifacts:
         notes = (self.manifest or {}).get("notes") or []
         return [str(n) for n in notes] if isinstance(notes, list) else [str(notes)]
 
+    @property
+    def crash(self) -> str | None:
+        """What ended the run when its manifest says ``status: crashed``: the exception as the
+        profiler recorded it, or a line saying it was not recorded (older runs)."""
+        manifest = self.manifest or {}
+        if manifest.get("status") != "crashed":
+            return None
+        error = manifest.get("error")
+        return str(error) if error else "the exception was not recorded"
+
     def collected_nothing(self) -> bool:
         """Whether the run has stats files and none holds a single snapshot.
 
@@ -214,11 +245,17 @@ class RunArtifacts:
         Args:
             notes_shown: the notes were printed just above; point to them instead of repeating.
         """
+        status = (self.manifest or {}).get("status")
+        crashed = ""
+        if status == "crashed":
+            crashed = f"the run crashed ({self.crash}) before any call was collected"
+            if not self.notes:
+                return f"no call was collected: {crashed}"
+            crashed += "; "
         if self.notes:
-            return "no call was collected: " + (
+            return f"no call was collected: {crashed}" + (
                 "see the note above" if notes_shown else "; ".join(self.notes)
             )
-        status = (self.manifest or {}).get("status")
         if status is None:
             why = f"it has no readable `{layout.RUN_MANIFEST}` (written by an older memprofiler?)"
         elif status == "running":
@@ -299,6 +336,18 @@ def posix_time(v: Any) -> float | None:
     return None
 
 
+def fold_repeats(ooms: list[OomRecord]) -> list[OomRecord]:
+    """``ooms`` (sorted by rank and number) with each exception handler's record of an OOM
+    already recorded folded into that record (:attr:`OomRecord.repeated_by`)."""
+    out: list[OomRecord] = []
+    for o in ooms:
+        if out and o.repeats(out[-1]):
+            out[-1].repeated_by = o
+        else:
+            out.append(o)
+    return out
+
+
 def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifacts:
     """Discover and load the artifacts of the newest run under ``root`` (recursively).
 
@@ -335,7 +384,7 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
         run.run_ids[str(chosen.path / layout.RUN_MANIFEST)] = str(chosen.manifest.get("run_id") or "") or None
     check_one_run(run.run_ids.items())
     run.reports = sorted(reports.values(), key=lambda r: (r.kind, r.rank, r.fn, r.call))
-    run.ooms = sorted(ooms.values(), key=lambda o: (o.rank, o.n))
+    run.ooms = fold_repeats(sorted(ooms.values(), key=lambda o: (o.rank, o.n)))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
     run.alloc_windows.sort(key=lambda w: (w.rank, w.n))
     return run
@@ -441,11 +490,6 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
         elif is_number(v):
             out[f"{prefix}{k}"] = v
     return out
-
-
-def flat_snapshots(run: RunArtifacts) -> dict[str, dict[str, float]]:
-    """Snapshot key -> numeric metrics, every rank."""
-    return {key: flatten_metrics(m) for key, m in run.snapshots().items()}
 
 
 def match_any(name: str, patterns: Iterable[str]) -> bool:

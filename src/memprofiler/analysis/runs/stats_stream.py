@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler.analysis.files.yaml_read import (
-    _BLOCK_END,
-    _HEADER,
+    BLOCK_END,
+    HEADER,
     Cut,
     is_top_key,
     no_block_end,
@@ -47,7 +47,7 @@ def iter_stats(path: Path, cuts: list[Cut]) -> Iterator[Any]:
         raise ArtifactError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError):
         first = ""  # read_yaml says what is wrong, in its words
-    if f is None or not first.startswith(_HEADER):
+    if f is None or not first.startswith(HEADER):
         if f is not None:
             f.close()
         yield read_yaml(path, cuts)  # an older file (or an empty or unreadable one)
@@ -57,7 +57,7 @@ def iter_stats(path: Path, cuts: list[Cut]) -> Iterator[Any]:
         try:
             for line in f:
                 pending.append(line)
-                end = _BLOCK_END.match(line)
+                end = BLOCK_END.match(line)
                 if end is None:
                     keys += is_top_key(line)
                     continue

@@ -123,6 +123,12 @@ class DeviceAnalysis:
     timeline: list[tuple[int, int, int]] = field(default_factory=list)
     """``(index, allocated, reserved)``, downsampled, keeping each bucket's maximum."""
     ooms: list[OomEntry] = field(default_factory=list)
+    oom_stacks: list[StackGroup] = field(default_factory=list)
+    """Live at the last OOM by stack (what held the memory when the allocation failed); empty
+    without an OOM."""
+    live_blocks_at_oom: int = 0
+    allocated_at_oom: int | None = None
+    """Active requested bytes when the last OOM's allocation failed; ``None`` without an OOM."""
 
 
 @dataclass
@@ -382,10 +388,14 @@ def _analyze_device(
         for b in seg.get("blocks", []):
             if b["state"] in _LIVE_STATES:
                 end_blocks[b["address"]] = b
+    # The last OOM: the allocation that failed, after which the live set is what held the memory.
+    oom_i = ooms[-1].index if ooms else None
     live: dict[int, Mapping[str, Any]] = {}
     live_at_peak: dict[int, Mapping[str, Any]] = {}
+    live_at_oom: dict[int, Mapping[str, Any]] = {}
     pre_freed_bytes = 0
     pre_live_at_peak: list[Mapping[str, Any]] = []
+    pre_live_at_oom: list[Mapping[str, Any]] = []
     for i, e in enumerate(entries):
         a = e["action"]
         if a == "alloc":
@@ -395,8 +405,12 @@ def _analyze_device(
             pre_freed_bytes += e["size"]
             if i > peak_i:
                 pre_live_at_peak.append(e)
+            if oom_i is not None and i > oom_i:
+                pre_live_at_oom.append(e)
         if i == peak_i:
             live_at_peak = dict(live)
+        if i == oom_i:
+            live_at_oom = dict(live)
     # Alive at the end but never allocated in the trace: predates it, so alive at the peak too.
     # (With no positive step the peak is the trace start, index -1: only these and the
     # pre-trace blocks freed later are alive then.)
@@ -404,39 +418,13 @@ def _analyze_device(
     # Trace sizes are requested bytes, so the blocks count theirs too (not the rounded size).
     baseline = pre_freed_bytes + sum(_requested(b) for b in pre_alive)
     pre_live_at_peak.extend(pre_alive)
-    if roles is not None:
-        # Blocks older than the trace that the role map names: grouped by their role.
-        pre_live_at_peak = [
-            b if (f := roles.category_frames(b.get("addr", b.get("address")))) is None else {**b, "frames": f}
-            for b in pre_live_at_peak
-        ]
-
+    pre_live_at_oom.extend(pre_alive)
     res_baseline = max(end_reserved - res, -res_min)
-
-    at_peak: list[Mapping[str, Any]] = list(live_at_peak.values())
-    if spans:
-        # Allocations with no Python stack (the autograd engine's thread): named by their span.
-        bare = [k for k, e in enumerate(at_peak) if not e.get("frames")]
-        bare.sort(key=lambda k: at_peak[k].get("time_us") or 0)
-        for k, name in zip(bare, spans.names(at_peak[k].get("time_us") or 0 for k in bare), strict=True):
-            f = spans.frames(name)
-            if f is not None:
-                at_peak[k] = {**at_peak[k], "frames": f}
-    groups: dict[tuple[str, ...], StackGroup] = {}
     frame_cache: dict[int, tuple[str, ...]] = {}
-    for block in [*at_peak, *pre_live_at_peak]:
-        frames_obj = block.get("frames")
-        key = frame_cache.get(id(frames_obj)) if frames_obj is not None else None
-        if key is None:
-            key = _format_frames(frames_obj) or (NO_STACK,)
-            if frames_obj is not None:
-                frame_cache[id(frames_obj)] = key
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = StackGroup(frames=key)
-        g.bytes += _requested(block)
-        g.count += 1
-    ranked = sorted(groups.values(), key=lambda g: (-g.bytes, g.frames))
+    ranked, at_peak_count = _by_stack(live_at_peak, pre_live_at_peak, roles, spans, frame_cache)
+    oom_ranked, at_oom_count = (
+        _by_stack(live_at_oom, pre_live_at_oom, roles, spans, frame_cache) if ooms else ([], 0)
+    )
 
     def _time(idx: int) -> int | None:
         if not 0 <= idx < n:
@@ -456,10 +444,61 @@ def _analyze_device(
         peak_reserved_time_us=_time(res_peak_i),
         end_reserved=res_baseline + res,
         top_stacks=ranked[:top],
-        live_blocks_at_peak=sum(g.count for g in groups.values()),
+        live_blocks_at_peak=at_peak_count,
         timeline=[(i, baseline + a, res_baseline + r) for i, a, r in timeline_rel],
         ooms=ooms,
+        oom_stacks=oom_ranked[:top],
+        live_blocks_at_oom=at_oom_count,
+        allocated_at_oom=sum(g.bytes for g in oom_ranked) if ooms else None,
     )
+
+
+def _by_stack(
+    live: Mapping[int, Mapping[str, Any]],
+    older: Sequence[Mapping[str, Any]],
+    roles: RoleIndex | None,
+    spans: AnnotationSpans | None,
+    frame_cache: dict[int, tuple[str, ...]],
+) -> tuple[list[StackGroup], int]:
+    """The blocks alive at an instant grouped by allocating stack, largest first, and their count.
+
+    Args:
+        live: blocks allocated in the trace and alive then, by address.
+        older: blocks older than the trace and alive then.
+        roles: names the older blocks by role (parameters, optimizer state) where it can.
+        spans: names allocations without a Python stack by the span they ran in.
+        frame_cache: formatted frames by the id of their frames object, shared across calls.
+    """
+    if roles is not None:
+        # Blocks older than the trace that the role map names: grouped by their role.
+        older = [
+            b if (f := roles.category_frames(b.get("addr", b.get("address")))) is None else {**b, "frames": f}
+            for b in older
+        ]
+    at: list[Mapping[str, Any]] = list(live.values())
+    if spans:
+        # Allocations with no Python stack (the autograd engine's thread): named by their span.
+        bare = [k for k, e in enumerate(at) if not e.get("frames")]
+        bare.sort(key=lambda k: at[k].get("time_us") or 0)
+        for k, name in zip(bare, spans.names(at[k].get("time_us") or 0 for k in bare), strict=True):
+            f = spans.frames(name)
+            if f is not None:
+                at[k] = {**at[k], "frames": f}
+    groups: dict[tuple[str, ...], StackGroup] = {}
+    for block in [*at, *older]:
+        frames_obj = block.get("frames")
+        key = frame_cache.get(id(frames_obj)) if frames_obj is not None else None
+        if key is None:
+            key = _format_frames(frames_obj) or (NO_STACK,)
+            if frames_obj is not None:
+                frame_cache[id(frames_obj)] = key
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = StackGroup(frames=key)
+        g.bytes += _requested(block)
+        g.count += 1
+    ranked = sorted(groups.values(), key=lambda g: (-g.bytes, g.frames))
+    return ranked, sum(g.count for g in groups.values())
 
 
 def _requested(block: Mapping[str, Any]) -> int:

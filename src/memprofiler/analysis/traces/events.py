@@ -31,7 +31,7 @@ TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 OP, ANNOTATION, MODULE, STEP = 0, 1, 2, 3
 #: Device span kinds.
 KERNEL, MEMCPY, MEMSET = 0, 1, 2
-_DEVICE_CATS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
+DEVICE_CATS = {"kernel": KERNEL, "gpu_memcpy": MEMCPY, "gpu_memset": MEMSET}
 #: c10 ``DeviceType`` numbers a ``[memory]`` event's ``Device Type`` holds.
 _DEVICE_TYPES = {0: "CPU", 1: "GPU", 12: "XPU", 13: "MPS", 20: "PrivateUse1"}
 #: Lightning's annotations in a trace: each profiler action, and each module's forward
@@ -41,7 +41,7 @@ LIGHTNING_ACTION_PREFIX = "[pl][profile]"
 LIGHTNING_MODULE_PREFIX = "[pl][module]"
 #: Lightning's module spans and torch's (``with_modules`` / ``with_stack``).
 MODULE_PREFIXES = (LIGHTNING_MODULE_PREFIX, "nn.Module: ")
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"_rank_(\d+)\.")
 _RANK_IN_HEADER = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
 _BASE_IN_HEADER = re.compile(rb'"baseTimeNanoseconds"\s*:\s*(\d+)')
@@ -451,7 +451,7 @@ def number(v: Any) -> float | int | None:
     return None
 
 
-def _int(v: Any, default: int = -1) -> int:
+def int_or(v: Any, default: int = -1) -> int:
     n = number(v)
     if n is None:
         return default
@@ -461,12 +461,14 @@ def _int(v: Any, default: int = -1) -> int:
         return default
 
 
-def _shapes_text(dims: list[Any]) -> str:
-    return "[" + ", ".join(str([_int(x, 0) for x in d]) if isinstance(d, list) else "[]" for d in dims) + "]"
+def shapes_text(dims: list[Any]) -> str:
+    return (
+        "[" + ", ".join(str([int_or(x, 0) for x in d]) if isinstance(d, list) else "[]" for d in dims) + "]"
+    )
 
 
 def memory_device(args: EventArgs) -> str:
     """The device of a ``[memory]`` event from its ``args``: ``CPU``, ``GPU0``, ``MPS0``..."""
-    dtype, did = _int(args.device_type, 0), _int(args.device_id)
+    dtype, did = int_or(args.device_type, 0), int_or(args.device_id)
     label = _DEVICE_TYPES.get(dtype, f"device type {dtype} ")
     return label if dtype == 0 else f"{label}{max(did, 0)}"

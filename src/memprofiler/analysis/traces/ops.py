@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from memprofiler.analysis.traces.events import MODULE_PREFIXES
 
 #: Factory operators the memory events table names with their caller, ``caller (aten::empty)``.
-_FACTORIES = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_"})
+FACTORIES = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::resize_"})
 
 
 @dataclass

@@ -20,7 +20,7 @@ DATA_LOADING = (
     LIGHTNING_ACTION_PREFIX + "[_TrainingEpochLoop].train_dataloader_next",
 )
 #: Host operators of a collective (gloo/NCCL process groups, c10d functional collectives).
-_COMM_OPS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "_c10d_functional::")
+COMM_OPS = ("c10d::", "gloo:", "nccl:", "record_param_comms", "_c10d_functional::")
 
 
 @dataclass

@@ -46,25 +46,25 @@ from typing import Any
 import numpy as np
 
 from memprofiler.analysis.traces.events import (
-    _DEVICE_CATS,
-    _STEP,
+    DEVICE_CATS,
     KERNEL,
     MEMCPY,
     MEMSET,
     MODULE_PREFIXES,
+    STEP_NAME,
     Event,
     EventArgs,
-    _int,
-    _shapes_text,
     checked_header,
+    int_or,
     iter_events,
     memory_device,
     number,
+    shapes_text,
 )
 from memprofiler.analysis.traces.memory import CURVE_POINTS, DeviceMemory, MemPair, MemStat
-from memprofiler.analysis.traces.ops import _FACTORIES, OpRow, module_name
+from memprofiler.analysis.traces.ops import FACTORIES, OpRow, module_name
 from memprofiler.analysis.traces.steps import (
-    _COMM_OPS,
+    COMM_OPS,
     DATA_LOADING,
     STEP_PARTS,
     RankRow,
@@ -97,7 +97,7 @@ _TORCH_MOD = 2
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
-_WANTED = frozenset({*_DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
+_WANTED = frozenset({*DEVICE_CATS, "cuda_runtime", "cuda_driver", "cpu_op", "user_annotation"})
 _CHUNK = 65536
 
 
@@ -551,18 +551,18 @@ class _Reader:
         if cat == "cpu_op":
             self._op(ev, name, ts, dur, end, seq)
             return
-        if cat in _DEVICE_CATS:
+        if cat in DEVICE_CATS:
             self.any_device = True
             if end > self.end:
                 self.end = end
-            kind = _DEVICE_CATS[cat]
+            kind = DEVICE_CATS[cat]
             if kind != KERNEL:
                 self.device_kind[kind].add(ts, end)
             else:
                 low = name.lower()
                 comm = "nccl" in low or "rccl" in low
                 (self.comm_kernels if comm else self.compute_kernels).add(ts, end)
-            e = _clamp(_int(ev.args.ext)) if ev.args is not None else -1
+            e = _clamp(int_or(ev.args.ext)) if ev.args is not None else -1
             if e >= 0:
                 self.kernel_ext.add(e)
                 self.kernel_dur.add(dur)
@@ -573,7 +573,7 @@ class _Reader:
         if cat == "user_annotation":
             if end > self.end:
                 self.end = end
-            if _STEP.match(name):
+            if STEP_NAME.match(name):
                 self.step_windows.append((name, ts, end))
                 return
             if not name.startswith(MODULE_PREFIXES):
@@ -595,7 +595,7 @@ class _Reader:
             else:
                 kind = _TORCH_MOD  # dropped in the ordered pass when Lightning's spans are present
         ext = args.ext
-        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+        ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
 
     def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
@@ -605,7 +605,7 @@ class _Reader:
         n = self.ix.get(name)
         if n is None:
             n = self.intern(name)
-            self.comm_names[n] = name.startswith(_COMM_OPS)
+            self.comm_names[n] = name.startswith(COMM_OPS)
         t = self._thread(ev)
         th = self.thread_list[t]
         args = ev.args
@@ -619,10 +619,10 @@ class _Reader:
                 raw = repr(dims)  # the same dims give the same text: convert each once
                 sid = self.shape_ids.get(raw)
                 if sid is None:
-                    sid = self.shape_ids[raw] = self.intern(_shapes_text(dims))
+                    sid = self.shape_ids[raw] = self.intern(shapes_text(dims))
                 c[sid] += 1
             ext = args.ext
-            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(_int(ext))
+            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.calls.add(ts, n)
         (th.comm if self.comm_names[n] else th.ops).add(ts, end)
         pending = self.records.pending
@@ -647,7 +647,7 @@ class _Reader:
         for key, v in (("Total Allocated", args.allocated), ("Total Reserved", args.reserved)):
             if v.__class__ is not int and v is not None:
                 self.fields.seen(key, v, number(v) is not None)
-        nbytes = _clamp(_int(raw, 0))
+        nbytes = _clamp(int_or(raw, 0))
         if nbytes == 0:
             return
         try:
@@ -660,10 +660,10 @@ class _Reader:
         self.records.add(
             (
                 ts, 1, 0.0, j, self._thread(ev), 0, dev,
-                (addr if addr.__class__ is int else _int(addr, 0)) % (1 << 63),
+                (addr if addr.__class__ is int else int_or(addr, 0)) % (1 << 63),
                 nbytes,
-                _clamp(allocated if allocated.__class__ is int else _int(allocated, 0)),
-                _clamp(reserved if reserved.__class__ is int else _int(reserved, 0)),
+                _clamp(allocated if allocated.__class__ is int else int_or(allocated, 0)),
+                _clamp(reserved if reserved.__class__ is int else int_or(reserved, 0)),
             )
         )  # fmt: skip
 
@@ -744,7 +744,7 @@ class _Reader:
         label = -1
         if ops:
             inner = self.names[ops[0]]
-            if inner in _FACTORIES and len(ops) > 1:
+            if inner in FACTORIES and len(ops) > 1:
                 label = self.intern(f"{self.names[ops[1]]} ({inner})")
             else:
                 label = ops[0]

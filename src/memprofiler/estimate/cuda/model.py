@@ -9,13 +9,15 @@ workspaces and the custom-op census see what it became.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
-from memprofiler.estimate.allocator.caching import AllocatorConfig
+from memprofiler.estimate.allocator.conf import AllocConf
 from memprofiler.estimate.cuda.dispatch import CudaDispatch
+from memprofiler.estimate.cuda.environment import allocator_note, workspace_notes
 from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
 from memprofiler.estimate.cuda.margins import CustomOps, Margin, margins
 from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
@@ -40,8 +42,9 @@ class Workspaces(Part):
     """cuBLAS / cuBLASLt / cuDNN workspaces held, and cuDNN's convolution scratch as a transient
     with its what-if envelope (a margin through the allocator's twin)."""
 
-    def __init__(self, target: CudaTarget, tracker: Any) -> None:
-        self.plan = WorkspacePlan.for_target(target)
+    def __init__(self, target: CudaTarget, plan: WorkspacePlan, tracker: Any) -> None:
+        self.target = target
+        self.plan = plan
         self.blas = BlasWorkspaces(self.plan, tracker.hold, tracker.transient)
         self._allocator = tracker.ledger.allocator
 
@@ -60,7 +63,7 @@ class Workspaces(Part):
         if self.plan.held:
             parts = ", ".join(f"{name} thread {n:,} B" for name, n in self.plan.held.items())
             notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
-        return notes
+        return notes + workspace_notes(self.target, self.plan, os.environ)
 
     def margins(self) -> list[tuple[str, int]]:
         twin = getattr(self._allocator, "mirror", None)
@@ -152,23 +155,12 @@ class Optimizer(Part):
 class Allocator(Part):
     """The caching allocator's settings, and what it released to make room."""
 
-    def __init__(self, config: AllocatorConfig, tracker: Any) -> None:
-        self._config = config
+    def __init__(self, conf: AllocConf, tracker: Any) -> None:
+        self._conf = conf
         self._allocator = tracker.ledger.allocator
 
     def notes(self, notes: list[str]) -> list[str]:
-        conf = self._config
-        out = [
-            *notes,
-            f"caching allocator: {conf.describe()}"
-            + (f"; not modelled: {', '.join(conf.ignored)}" if conf.ignored else "")
-            + (
-                "; garbage_collection_threshold acts only under torch.cuda.set_per_process_memory_fraction, "
-                "which the estimate does not assume"
-                if conf.garbage_collection_threshold
-                else ""
-            ),
-        ]
+        out = [*notes, allocator_note(self._conf)]
         if self._allocator.released:
             out.append(
                 f"the allocator released {self._allocator.released:,} B of cached segments to make room "
@@ -185,12 +177,13 @@ class CudaModel:
         target: CudaTarget,
         tracker: Any,
         optimizer: torch.optim.Optimizer,
-        config: AllocatorConfig,
+        conf: AllocConf,
+        workspaces: WorkspacePlan,
         steps: int,
     ) -> None:
         self.target = target
         self.custom = CustomOps()
-        self.workspaces = Workspaces(target, tracker)
+        self.workspaces = Workspaces(target, workspaces, tracker)
         self.parts: list[Part] = [
             Optimizer(optimizer, tracker),
             _Mode(self.custom),
@@ -198,13 +191,14 @@ class CudaModel:
             Scratch(target, tracker),
             Stats(),
             Dispatch(target, steps),
-            Allocator(config, tracker),
+            Allocator(conf, tracker),
         ]
 
     def workspace_bytes(self) -> dict[str, int]:
         return self.workspaces.plan.by_kind()
 
-    def margins(self, model: nn.Module, peak: int, strategy: str, world_size: int) -> list[Margin]:
-        """Every stated margin: the parts' own, then those :func:`margins` finds in the model."""
+    def margins(self, models: list[nn.Module], peak: int, strategy: str, world_size: int) -> list[Margin]:
+        """Every stated margin: the parts' own, then those :func:`margins` finds in the models (the
+        caller's and the estimate's copy)."""
         stated = [m for part in self.parts for m in part.margins()]
-        return margins(model, peak, strategy, world_size, self.custom.names, cudnn=stated)
+        return margins(models, peak, strategy, world_size, self.custom.names, cudnn=stated)

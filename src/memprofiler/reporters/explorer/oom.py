@@ -126,6 +126,28 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def when_text(step: int | None, calls: Mapping[str, int]) -> str:
+    """When the OOM happened, in the explorer's numbering of calls (from 1), the Trainer's step
+    (``global_step``, from 0) beside it, so that "step 3" and "call 4" are not read as two times.
+
+    Example:
+        >>> when_text(3, {"training_step": 4})
+        'in training_step call 4 (calls are numbered from 1, as the explorer marks them; Trainer step 3, counted from 0)'
+    """
+    if not calls:
+        return (
+            f"Trainer step {step:,} (counted from 0)"
+            if step is not None
+            else ("step not recorded (the OOM record's YAML has it)")
+        )
+    trainer = f"; Trainer step {step:,}, counted from 0" if step is not None else ""
+    if len(calls) == 1:
+        ((fn, n),) = calls.items()
+        return f"in {fn} call {n:,} (calls are numbered from 1, as the explorer marks them{trainer})"
+    so_far = ", ".join(f"{fn} {c:,}" for fn, c in calls.items())
+    return f"calls so far: {so_far} (numbered from 1, as the explorer marks them{trainer})"
+
+
 def banner_html(v: OomView) -> str:
     """The banner at the top of the page: the failure in one sentence, then where the page starts."""
     free = f"{b(v.free)} free" if v.free is not None else "free memory not recorded"
@@ -135,8 +157,7 @@ def banner_html(v: OomView) -> str:
         else " (total: not in the pickle; see the OOM record's YAML)"
     )
     when = f" (t={v.time_s:.6f} s)" if v.time_s is not None else ""
-    step = f"step {v.step:,}" if v.step is not None else "step not recorded (the OOM record's YAML has it)"
-    calls = ", ".join(f"{escape(n)} {c:,}" for n, c in v.calls.items())
+    step = escape(when_text(v.step, v.calls), quote=False)
     at = (
         f"at <b class='mp-oom-frame' title='{escape(v.frame_path or '', quote=True)}'>{escape(v.frame)}</b>"
         if v.frame
@@ -148,7 +169,7 @@ def banner_html(v: OomView) -> str:
         f" data-total='{v.total if v.total is not None else ''}' data-index='{v.index}'>"
         f"<b>Out of memory on device {v.device}</b> at entry {v.index:,}{when}: "
         f"<b class='mp-oom-req'>{b(v.requested)} requested</b>, {free}{total}; "
-        f"{step}{' (calls so far: ' + calls + ')' if calls else ''}; {at}.<br>"
+        f"{step}; {at}.<br>"
         f"<span class='muted'>When it failed: {b(v.active)} active (requested), {b(v.reserved)} reserved. "
         f"The timeline opens on entries {v.t0:,}-{v.t1 - 1:,}, the last before the failure, and the tree "
         f"below shows what was live at it (“whole trace” zooms out).{more}</span></div>"

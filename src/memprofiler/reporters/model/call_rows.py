@@ -8,7 +8,14 @@ from typing import Any
 
 from memprofiler import layout, metrics
 from memprofiler.analysis.runs.artifacts import RunArtifacts
-from memprofiler.reporters.model.call_table import _NA, PER_CALL_LIMIT, CallTable, _breakdown_key, _col, _int
+from memprofiler.reporters.model.call_table import (
+    NA,
+    PER_CALL_LIMIT,
+    CallTable,
+    breakdown_key,
+    column_value,
+    int_or_none,
+)
 from memprofiler.reporters.model.figures import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, STORED
 
 __all__ = ["CUDA_ALLOCATED_PEAK", "CUDA_RESERVED_PEAK", "call_rows"]
@@ -25,10 +32,10 @@ class _Rows:
 
 def call_rows(run: RunArtifacts) -> CallTable:
     """Merge each call's ``start`` and ``end`` snapshots into one row, ordered by rank, fn, call."""
-    return _call_rows(run, bounded=False).calls
+    return read_rows(run, bounded=False).calls
 
 
-def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
+def read_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
     """:func:`call_rows`, reading the snapshots once (a streamed run a block at a time).
 
     ``bounded``: beyond :data:`PER_CALL_LIMIT` calls with a per-module breakdown, a row keeps
@@ -55,7 +62,7 @@ def _call_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
         if i is None:
             i = index[k] = t._add(rank, f, call)
         for col, metric in reads[phase]:
-            col[i] = _col(m.get(metric))
+            col[i] = column_value(m.get(metric))
         if phase == "start":
             continue
         by_mod = _by_module(m.get(metrics.SAVED_BY_MODULE))
@@ -78,7 +85,7 @@ def _by_module(v: Any) -> Mapping[str, int] | None:
         return None
     if set(map(type, v.values())) <= {int} and set(map(type, v)) <= {str}:
         return v  # as loaded: shared, not copied
-    return {str(k): int(x) for k, x in v.items() if _int(x) is not None}
+    return {str(k): int(x) for k, x in v.items() if int_or_none(x) is not None}
 
 
 class _Breakdowns:
@@ -110,7 +117,7 @@ class _Breakdowns:
                 peaks[mod] = (b, order, i)
         self.count += 1
         saved = t.figures["saved_unique"][i]
-        mine = _breakdown_key(None if saved == _NA else saved, call)
+        mine = breakdown_key(None if saved == NA else saved, call)
         shown = self.drawn.get(rank)
         if shown is None or mine > shown[0]:
             self.drawn[rank], loser = (mine, i), (shown[1] if shown is not None and shown[1] != i else None)
@@ -149,5 +156,5 @@ class _TrackerPeaks:
         return {
             k.split(".peak.", 1)[1]: int(v)
             for k, v in m.items()
-            if k.startswith(_TRACKER_PEAK_PREFIXES) and _int(v) is not None
+            if k.startswith(_TRACKER_PEAK_PREFIXES) and int_or_none(v) is not None
         }

@@ -99,7 +99,7 @@ for _f in CALL_FIGURES:
 
 
 # "No value" in a column (an int64 no byte count reaches).
-_NA = -(2**63)
+NA = -(2**63)
 
 
 class CallTable(Sequence[CallRow]):
@@ -130,7 +130,7 @@ class CallTable(Sequence[CallRow]):
         for r in rows:
             i = t._add(r.rank, ix.setdefault(r.fn, len(ix)), r.call)
             for f, v in zip(STORED, r.values, strict=True):
-                t.figures[f.attr][i] = _col(v)
+                t.figures[f.attr][i] = column_value(v)
             if r.by_module:
                 t.by_module[i] = r.by_module
             if r.tracker_peaks:
@@ -148,7 +148,7 @@ class CallTable(Sequence[CallRow]):
         self.fn.append(fn)
         self.call.append(call)
         for col in self.figures.values():
-            col.append(_NA)
+            col.append(NA)
         return len(self.call) - 1
 
     @overload
@@ -165,7 +165,7 @@ class CallTable(Sequence[CallRow]):
             i += n
         if not 0 <= i < n:
             raise IndexError(i)
-        vals = [None if (v := col[i]) == _NA else v for col in self.figures.values()]
+        vals = [None if (v := col[i]) == NA else v for col in self.figures.values()]
         return _row(
             self.rank[i],
             self.fns[self.fn[i]],
@@ -183,24 +183,24 @@ class CallTable(Sequence[CallRow]):
                 rank,
                 fns[fn],
                 call,
-                [None if v == _NA else v for v in vals],
+                [None if v == NA else v for v in vals],
                 by_module.get(i),
                 tracker_peaks.get(i),
             )
 
     def column(self, figure: str, rows: range | None = None) -> array[int]:
         """A figure by :attr:`~memprofiler.reporters.model.figures.Figure.name` over ``rows`` (default
-        all): a value per row, ``_NA`` where a call lacks it."""
+        all): a value per row, ``NA`` where a call lacks it."""
         lo, hi = (0, len(self.call)) if rows is None else (rows.start, rows.stop)
         fig = BY_NAME[figure]
         if fig.minus is None:
             return self.figures[fig.attr][lo:hi]
         a, b = (self.figures[f][lo:hi] for f in fig.minus)
-        return array("q", (_NA if _NA in (x, y) else x - y for x, y in zip(a, b, strict=True)))
+        return array("q", (NA if NA in (x, y) else x - y for x, y in zip(a, b, strict=True)))
 
     def has(self, figure: str) -> bool:
         """Whether any call has ``figure`` (a :attr:`~memprofiler.reporters.model.figures.Figure.name`)."""
-        return any(v != _NA for v in self.column(figure))
+        return any(v != NA for v in self.column(figure))
 
     def groups(self) -> list[tuple[int, str, range]]:
         """``(rank, function, rows)``: each function's calls on each rank, one run of rows each."""
@@ -218,8 +218,8 @@ class CallTable(Sequence[CallRow]):
         """Call numbers and values of ``figure`` over ``rows``, where a call has it."""
         col = self.column(figure, rows)
         calls = self.call[rows.start : rows.stop]
-        xs = array("q", (c for c, v in zip(calls, col, strict=True) if v != _NA))
-        return xs, array("q", (v for v in col if v != _NA))
+        xs = array("q", (c for c, v in zip(calls, col, strict=True) if v != NA))
+        return xs, array("q", (v for v in col if v != NA))
 
     def label(self, i: int) -> str:
         """``rank {rank} {fn} #{call}`` of row ``i``."""
@@ -281,11 +281,11 @@ def _is_finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _num(v: Any) -> float:
+def num_or_zero(v: Any) -> float:
     return float(v) if _is_finite_number(v) else 0.0
 
 
-def _int(v: Any) -> int | None:
+def int_or_none(v: Any) -> int | None:
     if type(v) is int:  # nearly always: 700,000 times for 100,000 calls
         return v
     # NaN/inf (an edited YAML) has no byte count: shown as "-" rather than a traceback.
@@ -295,14 +295,14 @@ def _int(v: Any) -> int | None:
 def breakdown_rank(c: CallRow) -> tuple[int, int]:
     """Which call of a rank the report draws the per-module breakdown of: the largest
     ``saved_unique``, the earliest of equals (the largest of these keys)."""
-    return _breakdown_key(c.saved_unique, c.call)
+    return breakdown_key(c.saved_unique, c.call)
 
 
-def _breakdown_key(saved_unique: int | None, call: int) -> tuple[int, int]:
+def breakdown_key(saved_unique: int | None, call: int) -> tuple[int, int]:
     return (saved_unique or 0, -call)
 
 
-def _col(v: Any) -> int:
-    """A snapshot value as a column entry: its byte count, or ``_NA``."""
-    i = _int(v)
-    return _NA if i is None or not -(2**63) < i < 2**63 else i
+def column_value(v: Any) -> int:
+    """A snapshot value as a column entry: its byte count, or ``NA``."""
+    i = int_or_none(v)
+    return NA if i is None or not -(2**63) < i < 2**63 else i

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprofiler.analysis.traces.memory_categories import CategoryTimeline
-from memprofiler.reporters.model.call_table import _NA, CallRow, CallTable
+from memprofiler.reporters.model.call_table import NA, CallRow, CallTable
 
 #: The parts of a bar, in drawing order: (key, label, colour).
 PARTS: tuple[tuple[str, str, str], ...] = (
@@ -136,8 +136,8 @@ def top_calls(calls: CallTable, n: int) -> tuple[list[int], dict[str, int]]:
         tp = calls.tracker_peaks.get(i)
         found = peak_of(
             tp.get("total") if tp else None,
-            None if cuda[i] == _NA else cuda[i],
-            None if rss[i] == _NA else rss[i],
+            None if cuda[i] == NA else cuda[i],
+            None if rss[i] == NA else rss[i],
         )
         if found is not None:
             kinds.setdefault(found[0], []).append((found[1], -i))

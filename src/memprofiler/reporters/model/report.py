@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memprofiler.analysis.runs.artifacts import RunArtifacts
-from memprofiler.reporters.model.call_rows import _call_rows, call_rows
+from memprofiler.reporters.model.call_rows import call_rows, read_rows
 from memprofiler.reporters.model.call_table import (
-    _NA,
+    NA,
     PER_CALL_LIMIT,
     CallRow,
     CallTable,
-    _num,
     breakdown_rank,
+    num_or_zero,
 )
 from memprofiler.reporters.model.figures import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, FIGURES
 from memprofiler.reporters.model.snapshots import SnapshotEntry, snapshot_entries, snapshot_title
@@ -69,7 +69,7 @@ class ReportModel:
         out = []
         for rank, fn, rows in self.calls.groups():
             bands = {
-                name: Band.of([v for v in self.calls.column(name, rows) if v != _NA]) for name, _ in FIGURES
+                name: Band.of([v for v in self.calls.column(name, rows) if v != NA]) for name, _ in FIGURES
             }
             out.append(FunctionStats(rank, fn, len(rows), {k: b for k, b in bands.items() if b}))
         return out  # the table's groups come in rank and function order
@@ -77,7 +77,7 @@ class ReportModel:
     def top_calls(self, n: int, figure: str = "rss peak") -> list[CallRow]:
         """The ``n`` calls with the largest ``figure`` (a :data:`FIGURES` name), largest first."""
         col = self.calls.column(figure)
-        best = heapq.nlargest(n, (i for i, v in enumerate(col) if v != _NA), key=col.__getitem__)
+        best = heapq.nlargest(n, (i for i, v in enumerate(col) if v != NA), key=col.__getitem__)
         return [self.calls[i] for i in best]
 
     def top_saved_modules(self, n: int | None = 10) -> list[tuple[str, int, str]]:
@@ -106,7 +106,7 @@ class ReportModel:
                 for metric, stats in metrics.items():
                     if isinstance(stats, Mapping) and "max" in stats:
                         rows.append((str(key), str(metric), dict(stats)))
-        rows.sort(key=lambda r: (-_num(r[2].get("imbalance")), r[0], r[1]))
+        rows.sort(key=lambda r: (-num_or_zero(r[2].get("imbalance")), r[0], r[1]))
         return rows
 
     def tracker_rows(self) -> tuple[list[str], list[tuple[CallRow, Mapping[str, int]]]]:
@@ -173,7 +173,7 @@ def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
     Raises:
         ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
     """
-    rows = _call_rows(run)
+    rows = read_rows(run)
     model = ReportModel(run=run, calls=rows.calls, snapshots=snapshot_entries(run, top))
     model._saved_modules = rows.module_peaks
     return model

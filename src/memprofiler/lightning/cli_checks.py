@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import MemProfilerConfig, urls
 from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.lightning.cli_parser import config_entries, get_dotted, to_dict
-from memprofiler.output import remote, urls
+from memprofiler.output import remote
 from memprofiler.output.remote import RemoteDir, is_url
 from memprofiler.output.run_dir import check_writable
 

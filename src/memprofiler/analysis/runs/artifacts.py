@@ -492,11 +492,6 @@ def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, f
     return out
 
 
-def flat_snapshots(run: RunArtifacts) -> dict[str, dict[str, float]]:
-    """Snapshot key -> numeric metrics, every rank."""
-    return {key: flatten_metrics(m) for key, m in run.snapshots().items()}
-
-
 def match_any(name: str, patterns: Iterable[str]) -> bool:
     """Whether ``name`` matches one of the shell-style ``patterns`` (all names match no patterns)."""
     pats = list(patterns)

@@ -24,7 +24,7 @@ from memprofiler.analysis.snapshot.calls import call_ranges, entry_range, read_i
 from memprofiler.analysis.snapshot.lod import level_of_detail
 from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay
 from memprofiler.analysis.snapshot.roles import role_index
-from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, analyze, load_snapshot
+from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, load_snapshot
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer.oom import banner_html, oom_view
 from memprofiler.reporters.explorer.oom import meta as oom_meta
@@ -207,12 +207,6 @@ def _page(source: str, meta: dict[str, Any], blob: str, summary: str, banner: st
     return page(
         f"allocation explorer: {base}", body, style=asset("explorer.css"), script=asset("explorer.js")
     )
-
-
-def render_explorer(data: Mapping[str, Any], source: str, top: int = 10) -> tuple[SnapshotAnalysis, str]:
-    """Analyse ``data`` and build its explorer page (see :func:`build_explorer`)."""
-    analysis = analyze(data, source, top=top)
-    return analysis, build_explorer(data, source, analysis, top)
 
 
 def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str]]:

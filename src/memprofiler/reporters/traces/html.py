@@ -103,6 +103,8 @@ def _trace_html(tv: TraceView, n: int, top: int) -> str:
             key=ops_id(n), row_ids=[op_row_id(n, i) for i in idx], listed=top,
         )
     )  # fmt: skip
+    if tv.wrapper_note:
+        out.append(f"<p class='muted'>{escape(tv.wrapper_note)}</p>")
     if tv.modules:
         out.append(
             _ops_html(

@@ -9,8 +9,8 @@ from torch import nn
 
 from conftest import TinyMLP, make_trainer
 from memprofiler import MemProfiler, MemProfilerCallback, MemProfilerConfig, layout
+from memprofiler.config.urls import check_dir
 from memprofiler.errors import ConfigError
-from memprofiler.output.urls import check_dir
 
 CONFIG = {"schedule": {"wait": 0, "warmup": 0, "active": 1}, "collect_funcs": {"default": ["step"]}}
 
@@ -112,3 +112,23 @@ def test_a_memory_store_warns_that_it_dies_with_the_process_and_still_holds_the_
     fs = fsspec.filesystem("memory")
     stats = yaml.safe_load(fs.cat_file(f"/mp-test/run/{layout.MEMORY_STATS_YAML.format(rank=0)}"))
     assert list(stats) == ["0.step.1.start", "0.step.1.end"]
+
+
+def test_each_directory_is_checked_once_where_it_enters(tmp_path, monkeypatch):
+    # GIVEN a spy on the one check, wherever it is called from
+    from memprofiler.config import root, urls
+
+    seen: list[tuple[str, str]] = []
+    real = urls.check_dir
+
+    def spy(value, key):
+        seen.append((str(value), key))
+        real(value, key)
+
+    monkeypatch.setattr(urls, "check_dir", spy)
+    monkeypatch.setattr(root, "check_dir", spy)
+    # WHEN a profiler is built from a config naming save_dir, and one given save_dir itself
+    MemProfiler({"save_dir": str(tmp_path / "a")}, rank=0)
+    MemProfiler(CONFIG, save_dir=str(tmp_path / "b"), rank=0)
+    # THEN each directory was checked once, under the key the user wrote
+    assert seen == [(str(tmp_path / "a"), "save_dir"), (str(tmp_path / "b"), "save_dir")]

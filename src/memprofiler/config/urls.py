@@ -2,7 +2,9 @@
 (``s3:/bucket/run``, ``s3:``, ``s3:///x``, a bucket name that cannot exist) is refused with one
 line naming the key and the fix, instead of becoming a local folder named ``s3:``.
 
-Torch-free and fsspec-free (``config/`` checks ``save_dir`` with it when a config is built).
+Torch-free and fsspec-free. Each directory is checked once, where it enters: ``save_dir`` when
+a config is built, the profiler's own ``save_dir`` argument when it is built, Lightning's
+``default_root_dir`` when the callback derives its default from it.
 """
 
 from __future__ import annotations

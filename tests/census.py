@@ -34,6 +34,10 @@ class LiveBytes:
         if callable(to_local):  # a DTensor: this rank's shard is what it holds
             t = to_local()
         st = t.untyped_storage()
+        try:
+            st.data_ptr()
+        except RuntimeError:  # no storage of its own (a functional collective's autograd wrapper)
+            return
         key = st._cdata
         if key in self.live:
             return

@@ -142,3 +142,43 @@ def _real_peak(tmp_path: Path, plan: str) -> int:
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, out[-2000:]
     return int(json.loads((tmp_path / "rank0.json").read_text())["peak"])
+
+
+def _estimate(plan: str, device: str = "cpu"):
+    from memprofiler.estimate import EstimatePlan, estimate_plan
+
+    parallelize, shape, names = PLANS[plan]
+    with torch.device("meta"):
+        model = Net()
+    return estimate_plan(
+        model,
+        batch(),
+        EstimatePlan(
+            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+            loss_fn=loss_fn,
+            strategy="fsdp" if plan == "fsdp_tp" else "tp",
+            world_size=2,
+            mesh_shape=shape,
+            mesh_dim_names=names,
+            parallelize=parallelize,
+            device=device,
+            steps=STEPS,
+        ),
+    )
+
+
+def test_tensor_parallel_parameters_are_each_ranks_shard():
+    est = _estimate("tp_mlp")
+    # up (256 x 64) split by rows, down (64 x 256) by columns: half of each on rank 0; the rest whole
+    whole = (V * D + 2 * D + 2 * D + V * D) * 4
+    assert est.resident["parameters"] == whole + (4 * D * D) * 4
+    assert est.resident["gradients"] == est.resident["parameters"]
+    assert est.resident["optimizer_state"] == 2 * est.resident["parameters"] + 8 * 4  # AdamW: 2 moments, steps
+
+
+@pytest.mark.slow
+def test_megatron_mlp_equals_a_real_two_rank_gloo_run(tmp_path):
+    # GIVEN a column-/row-wise MLP over 2 ranks, estimated on the fake mesh
+    est = _estimate("tp_mlp")
+    # THEN its tensor view is the real run's live tensor bytes, to the byte
+    assert est.tensor_peak_bytes == _real_peak(tmp_path, "tp_mlp")

@@ -86,13 +86,18 @@ def fsdp_tp(model: nn.Module, mesh: Any) -> None:
     fully_shard(model, mesh=mesh["dp"])
 
 
-PLANS = {"tp_mlp": (tp_mlp, (2,), ("tp",)), "tp_sequence": (tp_sequence, (2,), ("tp",)), "fsdp_tp": (fsdp_tp, (1, 2), ("dp", "tp"))}
+PLANS = {
+    "tp_mlp": (tp_mlp, (2,), ("tp",)),
+    "tp_sequence": (tp_sequence, (2,), ("tp",)),
+    "fsdp_tp": (fsdp_tp, (1, 2), ("dp", "tp")),
+}
 
 
 def _worker(out: str, plan: str) -> None:  # pragma: no cover - runs in the subprocesses
     import torch.distributed as dist
-    from census import LiveBytes
     from torch.distributed.device_mesh import init_device_mesh
+
+    from census import LiveBytes
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -127,7 +132,9 @@ def _real_peak(tmp_path: Path, plan: str) -> int:
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
     src = str(HERE.parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, str(HERE.parent), str(HERE.parents[1]), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [src, str(HERE.parent), str(HERE.parents[1]), env.get("PYTHONPATH", "")]
+    )
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", f"import test_tp_two_ranks as t; t._worker({str(tmp_path)!r}, {plan!r})"],
@@ -173,7 +180,9 @@ def test_tensor_parallel_parameters_are_each_ranks_shard():
     whole = (V * D + 2 * D + 2 * D + V * D) * 4
     assert est.resident["parameters"] == whole + (4 * D * D) * 4
     assert est.resident["gradients"] == est.resident["parameters"]
-    assert est.resident["optimizer_state"] == 2 * est.resident["parameters"] + 8 * 4  # AdamW: 2 moments, steps
+    assert (
+        est.resident["optimizer_state"] == 2 * est.resident["parameters"] + 8 * 4
+    )  # AdamW: 2 moments, steps
 
 
 @pytest.mark.slow

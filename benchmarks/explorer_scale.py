@@ -12,7 +12,7 @@ Each variant runs in a fresh subprocess (so peak RSS is its own), in random orde
 A/A pair of the bare load as the noise floor::
 
     MALLOC_ARENA_MAX=1 python benchmarks/explorer_scale.py --entries 1000000 --rounds 5 \
-        --out benchmarks/results/explorer_scale_1M.json
+        --out benchmarks/results/explorer_scale-1M_cpu_YYYYMMDD.json
     # peak RSS of a bare load and of the conversion of an existing (5M-entry) trace:
     python benchmarks/explorer_scale.py --pickle /tmp/t5M.pickle --rounds 1 --variants load,convert
 """

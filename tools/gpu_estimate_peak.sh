@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU probe of the estimate (tools/gpu_estimate_peak.py; its DEFAULT_MODELS, or MODELS=spec,...
 # with spec name[:attention][%precision]), one device call from the repository root (the image:
-# torch 2.11 and transformers 5.17.0; session 14 ran it four times, benchmarks/results/gpu_h200_s14_probe/):
+# torch 2.11 and transformers 5.17.0; session 14 ran it four times, benchmarks/results/estimate_peak_h200_20261126/):
 #   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
 # .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
 # lacks it), installed only where the image has no transformers; .whl/tf517: 5.17.0 (measured),

@@ -40,7 +40,7 @@ MiB = 1 << 20
 def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     files = [f"/home/user/project/model_{k}.py" for k in range(20)]
-    # As torch writes them (and the real capture in ../shared/fixtures/gpu holds: 429 frame
+    # As torch writes them (and the real capture in tests/fixtures/gpu_transformer_forward_mixed.pickle holds: 429 frame
     # dicts for 438,814 frame references): each distinct frame is one dict object that every
     # stack naming it shares (the pickle memoizes it), each entry has its own list, and a stack
     # is deep: the unwinder and allocator, an operator's C++ frames, then Python frames with

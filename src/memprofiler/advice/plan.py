@@ -119,8 +119,12 @@ def micro_batch(batch: Any, rows: int) -> Any:
 
 
 def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The estimate's default loss: the output's ``loss`` (key or attribute), itself when scalar, else its sum."""
-    out = model(*batch) if isinstance(batch, (tuple, list)) else model(batch)
+    """The estimate's default loss: forward the batch (a tuple/list is unpacked), then :func:`as_loss`."""
+    return as_loss(model(*batch) if isinstance(batch, (tuple, list)) else model(batch))
+
+
+def as_loss(out: Any) -> torch.Tensor:
+    """The loss in an output: ``out["loss"]``, ``out.loss``, its first tensor, itself; summed if not scalar."""
     if isinstance(out, dict) and "loss" in out:
         out = out["loss"]
     elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "loss", None), torch.Tensor):

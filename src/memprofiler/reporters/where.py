@@ -22,6 +22,7 @@ from memprofiler.reporters.model.memory_split import (
     top_calls,
     top_with_other,
 )
+from memprofiler.reporters.model.module_groups import SavedRollup, has_blocks, top_groups
 from memprofiler.reporters.model.report import ReportModel
 from memprofiler.reporters.parts import svg
 from memprofiler.reporters.parts.assets import asset
@@ -122,12 +123,15 @@ def _capped(shown: list[CallSplit]) -> str:
 
 
 def _modules(model: ReportModel, s: CallSplit) -> str:
-    """The modules that saved the most in the call of the highest peak, with an "other" row."""
+    """The modules that saved the most in the call of the highest peak: by block and by module
+    type when the model has blocks (numbered lists), else the modules with an "other" row."""
     for i, by_module in model.calls.by_module.items():
         c = model.calls[i]
         if c.rank == s.rank and c.label == s.label and by_module:
-            rows = top_with_other(by_module, TOP_MODULES)
             total = sum(by_module.values())
+            if has_blocks(by_module):
+                return _rollup(SavedRollup.of(s.label, by_module))
+            rows = top_with_other(by_module, TOP_MODULES)
             body = [[escape(m), bytes_cell(v), f"{v / total:.1%}" if total else ""] for m, v in rows]
             return (
                 f"<div><p><b>Top modules</b> by bytes saved for backward in {escape(s.label)} "
@@ -136,6 +140,26 @@ def _modules(model: ReportModel, s: CallSplit) -> str:
                 + "</div>"
             )
     return ""
+
+
+def _rollup(r: SavedRollup) -> str:
+    """Bytes saved for backward by block and by module type across blocks."""
+    out = [
+        f"<div><p><b>Top modules</b> by bytes saved for backward in {escape(r.label)} "
+        f"({b(r.total)} in {r.modules:,} modules), by block and by module type across blocks:</p>"
+    ]
+    for head, groups, count in (("block", r.by_block, "modules"), ("module type", r.by_type, "blocks")):
+        body = [
+            [
+                escape(g.name),
+                bytes_cell(g.bytes),
+                f"{g.bytes / r.total:.1%}" if r.total else "",
+                f"{(g.modules if count == 'modules' else g.blocks) or '-'}",
+            ]
+            for g in top_groups(groups, TOP_MODULES)
+        ]
+        out.append(table([head, "saved", "share", count], body))
+    return "".join(out) + "</div>"
 
 
 def _numbers(shown: list[CallSplit], present: list[str]) -> str:

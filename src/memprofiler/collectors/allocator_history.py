@@ -47,8 +47,8 @@ from memprofiler.output.writers import write_json, write_pickle
 
 #: Prefix of this collector's holders in :class:`HistoryRecording`, one per open window.
 WINDOW_HOLDER = "window:"
-#: Format version of the window index file.
-INDEX_VERSION = 1
+#: Format version of the window index file (2: ``run_id`` and ``digest`` tie it to its recording).
+INDEX_VERSION = 2
 #: The first look at the ring in a part, after this many calls: it measures entries per call.
 FIRST_PROBE = 2
 #: Fraction of the ring a part may fill before the next part starts.
@@ -87,6 +87,7 @@ class AllocatorHistoryCollector(BaseCollector):
         self._options = options
         self._save_dir: Path | None = None
         self._rank = 0
+        self._view: ProfilerView | None = None
         self._module: nn.Module | None = None
         self._ctx_module: nn.Module | None = None
         self._optimizers: Sequence[torch.optim.Optimizer] = ()
@@ -106,6 +107,7 @@ class AllocatorHistoryCollector(BaseCollector):
         """Learn where to write; called once by the profiler at set-up."""
         self._save_dir = view.save_dir
         self._rank = view.rank
+        self._view = view
 
     def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """The model and optimizers whose blocks are named at each window's start."""
@@ -217,8 +219,10 @@ class AllocatorHistoryCollector(BaseCollector):
             "rank": self._rank,
             "window": self._part,
             "pickle": pickle_name,
+            "run_id": getattr(self._view, "run_id", None),
             "ring_entries": self._recording.ring_entries,
             "trace_entries": entries,
+            "digest": layout.recording_digest(snap),
             "calls": [dict(c) for c in self._calls],
             "roles": self._roles,
         }

@@ -252,18 +252,19 @@ def test_a_call_of_a_window_recording_and_its_explorer(tmp_path, capsys):
     out = tmp_path / "w.html"
     assert main(["snapshot", str(path), "--call", "train_step:3", "--html", str(out)]) == 0
     end = capsys.readouterr().out
-    # THEN each shows the recording as it stood then: 6 entries before call 3 (calls 1-2), 9 after
-    assert "train_step:3 at its start" in start and "device 0: 6 trace entries" in start
-    assert "train_step:3 at its end" in end and "device 0: 9 trace entries" in end
+    # THEN each shows the recording as it stood then: 7 entries before call 3 (calls 1-2 and the
+    # snapshot that looked at the ring after call 2), 10 after
+    assert "train_step:3 at its start" in start and "device 0: 7 trace entries" in start
+    assert "train_step:3 at its end" in end and "device 0: 10 trace entries" in end
     # AND the calls marked in the recording are listed with their entries
-    assert "calls marked in this recording (2): train_step:2 (entries 3-5), train_step:3 (entries 6-8)" in end
+    assert "calls marked in this recording (2): train_step:2 (entries 3-5), train_step:3 (entries 7-9)" in end
     # AND the blocks older than the recording are the model's parameters, by role
     assert "parameter" in end and "(no stack recorded)" not in end
     # AND the explorer carries the calls' entry ranges and opens on call 3
     meta = json.loads(out.read_text().split("id='mp-meta'>", 1)[1].split("</script>", 1)[0])
     assert meta["calls"] == [
         {"key": "train_step:2", "ranges": {"0": [3, 6]}},
-        {"key": "train_step:3", "ranges": {"0": [6, 9]}},
+        {"key": "train_step:3", "ranges": {"0": [7, 10]}},
     ]
     assert meta["select"] == "train_step:3"
     assert "parameter `weight`" in meta["strings"] and "parameter `bias`" in meta["strings"]
@@ -292,7 +293,7 @@ def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
     # (each index names its run and digests its recording)
     manifest = (tmp_path / "mine" / "memprofiler_run.yaml").read_text()
     assert mine["run_id"] and f"run_id: {mine['run_id']}" in manifest
-    assert mine["trace_entries"] == 9 and len(mine["digest"]) == 32
+    assert mine["trace_entries"] == 10 and len(mine["digest"]) == 32
     shutil.copy(other.with_suffix(".json"), path.with_suffix(".json"))
     # WHEN a call only the foreign index lists is asked for
     assert main(["snapshot", str(path), "--call", "train_step:6"]) == 2
@@ -302,12 +303,12 @@ def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
     warning, error = err.strip().splitlines()
     assert warning == (
         f"memprofiler snapshot: warning: {path.with_suffix('.json')}: not the index of the recording beside "
-        "it (it lists 19 trace entries, the recording holds 9); ignored: the calls are read from the "
+        "it (it lists 19 trace entries, the recording holds 10); ignored: the calls are read from the "
         "recording's own marks (re-copy both files of the window together)"
     )
     assert "no call train_step:6 is marked in it (calls marked: train_step:2, train_step:3)" in error
     # AND an index with the same entry count but another recording's digest is refused too
-    forged = {**json.loads(other.with_suffix(".json").read_text()), "trace_entries": 9}
+    forged = {**json.loads(other.with_suffix(".json").read_text()), "trace_entries": 10}
     path.with_suffix(".json").write_text(json.dumps(forged))
     _, note = checked_index(path, load_snapshot_for_test(path))
     assert note is not None and "its digest of the recording's first and last entries differs" in note

@@ -53,7 +53,7 @@ if variant == "json_load":
         n = len(json.load(f)["traceEvents"])
 elif variant.startswith("scan_"):
     import re
-    from memprofiler.analysis import trace_events as te
+    from memprofiler.analysis.traces import events as te
     if variant == "scan_msgspec":
         n = sum(1 for _ in te.iter_events(path))
     elif variant == "scan_stdlib":
@@ -80,8 +80,8 @@ elif variant.startswith("scan_"):
                 pos = buf.index(b"{", cut + 1)
             n += len(orjson.loads(b"[" + buf[pos:buf.rindex(b"]")] + b"]"))
 else:
-    from memprofiler.analysis.profiler_views import build_views
-    from memprofiler.reporters.profiler_html import profiler_page
+    from memprofiler.analysis.traces.views import build_views
+    from memprofiler.reporters.traces.html import profiler_page
     views = build_views([path])
     n = views.traces[0].events
     text = profiler_page(views, "bench")

@@ -191,7 +191,7 @@ def main() -> None:
                     ours_out = out
 
         sys.path.insert(0, str(ROOT / "src"))
-        from memprofiler.analysis.snapshot import analyze, load_snapshot
+        from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
         from memprofiler.units import format_bytes
 
         ours_peak = analyze(load_snapshot(path)).devices[0].peak_allocated

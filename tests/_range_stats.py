@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memprofiler.analysis.profiler_memory import MemPair, MemStat
+from memprofiler.analysis.traces.memory import MemPair, MemStat
 
 
 def range_stats(rd: dict[str, Any], lo: float = float("-inf"), hi: float = float("inf")) -> list[MemStat]:

@@ -113,3 +113,18 @@ def test_collectors_see_the_profiler_only_through_its_view():
                 for m in _imports(path, modules)
                 if m.startswith(("memprofiler.core", "memprofiler.lightning"))
             }, name
+
+
+def test_no_private_name_is_imported_from_another_module():
+    # A name another module needs is a public name of its owner (a private *module*, such as
+    # lightning/_compat.py, is imported by its name).
+    modules = _modules()
+    offending = []
+    for name, path in sorted(modules.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("memprofiler"):
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and f"{node.module}.{alias.name}" not in modules:
+                        offending.append(f"{name} imports {node.module}.{alias.name}")
+    assert offending == []

@@ -17,7 +17,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from memprofiler.analysis.snapshot import load_snapshot
+from memprofiler.analysis.snapshot.summary import load_snapshot
 from memprofiler.errors import ArtifactError
 from memprofiler.estimate.allocator.trace import RewindError, check_trace, clean_replay, rewind
 

@@ -16,6 +16,7 @@ from memprofiler.core.decorator import memprofilable
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
+    from memprofiler.advice import Advice, advise
     from memprofiler.core.profiler import MemProfiler
     from memprofiler.estimate import MemoryEstimate, estimate_memory
     from memprofiler.lightning.callback import MemProfilerCallback
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 
 
 _LAZY = {
+    "advise": "memprofiler.advice",
+    "Advice": "memprofiler.advice",
     "MemProfiler": "memprofiler.core.profiler",
     "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
@@ -44,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Advice",
     "ArtifactError",
     "ConfigError",
     "ExtendedPyTorchProfiler",
@@ -55,6 +59,7 @@ __all__ = [
     "MemoryEstimate",
     "ProfilerHooksMixin",
     "__version__",
+    "advise",
     "estimate_memory",
     "memprofilable",
 ]

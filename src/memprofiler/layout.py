@@ -119,7 +119,8 @@ PROFILER_SUMMARY_TXT = "{stage}_rank_{rank}_summary.txt"
 # ---------------------------------------------------------------------------- runs
 #: Run manifest, written by rank 0 at set-up and rewritten at the end: ``run_id``, ``started``,
 #: ``finished`` (null while running), ``status`` (``running`` / ``finished`` / ``crashed``),
-#: ``world_size``, ``host``, ``pid``, ``memprofiler`` (version). Marks a directory as one run.
+#: ``world_size``, ``host``, ``pid``, ``memprofiler`` (version), ``notes``, and ``error`` (what
+#: ended a crashed run). Marks a directory as one run.
 RUN_MANIFEST = "memprofiler_run.yaml"
 #: A second run into a ``save_dir`` that already holds a run (live or finished) writes into the
 #: first free ``version_{n}`` under it, n >= 1, as Lightning's loggers do; nothing is overwritten.
@@ -135,7 +136,7 @@ RUN_ID_LINE = "#memprofiler-run {run_id}"
 #: Where a per-rank memory trace keeps the same id: ``otherData[TRACE_RUN_ID_KEY]``.
 TRACE_RUN_ID_KEY = "memprofiler_run_id"
 #: And the process group's world size when the rank had one (absent without): evidence that
-#: tells two runs' files apart when a rank never learned the run id (``analysis.run_evidence``).
+#: tells two runs' files apart when a rank never learned the run id (``analysis.runs.evidence``).
 TRACE_WORLD_SIZE_KEY = "memprofiler_world_size"
 #: Written after every block of top-level entries: ``#memprofiler-end entries=<n>``, ``n`` the
 #: number of top-level keys in the file up to this line. Files appended in blocks (the stats

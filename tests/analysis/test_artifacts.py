@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from memprofiler import layout
-from memprofiler.analysis import artifacts
-from memprofiler.analysis.artifacts import find_runs, load_run, parse_name
+from memprofiler.analysis.runs import artifacts
+from memprofiler.analysis.runs.artifacts import find_runs, load_run, parse_name
 from v1_files import stats, write_run
 
 SAMPLE = {
@@ -95,8 +95,8 @@ def test_manifest_notes_are_kept(tmp_path):
 
 def test_merged_node_directories_keep_the_manifest_notes_and_every_rank():
     # GIVEN rank 0's node with the manifest (and a note), rank 1's node with a streamed file
-    from memprofiler.analysis.artifacts import RunArtifacts
-    from memprofiler.analysis.multi_run import merge_runs
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
+    from memprofiler.analysis.runs.multi_dir import merge_runs
 
     node0 = RunArtifacts(
         root=Path("n0"), stats={0: {"0.f.1.end": {"rss": 1}}}, manifest={"notes": ["`g` was never called"]}
@@ -110,7 +110,7 @@ def test_merged_node_directories_keep_the_manifest_notes_and_every_rank():
 
 
 def test_a_folder_without_memprofiler_files_is_its_own_kind_of_error_even_named_by_url(tmp_path, monkeypatch):
-    from memprofiler.analysis import fs
+    from memprofiler.analysis.files import fs
     from memprofiler.errors import NoRunFilesError
 
     # GIVEN an empty folder, once read as itself and once as the local copy of a URL

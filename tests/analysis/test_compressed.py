@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from memprofiler.analysis.compressed import open_maybe_gzip, read_maybe_gzip
+from memprofiler.analysis.files.compressed import open_maybe_gzip, read_maybe_gzip
 
 
 @pytest.mark.parametrize("name", ["t.json", "t.json.gz"])

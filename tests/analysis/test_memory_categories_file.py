@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from memprofiler import layout
-from memprofiler.analysis import memory_categories
-from memprofiler.analysis.memory_categories import read_category_file
+from memprofiler.analysis.traces import memory_categories
+from memprofiler.analysis.traces.memory_categories import read_category_file
 from memprofiler.errors import ArtifactError
 
 CATS = ["parameter", "gradient", "activation", "unknown"]

@@ -10,11 +10,11 @@ from html import escape
 import pytest
 
 from _trace_orders import GPU_RUN, GPU_TRACE
-from memprofiler.analysis.memory_categories import TensorOrigin, read_category_file
-from memprofiler.analysis.peak_gap import explain, trace_device
-from memprofiler.analysis.profiler_memory import DeviceMemory
-from memprofiler.analysis.profiler_views import build_views, trace_view
-from memprofiler.reporters.profiler_html import profiler_page
+from memprofiler.analysis.traces.memory import DeviceMemory
+from memprofiler.analysis.traces.memory_categories import TensorOrigin, read_category_file
+from memprofiler.analysis.traces.peak_gap import explain, trace_device
+from memprofiler.analysis.traces.views import build_views, trace_view
+from memprofiler.reporters.traces.html import profiler_page
 
 MIB = 2**20
 

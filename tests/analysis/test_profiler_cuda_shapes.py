@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.profiler_views import build_views, trace_view
+from memprofiler.analysis.traces.views import build_views, trace_view
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 RANK0 = FIXTURES / "kineto_cuda_worker0.pt.trace.json"

@@ -11,7 +11,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from _range_stats import pairs_in, range_stats
-from memprofiler.analysis.profiler_views import build_views, trace_view
+from memprofiler.analysis.traces.views import build_views, trace_view
 from memprofiler.errors import ArtifactError
 
 #: The known allocation each step makes: 1 MiB of float32 by ``aten::ones``.

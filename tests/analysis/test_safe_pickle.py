@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from _env import subprocess_env
-from memprofiler.analysis import safe_pickle
+from memprofiler.analysis.files import safe_pickle
 from memprofiler.errors import ArtifactError
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.snapshot import NO_STACK, analyze, load_snapshot
+from memprofiler.analysis.snapshot.summary import NO_STACK, analyze, load_snapshot
 from memprofiler.errors import ArtifactError
 from snapshot_fixtures import KNOWN, ROUND_BASE, KiB, known_snapshot, rounded_snapshot, trace_only_snapshot
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.snapshot import analyze, load_snapshot
-from memprofiler.analysis.snapshot_calls import (
+from memprofiler.analysis.snapshot.calls import (
     CallRange,
     call_ranges,
     call_view,
@@ -16,6 +15,7 @@ from memprofiler.analysis.snapshot_calls import (
     find_call,
     parse_call,
 )
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from memprofiler.errors import ArtifactError
 
 DEMO = Path(__file__).parents[1] / "fixtures" / "gpu_runs" / "demo"

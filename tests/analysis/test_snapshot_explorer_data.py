@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memprofiler.analysis import snapshot_frames as sf
-from memprofiler.analysis.snapshot import analyze, load_snapshot
-from memprofiler.analysis.snapshot_lod import level_of_detail
-from memprofiler.analysis.snapshot_replay import StackTable, replay
+from memprofiler.analysis.snapshot import frames as sf
+from memprofiler.analysis.snapshot.lod import level_of_detail
+from memprofiler.analysis.snapshot.replay import StackTable, replay
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from snapshot_fixtures import KNOWN, known_snapshot, rounded_snapshot, trace_only_snapshot
 
 REAL = Path(__file__).parents[1] / "fixtures" / "gpu_transformer_forward_mixed.pickle"
@@ -65,7 +65,7 @@ def independent_replay(data, dev):
 
 def _stack_bytes(table, rep, t):
     """Per analysis stack key, the bytes the explorer's replay has live at instant ``t``."""
-    from memprofiler.analysis.snapshot import _format_frames
+    from memprofiler.analysis.snapshot.summary import _format_frames
 
     out = Counter()
     for i in rep.live_at(t):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from memprofiler.analysis import snapshot_frames as sf
-from memprofiler.analysis.snapshot import analyze, load_snapshot
-from memprofiler.analysis.snapshot_replay import StackTable, replay
+from memprofiler.analysis.snapshot import frames as sf
+from memprofiler.analysis.snapshot.replay import StackTable, replay
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from memprofiler.reporters.terminal import render_snapshot
 
 RUNS = Path(__file__).parents[1] / "fixtures" / "gpu_runs"

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis import safe_pickle, snapshot_lean
-from memprofiler.analysis.snapshot import analyze
-from memprofiler.analysis.snapshot_lean import FrameSharer
+from memprofiler.analysis.files import safe_pickle
+from memprofiler.analysis.snapshot import lean as snapshot_lean
+from memprofiler.analysis.snapshot.lean import FrameSharer
+from memprofiler.analysis.snapshot.summary import analyze
 
 REAL = Path(__file__).parents[1] / "fixtures" / "gpu_transformer_forward_mixed.pickle"
 
@@ -67,7 +68,7 @@ def test_real_capture_loads_equal_with_shared_frame_lists(monkeypatch):
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_load_snapshot_shares_lists_of_large_framed_pickles_only(tmp_path, monkeypatch, protocol):
     # GIVEN any file counting as large
-    from memprofiler.analysis import snapshot
+    from memprofiler.analysis.snapshot import summary as snapshot
 
     monkeypatch.setattr(snapshot, "LEAN_BYTES", 0)
     path = tmp_path / "trace.pickle"

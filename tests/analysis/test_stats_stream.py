@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from memprofiler import layout
-from memprofiler.analysis.stats_stream import iter_stats
-from memprofiler.analysis.yaml_read import Cut, read_yaml
+from memprofiler.analysis.files.yaml_read import Cut, read_yaml
+from memprofiler.analysis.runs.stats_stream import iter_stats
 from memprofiler.errors import ArtifactError
 from memprofiler.output.stats_file import entry_yaml
 from v1_files import stats, v1_text

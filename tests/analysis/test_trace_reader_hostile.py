@@ -14,8 +14,8 @@ import pytest
 
 from _trace_orders import CPU_TRACE
 from memprofiler.__main__ import main
-from memprofiler.analysis import trace_events
-from memprofiler.analysis.profiler_views import trace_view
+from memprofiler.analysis.traces import events as trace_events
+from memprofiler.analysis.traces.views import trace_view
 from memprofiler.errors import ArtifactError
 
 
@@ -239,7 +239,7 @@ def test_a_full_temporary_folder_is_one_line_naming_it(tmp_path, monkeypatch, ca
     import os
     import tempfile
 
-    from memprofiler.analysis import trace_stream
+    from memprofiler.analysis.traces import stream as trace_stream
 
     def full(data, file):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -261,7 +261,7 @@ def test_a_real_full_filesystem_under_the_reader_is_the_same_line(tmp_path, monk
     import subprocess
     import tempfile
 
-    from memprofiler.analysis import trace_stream
+    from memprofiler.analysis.traces import stream as trace_stream
 
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")

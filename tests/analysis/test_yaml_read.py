@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from memprofiler import layout
-from memprofiler.analysis.yaml_read import Cut, _fast_mapping, read_yaml
+from memprofiler.analysis.files.yaml_read import Cut, _fast_mapping, read_yaml
 from memprofiler.errors import ArtifactError
 from v1_files import stats, v1_text
 

@@ -18,8 +18,8 @@ from torch import nn
 from conftest import make_trainer, step_trainer
 from fake_cuda import SEGMENT_ADDR, FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
-from memprofiler.analysis.snapshot import analyze, load_snapshot
-from memprofiler.analysis.snapshot_calls import call_ranges, call_view, find_call
+from memprofiler.analysis.snapshot.calls import call_ranges, call_view, find_call
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.config import MemProfilerConfig, ScheduleConfig

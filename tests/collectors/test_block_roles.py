@@ -13,9 +13,9 @@ from torch import nn
 from conftest import step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfilerCallback, memprofilable
-from memprofiler.analysis.snapshot import analyze
-from memprofiler.analysis.snapshot_replay import StackTable, replay
-from memprofiler.analysis.snapshot_roles import ROLE_FILE, RoleIndex, role_index
+from memprofiler.analysis.snapshot.replay import StackTable, replay
+from memprofiler.analysis.snapshot.roles import ROLE_FILE, RoleIndex, role_index
+from memprofiler.analysis.snapshot.summary import analyze
 from memprofiler.collectors.block_roles import role_map
 
 KIB = 1024

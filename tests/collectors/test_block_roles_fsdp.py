@@ -30,9 +30,9 @@ from torch.distributed.fsdp import fully_shard
 from conftest import make_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfilerCallback, memprofilable
-from memprofiler.analysis.snapshot import analyze
-from memprofiler.analysis.snapshot_replay import StackTable, replay
-from memprofiler.analysis.snapshot_roles import role_index
+from memprofiler.analysis.snapshot.replay import StackTable, replay
+from memprofiler.analysis.snapshot.roles import role_index
+from memprofiler.analysis.snapshot.summary import analyze
 from memprofiler.collectors.block_roles import role_map
 
 F32 = 4

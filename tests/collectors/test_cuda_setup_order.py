@@ -24,7 +24,7 @@ from torch import nn
 from _tiny_lightning import TinyModel
 from fake_cuda import FakeCudaBackend, SimulatedCrash
 from memprofiler import MemProfiler, MemProfilerCallback
-from memprofiler.analysis.snapshot_calls import call_ranges
+from memprofiler.analysis.snapshot.calls import call_ranges
 from memprofiler.collectors.cuda_backend import CudaBackend, CudaNotInitialized
 from memprofiler.core.warn import MemProfilerWarning
 

@@ -35,7 +35,7 @@ def test_each_violation_is_one_line_naming_key_value_and_limit(real_runs, capsys
 
 def test_exact_limit_passes_and_one_byte_less_fails(real_runs, capsys):
     saved = expected_saved_bytes(256)
-    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved}"]) == 0
+    assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved}B"]) == 0
     assert main(["check", str(real_runs["a"]), "--max", f"saved_tensors.unique_bytes={saved - 1}B"]) == 1
 
 
@@ -133,8 +133,8 @@ def test_a_nested_name_is_reached_by_literal_and_wildcard_limits(real_runs, caps
 
 def test_streamed_and_loaded_runs_give_the_same_verdict(real_runs):
     # GIVEN the same run loaded whole and left to be streamed a block at a time
-    from memprofiler.analysis.artifacts import load_run
     from memprofiler.analysis.budget import Limit, check_budget
+    from memprofiler.analysis.runs.artifacts import load_run
 
     whole, streamed = load_run(real_runs["a"]), load_run(real_runs["a"], streamed=True)
     assert streamed.stats == {} and list(streamed.stats_files) == [0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memprofiler.__main__ import main
-from memprofiler.analysis.artifacts import load_run
 from memprofiler.analysis.diff import diff_runs
+from memprofiler.analysis.runs.artifacts import load_run
 from run_fixtures import expected_saved_bytes
 
 

@@ -27,9 +27,12 @@ def test_prints_peaks_stacks_fragmentation_and_oom(snap_file, capsys):
         "device 0: 12 trace entries; peak active 2.25 MiB requested (entry 5, t=0.000140s); "
         "peak reserved 6.00 MiB (entry 10, t=0.000180s)"
     ) in out
-    assert "live at the active peak by stack (5 blocks)" in out
+    # The trace ends in an OOM (entry 9): the table is what was live then, not at the peak
+    # (entry 5): S1's 1 MiB block, the pre-trace 512 KiB (INIT) and 256 KiB (no stack) blocks.
+    assert "live at the OOM (entry 9, 1.75 MiB active) by stack (3 blocks)" in " ".join(out.split())
+    assert "live at the active peak" not in out
     stack_lines = [ln for ln in out.splitlines() if "linear_forward (linear_forward.py:10)" in ln]
-    assert len(stack_lines) == 1 and "1.25 MiB" in stack_lines[0]
+    assert len(stack_lines) == 1 and "1.00 MiB" in stack_lines[0]
     assert "OOM device 0 entry 9 t=0.000170s: 8.00 GiB requested, 1000 B free" in out
     assert "33.3%" in out
 
@@ -283,7 +286,7 @@ def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
     import json
     import shutil
 
-    from memprofiler.analysis.snapshot_calls import checked_index
+    from memprofiler.analysis.snapshot.calls import checked_index
 
     # GIVEN this run's window (calls 2-3) and another run's (calls 2-6), whose index is
     # copied over this one's
@@ -319,7 +322,7 @@ def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
 
 
 def load_snapshot_for_test(path):
-    from memprofiler.analysis.snapshot import load_snapshot
+    from memprofiler.analysis.snapshot.summary import load_snapshot
 
     return load_snapshot(path)
 

@@ -208,7 +208,7 @@ def test_unwritable_output_is_one_line_exit_2(tmp_path, capsys):
 def test_a_gzip_that_expands_past_the_limit_is_one_line(tmp_path, capsys, monkeypatch):
     import gzip
 
-    from memprofiler.analysis import trace_merge
+    from memprofiler.analysis.traces import merge as trace_merge
 
     # GIVEN a 1 MiB limit and a small gzip'd trace that expands past it
     monkeypatch.setattr(trace_merge, "MAX_FILE_BYTES", 2**20)

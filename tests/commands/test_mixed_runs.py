@@ -12,7 +12,7 @@ from torch import nn
 
 from memprofiler import MemProfiler, layout
 from memprofiler.__main__ import main
-from memprofiler.analysis.run_ids import stats_run_id
+from memprofiler.analysis.runs.ids import stats_run_id
 from memprofiler.output.stats_file import StatsFile
 from memprofiler.output.timeline import MemoryTimeline
 
@@ -167,7 +167,7 @@ def test_a_folder_of_traces_alone_is_reported_as_traces(tmp_path, capsys):
 
 
 def test_a_folder_of_traces_alone_is_told_by_the_errors_kind_not_its_wording(tmp_path, capsys, monkeypatch):
-    from memprofiler.analysis import artifacts
+    from memprofiler.analysis.runs import artifacts
     from memprofiler.errors import ArtifactError
 
     # GIVEN the message for a folder without memprofiler files reworded

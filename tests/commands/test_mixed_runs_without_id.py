@@ -14,7 +14,7 @@ from torch import nn
 
 from memprofiler import MemProfiler, layout
 from memprofiler.__main__ import main
-from memprofiler.analysis.run_evidence import FIX, PEEK_BYTES, SKEW_S, trace_evidence
+from memprofiler.analysis.runs.evidence import FIX, PEEK_BYTES, SKEW_S, trace_evidence
 from memprofiler.core.summary import write_summary
 from memprofiler.output.run_dir import RunManifest, write_manifest
 from memprofiler.output.stats_file import StatsFile
@@ -277,7 +277,7 @@ def test_a_long_trace_is_read_from_its_two_ends_only(tmp_path):
 
 def test_when_every_rank_file_carries_an_id_no_trace_is_read(tmp_path, monkeypatch):
     # GIVEN two nodes of one run, every file with its id
-    from memprofiler.analysis import run_evidence
+    from memprofiler.analysis.runs import evidence as run_evidence
 
     _rank0_node(tmp_path / "node0", 2)
     _hand_rank(tmp_path / "node1", 1, "aaa111", 1000, world_size=2)

@@ -12,7 +12,7 @@ import pytest
 
 from memprofiler import MemProfiler
 from memprofiler.__main__ import main
-from memprofiler.analysis.artifacts import load_run
+from memprofiler.analysis.runs.artifacts import load_run
 
 NOTE = "`train_step` (in `collect_funcs`) was never called; calls seen: training_step x4"
 
@@ -102,3 +102,40 @@ def test_a_run_killed_before_its_end_says_it_left_no_note(empty_run, capsys):
             "`status: running`: killed before it ended, or still running; there is nothing to check"
         )
     )
+
+
+def test_diff_against_a_run_that_crashed_before_its_first_call_says_it_crashed(
+    full_run_dir, tmp_path, capsys
+):
+    # GIVEN a real run that raised before the loop profiled any step
+    out = tmp_path / "crashed"
+    with warnings.catch_warnings(), pytest.raises(RuntimeError):
+        warnings.simplefilter("ignore")
+        with MemProfiler({}, save_dir=out, rank=0):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore detail")
+    # WHEN diffed against a run that collected
+    assert main(["diff", str(full_run_dir), str(out)]) == 2
+    # THEN the line says it crashed, and with what, before the note that the step never ran
+    assert capsys.readouterr().err.splitlines() == [
+        f"memprofiler diff: error: {out}: no call was collected: the run crashed (RuntimeError: CUDA out "
+        "of memory. Tried to allocate 20.00 GiB) before any call was collected; `training_step` (in "
+        "`collect_funcs`) was never called; calls seen: none; there is nothing to compare"
+    ]
+
+
+def test_diff_warns_that_a_run_crashed_after_collecting(full_run_dir, tmp_path, capsys):
+    # GIVEN a real run that collected 2 calls, then raised
+    out = tmp_path / "late"
+    with warnings.catch_warnings(), pytest.raises(ValueError):
+        warnings.simplefilter("ignore")
+        with MemProfiler({"schedule": {"warmup": 0, "active": 2}}, save_dir=out, rank=0) as prof:
+            for _ in range(2):
+                with prof.profile("training_step"):
+                    pass
+            raise ValueError("bad batch")
+    # WHEN diffed THEN a warning names the crash; the comparison goes on
+    assert main(["diff", str(full_run_dir), str(out), "--metric", "rss"]) == 0
+    assert (
+        f"memprofiler diff: warning: {out} crashed (ValueError: bad batch); it holds the calls collected "
+        "before the crash"
+    ) in capsys.readouterr().err.splitlines()

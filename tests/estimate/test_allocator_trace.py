@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.snapshot import load_snapshot
+from memprofiler.analysis.snapshot.summary import load_snapshot
 from memprofiler.estimate.allocator.caching import (
     NO_LIMIT,
     AllocatorConfig,

@@ -471,7 +471,7 @@ def test_the_headline_and_the_text_carry_the_allocator_check() -> None:
 def test_a_kept_trace_drops_the_frames_and_replays_to_the_same_figures(tmp_path: Path) -> None:
     import pickle
 
-    from memprofiler.analysis.snapshot import load_snapshot
+    from memprofiler.analysis.snapshot.summary import load_snapshot
 
     snap, events = _two_steps()
     for ev in events:
@@ -515,7 +515,7 @@ def test_a_real_h200_trace_without_step_markers_is_checked_and_kept_without_fram
     segments carry frames, time_us and compile_context as a real ``_snapshot()`` writes them."""
     import pickle
 
-    from memprofiler.analysis.snapshot import load_snapshot
+    from memprofiler.analysis.snapshot.summary import load_snapshot
 
     snap = load_snapshot(
         TOOLS.parent / "tests/fixtures/gpu_runs/demo/cuda_alloc_rank_0.training_step.4.end.pickle"

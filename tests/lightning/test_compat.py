@@ -171,7 +171,8 @@ def test_lightning_names_its_profiler_actions_as_the_shims_read_them(tmp_path):
 def test_lightnings_trace_annotations_are_the_prefixes_the_trace_readers_use():
     from lightning.pytorch.profilers import pytorch as pl_pytorch
 
-    from memprofiler.analysis import profiler_steps, trace_events
+    from memprofiler.analysis.traces import events as trace_events
+    from memprofiler.analysis.traces import steps as profiler_steps
 
     # GIVEN the source of Lightning's PyTorchProfiler, which names the trace annotations
     source = inspect.getsource(pl_pytorch)

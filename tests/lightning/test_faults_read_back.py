@@ -18,7 +18,7 @@ from _tiny_lightning import TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
 from memprofiler.__main__ import main
-from memprofiler.analysis.run_ids import profiler_trace_run_id
+from memprofiler.analysis.runs.ids import profiler_trace_run_id
 
 
 def _strict_json(path: Path) -> Any:

@@ -8,7 +8,7 @@ import json
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from memprofiler.analysis.memory_categories import read_category_file
+from memprofiler.analysis.traces.memory_categories import read_category_file
 from memprofiler.lightning import memory_categories as mc
 
 

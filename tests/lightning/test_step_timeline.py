@@ -22,7 +22,7 @@ from _env import subprocess_env
 from _tiny_lightning import TinyModel
 from _tiny_lightning import quiet_trainer as _trainer
 from memprofiler import ExtendedPyTorchProfiler, MemProfilerCallback
-from memprofiler.analysis.run_ids import profiler_trace_run_id
+from memprofiler.analysis.runs.ids import profiler_trace_run_id
 from memprofiler.errors import ConfigError
 from memprofiler.output.step_timeline import DATA_TID, HOOK_TID
 
@@ -344,7 +344,7 @@ def test_sampler_stops_and_timeline_is_written_on_sigterm(tmp_path):
 
 
 def test_merge_traces_folds_in_gzip_traces_with_custom_names_and_the_step_timeline(tmp_path):
-    from memprofiler.analysis.trace_merge import (
+    from memprofiler.analysis.traces.merge import (
         find_profiler_traces,
         find_rank_traces,
         find_step_timelines,

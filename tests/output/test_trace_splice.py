@@ -16,8 +16,8 @@ from torch import nn
 
 from _trace_oracles import dict_merge, step_events, step_trace
 from _trace_orders import GPU_TRACE
-from memprofiler.analysis.run_ids import profiler_trace_run_id
-from memprofiler.analysis.trace_events import iter_events
+from memprofiler.analysis.runs.ids import profiler_trace_run_id
+from memprofiler.analysis.traces.events import iter_events
 from memprofiler.output.events import SnapshotEvent
 from memprofiler.output.step_timeline import DATA, DATA_TID, HOOK_TID, HOST_CATEGORY, StepTimeline
 from memprofiler.output.timeline import MemoryTimeline, trace_span_ns

@@ -39,6 +39,16 @@ UNITS = "expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB,
             "use cuda= and/or saved_tensors=",
         ),
         (
+            'memory_budjet(rss_peak="1GiB")',
+            "ERROR: test_typo.py::test_a: `@pytest.mark.memory_budjet` is not a memprofiler marker: "
+            "did you mean `memory_budget`? (as written, nothing is measured or checked)",
+        ),
+        (
+            "memory_leaks()",
+            "ERROR: test_typo.py::test_a: `@pytest.mark.memory_leaks` is not a memprofiler marker: "
+            "did you mean `memory_leak`? *",
+        ),
+        (
             "memory_budget()",
             "ERROR: test_typo.py::test_a: `memory_budget`: no budget given; "
             "e.g. @pytest.mark.memory_budget(rss_peak='1GiB')",
@@ -53,6 +63,30 @@ def test_a_typo_is_a_usage_error_naming_the_marker(inner, marker, message):
     # THEN nothing runs and one line names the test, the marker and the fix
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_a_misspelt_marker_is_said_first_and_alone(inner):
+    # GIVEN the only marked test's marker misspelt, and a directory for the figures
+    inner.write(
+        "test_typo", '@pytest.mark.memory_budjet(rss_peak="1GiB")\ndef test_a():\n    pass\n', model=False
+    )
+    result = inner.run("--memprofiler-dir", "out")
+    # THEN the misspelling is the error, not "nothing written ... no test is marked"
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: test_typo.py::test_a: `@pytest.mark.memory_budjet` is not a memprofiler*"]
+    )
+    assert "nothing written" not in result.stdout.str()
+
+
+def test_a_registered_marker_that_reads_like_ours_is_left_alone(inner):
+    inner.write(
+        "test_own",
+        "@pytest.mark.memory_usage\ndef test_a():\n    pass\n",
+        model=False,
+    )
+    inner.pytester.makeini("[pytest]\nmarkers =\n    memory_usage: our own\n")
+    inner.run().assert_outcomes(passed=1)
 
 
 def test_aliases_and_check_names_parse_to_the_check_limits():

@@ -8,7 +8,7 @@ import pytest
 
 from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
-from memprofiler.analysis.snapshot import analyze, load_snapshot
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 
 pytestmark = BROWSER_MARKS
 

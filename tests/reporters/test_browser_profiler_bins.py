@@ -12,8 +12,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from _range_stats import range_stats
 from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
-from memprofiler.analysis import trace_stream
-from memprofiler.analysis.profiler_views import build_views
+from memprofiler.analysis.traces import stream as trace_stream
+from memprofiler.analysis.traces.views import build_views
 
 pytestmark = BROWSER_MARKS
 

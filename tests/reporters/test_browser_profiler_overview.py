@@ -7,7 +7,7 @@ from pathlib import Path
 
 from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
-from memprofiler.analysis.profiler_views import build_views
+from memprofiler.analysis.traces.views import build_views
 
 pytestmark = BROWSER_MARKS
 

@@ -14,7 +14,7 @@ from _tiny_lightning import TinyModel
 from browser import BROWSER_MARKS, open_page
 from memprofiler import ExtendedPyTorchProfiler
 from memprofiler.__main__ import main
-from memprofiler.analysis.profiler_views import build_views
+from memprofiler.analysis.traces.views import build_views
 
 pytestmark = BROWSER_MARKS
 

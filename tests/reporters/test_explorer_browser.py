@@ -12,7 +12,7 @@ import pytest
 
 from browser import BROWSER_MARKS, open_page
 from memprofiler.__main__ import main
-from memprofiler.analysis.snapshot import analyze, load_snapshot
+from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
 from memprofiler.units import format_bytes
 from snapshot_fixtures import KNOWN, known_snapshot
 
@@ -140,8 +140,8 @@ def test_known_snapshot_tree_and_allocator_state(tmp_path):
 
 def test_a_zoomed_view_draws_exactly_the_blocks_of_its_level_that_it_overlaps(real_html):
     # GIVEN the real capture's blocks and levels, computed here from the analysis side
-    from memprofiler.analysis.snapshot_lod import level_of_detail
-    from memprofiler.analysis.snapshot_replay import StackTable, replay
+    from memprofiler.analysis.snapshot.lod import level_of_detail
+    from memprofiler.analysis.snapshot.replay import StackTable, replay
 
     data = load_snapshot(REAL)
     rep = replay(data, StackTable())[0]

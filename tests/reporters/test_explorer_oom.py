@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from memprofiler.__main__ import main
-from memprofiler.reporters.explorer_oom import MIN_WINDOW, opening_window, user_frame
+from memprofiler.reporters.explorer.oom import MIN_WINDOW, opening_window, user_frame
 
 RUN = Path(__file__).parents[1] / "fixtures" / "gpu_oom_run"
 PICKLE = RUN / "oom_rank_0_0.pickle"
@@ -41,7 +41,11 @@ def test_the_banner_states_the_pickles_and_the_records_figures(tmp_path, capsys)
     assert f"data-requested='{REQUESTED}' data-free='{FREE}' data-total='{TOTAL}' data-index='261'" in banner
     assert "Out of memory on device 0 at entry 261" in text
     assert "400.00 GiB requested, 138.88 GiB free of 139.80 GiB total" in text
-    assert f"step {STEP} (calls so far: training_step 4)" in text
+    # the failing call as the explorer numbers calls (from 1), the Trainer's step (from 0) beside it
+    assert (
+        f"in training_step call 4 (calls are numbered from 1, as the explorer marks them; Trainer step {STEP}, "
+        "counted from 0)"
+    ) in text
     assert "at training_step (gpu_oom.py:12)" in text and "/home/user/checks/gpu_oom.py:12" in banner
     # what was live when it failed is the trace's end state (the OOM is its last entry)
     assert "193.11 MiB active (requested), 194.00 MiB reserved" in text
@@ -103,7 +107,7 @@ def test_the_run_reports_explorer_of_an_oom_pickle_has_the_banner(tmp_path):
     # THEN the OOM pickle's explorer opens on the failure with the record's figures
     html = (tmp_path / "allocator-explorer" / "0-oom_rank_0_0.html").read_text()
     text = re.sub(r"<[^>]+>", "", re.search(r"<div id='mp-oom'.*?</div>", html).group(0))
-    assert "400.00 GiB requested, 138.88 GiB free of 139.80 GiB total; step 3" in text
+    assert "400.00 GiB requested, 138.88 GiB free of 139.80 GiB total; in training_step call 4 (" in text
     assert _meta(html)["initial"]["sel"] == 261
     # AND the report itself says so at its top, linking that explorer
     report = (tmp_path / "r.html").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from memprofiler.__main__ import main
-from memprofiler.reporters.explorer import EXPLORER_DIR
+from memprofiler.reporters.explorer.page import EXPLORER_DIR
 
 
 def test_report_links_an_explorer_per_allocator_history(full_run, tmp_path, capsys):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from memprofiler.analysis.artifacts import load_run
-from memprofiler.reporters.call_table import CallRow
-from memprofiler.reporters.memory_split import CallSplit, peak_of, split_call, top_with_other
-from memprofiler.reporters.model import build_model
+from memprofiler.analysis.runs.artifacts import load_run
+from memprofiler.reporters.model.call_table import CallRow
+from memprofiler.reporters.model.memory_split import CallSplit, peak_of, split_call, top_with_other
+from memprofiler.reporters.model.report import build_model
 
 MIB = 1024**2
 DEMO = Path(__file__).parents[1] / "fixtures" / "gpu_demo_run"
@@ -141,8 +141,8 @@ def test_a_real_cpu_run_splits_its_rss_peak_into_the_process_and_the_call(real_r
 
 
 def test_a_profilers_category_timeline_is_a_bar_of_its_peak():
-    from memprofiler.analysis.memory_categories import CategoryTimeline
-    from memprofiler.reporters.memory_split import category_split
+    from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+    from memprofiler.reporters.model.memory_split import category_split
 
     # GIVEN the categories at the peak of the recorded H200 demo's cuda:0 timeline
     at_peak = {"input": 16_896, "temporary": 0, "activation": 0, "gradient": 3_468_288,
@@ -158,9 +158,9 @@ def test_a_profilers_category_timeline_is_a_bar_of_its_peak():
 
 
 def test_a_long_run_draws_the_calls_with_the_highest_peaks():
-    from memprofiler.analysis.artifacts import RunArtifacts
-    from memprofiler.reporters.html_where import MAX_BARS, where_html
-    from memprofiler.reporters.model import ReportModel
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
+    from memprofiler.reporters.model.report import ReportModel
+    from memprofiler.reporters.where import MAX_BARS, where_html
 
     # GIVEN 300 calls whose CUDA peaks rise with the call number
     calls = [

@@ -1,4 +1,4 @@
-"""The per-call figures are declared once (reporters/figures.py) and every part of the report follows."""
+"""The per-call figures are declared once (reporters/model/figures.py) and every part of the report follows."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from memprofiler.analysis.artifacts import RunArtifacts
-from memprofiler.reporters.figures import CALL_FIGURES, STORED, Figure
+from memprofiler.analysis.runs.artifacts import RunArtifacts
 from memprofiler.reporters.html import HtmlReporter
-from memprofiler.reporters.model import CallRow, ReportModel, call_rows
+from memprofiler.reporters.model.figures import CALL_FIGURES, STORED, Figure
+from memprofiler.reporters.model.report import CallRow, ReportModel, call_rows
 from memprofiler.reporters.terminal import TerminalReporter
 from memprofiler.units import format_bytes
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memprofiler.analysis.artifacts import RunArtifacts
-from memprofiler.reporters.model import ReportModel, call_rows, nested_tables
+from memprofiler.analysis.runs.artifacts import RunArtifacts
+from memprofiler.reporters.model.report import ReportModel, call_rows, nested_tables
 
 
 def _model(stats=None, summary=None) -> ReportModel:
@@ -69,7 +69,7 @@ def test_long_runs_keep_one_breakdown_per_rank_and_every_module_peak():
     # listed out of call order, as a multi-rank file or a hand-edited one may be
     import random
 
-    from memprofiler.reporters.model import PER_CALL_LIMIT, build_model
+    from memprofiler.reporters.model.report import PER_CALL_LIMIT, build_model
 
     rng = random.Random(7)
     stats: dict[int, dict] = {}
@@ -152,7 +152,7 @@ def test_call_table_orders_interleaved_functions_and_reads_back_exact_rows():
 
 
 def test_report_model_takes_a_list_of_rows():
-    from memprofiler.reporters.model import CallRow
+    from memprofiler.reporters.model.report import CallRow
 
     run = RunArtifacts(root=Path("."), stats={})
     rows = [CallRow(0, "b", 1, rss_peak=5, by_module={"m": 3}), CallRow(0, "a", 2, rss_peak=7)]

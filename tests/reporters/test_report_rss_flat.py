@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memprofiler.analysis.artifacts import RunArtifacts
-from memprofiler.reporters.call_table import CallRow
+from memprofiler.analysis.runs.artifacts import RunArtifacts
 from memprofiler.reporters.html import HtmlReporter
-from memprofiler.reporters.model import ReportModel
+from memprofiler.reporters.model.call_table import CallRow
+from memprofiler.reporters.model.report import ReportModel
 
 MIB = 1024**2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from memprofiler.reporters import svg
+from memprofiler.reporters.parts import svg
 from memprofiler.units import format_bytes
 
 

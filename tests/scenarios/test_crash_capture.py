@@ -19,7 +19,7 @@ from _env import subprocess_env
 from conftest import make_trainer, step_trainer
 from fake_cuda import FakeCudaBackend
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
-from memprofiler.analysis.snapshot_calls import call_ranges, call_view, find_call
+from memprofiler.analysis.snapshot.calls import call_ranges, call_view, find_call
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import yaml
 
 from _ranks import launch
 from memprofiler import layout
-from memprofiler.analysis.run_ids import stats_run_id
+from memprofiler.analysis.runs.ids import stats_run_id
 from memprofiler.collectors.mem_report import fmt_value, parse_log_values
 
 pytestmark = pytest.mark.slow

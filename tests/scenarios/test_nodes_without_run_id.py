@@ -18,7 +18,7 @@ import yaml
 from _env import run_cli
 from _ranks import launch
 from memprofiler import layout
-from memprofiler.analysis.run_ids import stats_run_id
+from memprofiler.analysis.runs.ids import stats_run_id
 
 pytestmark = pytest.mark.slow
 

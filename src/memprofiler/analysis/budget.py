@@ -9,9 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
+from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.errors import ArtifactError, ConfigError
-from memprofiler.units import format_value, parse_size
+from memprofiler.units import format_value, looks_like_bytes, parse_size
+
+_UNIT = re.compile(r"[A-Za-z]\s*$")
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,11 @@ class Limit:
     def parse(cls, text: str) -> Limit:
         """Parse ``rss_peak=2GiB`` (units: B, KiB..TiB, KB..TB; bare numbers for counts).
 
+        A byte metric's limit needs its unit (``700`` is refused, ``700B`` is 700 bytes) and
+        a whole number of bytes (``1.5B`` is refused).
+
         Raises:
-            ConfigError: no ``=``, an empty metric, or a bad value.
+            ConfigError: no ``=``, an empty metric, a bad value, or a byte limit without a unit.
 
         Example:
             >>> Limit.parse("saved_tensors.unique_bytes=300MiB").value
@@ -36,7 +41,22 @@ class Limit:
         metric = metric.strip()
         if not sep or not metric:
             raise ConfigError("--max", f"got {text!r}; expected METRIC=VALUE, e.g. rss_peak=2GiB")
-        return cls(metric, parse_size(value, key=f"--max {metric}"))
+        key = f"--max {metric}"
+        size = parse_size(value, key=key)
+        if looks_like_bytes(metric):
+            # A byte budget says its unit: `rss_peak=1.5` (meant GiB) would be 1.5 bytes.
+            if _UNIT.search(value) is None:
+                v = value.strip()
+                raise ConfigError(
+                    key,
+                    f"got {v!r} without a unit; {metric} is in bytes: write {v}GiB or {v}MiB"
+                    + (f" ({v}B for {v} bytes)" if float(size).is_integer() else ""),
+                )
+            if not float(size).is_integer():
+                raise ConfigError(
+                    key, f"got {value.strip()!r} = {size:g} bytes; a byte limit is a whole number"
+                )
+        return cls(metric, size)
 
 
 @dataclass(frozen=True)

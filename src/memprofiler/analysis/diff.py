@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprofiler import layout, metrics
-from memprofiler.analysis.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
-from memprofiler.analysis.gc_pause import gc_paused
+from memprofiler.analysis.files.gc_pause import gc_paused
+from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 
 _np: Any
 try:  # numpy comes with torch and lightning; without it, medians sort
@@ -142,8 +142,9 @@ class Unmatched:
     only_a: dict[str, list[int]]
     only_b: dict[str, list[int]]
 
-    def line(self) -> str | None:
-        """One line summarising them, or ``None`` when every key matched."""
+    def line(self, hint: str = "--per-call lists them", names: tuple[str, str] = ("A", "B")) -> str | None:
+        """One line summarising them (the runs called ``names``, ending with ``hint``), or
+        ``None`` when every key matched."""
         if not self.only_a and not self.only_b:
             return None
 
@@ -158,8 +159,8 @@ class Unmatched:
             return f"{n:,} only in {name} ({where})"
 
         return (
-            f"not compared: snapshot keys {side(self.only_a, 'A')}, {side(self.only_b, 'B')}; "
-            "--per-call lists them"
+            f"not compared: snapshot keys {side(self.only_a, names[0])}, {side(self.only_b, names[1])}; "
+            f"{hint}"
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memprofiler import layout, metrics
-from memprofiler.analysis.artifacts import RunArtifacts, read_yaml
+from memprofiler.analysis.runs.artifacts import RunArtifacts, read_yaml
 from memprofiler.errors import ArtifactError
 from memprofiler.units import format_bytes
 
@@ -122,7 +122,7 @@ def estimate_only(path: str | os.PathLike[str]) -> Path | None:
 
 def diff_line(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> str | None:
     """For ``memprofiler diff``: the line when one side is an estimate and the other a run."""
-    from memprofiler.analysis.artifacts import load_run
+    from memprofiler.analysis.runs.artifacts import load_run
 
     for est_side, run_side in ((a, b), (b, a)):
         est = estimate_only(est_side)

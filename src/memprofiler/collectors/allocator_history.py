@@ -14,7 +14,7 @@ the last open window closes, the recording is written once, to
 atomically), with ``cuda_alloc_rank_{rank}.window_{n}.json`` beside it: the calls it holds
 (with their boundaries on memprofiler's own clock too, for a torch that keeps no annotations)
 and the role map of the blocks alive when the window began (:mod:`block_roles`). A call's view
-(:mod:`memprofiler.analysis.snapshot_calls`) is cut from that file.
+(:mod:`memprofiler.analysis.snapshot.calls`) is cut from that file.
 
 Nothing is lost: the recording is also written when a collected call raises, at teardown
 with a window still open (training ended inside it), when training ends in an exception (the OOM recorder writes its own pickle at the OOM itself), and at the

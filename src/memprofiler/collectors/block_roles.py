@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memprofiler.analysis.snapshot_roles import role_category, role_label
+from memprofiler.analysis.snapshot.roles import role_category, role_label
 
 __all__ = ["ROLES", "role_category", "role_label", "role_map"]
 

@@ -79,10 +79,6 @@ class OomRecorder(BaseCollector):
         if recording is not None:
             recording.plan(options)
 
-    @property
-    def dumps_written(self) -> int:
-        return self._dumps
-
     def bind(self, view: ProfilerView) -> None:
         """Start the ring and attach the OOM observer; called once at set-up."""
         self._profiler = view

@@ -23,6 +23,7 @@ class Command(Protocol):
 def all_commands() -> list[Command]:
     """Every registered subcommand, in the order ``--help`` lists them."""
     # Each command module imports its heavy dependencies inside ``run``, so ``--help`` is quick.
+    from memprofiler.commands.advise import AdviseCommand
     from memprofiler.commands.check import CheckCommand
     from memprofiler.commands.diff import DiffCommand
     from memprofiler.commands.merge_traces import MergeTracesCommand
@@ -35,5 +36,6 @@ def all_commands() -> list[Command]:
         CheckCommand(),
         SnapshotCommand(),
         MergeTracesCommand(),
+        AdviseCommand(),
     ]
     return commands

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memprofiler.analysis.artifacts import RunArtifacts
-    from memprofiler.analysis.yaml_read import Cut
+    from memprofiler.analysis.files.yaml_read import Cut
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
 
 RUN_DIR_HELP = (
     "the run's save_dir, or a directory above it (the newest run there is read when it holds "
@@ -53,11 +53,11 @@ def load(command: str, run_dir: str, partial_ok: bool = True, streamed: bool = F
             (:meth:`RunArtifacts.iter_snapshots`); call :func:`refuse_cuts` after reading them.
 
     Raises:
-        ArtifactError: as :func:`memprofiler.analysis.artifacts.load_run`, or a cut file when
+        ArtifactError: as :func:`memprofiler.analysis.runs.artifacts.load_run`, or a cut file when
             ``partial_ok`` is false.
     """
-    from memprofiler.analysis.artifacts import load_run
-    from memprofiler.analysis.fs import as_given, localize, named_as_given
+    from memprofiler.analysis.files.fs import as_given, localize, named_as_given
+    from memprofiler.analysis.runs.artifacts import load_run
 
     with named_as_given():  # a URL is read from a local copy; messages name the URL
         run = load_run(localize(run_dir), streamed=streamed)
@@ -87,10 +87,10 @@ def load_many(command: str, run_dirs: Sequence[str], streamed: bool = False) -> 
 
     Raises:
         ArtifactError: as :func:`load`, a rank found in two directories (one line naming both),
-            or files that prove two runs (:func:`memprofiler.analysis.multi_run.merge_runs`).
+            or files that prove two runs (:func:`memprofiler.analysis.runs.multi_dir.merge_runs`).
     """
-    from memprofiler.analysis.fs import as_given, named_as_given
-    from memprofiler.analysis.multi_run import merge_runs
+    from memprofiler.analysis.files.fs import as_given, named_as_given
+    from memprofiler.analysis.runs.multi_dir import merge_runs
 
     runs = [(d, load(command, d, streamed=streamed)) for d in run_dirs]
     if len(runs) == 1:
@@ -104,7 +104,33 @@ def load_many(command: str, run_dirs: Sequence[str], streamed: bool = False) -> 
 
 def warn_cuts(command: str, cuts: Sequence[Cut]) -> None:
     """One warning line on stderr per file found cut (read in part), naming URLs as given."""
-    from memprofiler.analysis.fs import as_given
+    from memprofiler.analysis.files.fs import as_given
 
     for cut in cuts:
         print(f"memprofiler {command}: warning: {as_given(cut.line())}", file=sys.stderr)
+
+
+def refuse_empty(*runs: tuple[str, RunArtifacts]) -> None:
+    """A run that collected no call has nothing to compare: say so, and why, not "no differences".
+
+    Raises:
+        ArtifactError: one line naming each such run and its own note (a crash first).
+    """
+    from memprofiler.errors import ArtifactError
+
+    empty = [f"{given}: {run.nothing_collected()}" for given, run in runs if run.collected_nothing()]
+    if empty:
+        raise ArtifactError("; ".join(empty) + "; there is nothing to compare")
+
+
+def warn_crashed(command: str, *runs: tuple[str, RunArtifacts]) -> None:
+    """One warning line on stderr per run that crashed: it holds only the calls before the crash."""
+    from memprofiler.analysis.files.fs import as_given
+
+    for given, run in runs:
+        if run.crash is not None:
+            print(
+                f"memprofiler {command}: warning: {as_given(given)} crashed ({run.crash}); "
+                "it holds the calls collected before the crash",
+                file=sys.stderr,
+            )

@@ -1,16 +1,28 @@
-"""``memprofiler check RUN_DIR --max rss_peak=2GiB ...``: a memory budget gate for CI."""
+"""``memprofiler check RUN_DIR --max rss_peak=2GiB ...``: a memory budget gate for CI; with
+``--baseline RUN``, limits on growth over another run (``--max rss_peak=+5%``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from memprofiler.commands._shared import add_run_dir, load, refuse_cuts
+from memprofiler.commands._shared import add_run_dir, load, refuse_cuts, refuse_empty, warn_crashed
+
+if TYPE_CHECKING:
+    from memprofiler.analysis.growth import Growth, GrowthViolation
+    from memprofiler.analysis.runs.artifacts import RunArtifacts
+
+
+_HINT = "`memprofiler diff --per-call` lists them"
 
 
 class CheckCommand:
     name = "check"
-    help = "Exit 1 (one line per violation) when a collected value exceeds its --max limit, else 0."
+    help = (
+        "Exit 1 (one line per violation) when a collected value exceeds its --max limit, or with "
+        "--baseline when a function's median rose more than its +N%% / +SIZE limit; else 0."
+    )
 
     def prepare_parser(self, parser: argparse.ArgumentParser) -> None:
         add_run_dir(parser)
@@ -20,8 +32,17 @@ class CheckCommand:
             action="append",
             required=True,
             metavar="METRIC=VALUE",
-            help="limit for a metric (or shell pattern), human units: rss_peak=2GiB, "
-            "saved_tensors.unique_bytes=300MiB, allocated_bytes.all.peak=1.5GB; repeatable",
+            help="limit for a metric (or shell pattern), with its unit: rss_peak=2GiB, "
+            "saved_tensors.unique_bytes=300MiB, num_ooms=0; with --baseline, a rise over it: "
+            "rss_peak=+5%%, saved_tensors.unique_bytes=+1MiB; repeatable",
+        )
+        parser.add_argument(
+            "--baseline",
+            metavar="RUN",
+            default=None,
+            help="a run to compare with (its newest run when it holds several): +N%% and +SIZE "
+            "limits apply to each function's median over the calls both runs collected, "
+            "with the runs' own noise added for host metrics",
         )
         parser.add_argument(
             "--key",
@@ -33,17 +54,65 @@ class CheckCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.budget import Limit, check_budget
-        from memprofiler.analysis.fs import named_as_given
+        from memprofiler.analysis.files.fs import named_as_given
+        from memprofiler.analysis.growth import is_growth, parse_growth
+        from memprofiler.errors import ConfigError
 
-        limits = [Limit.parse(t) for t in args.limits]
+        absolute: list[Limit] = []
+        growth: list[Growth] = []
+        for text in args.limits:
+            if is_growth(text.partition("=")[2]):
+                growth.append(parse_growth(text, "--max"))
+            else:
+                absolute.append(Limit.parse(text))
+        if growth and args.baseline is None:
+            raise ConfigError(
+                f"--max {growth[0].text}",
+                "a limit on the rise needs a run to rise over: add --baseline RUN "
+                "(e.g. the main branch's run), or give an absolute limit such as rss_peak=2GiB",
+            )
         run = load(self.name, args.run_dir, partial_ok=False, streamed=True)
-        with named_as_given():  # stats files are read here, a block at a time
-            violations, checked = check_budget(run, limits, keys=args.key)
-            refuse_cuts(run)
-        for v in violations:
-            print(v.line(), file=sys.stdout)
-        if violations:
-            print(f"memprofiler check: {len(violations)} of {checked} values over budget", file=sys.stderr)
+        lines: list[str] = []
+        checked = 0
+        if absolute:
+            with named_as_given():  # stats files are read here, a block at a time
+                violations, checked = check_budget(run, absolute, keys=args.key)
+                refuse_cuts(run)
+            lines += [v.line() for v in violations]
+        if growth:
+            over, compared = _growth(args, run, growth)
+            lines += [v.line() for v in over]
+            checked += compared
+        for line in lines:
+            print(line, file=sys.stdout)
+        if lines:
+            print(f"memprofiler check: {len(lines)} of {checked} values over budget", file=sys.stderr)
             return 1
         print(f"memprofiler check: all {checked} values within budget")
         return 0
+
+
+def _growth(
+    args: argparse.Namespace, run: RunArtifacts, limits: list[Growth]
+) -> tuple[list[GrowthViolation], int]:
+    """Compare each function's medians with the baseline's; print what was not compared."""
+    from memprofiler.analysis.diff import diff_functions
+    from memprofiler.analysis.files.fs import named_as_given
+    from memprofiler.analysis.growth import check_growth
+    from memprofiler.errors import ArtifactError
+
+    base = load("check", args.baseline, partial_ok=False, streamed=True)
+    refuse_empty((args.baseline, base), (args.run_dir, run))
+    warn_crashed("check", (args.baseline, base), (args.run_dir, run))
+    with named_as_given():
+        rows, unmatched = diff_functions(base, run, keys=args.key, include_unchanged=True)
+        refuse_cuts(base)
+        refuse_cuts(run)
+    if not rows:
+        raise ArtifactError(
+            f"{args.run_dir} and the baseline {args.baseline} hold no call of the same function "
+            f"to compare{'; ' + line if (line := unmatched.line(_HINT, ('the baseline', 'the run'))) else ''}"
+        )
+    if note := unmatched.line(_HINT, ("the baseline", "the run")):
+        print(f"memprofiler check: {note}", file=sys.stderr)
+    return check_growth(rows, limits, "--max", f"{args.baseline} and {args.run_dir}")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from memprofiler.commands._shared import add_run_dir, add_top, load, warn_cuts
+from memprofiler.commands._shared import add_run_dir, add_top, load, refuse_empty, warn_crashed, warn_cuts
 
 if TYPE_CHECKING:
-    from memprofiler.analysis.artifacts import RunArtifacts
+    from memprofiler.analysis.diff import FunctionDiffRow
+    from memprofiler.analysis.growth import Growth
 
 
 class DiffCommand:
@@ -49,6 +50,15 @@ class DiffCommand:
             "--no-missing", action="store_true", help="with --per-call: hide values found in only one run"
         )
         parser.add_argument(
+            "--fail-on",
+            action="append",
+            default=[],
+            metavar="METRIC=+LIMIT",
+            help="exit 1, with one line per function and metric, when B's median rose over A's by "
+            "more than the limit (plus the noise for host metrics): rss_peak=+5%%, "
+            "saved_tensors.unique_bytes=+1MiB; repeatable",
+        )
+        parser.add_argument(
             "--profiler",
             action="store_true",
             help="compare the profiler traces (*.pt.trace.json[.gz]) under RUN_A and RUN_B by operator "
@@ -58,19 +68,25 @@ class DiffCommand:
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.diff import diff_functions, diff_runs
         from memprofiler.analysis.estimate import diff_line
-        from memprofiler.analysis.fs import named_as_given
-        from memprofiler.analysis.trace_events import is_trace_file
+        from memprofiler.analysis.files.fs import named_as_given
+        from memprofiler.analysis.traces.events import is_trace_file
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
 
+        gates = _gates(args)
         if args.profiler or (is_trace_file(args.run_a) and is_trace_file(args.run_b)):
+            _no_gate(gates, "--profiler")
             return _profiler_diff(args)
         if line := diff_line(args.run_a, args.run_b):  # an estimate beside a measured run
+            _no_gate(gates, "an estimate")
             make_console().print(line, markup=False, highlight=False)
             return 0
+        if args.per_call:
+            _no_gate(gates, "--per-call")
         min_change = parse_size(args.min_change, key="--min-change")
         a, b = load(self.name, args.run_a, streamed=True), load(self.name, args.run_b, streamed=True)
-        _refuse_empty((args.run_a, a), (args.run_b, b))
+        refuse_empty((args.run_a, a), (args.run_b, b))
+        warn_crashed(self.name, (args.run_a, a), (args.run_b, b))
         found = (len(a.cuts), len(b.cuts))
         console = make_console()
         if args.per_call:
@@ -88,37 +104,79 @@ class DiffCommand:
             render_diff(rows[: args.top] if args.top > 0 else rows, console, total=len(rows))
             return 0
         with named_as_given():  # the stats files are read here, side by side, a block at a time
-            frows, unmatched = diff_functions(
-                a, b, metrics=args.metric, keys=args.key, min_change=min_change, include_unchanged=args.all
+            every, unmatched = diff_functions(
+                a, b, metrics=args.metric, keys=args.key, include_unchanged=True
             )
+        frows = [r for r in every if (r.change != 0 or args.all) and abs(r.change) >= min_change]
         warn_cuts(self.name, a.cuts[found[0] :] + b.cuts[found[1] :])
         shown = frows[: args.top] if args.top > 0 else frows
         render_function_diff(shown, unmatched, console, total=len(frows))
-        return 0
+        if not gates:
+            return 0
+        return _gate(every, gates, f"{args.run_a} and {args.run_b}")
 
 
-def _refuse_empty(*runs: tuple[str, RunArtifacts]) -> None:
-    """A run that collected no call has nothing to compare: say so, and why, not "no differences".
+def _gates(args: argparse.Namespace) -> list[Growth]:
+    """``--fail-on`` limits, parsed before any file is read.
 
     Raises:
-        ArtifactError: one line naming each such run and its own note.
+        ConfigError: a limit that is not a rise (``rss_peak=2GiB``: an absolute budget is
+            ``memprofiler check --max``), or a bad one.
     """
-    from memprofiler.errors import ArtifactError
+    from memprofiler.analysis.growth import GROWTH_FORMS, parse_growth
+    from memprofiler.errors import ConfigError
 
-    empty = [f"{given}: {run.nothing_collected()}" for given, run in runs if run.collected_nothing()]
-    if empty:
-        raise ArtifactError("; ".join(empty) + "; there is nothing to compare")
+    out = []
+    for text in args.fail_on:
+        metric, _, value = text.partition("=")
+        if value.strip() and not value.strip().startswith("+"):
+            raise ConfigError(
+                f"--fail-on {metric.strip()}",
+                f"got {value.strip()!r}; `diff` gates on the rise from A to B: write {GROWTH_FORMS} "
+                f"(an absolute budget is `memprofiler check RUN --max {metric.strip()}=2GiB`)",
+            )
+        out.append(parse_growth(text, "--fail-on"))
+    return out
+
+
+def _no_gate(gates: list[Growth], what: str) -> None:
+    """Refuse ``--fail-on`` where there are no per-function medians to gate on."""
+    from memprofiler.errors import ConfigError
+
+    if gates:
+        raise ConfigError(
+            "--fail-on", f"cannot gate {what}: it compares per function and metric of two runs' snapshots"
+        )
+
+
+def _gate(rows: list[FunctionDiffRow], gates: list[Growth], where: str) -> int:
+    """Exit 1 with one line per row over its ``--fail-on`` limit (stdout), else 0."""
+    import sys
+
+    from memprofiler.analysis.growth import check_growth
+
+    over, compared = check_growth(rows, gates, "--fail-on", where)
+    for v in over:
+        print(v.line())
+    if over:
+        print(
+            f"memprofiler diff: {len(over)} of {compared} compared values rose over --fail-on",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"memprofiler diff: all {compared} compared values within --fail-on")
+    return 0
 
 
 def _profiler_diff(args: argparse.Namespace) -> int:
     """Operators and modules of run A's traces against run B's: time and memory deltas."""
     from pathlib import Path
 
-    from memprofiler.analysis.profiler_diff import diff_views
-    from memprofiler.analysis.profiler_views import build_views, one_run_traces
+    from memprofiler.analysis.traces.diff import diff_views
+    from memprofiler.analysis.traces.views import build_views, one_run_traces
     from memprofiler.errors import ArtifactError
-    from memprofiler.reporters.profiler_terminal import render_profiler_diff
     from memprofiler.reporters.terminal import make_console
+    from memprofiler.reporters.traces.terminal import render_profiler_diff
 
     views = []
     for given in (args.run_a, args.run_b):

@@ -8,10 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from memprofiler.analysis.fs import as_given, is_url, localize, named_as_given
-from memprofiler.analysis.multi_run import merge_rank_maps
-from memprofiler.analysis.run_evidence import check_merge, gather
-from memprofiler.analysis.trace_merge import (
+from memprofiler.analysis.files.fs import as_given, is_url, localize, named_as_given
+from memprofiler.analysis.runs.evidence import check_merge, gather
+from memprofiler.analysis.runs.multi_dir import merge_rank_maps
+from memprofiler.analysis.traces.merge import (
     find_profiler_traces,
     find_rank_traces,
     find_step_timelines,

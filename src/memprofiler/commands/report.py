@@ -23,8 +23,8 @@ from memprofiler.errors import ArtifactError, NoRunFilesError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from memprofiler.analysis.memory_categories import CategoryTimeline
-    from memprofiler.analysis.profiler_views import ProfilerViews
+    from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+    from memprofiler.analysis.traces.views import ProfilerViews
 
 
 class ReportCommand:
@@ -48,13 +48,13 @@ class ReportCommand:
 
     def run(self, args: argparse.Namespace) -> int:
         from memprofiler.analysis.estimate import estimate_only, report_line
-        from memprofiler.analysis.fs import named_as_given
-        from memprofiler.analysis.multi_run import report_root
-        from memprofiler.analysis.trace_events import is_trace_file
+        from memprofiler.analysis.files.fs import named_as_given
+        from memprofiler.analysis.runs.multi_dir import report_root
+        from memprofiler.analysis.traces.events import is_trace_file
         from memprofiler.output.writers import write_text
-        from memprofiler.reporters.explorer import explorer_pages
+        from memprofiler.reporters.explorer.page import explorer_pages
         from memprofiler.reporters.html import HtmlReporter
-        from memprofiler.reporters.model import build_model
+        from memprofiler.reporters.model.report import build_model
         from memprofiler.reporters.terminal import TerminalReporter, make_console
 
         traces = [a for a in args.run_dir if is_trace_file(a)] + args.traces
@@ -130,8 +130,8 @@ def _views(
     Raises:
         ArtifactError: the traces (and the run directory's files, ``run_ids``) are of two runs.
     """
-    from memprofiler.analysis.profiler_views import build_views, one_run_traces
-    from memprofiler.reporters.profiler_terminal import ProfilerTerminalReporter
+    from memprofiler.analysis.traces.views import build_views, one_run_traces
+    from memprofiler.reporters.traces.terminal import ProfilerTerminalReporter
 
     for p in paths:
         if not Path(p).exists():
@@ -163,7 +163,7 @@ def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]
 
 def _only_traces(run_dirs: Sequence[str], err: ArtifactError) -> bool:
     """Whether ``err`` is "no memprofiler files" for local directories that hold profiler traces."""
-    from memprofiler.analysis.profiler_views import traces_in
+    from memprofiler.analysis.traces.views import traces_in
 
     if not isinstance(err, NoRunFilesError):
         return False
@@ -172,7 +172,7 @@ def _only_traces(run_dirs: Sequence[str], err: ArtifactError) -> bool:
 
 
 def _sections(views: ProfilerViews | None, top: int) -> str:
-    from memprofiler.reporters.profiler_html import profiler_sections
+    from memprofiler.reporters.traces.html import profiler_sections
 
     return profiler_sections(views, top=max(top, 30)) if views is not None else ""
 
@@ -180,8 +180,8 @@ def _sections(views: ProfilerViews | None, top: int) -> str:
 def _traces_only(args: argparse.Namespace, traces: Sequence[str]) -> int:
     """A report of profiler traces given without a run directory."""
     from memprofiler.output.writers import write_text
-    from memprofiler.reporters.profiler_html import profiler_page
     from memprofiler.reporters.terminal import make_console
+    from memprofiler.reporters.traces.html import profiler_page
 
     console = make_console()
     views = _views(traces, console, args.top)

@@ -40,9 +40,8 @@ class SnapshotCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        from memprofiler.analysis.fs import localize, named_as_given
-        from memprofiler.analysis.snapshot import analyze, load_snapshot
-        from memprofiler.analysis.snapshot_calls import (
+        from memprofiler.analysis.files.fs import localize, named_as_given
+        from memprofiler.analysis.snapshot.calls import (
             call_ranges,
             call_view,
             checked_index,
@@ -50,10 +49,11 @@ class SnapshotCommand:
             find_call,
             parse_call,
         )
-        from memprofiler.analysis.snapshot_roles import role_index
+        from memprofiler.analysis.snapshot.roles import role_index
+        from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
-        from memprofiler.reporters.explorer import build_explorer
+        from memprofiler.reporters.explorer.page import build_explorer
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
         wanted = parse_call(args.call) if args.call else None
@@ -115,8 +115,8 @@ def _oom_record(pickle_path: Path, console: Any) -> dict[str, Any] | None:
     explorer's banner states them. An unreadable one is a yellow line, not a failure.
     """
     from memprofiler import layout
-    from memprofiler.analysis.artifacts import name_pattern
-    from memprofiler.analysis.yaml_read import read_yaml
+    from memprofiler.analysis.files.yaml_read import read_yaml
+    from memprofiler.analysis.runs.artifacts import name_pattern
     from memprofiler.errors import ArtifactError
 
     found = name_pattern(layout.OOM_PICKLE).match(pickle_path.name)

@@ -18,8 +18,8 @@ from memprofiler.config._build import build_dataclass
 from memprofiler.config.cuda import AllocatorHistoryConfig, OomConfig
 from memprofiler.config.hooks import MemoryHooksConfig
 from memprofiler.config.schedule import CollectFuncsConfig, ScheduleConfig
+from memprofiler.config.urls import check_dir
 from memprofiler.errors import ConfigError
-from memprofiler.output.urls import check_dir
 from memprofiler.units import MEM_UNITS
 
 

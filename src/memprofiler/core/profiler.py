@@ -23,7 +23,7 @@ from memprofiler import layout
 from memprofiler.collectors.base import CallContext
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
 from memprofiler.collectors.registry import build_collectors
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import MemProfilerConfig, urls
 from memprofiler.core import run_setup, schedule
 from memprofiler.core.decorator import ATTACH_ATTR, Attachment, memprofilable
 from memprofiler.core.dispatch import CollectorSet
@@ -33,7 +33,7 @@ from memprofiler.core.sigterm import SigtermDump
 from memprofiler.core.warn import Warner
 from memprofiler.output.events import Listener, Phase, SnapshotEvent
 from memprofiler.output.mirror import RemoteMirror
-from memprofiler.output.run_dir import RunManifest
+from memprofiler.output.run_dir import RunManifest, crash_line
 from memprofiler.output.timeline import MemoryTimeline
 from memprofiler.user_line import warn_at_user
 
@@ -114,6 +114,8 @@ class MemProfiler:
     ) -> None:
         self.config = MemProfilerConfig.from_any(config)
         self._rank = detect_rank() if rank is None else rank
+        if save_dir:  # the config checked its own save_dir, the callback Lightning's default_root_dir
+            urls.check_dir(save_dir, "save_dir")
         chosen = save_dir or self.config.save_dir or default_save_dir or layout.DEFAULT_SUBDIR
         self._module = module
         self._attached: nn.Module | None = None  # the first module attached, if none is given
@@ -165,11 +167,6 @@ class MemProfiler:
     def save_url(self) -> str | None:
         """A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local."""
         return self._files.save_url
-
-    @property
-    def requested_save_dir(self) -> Path:
-        """The directory asked for (a run may sit in a ``version_{n}`` under it)."""
-        return self._files.requested
 
     @property
     def run_id(self) -> str | None:
@@ -236,10 +233,6 @@ class MemProfiler:
     def call_count(self, fn_name: str) -> int:
         """How many calls of ``fn_name`` have been counted."""
         return self._calls.get(fn_name, 0)
-
-    def counted_functions(self) -> frozenset[str]:
-        """Every ``@memprofilable`` function counted so far."""
-        return frozenset(self._calls)
 
     # ----------------------------------------------------------------- life cycle
     @property
@@ -414,6 +407,7 @@ class MemProfiler:
             return []
         if self._files.manifest is not None:
             self._files.manifest.status = "crashed"
+            self._files.manifest.error = crash_line(exc)
         self._crashed = True
         written = self._collectors.crash(exc)
         written += self.dump(final=True)

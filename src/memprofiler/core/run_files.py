@@ -24,9 +24,8 @@ from typing import Any
 import yaml
 
 from memprofiler import layout
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import MemProfilerConfig, urls
 from memprofiler.core import run_setup, summary
-from memprofiler.output import urls
 from memprofiler.output.mirror import RemoteMirror
 from memprofiler.output.remote import is_url, local_path
 from memprofiler.output.run_dir import RunManifest, write_manifest
@@ -71,7 +70,6 @@ class RunFiles:
         #: changes it (:meth:`record`, :meth:`merge_late`, eviction after a flush).
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.warn = warn
-        urls.check_dir(chosen, "save_dir")
         #: A remote ``save_dir`` (``s3://...``, any fsspec URL) as asked for; ``None`` when local.
         self.save_url: str | None = os.fspath(chosen) if is_url(chosen) else None
         #: The directory asked for; :attr:`save_dir` is where this run writes (a ``version_{n}``

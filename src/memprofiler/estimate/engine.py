@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,15 +20,18 @@ from torch.utils._pytree import tree_map_only
 from memprofiler.errors import ConfigError
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
+from memprofiler.estimate.allocator.conf import read as read_alloc_conf
 from memprofiler.estimate.cuda.dispatch import CudaDispatch
+from memprofiler.estimate.cuda.environment import allocator_note, workspace_notes
 from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
-from memprofiler.estimate.cuda.margins import CustomOps, margins
+from memprofiler.estimate.cuda.margins import FLOAT8_NOTE, CustomOps, float8_modules, margins
 from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
 from memprofiler.estimate.cuda.stats import FloatStats
-from memprofiler.estimate.cuda.target import CudaTarget, resolve_target
+from memprofiler.estimate.cuda.target import CudaTarget, resolve_target, target_notes, torch_rules
 from memprofiler.estimate.cuda.workspaces import CONV_ENVELOPE, BlasWorkspaces, WorkspacePlan
 from memprofiler.estimate.failures import (
     ModuleStack,
+    check_batch,
     device_failure,
     fake_errors,
     fake_failure,
@@ -165,10 +169,17 @@ def estimate(
 ) -> MemoryEstimate:
     """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
     strategies.check(strategy, world_size, precision, steps)
+    check_batch(batch)
     cuda = device.startswith("cuda")
     target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
+    # The environment is read (and refused where torch would refuse it) before anything runs.
+    env_conf = read_alloc_conf(os.environ) if cuda else None
+    plan = WorkspacePlan.for_target(target) if target is not None else None
     where, notes = run_device(device, fake, target)
+    if target is not None:
+        notes += target_notes(target)
     notes += model_notes(model)
+    user_model = model
     fsdp = strategy == "fsdp"
     pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
     with pg:
@@ -200,7 +211,7 @@ def estimate(
                     f"optimizer: {type(opt).__name__} steps with torch's foreach kernels, its default on CUDA "
                     "(all parameters at once; the CPU default is a loop over parameters)"
                 )
-            alloc_conf = AllocatorConfig.from_env()
+            alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, device_memory))
             led: Ledger = tracker.ledger
@@ -217,7 +228,6 @@ def estimate(
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
-            plan = WorkspacePlan.for_target(target) if target is not None else None
             dispatch = CudaDispatch(target) if target is not None else None
             custom = CustomOps() if cuda else None  # only the CUDA view adds margins
             blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
@@ -258,17 +268,8 @@ def estimate(
             f"optimizer: {on_host} state tensor(s) made from Python data in its step (a non-capturable "
             "optimizer's step counts) stay on the host, as torch keeps them: not in the device's peak"
         )
-    if cuda:
-        notes.append(
-            f"caching allocator: {alloc_conf.describe()}"
-            + (f"; not modelled: {', '.join(alloc_conf.ignored)}" if alloc_conf.ignored else "")
-            + (
-                "; garbage_collection_threshold acts only under torch.cuda.set_per_process_memory_fraction, "
-                "which the estimate does not assume"
-                if alloc_conf.garbage_collection_threshold
-                else ""
-            )
-        )
+    if env_conf is not None:
+        notes.append(allocator_note(env_conf))
         if led.allocator.released:
             notes.append(
                 f"the allocator released {led.allocator.released:,} B of cached segments to make room "
@@ -295,12 +296,19 @@ def estimate(
     if plan is not None and plan.held:
         parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
         notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
+    if target is not None and plan is not None:
+        notes += workspace_notes(target, plan, os.environ)
+    float8 = float8_modules(user_model, model)
+    if float8:
+        notes.append(FLOAT8_NOTE.format(names=", ".join(float8)))
     peak = led.allocator.peak_allocated if cuda else led.peak
     cudnn = dispatch.cudnn.margins(steps) if dispatch is not None else None
     if conv_margin is not None:
         cudnn = [*(cudnn or []), conv_margin]
     extra = (
-        margins(model, peak, strategy, world_size, custom.names, cudnn=cudnn) if custom is not None else []
+        margins([user_model, model], peak, strategy, world_size, custom.names, cudnn=cudnn)
+        if custom is not None
+        else []
     )
     notes += [m.line() for m in extra]
     return MemoryEstimate(
@@ -322,6 +330,7 @@ def estimate(
         notes=notes,
         target=target.describe() if target is not None else "",
         workspace_bytes=plan.by_kind() if plan is not None else {},
+        torch_rules=torch_rules(target) if target is not None else {},
         margin_bytes=sum(m.nbytes for m in extra),
     )
 

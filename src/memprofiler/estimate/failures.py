@@ -143,3 +143,22 @@ class ModuleStack:
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
+
+
+def check_batch(batch: Any) -> None:
+    """Refuse a batch with a tensor of 0 rows: its step allocates no activations for it, and the
+    estimate would look like a real one.
+
+    Raises:
+        ConfigError: names ``batch``, the tensor's place in it and its shape.
+    """
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    for path, leaf in tree_flatten_with_path(batch)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == 0:
+            where = f"batch{keystr(path)}" if path else "the batch"
+            raise ConfigError(
+                "batch",
+                f"{where} has 0 rows (shape {tuple(leaf.shape)}): a step on it allocates no activations; "
+                "pass one batch of the size the job trains with",
+            )

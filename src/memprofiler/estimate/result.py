@@ -10,6 +10,7 @@ NOT_MODELLED = (
     "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
     "side streams: FSDP2's all-gather / reduce-scatter buffers are replayed in the default stream's pools",
     "tensor and pipeline parallelism",
+    "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
     "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm, reduction and embedding backward scratch replayed from torch's source",
 )
@@ -60,6 +61,10 @@ class MemoryEstimate:
     """The CUDA device and torch release modelled (``H200 (sm90), torch 2.11``); empty for ``cpu``."""
     workspace_bytes: dict[str, int] = field(default_factory=dict)
     """Library workspaces held at the end (``cublas``, ``cublaslt``), included in ``peak_bytes``."""
+    torch_rules: dict[str, str] = field(default_factory=dict)
+    """Which torch each part followed (CUDA target): the target's ``torch_version`` for the rules
+    written per release (workspaces, kernel scratch), the installed torch for what runs (FSDP2,
+    checkpointing, autograd, the optimizers)."""
     margin_bytes: int = 0
     """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
     added to the "fits" decision."""

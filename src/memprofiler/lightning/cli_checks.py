@@ -9,20 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memprofiler.config import MemProfilerConfig
+from memprofiler.config import MemProfilerConfig, urls
 from memprofiler.errors import ConfigError, MemProfilerError
-from memprofiler.lightning.cli_parser import _entries, _get, _to_dict
-from memprofiler.output import remote, urls
+from memprofiler.lightning.cli_parser import config_entries, get_dotted, to_dict
+from memprofiler.output import remote
 from memprofiler.output.remote import RemoteDir, is_url
 from memprofiler.output.run_dir import check_writable
 
 
 def check_save_dirs(cfg: Any, use_group: bool) -> str | None:
     """The first problem with where an enabled profiler in ``cfg`` writes, as one line, or ``None``."""
-    root = _get(cfg, "trainer.default_root_dir")
+    root = get_dotted(cfg, "trainer.default_root_dir")
     try:
-        for key, value, _ in _entries(cfg, use_group):
-            built = MemProfilerConfig.from_any(_to_dict(value))
+        for key, value, _ in config_entries(cfg, use_group):
+            built = MemProfilerConfig.from_any(to_dict(value))
             if not built.enabled:
                 continue
             if built.save_dir:

@@ -193,9 +193,9 @@ def check_profiler_entries(cfg: Any, use_group: bool = True) -> ConfigError | No
     if problem is not None:
         return problem
     enabled: list[str] = []
-    for key, value, origin in _entries(cfg, use_group):
+    for key, value, origin in config_entries(cfg, use_group):
         try:
-            built = MemProfilerConfig.from_any(_to_dict(value))
+            built = MemProfilerConfig.from_any(to_dict(value))
         except ConfigError as err:
             return err.prefixed(key)
         if built.enabled:
@@ -208,15 +208,15 @@ def check_profiler_entries(cfg: Any, use_group: bool = True) -> ConfigError | No
 def check_extended_profiler(cfg: Any) -> ConfigError | None:
     """The first bad ``trace_files`` / ``timeline`` field of an ``ExtendedPyTorchProfiler`` in
     ``trainer.profiler`` (an unknown template field, say), with its full dotted key."""
-    profiler = _get(cfg, "trainer.profiler")
-    if not _is_subclass(_get(profiler, "class_path"), ExtendedPyTorchProfiler):
+    profiler = get_dotted(cfg, "trainer.profiler")
+    if not _is_subclass(get_dotted(profiler, "class_path"), ExtendedPyTorchProfiler):
         return None
     for name, cls in (("trace_files", TraceFilesConfig), ("timeline", TimelineConfig)):
-        value = _get(profiler, f"init_args.{name}")
+        value = get_dotted(profiler, f"init_args.{name}")
         if value is None:
             continue
         try:
-            build_dataclass(cls, _to_dict(value), f"trainer.profiler.init_args.{name}")
+            build_dataclass(cls, to_dict(value), f"trainer.profiler.init_args.{name}")
         except ConfigError as err:
             return err
     return None
@@ -229,30 +229,30 @@ def group_is_used(cfg: Any, default: Any) -> bool:
     while a callback entry or a model's ``memprofiler_cfg`` configures profiling, it is taken as
     not written, so that profiler is the only one.
     """
-    value = _get(cfg, GROUP)
+    value = get_dotted(cfg, GROUP)
     if value is None:
         return False
-    if _to_dict(value) != _to_dict(default):
+    if to_dict(value) != to_dict(default):
         return True
-    return next(_entries(cfg, use_group=False), None) is None
+    return next(config_entries(cfg, use_group=False), None) is None
 
 
-def _entries(cfg: Any, use_group: bool) -> Iterator[tuple[str, Any, str]]:
+def config_entries(cfg: Any, use_group: bool) -> Iterator[tuple[str, Any, str]]:
     """(dotted key, raw value, origin) of each memprofiler config in ``cfg``."""
-    group = _get(cfg, GROUP) if use_group else None
+    group = get_dotted(cfg, GROUP) if use_group else None
     if group is not None:
         yield GROUP, group, "the `memprofiler:` group of `MemProfilerCLI`"
-    callbacks = _get(cfg, "trainer.callbacks")
+    callbacks = get_dotted(cfg, "trainer.callbacks")
     if callbacks is not None and not isinstance(callbacks, list):
         callbacks = [callbacks]
     for i, entry in enumerate(callbacks or []):
-        if _is_profiler_callback(_get(entry, "class_path")):
+        if _is_profiler_callback(get_dotted(entry, "class_path")):
             key = f"trainer.callbacks[{i}].init_args.config"
-            value = _get(entry, "init_args.config")
-            yield key, value, f"`trainer.callbacks[{i}]` ({_get(entry, 'class_path')})"
-    model = _get(cfg, "model")
+            value = get_dotted(entry, "init_args.config")
+            yield key, value, f"`trainer.callbacks[{i}]` ({get_dotted(entry, 'class_path')})"
+    model = get_dotted(cfg, "model")
     for key in ("memprofiler_cfg", "init_args.memprofiler_cfg"):
-        value = _get(model, key)
+        value = get_dotted(model, key)
         if value is not None:
             yield f"model.{key}", value, f"`model.{key}` (`ProfilerHooksMixin`)"
 
@@ -272,7 +272,7 @@ def _is_subclass(class_path: Any, base: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, base)
 
 
-def _get(obj: Any, dotted: str) -> Any:
+def get_dotted(obj: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         if obj is None:
             return None
@@ -283,6 +283,6 @@ def _get(obj: Any, dotted: str) -> Any:
     return obj
 
 
-def _to_dict(value: Any) -> Any:
+def to_dict(value: Any) -> Any:
     as_dict = getattr(value, "as_dict", None)
     return as_dict() if callable(as_dict) else value

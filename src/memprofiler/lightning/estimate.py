@@ -23,16 +23,18 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
+from memprofiler.config import urls
 from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.estimate import engine
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.lightning import _compat as compat
-from memprofiler.output import remote, urls
+from memprofiler.output import remote
 from memprofiler.units import parse_size
 
 GROUP = "estimate"
+HELP = "Estimate one rank's peak memory of the fit config, on fake tensors (no GPU)."
 
 
 @dataclass
@@ -72,12 +74,20 @@ class EstimateSubcommand:
 
     subcommand: str | None
     parser: Any
+    #: Subcommands that parse the fit config, build the model on the meta device and no Trainer:
+    #: name -> (the dataclass of their ``--name.*`` options, the function run, the help line).
+    META_SUBCOMMANDS: dict[str, tuple[type, Any, str]] = {
+        GROUP: (EstimateConfig, lambda cli: run_estimate(cli), HELP)
+    }
 
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
+    @classmethod
+    def subcommands(cls) -> dict[str, set[str]]:
         from lightning.pytorch.cli import LightningCLI
 
-        return {**LightningCLI.subcommands(), GROUP: {"model", "datamodule"}}
+        return {
+            **LightningCLI.subcommands(),
+            **{name: {"model", "datamodule"} for name in cls.META_SUBCOMMANDS},
+        }
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         sub = parser.add_subcommands()
@@ -85,11 +95,11 @@ class EstimateSubcommand:
         compat.start_subcommands(cli)
         trainer_class = cli.trainer_class
         for name in self.subcommands():
-            help_ = "Estimate one rank's peak memory of the fit config, on fake tensors (no GPU)."
-            if name == GROUP:
+            if name in self.META_SUBCOMMANDS:
+                options, _, help_ = self.META_SUBCOMMANDS[name]
                 sp = cli.init_parser(**{"description": help_, **kwargs.get(name, {})})
                 compat.add_arguments(cli, sp)
-                sp.add_dataclass_arguments(EstimateConfig, GROUP)
+                sp.add_dataclass_arguments(options, name)
                 compat.register_subcommand(cli, name, sp, method_arguments={})
             else:
                 help_ = compat.short_description(getattr(trainer_class, name)) or name
@@ -101,24 +111,24 @@ class EstimateSubcommand:
 
     def _add_instantiators(self) -> None:
         super()._add_instantiators()  # type: ignore[misc]
-        if self.subcommand == GROUP:
+        if self.subcommand in self.META_SUBCOMMANDS:
             cli: Any = self
             instantiator, model_type = compat.model_instantiator(cli, _OnMeta)
             self.parser.add_instantiator(instantiator, model_type, subclasses=cli.subclass_mode_model)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # No Trainer for an estimate: it would check devices this machine does not have.
-        if self.subcommand == GROUP:
+        if self.subcommand in self.META_SUBCOMMANDS:
             return None
         return super().instantiate_trainer(**kwargs)  # type: ignore[misc]
 
     def _run_subcommand(self, subcommand: str) -> None:
-        if subcommand == GROUP:
+        if subcommand in self.META_SUBCOMMANDS:
             try:
-                run_estimate(self)
+                self.META_SUBCOMMANDS[subcommand][1](self)
             except MemProfilerError as err:  # the user's mistake: one line, exit code 2
                 cli: Any = self
-                compat.subcommand_parser(cli, GROUP).error(str(err))
+                compat.subcommand_parser(cli, subcommand).error(str(err))
             return
         super()._run_subcommand(subcommand)  # type: ignore[misc]
 

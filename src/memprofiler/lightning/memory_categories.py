@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from memprofiler import layout
-from memprofiler.analysis.profiler_ops import _FACTORIES, module_name
-from memprofiler.analysis.trace_events import MODULE_PREFIXES
+from memprofiler.analysis.traces.events import MODULE_PREFIXES
+from memprofiler.analysis.traces.ops import FACTORIES, module_name
 
 #: The file's ``format`` and ``version``.
 FORMAT, VERSION = layout.MEMORY_CATEGORIES_FORMAT, 1
@@ -124,7 +124,7 @@ def tensor_origins(profile: Any, ids: set[int]) -> dict[str, list[Any]]:
             module = ""
             parent = node.parent
             while parent is not None:
-                if parent.typed[0] == _EventType.TorchOp and (not ops or ops[-1] in _FACTORIES):
+                if parent.typed[0] == _EventType.TorchOp and (not ops or ops[-1] in FACTORIES):
                     ops.append(parent.name)
                 elif not module and parent.name.startswith(MODULE_PREFIXES):  # torch's or Lightning's span
                     module = module_name(parent.name)

@@ -112,6 +112,8 @@ class RunManifest:
     status: str = "running"
     notes: list[str] = field(default_factory=list)
     """Why a run collected less than configured (never-called functions, unopened windows)."""
+    error: str | None = None
+    """What ended a crashed run: the exception's type and the first line of its message."""
 
     @classmethod
     def new(cls, requested: Path, world_size: int) -> RunManifest:
@@ -132,6 +134,18 @@ class RunManifest:
         self.finished = _now()
         self.status = status
         self.notes = list(notes)
+
+
+def crash_line(exc: BaseException, limit: int = 300) -> str:
+    """``RuntimeError: CUDA out of memory. Tried to allocate ...``: the type and the first line.
+
+    Example:
+        >>> crash_line(ValueError("bad batch\\nmore"))
+        'ValueError: bad batch'
+    """
+    first = next(iter(str(exc).splitlines()), "").strip()
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _now() -> str:

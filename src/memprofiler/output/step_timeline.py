@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memprofiler import layout
-from memprofiler.output.timeline import _json_num, _json_str, merge_into_trace
+from memprofiler.output.timeline import json_num, json_str, merge_into_trace
 from memprofiler.output.writers import write_text
 
 #: Categories of the events this module adds, so viewers and the merge can tell them apart.
@@ -44,7 +44,7 @@ def _finite(value: object) -> bool:
 
 def _name_json(name: object) -> str:
     """``json.dumps(name)``; cached for strings (the same hook and metric names repeat)."""
-    return _json_str(name) if type(name) is str else json.dumps(name)
+    return json_str(name) if type(name) is str else json.dumps(name)
 
 
 class SampleSource(Protocol):
@@ -111,10 +111,10 @@ class StepTimeline:
         hi = end_ns if end_ns is not None else 1 << 62
         pid_json = json.dumps(pid)
         rows = {
-            track: f'{{"ph": "X", "cat": {_json_str(cat)}, "name": ' for track, (_, cat, _) in _ROWS.items()
+            track: f'{{"ph": "X", "cat": {json_str(cat)}, "name": ' for track, (_, cat, _) in _ROWS.items()
         }
         ends = {
-            track: f', "pid": {pid_json}, "tid": {_json_num(tid)}, "ts": '
+            track: f', "pid": {pid_json}, "tid": {json_num(tid)}, "ts": '
             for track, (tid, _, _) in _ROWS.items()
         }
         parts: list[str] = []
@@ -125,7 +125,7 @@ class StepTimeline:
                     f'"dur": {float.__repr__((t1 - t0) / 1000.0)}}}'
                 )
         if self.host is not None:
-            head = f'{{"ph": "C", "cat": {_json_str(HOST_CATEGORY)}, "name": '
+            head = f'{{"ph": "C", "cat": {json_str(HOST_CATEGORY)}, "name": '
             for t_ns, values in self.host.between(lo, hi):
                 ts = float.__repr__((t_ns - base_ns) / 1000.0)
                 for track_name, value in values.items():
@@ -133,7 +133,7 @@ class StepTimeline:
                         continue
                     parts.append(
                         f'{head}{_name_json(track_name)}, "pid": {pid_json}, "ts": {ts}, '
-                        f'"args": {{"value": {_json_num(value)}}}}}'
+                        f'"args": {{"value": {json_num(value)}}}}}'
                     )
         return ", ".join(parts)
 
@@ -178,7 +178,7 @@ class StepTimeline:
             events.append(text)
         other = json.dumps({"memprofiler_rank": self.rank, "os_pid": os.getpid()})
         return (
-            f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {_json_num(base)}, '
+            f'{{"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": {json_num(base)}, '
             f'"traceEvents": [{", ".join(events)}], "otherData": {other}}}'
         )
 

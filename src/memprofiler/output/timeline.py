@@ -72,10 +72,10 @@ def _counter_values(metrics: Mapping[str, Any]) -> dict[str, int | float]:
 
 
 #: ``json.dumps`` of a string (track, function name), kept: the same few repeat every call.
-_json_str = functools.lru_cache(maxsize=4096)(json.dumps)
+json_str = functools.lru_cache(maxsize=4096)(json.dumps)
 
 
-def _json_num(value: Any) -> str:
+def json_num(value: Any) -> str:
     """A finite number as ``json.dumps`` writes it."""
     return int.__repr__(value) if isinstance(value, int) else float.__repr__(value)
 
@@ -184,12 +184,12 @@ class MemoryTimeline:
         pid_json = int.__repr__(pid) if type(pid) is int else json.dumps(pid)
         rank = self.rank
         rank_json = int.__repr__(rank) if type(rank) is int else json.dumps(rank)
-        head = f'"cat": {_json_str(CATEGORY)}, '
-        tail = f'"pid": {pid_json}, "tid": {_json_num(SPAN_TID)}, "ts": '
+        head = f'"cat": {json_str(CATEGORY)}, '
+        tail = f'"pid": {pid_json}, "tid": {json_num(SPAN_TID)}, "ts": '
         parts: list[str] = []
         for mark in marks:
             ts = float.__repr__((mark.t_ns - base_ns) / 1000.0)
-            values = [(_json_str(track), _json_num(value)) for track, value in mark.values.items()]
+            values = [(json_str(track), json_num(value)) for track, value in mark.values.items()]
             for name, value in values:
                 parts.append(f'{{"ph": "C", {head}"name": {name}, {tail}{ts}, "args": {{"bytes": {value}}}}}')
             key = (mark.fn, mark.call)
@@ -197,7 +197,7 @@ class MemoryTimeline:
                 starts[key] = mark
             elif mark.phase == "end" and key in starts:
                 begin = starts.pop(key)
-                fn = _json_str(mark.fn)
+                fn = json_str(mark.fn)
                 if type(mark.call) is int:  # digits need no escaping: the name's JSON is fn's, extended
                     call = int.__repr__(mark.call)
                     span = f'{fn[:-1]}.{call}"'

@@ -26,7 +26,8 @@ PLUGIN_NAME = "memprofiler-budgets"
 _MARKERS = (
     "memory_budget(*limits, **budgets): fail when the test body exceeds a memory budget; "
     "budgets: rss_peak, saved_tensors, cuda_peak or any `memprofiler check --max` metric, "
-    "e.g. memory_budget(rss_peak='1GiB', saved_tensors='300MiB') (memprofiler)",
+    "e.g. memory_budget(rss_peak='1GiB', saved_tensors='300MiB'), or a rise over "
+    "--memprofiler-baseline, saved_tensors='+5%' (memprofiler)",
     "memory_leak(cuda='0B', saved_tensors='0B'): fail when the test body leaves CUDA memory "
     "allocated or saved-for-backward graphs alive (memprofiler)",
 )
@@ -40,6 +41,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="DIR",
         help="write every measured test's figures to DIR, for `memprofiler report` / `memprofiler diff`",
+    )
+    group.addoption(
+        "--memprofiler-baseline",
+        dest="memprofiler_baseline",
+        default=None,
+        metavar="DIR",
+        help="figures of a stored test run (--memprofiler-dir on the baseline commit): budgets "
+        "written as a rise, memory_budget(rss_peak='+5%%'), compare each test with its own there",
     )
 
 

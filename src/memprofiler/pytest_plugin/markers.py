@@ -12,6 +12,7 @@ from typing import Any
 
 from memprofiler import metrics
 from memprofiler.analysis.budget import Limit
+from memprofiler.analysis.growth import Growth, is_growth, parse_growth
 from memprofiler.errors import ConfigError
 from memprofiler.units import CUDA_MEMORY_STATS, parse_size
 
@@ -44,6 +45,17 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class GrowthBudget:
+    """A relative limit of a ``memory_budget`` marker (``rss_peak="+5%"``): how far the test's
+    figure may rise over the same test's in ``--memprofiler-baseline``."""
+
+    growth: Growth
+    """Metric name or shell pattern and the allowed rise."""
+    cuda: bool
+    """Whether the metric is a CUDA allocator figure (not checkable without a GPU)."""
+
+
+@dataclass(frozen=True)
 class LeakBudget:
     """A ``memory_leak`` marker: how much may still be held after the test body."""
 
@@ -61,6 +73,7 @@ class MarkerBudgets:
 
     budgets: tuple[Budget, ...] = ()
     leak: LeakBudget | None = None
+    growth: tuple[GrowthBudget, ...] = ()
 
 
 def _metric_error(marker: str, written: str, metric: str) -> ConfigError:
@@ -72,7 +85,7 @@ def _metric_error(marker: str, written: str, metric: str) -> ConfigError:
     )
 
 
-def _budget(marker: str, metric: str, value: Any, written: str) -> Budget:
+def _budget(marker: str, metric: str, value: Any, written: str) -> Budget | GrowthBudget:
     metric = ALIASES.get(metric, metric)
     if not metric.startswith(BY_MODULE) and not fnmatch.filter(_KNOWN, metric):
         raise _metric_error(marker, written, metric)
@@ -80,18 +93,24 @@ def _budget(marker: str, metric: str, value: Any, written: str) -> Budget:
         raise ConfigError(
             f"{marker}({written})", f"got {value!r}; expected a size such as '300MiB' or a number"
         )
-    size = parse_size(str(value), key=f"{marker}({written})")
     matched = fnmatch.filter(_KNOWN, metric)
     cuda = bool(matched) and all(m in CUDA_METRICS for m in matched)
+    if isinstance(value, str) and is_growth(value):
+        try:
+            return GrowthBudget(parse_growth(f"{metric}={value}", marker), cuda)
+        except ConfigError as err:
+            raise ConfigError(f"{marker}({written})", err.rule) from None
+    size = parse_size(str(value), key=f"{marker}({written})")
     return Budget(Limit(metric, size), cuda)
 
 
-def parse_budget(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Budget, ...]:
-    """Parse ``memory_budget("METRIC=VALUE", ..., rss_peak="1GiB", ...)``.
+def parse_budget(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Budget | GrowthBudget, ...]:
+    """Parse ``memory_budget("METRIC=VALUE", ..., rss_peak="1GiB", saved_tensors="+5%", ...)``.
 
     Args:
         args: ``"METRIC=VALUE"`` strings, exactly as ``memprofiler check --max`` takes them.
-        kwargs: ``rss_peak``, ``saved_tensors``, ``cuda_peak`` or a metric name, to a size.
+        kwargs: ``rss_peak``, ``saved_tensors``, ``cuda_peak`` or a metric name, to a size, or
+            to a rise over ``--memprofiler-baseline`` (``"+5%"``, ``"+1MiB"``).
 
     Raises:
         ConfigError: no budget, an unknown metric, or a bad size; the key names the marker.
@@ -100,7 +119,7 @@ def parse_budget(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Budget,
         >>> parse_budget((), {"saved_tensors": "1MiB"})[0].limit
         Limit(metric='saved_tensors.unique_bytes', value=1048576.0)
     """
-    out: list[Budget] = []
+    out: list[Budget | GrowthBudget] = []
     for text in args:
         if not isinstance(text, str) or "=" not in text:
             raise ConfigError(
@@ -142,7 +161,7 @@ def budgets_of(item: Any) -> MarkerBudgets | None:
     Raises:
         ConfigError: a marker's arguments are wrong.
     """
-    budgets: list[Budget] = []
+    budgets: list[Budget | GrowthBudget] = []
     leak: LeakBudget | None = None
     marked = False
     for mark in item.iter_markers(BUDGET_MARKER):
@@ -151,4 +170,26 @@ def budgets_of(item: Any) -> MarkerBudgets | None:
     for mark in item.iter_markers(LEAK_MARKER):
         marked = True
         leak = leak or parse_leak(tuple(mark.args), dict(mark.kwargs))
-    return MarkerBudgets(tuple(budgets), leak) if marked else None
+    if not marked:
+        return None
+    absolute = tuple(b for b in budgets if isinstance(b, Budget))
+    return MarkerBudgets(absolute, leak, tuple(b for b in budgets if isinstance(b, GrowthBudget)))
+
+
+def misspelt_marker(name: str) -> str | None:
+    """One line when ``name`` (a marker pytest does not know) looks like a misspelt
+    ``memory_budget`` or ``memory_leak``, else ``None``.
+
+    Example:
+        >>> misspelt_marker("memory_budjet")
+        "`@pytest.mark.memory_budjet` is not a memprofiler marker: did you mean `memory_budget`? (as written, nothing is measured or checked)"
+    """
+    import difflib
+
+    close = difflib.get_close_matches(name, (BUDGET_MARKER, LEAK_MARKER), n=1, cutoff=0.75)
+    if not close:
+        return None
+    return (
+        f"`@pytest.mark.{name}` is not a memprofiler marker: did you mean `{close[0]}`? "
+        "(as written, nothing is measured or checked)"
+    )

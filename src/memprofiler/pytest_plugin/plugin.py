@@ -16,6 +16,7 @@ import pytest
 if TYPE_CHECKING:
     from memprofiler.collectors.cuda_backend import CudaBackend
     from memprofiler.collectors.host import HostCollector
+    from memprofiler.pytest_plugin.baseline import Baseline
     from memprofiler.pytest_plugin.markers import MarkerBudgets
 
 #: ``workeroutput`` key under which a ``pytest-xdist`` worker hands its figures to the controller.
@@ -30,6 +31,17 @@ def _check_out_dir(value: str) -> None:
 
     try:
         check_out_dir(value)
+    except MemProfilerError as err:
+        raise pytest.UsageError(" ".join(str(err).split())) from None
+
+
+def _load_baseline(given: str) -> Baseline:
+    """``--memprofiler-baseline`` read before any test runs: a usage error of one line."""
+    from memprofiler.errors import MemProfilerError
+    from memprofiler.pytest_plugin.baseline import Baseline
+
+    try:
+        return Baseline.load(given)
     except MemProfilerError as err:
         raise pytest.UsageError(" ".join(str(err).split())) from None
 
@@ -63,6 +75,11 @@ class MemoryBudgetPlugin:
             # Resolved now: a test may change the working directory before the files are written.
             local = not is_url(self.out_dir)
             self._out_root = os.path.abspath(os.path.expanduser(self.out_dir)) if local else self.out_dir
+        #: ``--memprofiler-baseline``, read before any test runs.
+        self.baseline: Baseline | None = None
+        given = config.getoption("memprofiler_baseline", None)
+        if given:
+            self.baseline = _load_baseline(given)
         #: Why nothing was written at the end (the directory refused us), for the summary.
         self._write_error: str | None = None
         #: xdist: the controller's spool directory; a worker's own spool file.
@@ -75,6 +92,8 @@ class MemoryBudgetPlugin:
             self._spool = spool_file(spool_dir, str(config.workerinput["workerid"]))  # type: ignore[attr-defined]
         #: xdist: one line per worker that died, saying what was recovered and what was lost.
         self._worker_losses: list[str] = []
+        #: A usage error ended the session at collection: no "nothing written" line after it.
+        self._refused = False
         self.budgets: dict[str, MarkerBudgets] = {}
         self._usage_errors: dict[str, str] = {}
         #: Snapshot key -> metrics of every measured test body (and, on the xdist controller,
@@ -91,6 +110,8 @@ class MemoryBudgetPlugin:
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         from memprofiler.pytest_plugin.markers import BUDGET_MARKER, LEAK_MARKER
 
+        in_worker = hasattr(self.config, "workerinput")
+        self._refuse_misspelt(items, in_worker)
         marked = [
             i for i in items if i.get_closest_marker(BUDGET_MARKER) or i.get_closest_marker(LEAK_MARKER)
         ]
@@ -99,13 +120,13 @@ class MemoryBudgetPlugin:
         from memprofiler.errors import ConfigError
         from memprofiler.pytest_plugin.markers import budgets_of
 
-        in_worker = hasattr(self.config, "workerinput")
         for item in marked:
             try:
                 found = budgets_of(item)
             except ConfigError as err:
                 message = f"{item.nodeid}: {err}"
                 if not in_worker:
+                    self._refused = True
                     raise pytest.UsageError(message) from None
                 # An xdist worker cannot end the session cleanly (the controller reports an
                 # internal error): the test errors at setup with the same line instead.
@@ -113,6 +134,25 @@ class MemoryBudgetPlugin:
                 continue
             if found is not None:
                 self.budgets[item.nodeid] = found
+
+    def _refuse_misspelt(self, items: list[pytest.Item], in_worker: bool) -> None:
+        """A marker that is not registered and reads like one of ours is a usage error: its
+        budget would go unchecked, with only pytest's unknown-mark warning at the end."""
+        from memprofiler.pytest_plugin.markers import misspelt_marker
+
+        known = {line.split("(")[0].split(":")[0].strip() for line in self.config.getini("markers")}
+        for item in items:
+            for mark in item.iter_markers():
+                if mark.name in known:
+                    continue
+                line = misspelt_marker(mark.name)
+                if line is None:
+                    continue
+                message = f"{item.nodeid}: {line}"
+                if not in_worker:
+                    self._refused = True  # the summary says nothing of an empty directory then
+                    raise pytest.UsageError(message)
+                self._usage_errors[item.nodeid] = message
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         message = self._usage_errors.get(item.nodeid)
@@ -168,12 +208,34 @@ class MemoryBudgetPlugin:
                 | ({"leak.cuda_bytes": leaks.cuda_bytes} if leaks.cuda_bytes is not None else {})
             )
         self._record(item.nodeid, n, meter.start_metrics, end)
-        lines, unchecked = check(budgets, meter.start_metrics, end, leaks, cuda=cuda is not None)
+        base, no_base = self._baseline_of(item.nodeid, n, budgets)
+        lines, unchecked = check(
+            budgets,
+            meter.start_metrics,
+            end,
+            leaks,
+            cuda=cuda is not None,
+            baseline=base,
+            no_baseline=no_base,
+        )
         if lines:
             pytest.fail("\n".join(lines), pytrace=False)
         if unchecked:
             raise _skip("; ".join(unchecked) + " (all else its markers ask was checked and passed)")
         return result
+
+    def _baseline_of(
+        self, nodeid: str, n: int, budgets: MarkerBudgets
+    ) -> tuple[dict[str, float] | None, str]:
+        """The test's figures in ``--memprofiler-baseline``, or ``None`` and why."""
+        if not budgets.growth:
+            return None, ""
+        if self.baseline is None:
+            return None, "no --memprofiler-baseline DIR given to compare with"
+        found = self.baseline.values(nodeid, n)
+        if found is None:
+            return None, f"the test is not in --memprofiler-baseline {self.baseline.source} (a new test?)"
+        return found, ""
 
     def _record(self, nodeid: str, n: int, start: dict[str, Any], end: dict[str, Any]) -> None:
         from memprofiler.layout import snapshot_key
@@ -268,7 +330,7 @@ class MemoryBudgetPlugin:
                 f"memprofiler: figures of {len(self.snapshots) // 2} measured tests in {written} "
                 "(read with `memprofiler report` / `memprofiler diff`)"
             )
-        else:  # never silent: say why the directory stays empty
+        elif not self._refused:  # never silent: say why the directory stays empty
             terminalreporter.write_line(
                 f"memprofiler: nothing written to {self.out_dir}: no test that ran is marked "
                 "memory_budget or memory_leak"

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from memprofiler import layout
+from memprofiler.config import urls
 from memprofiler.errors import ArtifactError, ConfigError
-from memprofiler.output import remote, urls
+from memprofiler.output import remote
 from memprofiler.output.remote import RemoteDir, is_url
 from memprofiler.output.run_dir import RunManifest, claim, write_manifest
 from memprofiler.output.writers import write_yaml, yaml_document

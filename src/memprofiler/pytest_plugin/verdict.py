@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from memprofiler import metrics
-from memprofiler.analysis.artifacts import flatten_metrics
+from memprofiler.analysis.growth import Growth
+from memprofiler.analysis.runs.artifacts import flatten_metrics
 from memprofiler.pytest_plugin.markers import BUDGET_MARKER, BY_MODULE, LEAK_MARKER, MarkerBudgets
 from memprofiler.units import format_bytes, format_value
 
@@ -53,6 +54,8 @@ def check(
     end: Mapping[str, Any],
     leaks: LeakFigures | None,
     cuda: bool,
+    baseline: Mapping[str, float] | None = None,
+    no_baseline: str = "",
 ) -> tuple[list[str], list[str]]:
     """Return ``(violation lines, budgets not checked with the reason)``.
 
@@ -62,6 +65,9 @@ def check(
         end: the end snapshot.
         leaks: what the body left behind, for a ``memory_leak`` test.
         cuda: whether a CUDA device was measured.
+        baseline: the same test's figures in ``--memprofiler-baseline`` (as
+            :func:`budget_values` gives them), for the relative budgets.
+        no_baseline: why ``baseline`` is ``None``, said when a relative budget is not checked.
     """
     values = budget_values(start, end)
     saved = end.get(metrics.SAVED_BY_MODULE) or {}
@@ -88,6 +94,12 @@ def check(
                 f"{BUDGET_MARKER}: {name} = {_amount(name, value)}{where}, "
                 f"over budget {_amount(name, limit)}{tail}"
             )
+    for g in budgets.growth:
+        lines += _growth_lines(g.growth, values, start, baseline, tail)
+        if g.cuda and not cuda:
+            unchecked.append(f"{BUDGET_MARKER}: {g.growth.metric} not checked: no CUDA device in this run")
+        elif baseline is None:
+            unchecked.append(f"{BUDGET_MARKER}: {g.growth.text} not checked: {no_baseline}")
     if leaks is not None and budgets.leak is not None:
         leak = budgets.leak
         if leaks.cuda_bytes is None:
@@ -106,6 +118,41 @@ def check(
                 f"held by: {_held(leaks.saved_holders)}"
             )
     return lines, unchecked
+
+
+def _growth_lines(
+    growth: Growth,
+    values: Mapping[str, float],
+    start: Mapping[str, Any],
+    baseline: Mapping[str, float] | None,
+    tail: str,
+) -> list[str]:
+    """One line per figure that rose over the baseline's by more than ``growth`` allows.
+
+    A module's saved bytes absent from the baseline count as 0 there (it saved nothing).
+    """
+    if baseline is None:
+        return []
+    lines = []
+    for name in sorted(fnmatch.filter(values, growth.metric)):
+        a = baseline.get(name)
+        if a is None and name.startswith(BY_MODULE):
+            a = 0.0
+        if a is None:
+            continue
+        value = values[name]
+        if value - a <= growth.allowance(a):
+            continue
+        rise = value - a
+        pct = f", {100.0 * rise / abs(a):+.1f}%" if a else ""
+        where = ""
+        if name in _GROWTH_BASE:
+            where = f" above the {format_bytes(start[_GROWTH_BASE[name]])} {_GROWTH_BASE[name].upper()} at the test's start"
+        lines.append(
+            f"{BUDGET_MARKER}: {name} = {_amount(name, value)}{where}, baseline {_amount(name, a)}: "
+            f"+{format_value(name, rise)}{pct}, over the allowed {growth.shown(a)}{tail}"
+        )
+    return lines
 
 
 def _held(found: list[str]) -> str:

@@ -1,1 +1,1 @@
-"""The report: its model (``model.py``, with the per-call figures declared in ``figures.py``), one module per output format rendering a :class:`~memprofiler.reporters.model.ReportModel`, the profiler views' renderers (``profiler_*.py``) and the allocation explorer page (``explorer*.py``)."""
+"""The report of a run, shaped once (``model/``) and rendered per format: the terminal and the HTML page, the profiler views (``traces/``), the allocation explorer (``explorer/``), from HTML pieces every page shares (``parts/``)."""

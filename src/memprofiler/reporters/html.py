@@ -2,7 +2,7 @@
 
 Every style, script, chart and datum is inline. Charts are inline SVG drawn here in Python;
 the only script is a few lines that filter tables. The file opens the same on an air-gapped
-machine as anywhere else. Up to :data:`~memprofiler.reporters.model.PER_CALL_LIMIT` calls
+machine as anywhere else. Up to :data:`~memprofiler.reporters.model.report.PER_CALL_LIMIT` calls
 each get a bar and a table row; longer runs are shown per function (min / median / max
 bands over the calls) with the top calls, so the page stays small and its charts readable.
 """
@@ -13,12 +13,15 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from memprofiler.analysis.artifacts import is_number
-from memprofiler.analysis.memory_categories import CategoryTimeline
-from memprofiler.reporters import svg
-from memprofiler.reporters.explorer import explorer_relpath
-from memprofiler.reporters.figures import BANDED, CALL_FIGURES, table_figures
-from memprofiler.reporters.html_cells import (
+from memprofiler.analysis.runs.artifacts import is_number
+from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+from memprofiler.reporters.explorer.oom import when_text
+from memprofiler.reporters.explorer.page import explorer_relpath
+from memprofiler.reporters.model.figures import BANDED, CALL_FIGURES, table_figures
+from memprofiler.reporters.model.memory_split import top_with_other
+from memprofiler.reporters.model.report import CallRow, ReportModel, binned, breakdown_rank, report_tables
+from memprofiler.reporters.parts import svg
+from memprofiler.reporters.parts.cells import (
     auto_cell,
     b,
     bytes_cell,
@@ -27,11 +30,9 @@ from memprofiler.reporters.html_cells import (
     table,
     value_cell,
 )
-from memprofiler.reporters.html_snapshot import snapshot_html
-from memprofiler.reporters.html_where import CSS as WHERE_CSS
-from memprofiler.reporters.html_where import where_html
-from memprofiler.reporters.memory_split import top_with_other
-from memprofiler.reporters.model import CallRow, ReportModel, binned, breakdown_rank, report_tables
+from memprofiler.reporters.parts.snapshot import snapshot_html
+from memprofiler.reporters.where import CSS as WHERE_CSS
+from memprofiler.reporters.where import where_html
 from memprofiler.units import format_bytes
 
 #: The per-call charts: title, and the figure each shows (see ``figures.CALL_FIGURES``).
@@ -348,8 +349,11 @@ class HtmlReporter:
             free, total = info.get("device_free_bytes"), info.get("device_total_bytes")
             if is_number(free):
                 bits.append(f"{b(free)} free" + (f" of {b(total)} total" if is_number(total) else ""))
-            if is_number(info.get("step")):
-                bits.append(f"step {info['step']}")
+            calls = info.get("calls")
+            calls = {str(k): v for k, v in calls.items() if type(v) is int} if isinstance(calls, dict) else {}
+            step = info.get("step")
+            if calls or type(step) is int:
+                bits.append(escape(when_text(step if type(step) is int else None, calls), quote=False))
             href = pages.get(str(o.pickle_path)) if o.pickle_path else None
             link = (
                 f" <a class='oom-explorer' href='{escape(href, quote=True)}'>Open it in the allocation explorer</a>"

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unmatched
-from memprofiler.analysis.snapshot import SnapshotAnalysis
-from memprofiler.reporters.figures import BANDED, table_figures
-from memprofiler.reporters.model import CallRow, ReportModel
+from memprofiler.analysis.snapshot.summary import SnapshotAnalysis
+from memprofiler.reporters.model.figures import BANDED, table_figures
+from memprofiler.reporters.model.module_groups import SavedRollup, top_groups
+from memprofiler.reporters.model.report import CallRow, ReportModel
 from memprofiler.units import format_bytes, format_value
 
 
@@ -99,6 +101,10 @@ class TerminalReporter:
         console.print(t)
 
     def _modules(self, console: Console) -> None:
+        rollup = self.model.saved_rollup()
+        if rollup is not None:
+            self._rollup(console, rollup)
+            return
         top = self.model.top_saved_modules(self.top)
         if not top:
             return
@@ -110,11 +116,30 @@ class TerminalReporter:
             t.add_row(escape(mod), format_bytes(b), escape(where))
         console.print(t)
 
+    def _rollup(self, console: Console, r: SavedRollup) -> None:
+        """Saved-tensor bytes of the call that saved the most, by block and by module type."""
+        console.print(
+            f"Saved-tensor bytes of {escape(r.label)}, the call that saved the most: "
+            f"{format_bytes(r.total)} in {r.modules:,} modules"
+        )
+        for title, groups, count in (
+            ("by block", r.by_block, "modules"),
+            ("by module type across blocks", r.by_type, "blocks"),
+        ):
+            t = Table(title=title)
+            for col in ("block" if count == "modules" else "module type", "saved", "share", count):
+                t.add_column(col, justify="left" if col in ("block", "module type") else "right")
+            for g in top_groups(groups, self.top):
+                n = g.modules if count == "modules" else g.blocks
+                share = f"{g.bytes / r.total:.1%}" if r.total else "-"
+                t.add_row(escape(g.name), format_bytes(g.bytes), share, f"{n:,}" if n else "-")
+            console.print(t)
+
     def _tracker_peaks(self, console: Console) -> None:
         cats, rows = self.model.tracker_rows()
         if not rows:
             return
-        t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")
+        t = Table(title=_tracker_title(self.model.run.reports))
         for col in ("rank", "function", "call", *cats):
             t.add_column(escape(col), justify="left" if col == "function" else "right")
         for c, peaks in rows:
@@ -144,7 +169,10 @@ class TerminalReporter:
     def _reports(self, console: Console) -> None:
         reps = self.model.run.reports
         if reps:
-            kinds = ", ".join(f"{sum(r.kind == k for r in reps)} {k}" for k in sorted({r.kind for r in reps}))
+            kinds = ", ".join(
+                f"{sum(r.kind == k for r in reps)} of the {_TRACKERS.get(k, k)}"
+                for k in sorted({r.kind for r in reps})
+            )
             console.print(f"module-wise reports: {kinds} (tables in the HTML report)")
         for oom in self.model.run.ooms:
             info = oom.info or {}
@@ -153,7 +181,30 @@ class TerminalReporter:
                 for k, v in info.items()
                 if isinstance(v, (int, float))
             ]
-            console.print(f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml"))
+            again = oom.repeated_by
+            same = (
+                f" (record #{again.n} is the exception handler's record of this OOM: "
+                f"{escape(str((again.info or {}).get('exception', '')))})"
+                if again is not None
+                else ""
+            )
+            console.print(
+                f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml") + same
+            )
+
+
+#: The trackers' names, by report kind.
+_TRACKERS = {"fsdp": "FSDP tracker", "module": "module tracker"}
+
+
+def _tracker_title(reports: Sequence[Any]) -> str:
+    """The tracker peaks table's title, named for the tracker that wrote them."""
+    kinds = {r.kind for r in reports}
+    if kinds == {"fsdp"}:
+        return "FSDP tracker peaks per category (fsdp.peak.*)"
+    if kinds == {"module"}:
+        return "Module tracker peaks per category (module_mem.peak.*)"
+    return "Tracker peaks per category (fsdp.peak.* / module_mem.peak.*)"
 
 
 def _max_rank(stats: dict[str, object]) -> object:
@@ -181,14 +232,22 @@ def render_snapshot(
             f"({_at(d.peak_allocated_index, d.peak_allocated_time_us)}); "
             f"peak reserved {format_bytes(d.peak_reserved)} ({_at(d.peak_reserved_index, d.peak_reserved_time_us)})"
         )
-        if d.top_stacks:
-            t = Table(
-                title=f"device {d.device}: live at the active peak by stack ({d.live_blocks_at_peak:,} blocks)"
+        # With an OOM, what held the memory when the allocation failed is the question, not the
+        # peak before it (a step earlier, the peak's blocks may all be gone).
+        stacks, blocks = (
+            (d.oom_stacks, d.live_blocks_at_oom) if d.ooms else (d.top_stacks, d.live_blocks_at_peak)
+        )
+        if stacks:
+            when = (
+                f"live at the OOM (entry {d.ooms[-1].index:,}, {format_bytes(d.allocated_at_oom)} active)"
+                if d.ooms
+                else "live at the active peak"
             )
+            t = Table(title=f"device {d.device}: {when} by stack ({blocks:,} blocks)")
             t.add_column("requested bytes", justify="right")
             t.add_column("blocks", justify="right")
             t.add_column("stack (innermost first)")
-            for g in d.top_stacks[:top]:
+            for g in stacks[:top]:
                 t.add_row(format_bytes(g.bytes), f"{g.count:,}", escape("\n".join(g.frames)))
             console.print(t)
         for o in d.ooms:

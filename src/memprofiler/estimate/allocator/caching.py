@@ -45,9 +45,11 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from memprofiler.estimate.allocator.conf import AllocConf
+from memprofiler.estimate.allocator.conf import read as read_conf
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -71,35 +73,33 @@ class AllocatorConfig:
     ignored: tuple[str, ...] = ()
 
     @classmethod
+    def from_conf(cls, conf: AllocConf) -> AllocatorConfig:
+        """The options of ``conf`` (the variable as torch read it) that the model follows; the
+        ones it does not are kept in ``ignored``."""
+        split = conf.max_split_size
+        return cls(
+            max_split_size=NO_LIMIT if split is None or split >= NO_LIMIT else split,
+            max_non_split_rounding=(
+                conf.max_non_split_rounding if conf.max_non_split_rounding is not None else LARGE_SEGMENT
+            ),
+            expandable_segments=conf.expandable_segments,
+            garbage_collection_threshold=conf.garbage_collection_threshold,
+            roundup_power2_divisions=conf.roundup_power2_divisions,
+            ignored=conf.not_modelled,
+        )
+
+    @classmethod
     def parse(cls, text: str | None) -> AllocatorConfig:
-        """``"max_split_size_mb:128,expandable_segments:True"`` (torch's syntax) to a config."""
-        if not text:
-            return cls()
-        opts: dict[str, object] = {}
-        ignored: list[str] = []
-        for item in re.split(r",(?![^\[]*\])", text):
-            if not item.strip():
-                continue
-            key, _, val = item.partition(":")
-            key, val = key.strip(), val.strip()
-            if key == "max_split_size_mb" and val.isdigit():
-                opts["max_split_size"] = int(val) << 20
-            elif key == "max_non_split_rounding_mb" and val.isdigit():
-                opts["max_non_split_rounding"] = int(val) << 20
-            elif key == "expandable_segments":
-                opts["expandable_segments"] = val.lower() == "true"
-            elif key == "garbage_collection_threshold":
-                opts["garbage_collection_threshold"] = float(val)
-            elif key == "roundup_power2_divisions" and val.isdigit():
-                opts["roundup_power2_divisions"] = int(val)
-            else:
-                ignored.append(item.strip())
-        return cls(ignored=tuple(ignored), **opts)  # type: ignore[arg-type]
+        """``"max_split_size_mb:128,expandable_segments:True"`` as torch reads it (:mod:`.conf`).
+
+        Raises:
+            ConfigError: a setting torch refuses.
+        """
+        return cls.from_conf(read_conf({"PYTORCH_CUDA_ALLOC_CONF": text or ""}))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AllocatorConfig:
-        env = os.environ if env is None else env
-        return cls.parse(env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF"))
+        return cls.from_conf(read_conf(os.environ if env is None else env))
 
     def describe(self) -> str:
         parts = []

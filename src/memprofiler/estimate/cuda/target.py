@@ -104,12 +104,98 @@ class CudaTarget:
         return f"{self.name} ({self.sm}), torch {major}.{minor}{why.get(self.how, '')}"
 
 
+#: The torch releases whose rules the estimate carries (workspaces, kernel scratch, the allocator's
+#: settings): an older 2.x is estimated by the oldest's rules, a newer one by the newest's, each
+#: with a note; another major version is refused.
+KNOWN_TORCH = ((2, 9), (2, 13))
+
+
 def parse_version(text: str) -> tuple[int, int]:
-    """``"2.11.0+cu130"`` -> ``(2, 11)``."""
-    found = re.match(r"\s*(\d+)\.(\d+)", str(text))
+    """``"2.11.0+cu130"`` -> ``(2, 11)``.
+
+    Raises:
+        ConfigError: not a release, or a major version other than torch 2 (no rule knows it).
+    """
+    found = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?(?:[a-z+.][\w.+-]*)?\s*", str(text))
     if not found:
         raise ConfigError("torch_version", f"got {text!r}; use a release such as 2.11")
-    return int(found.group(1)), int(found.group(2))
+    version = int(found.group(1)), int(found.group(2))
+    if version[0] != KNOWN_TORCH[0][0]:
+        raise ConfigError("torch_version", f"got {text!r}; the estimate's rules are for torch {_known()}")
+    return version
+
+
+#: What an estimate takes from the target's ``torch_version``: rules written from each release's source.
+FOLLOWS_TARGET = (
+    "cuBLAS and cuBLASLt workspaces",
+    "kernel scratch (layer norm, fused RMS norm, embedding backward)",
+)
+#: What runs as the torch installed where the estimate runs, whatever the target.
+RUNS_AS_INSTALLED = (
+    "FSDP2",
+    "activation checkpointing",
+    "autograd",
+    "the optimizers",
+    "the attention backend's choice",
+    "the ops' fake kernels",
+)
+#: Parsed by the rules of one release whatever the target: the allocator settings (torch 2.13's
+#: ``ConfigTokenizer``).
+ALLOC_CONF_RULES = (2, 13)
+
+
+def torch_rules(target: CudaTarget) -> dict[str, str]:
+    """Which torch each part of the estimate followed: ``{"FSDP2": "2.13 (installed)", ...}``."""
+    major, minor = target.torch_version
+    low, high = KNOWN_TORCH
+    ruled = min(max(target.torch_version, low), high)
+    installed = "{}.{} (installed)".format(*installed_version())
+    out = {part: f"{ruled[0]}.{ruled[1]} (target {major}.{minor})" for part in FOLLOWS_TARGET}
+    out["PYTORCH_CUDA_ALLOC_CONF parsing"] = "{}.{}".format(*ALLOC_CONF_RULES)
+    out.update({part: installed for part in RUNS_AS_INSTALLED})
+    return out
+
+
+def rules_note(target: CudaTarget) -> str:
+    """The line that says what the target's torch changed and what ran as the installed torch."""
+    major, minor = target.torch_version
+    imajor, iminor = installed_version()
+    return (
+        f"torch {major}.{minor} (the target) decides: {', '.join(FOLLOWS_TARGET)}; the installed torch "
+        f"{imajor}.{iminor} ran {', '.join(RUNS_AS_INSTALLED)}"
+    )
+
+
+def target_notes(target: CudaTarget) -> list[str]:
+    """The target's lines: a release outside the rules, and what the target's torch decided when it
+    is not the installed one."""
+    out = [line] if (line := version_note(target.torch_version)) else []
+    if target.torch_version != installed_version():
+        out.append(rules_note(target))
+    return out
+
+
+def installed_version() -> tuple[int, int]:
+    """The installed torch's (major, minor)."""
+    major, minor = re.findall(r"\d+", torch.__version__)[:2]
+    return int(major), int(minor)
+
+
+def _known() -> str:
+    (a, b), (c, d) = KNOWN_TORCH
+    return f"{a}.{b} to {c}.{d}"
+
+
+def version_note(version: tuple[int, int]) -> str | None:
+    """One line when ``version`` is outside :data:`KNOWN_TORCH`: whose rules stand in for it."""
+    low, high = KNOWN_TORCH
+    if low <= version <= high:
+        return None
+    nearest = low if version < low else high
+    return (
+        f"torch {version[0]}.{version[1]} is outside the releases the rules know ({_known()}): its workspaces, "
+        f"kernel scratch and allocator settings are estimated by torch {nearest[0]}.{nearest[1]}'s rules"
+    )
 
 
 def sms_for(capability: tuple[int, int]) -> int:
@@ -130,26 +216,33 @@ def threads_per_sm(capability: tuple[int, int]) -> int:
 
 
 def _lookup(text: str) -> tuple[str, Gpu] | None:
-    key = re.sub(r"[\s_-]", "", text).upper().removeprefix("NVIDIA")
-    for name, gpu in GPUS.items():  # "NVIDIA H100 80GB HBM3" -> H100
-        if key == name or (key.startswith(name) and not key[len(name) : len(name) + 1].isalpha()):
-            return name, gpu
-    found = re.fullmatch(r"(?:SM_?)?(\d{1,2})\.?(\d)", key)
+    """A known GPU by name (``NVIDIA H100 80GB HBM3`` -> H100: the longest name its leading words
+    spell), or a compute capability the rules know (``9.0``, ``sm90``); else None."""
+    words = re.sub(r"[_-]", " ", str(text)).upper().split()
+    while words and words[0] in ("NVIDIA", "TESLA", "GEFORCE", "QUADRO"):
+        words.pop(0)
+    for n in range(len(words), 0, -1):  # "H100 PCIe" is H100PCIE, not H100
+        if "".join(words[:n]) in GPUS:
+            name = "".join(words[:n])
+            return name, GPUS[name]
+    found = re.fullmatch(r"(?:SM_?)?(\d{1,2})\.?(\d)", "".join(words))
     if found:
         cap = (int(found.group(1)), int(found.group(2)))
-        return f"sm{cap[0]}{cap[1]}", Gpu(cap, sms_for(cap))
+        if cap in THREADS_PER_SM:
+            return f"sm{cap[0]}{cap[1]}", Gpu(cap, sms_for(cap))
     return None
 
 
 def resolve_target(gpu: str | None = None, torch_version: str | None = None) -> CudaTarget:
     """The target for ``gpu`` (a name or compute capability), else this GPU, else the default."""
-    version = parse_version(torch_version or torch.__version__)
+    version = parse_version(torch_version) if torch_version else installed_version()
     if gpu:
         found = _lookup(gpu)
         if found is None:
             known = ", ".join(GPUS)
+            caps = ", ".join(f"{a}.{b}" for a, b in THREADS_PER_SM)
             raise ConfigError(
-                "gpu", f"got {gpu!r}; use one of {known} or a compute capability such as 9.0 or sm90"
+                "gpu", f"got {gpu!r}; use one of {known} or a compute capability the rules know ({caps})"
             )
         name, spec = found
         return CudaTarget(name, spec.capability, version, spec.sms, threads_per_sm(spec.capability), "named")

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprofiler.errors import ConfigError
 from memprofiler.estimate.cuda.target import CudaTarget
 
 KiB = 1024
@@ -41,6 +42,8 @@ DEFAULT_SMALL = 4096 * KiB * 2 + 16 * KiB * 8
 DEFAULT_LARGE = 4096 * KiB * 8  # 32 MiB
 DEFAULT_LT = 1024 * KiB
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
+_STOI = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")
+SIZE_T_MAX = (1 << 64) - 1
 
 _aten = torch.ops.aten
 #: Ops that run a cuBLAS GEMM/GEMV on CUDA (linear and matmul reach them at dispatch).
@@ -59,14 +62,10 @@ BLAS_OPS = {
 
 
 def _env_flag(env: Mapping[str, str], name: str) -> bool | None:
-    """``c10::utils::check_env``: ``1``/``true`` -> True, ``0``/``false`` -> False, else None."""
+    """``c10::utils::check_env``: exactly ``1`` -> True, exactly ``0`` -> False; anything else is
+    ignored (torch warns and keeps its default), as is an unset variable: None."""
     val = env.get(name)
-    if val is None:
-        return None
-    low = val.strip().lower()
-    return (
-        True if low in ("1", "true", "on", "yes") else False if low in ("0", "false", "off", "no") else None
-    )
+    return True if val == "1" else False if val == "0" else None
 
 
 def default_cublas_bytes(target: CudaTarget) -> int:
@@ -76,7 +75,15 @@ def default_cublas_bytes(target: CudaTarget) -> int:
 
 
 def cublas_workspace_bytes(target: CudaTarget, env: Mapping[str, str] | None = None) -> int:
-    """Bytes of one cuBLAS workspace (``parseChosenWorkspaceSize``)."""
+    """Bytes of one cuBLAS workspace (``parseChosenWorkspaceSize``).
+
+    Every ``:SIZE:COUNT`` match is read with ``std::stoull`` and summed as SIZE x 1024 x COUNT in
+    ``size_t`` (modulo 2**64, as torch computes it); no match: torch warns and takes the default.
+
+    Raises:
+        ConfigError: a number past 2**64 - 1, where ``stoull`` throws and torch's first matrix
+            product fails; names the variable.
+    """
     env = os.environ if env is None else env
     default = default_cublas_bytes(target)
     val = env.get("CUBLAS_WORKSPACE_CONFIG")
@@ -89,7 +96,16 @@ def cublas_workspace_bytes(target: CudaTarget, env: Mapping[str, str] | None = N
             stacklevel=2,
         )
         return default
-    return sum(int(size) * KiB * int(count) for size, count in pairs)
+    total = 0
+    for size, count in pairs:
+        if int(size) > SIZE_T_MAX or int(count) > SIZE_T_MAX:
+            raise ConfigError(
+                "CUBLAS_WORKSPACE_CONFIG",
+                f"got {val!r}: a number past 2**64 - 1, which torch cannot read (std::stoull throws at its "
+                "first matrix product); use :SIZE:COUNT pairs with SIZE in KiB, e.g. :4096:8",
+            )
+        total = (total + int(size) * KiB * int(count)) % (SIZE_T_MAX + 1)
+    return total
 
 
 def lt_unified(target: CudaTarget, env: Mapping[str, str] | None = None) -> bool:
@@ -100,8 +116,27 @@ def lt_unified(target: CudaTarget, env: Mapping[str, str] | None = None) -> bool
     return flag is True
 
 
+def stoi(text: str) -> int | None:
+    """``std::stoi``: the leading base-10 integer of ``text`` (after blanks, with a sign); None
+    where it throws (no number, or past a 32-bit int)."""
+    found = _STOI.match(text)
+    if not found:
+        return None
+    value = int(found.group(0))
+    return value if -(1 << 31) <= value < (1 << 31) else None
+
+
 def cublaslt_workspace_bytes(target: CudaTarget, env: Mapping[str, str] | None = None) -> int:
-    """Bytes of one separate cuBLASLt workspace (``getCUDABlasLtWorkspaceSize``)."""
+    """Bytes of one separate cuBLASLt workspace (``getCUDABlasLtWorkspaceSize``).
+
+    ``CUBLASLT_WORKSPACE_SIZE`` is read with ``std::stoi`` in KiB (``12abc`` is 12; no number, or
+    one past a 32-bit int: torch warns and keeps its default), then multiplied by 1024 in
+    ``size_t``: a negative size wraps to nearly 2**64 bytes, which a shared (unified) workspace
+    caps at the cuBLAS size and a separate one fails to allocate.
+
+    Raises:
+        ConfigError: a negative size where the cuBLASLt workspace is its own allocation.
+    """
     env = os.environ if env is None else env
     flag = _env_flag(env, "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
     cublas = cublas_workspace_bytes(target, env)
@@ -110,12 +145,20 @@ def cublaslt_workspace_bytes(target: CudaTarget, env: Mapping[str, str] | None =
     size = cublas if (size_unified and target.torch_version >= (2, 12)) else DEFAULT_LT
     val = env.get("CUBLASLT_WORKSPACE_SIZE")
     if val is not None:
-        try:
-            size = int(val.strip()) * KiB
-        except ValueError:
+        kib = stoi(val)
+        if kib is None:
             warnings.warn(
                 f"invalid CUBLASLT_WORKSPACE_SIZE={val!r}; torch uses {size // KiB} KiB", stacklevel=2
             )
+        elif kib < 0 and not size_unified:
+            raise ConfigError(
+                "CUBLASLT_WORKSPACE_SIZE",
+                f"got {val!r}: torch multiplies it by 1024 as an unsigned size ({(kib * KiB) % (SIZE_T_MAX + 1):,} "
+                "bytes) and its first matrix product with a bias fails to allocate that; use a size in KiB >= 0 "
+                f"(default {DEFAULT_LT // KiB})",
+            )
+        else:
+            size = (kib * KiB) % (SIZE_T_MAX + 1)
     return min(size, cublas) if size_unified else size
 
 

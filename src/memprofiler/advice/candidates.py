@@ -1,0 +1,475 @@
+"""The changes ``advise`` tries, each only where it applies to the model and plan.
+
+A :class:`Candidate` is one kind of change with its variants, cheapest first: memory falls
+along them (more blocks checkpointed, a smaller micro-batch), so the search takes the first
+that fits. Changes of one kind exclude each other; changes of different kinds combine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from memprofiler.advice import checkpointing
+from memprofiler.advice.costs import FREE, THROUGHPUT, TRAINING, WORK, Cost, ring_share
+from memprofiler.advice.flops import ForwardFlops
+from memprofiler.advice.optimizers import OptimizerSpec, has_flag, inspect_factory, steps_with
+from memprofiler.advice.plan import Plan
+from memprofiler.errors import ConfigError
+
+CHECKPOINT, PRECISION, SHARDING, OPTIMIZER, BATCH = (
+    "checkpointing",
+    "precision",
+    "sharding",
+    "optimizer",
+    "batch",
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One concrete change: its words, how it changes a plan, what it costs there, its patch."""
+
+    change: str
+    apply: Callable[[Plan], Plan]
+    cost: Callable[[Plan], Cost]
+    yaml: tuple[str, ...] = ()
+    python: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    kind: str
+    variants: tuple[Variant, ...]
+    """Cheapest first; each saves at least as much memory as the one before."""
+
+
+@dataclass
+class Context:
+    """What the candidates need to know of the base plan, read once."""
+
+    plan: Plan
+    flops: ForwardFlops
+    block_names: list[str]
+    params: int
+    spec: OptimizerSpec | None
+
+    @classmethod
+    def of(cls, plan: Plan, flops: ForwardFlops) -> Context:
+        found = checkpointing.blocks(plan.model)
+        names = [f"{name}.{i}" if name else str(i) for name, _, i in found]
+        params = sum(p.numel() for p in plan.model.parameters())
+        return cls(plan, flops, names, params, inspect_factory(plan.optimizer))
+
+
+#: Every candidate name, in the order the table lists them.
+NAMES = (
+    "checkpoint-blocks",
+    "checkpoint-every-2",
+    "checkpoint-selective",
+    "checkpoint-full",
+    "bf16-mixed",
+    "bf16-true",
+    "fsdp",
+    "fused-step",
+    "for-loop-step",
+    "set-to-none",
+    "sgd-momentum",
+    "adafactor",
+    "micro-batch",
+)
+#: Why Adafactor is not tried: its step cannot run on fake tensors.
+ADAFACTOR = (
+    "torch's Adafactor reads its step count with `.item()` in every step, which fake tensors cannot answer"
+)
+_CHECKPOINTS = {n for n in NAMES if n.startswith("checkpoint-")}
+
+
+def check_names(names: list[str] | None, key: str = "candidates") -> None:
+    for name in names or []:
+        if name not in NAMES:
+            raise ConfigError(key, f"unknown candidate {name!r}; use some of {', '.join(NAMES)}")
+
+
+def param_bytes(ctx: Context, plan: Plan) -> int:
+    size = {"bf16-true": 2, "16-true": 2, "64-true": 8}.get(plan.precision, 4)
+    return ctx.params * size
+
+
+def _checkpoint_cost(ctx: Context, ck: checkpointing.Checkpoint) -> Callable[[Plan], Cost]:
+    def cost(plan: Plan) -> Cost:
+        flops = ctx.flops.recomputed(ck)
+        share = flops / ctx.flops.step() if ctx.flops.total else 0.0
+        how = "selectively (every other matmul and attention kept)" if ck.selective else "in full"
+        return Cost(
+            f"backward recomputes {len(ck.blocks)} block(s)' forward {how}",
+            WORK,
+            share,
+            recompute_flops=flops,
+            recompute_share=share,
+        )
+
+    return cost
+
+
+def _checkpoint_variant(ctx: Context, ck: checkpointing.Checkpoint, words: str) -> Variant:
+    containers = sorted({name.rsplit(".", 1)[0] for name in ctx.block_names})
+    picked = [ctx.block_names[i] for i in ck.blocks]
+    python = ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
+    if checkpointing._caches(ctx.plan.model):
+        python.append("model.config.use_cache = False  # recomputation must not see a filled cache")
+    if ck.selective:
+        python.append(
+            "# context_fn: torchtitan's per-op policy (memprofiler.advice.checkpointing.selective_context)"
+        )
+    extra = ", context_fn=selective_context" if ck.selective else ""
+    if len(picked) == len(ctx.block_names):
+        for c in containers:
+            python.append(
+                f"for i, block in enumerate(model.{c}): model.{c}[i] = checkpoint_wrapper(block{extra})"
+            )
+    else:
+        for name in picked:
+            c, i = name.rsplit(".", 1)
+            python.append(f"model.{c}[{i}] = checkpoint_wrapper(model.{c}[{i}]{extra})")
+    return Variant(
+        words,
+        lambda plan: plan.with_change(words, checkpoint=ck),
+        _checkpoint_cost(ctx, ck),
+        python=tuple(python),
+    )
+
+
+def _checkpoints(ctx: Context) -> list[Candidate]:
+    n = len(ctx.block_names)
+    out = []
+    if n >= 2:
+        variants = tuple(
+            _checkpoint_variant(
+                ctx,
+                checkpointing.Checkpoint(checkpointing.pick(n, k)),
+                f"checkpoint the first {k} of {n} blocks",
+            )
+            for k in range(1, n)
+        )
+        out.append(Candidate("checkpoint-blocks", CHECKPOINT, variants))
+    if n >= 4:
+        ck = checkpointing.Checkpoint(checkpointing.every(n, 2))
+        out.append(
+            Candidate(
+                "checkpoint-every-2",
+                CHECKPOINT,
+                (_checkpoint_variant(ctx, ck, f"checkpoint every other block ({len(ck.blocks)} of {n})"),),
+            )
+        )
+    every = tuple(range(n))
+    out.append(
+        Candidate(
+            "checkpoint-selective",
+            CHECKPOINT,
+            (
+                _checkpoint_variant(
+                    ctx,
+                    checkpointing.Checkpoint(every, selective=True),
+                    f"selective per-op checkpointing of all {n} blocks",
+                ),
+            ),
+        )
+    )
+    out.append(
+        Candidate(
+            "checkpoint-full",
+            CHECKPOINT,
+            (_checkpoint_variant(ctx, checkpointing.Checkpoint(every), f"checkpoint all {n} blocks"),),
+        )
+    )
+    return out
+
+
+def _precisions(ctx: Context) -> list[Candidate]:
+    out = []
+    base = ctx.plan.precision
+    if base in ("32-true", "32", "16-mixed"):
+        out.append(
+            Candidate(
+                "bf16-mixed",
+                PRECISION,
+                (
+                    Variant(
+                        "precision bf16-mixed (autocast; fp32 weights and optimizer state)",
+                        lambda plan: plan.with_change("bf16-mixed", precision="bf16-mixed"),
+                        lambda plan: Cost(
+                            "matmuls in bf16 under autocast (usually faster on GPU)", THROUGHPUT
+                        ),
+                        yaml=("trainer:", "  precision: bf16-mixed"),
+                        python=("with torch.autocast('cuda', dtype=torch.bfloat16): loss = ...",),
+                    ),
+                ),
+            )
+        )
+    if base in ("32-true", "32", "16-mixed", "bf16-mixed"):
+        out.append(
+            Candidate(
+                "bf16-true",
+                PRECISION,
+                (
+                    Variant(
+                        "precision bf16-true (bf16 weights, gradients and optimizer state)",
+                        lambda plan: plan.with_change("bf16-true", precision="bf16-true"),
+                        lambda plan: Cost(
+                            "no fp32 master weights: updates smaller than bf16's precision are lost", TRAINING
+                        ),
+                        yaml=("trainer:", "  precision: bf16-true"),
+                        python=("model.to(torch.bfloat16)  # and the batch's floating-point tensors",),
+                    ),
+                ),
+            )
+        )
+    return out
+
+
+def _sharding(ctx: Context) -> list[Candidate]:
+    plan = ctx.plan
+    if plan.strategy != "ddp" or plan.world_size < 2:
+        return []
+
+    def cost(p: Plan) -> Cost:
+        extra = int(ring_share(p.world_size) * param_bytes(ctx, p))
+        base = 2 * ring_share(p.world_size) * param_bytes(ctx, p)
+        return Cost(
+            "FSDP2 all-gathers the parameters in forward and again in backward and reduce-scatters the "
+            "gradients, where DDP all-reduces the gradients",
+            WORK,
+            extra / base if base else 0.0,
+            comm_bytes=extra,
+        )
+
+    return [
+        Candidate(
+            "fsdp",
+            SHARDING,
+            (
+                Variant(
+                    f"FSDP2 over {plan.world_size} ranks instead of DDP",
+                    lambda p: p.with_change("fsdp", strategy="fsdp"),
+                    cost,
+                    yaml=(
+                        "trainer:",
+                        "  strategy:",
+                        "    class_path: lightning.pytorch.strategies.ModelParallelStrategy",
+                        "# and in configure_model: fully_shard(block) for each block, then fully_shard(self)",
+                    ),
+                    python=(
+                        "from torch.distributed.fsdp import fully_shard",
+                        "for block in blocks: fully_shard(block)",
+                        "fully_shard(model)",
+                    ),
+                ),
+            ),
+        )
+    ]
+
+
+def _with_spec(
+    spec: OptimizerSpec, label: str, words: str, cost: Cost, yaml_args: dict[str, object]
+) -> Variant:
+    yaml = [
+        "optimizer:",
+        f"  class_path: {spec.cls.__module__.split('.')[0]}.optim.{spec.cls.__name__}"
+        if spec.cls.__module__.startswith("torch.optim")
+        else f"  class_path: {spec.cls.__module__}.{spec.cls.__name__}",
+        "  init_args:",
+    ]
+    yaml += [f"    {k}: {_yaml_value(v)}" for k, v in yaml_args.items()]
+    return Variant(
+        words,
+        lambda plan: plan.with_change(label, optimizer_spec=spec),
+        lambda plan: cost,
+        yaml=tuple(yaml),
+        python=(f"optimizer = {spec.python()}",),
+    )
+
+
+def _yaml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, tuple):
+        return "[" + ", ".join(str(x) for x in v) + "]"
+    return str(v)
+
+
+def _optimizers(ctx: Context) -> list[Candidate]:
+    spec = ctx.spec
+    out: list[Candidate] = []
+    if not ctx.plan.set_to_none:
+        out.append(
+            Candidate(
+                "set-to-none",
+                OPTIMIZER,
+                (
+                    Variant(
+                        "zero_grad(set_to_none=True): gradients freed between steps",
+                        lambda plan: plan.with_change("set-to-none", set_to_none=True),
+                        lambda plan: Cost("none (gradients are made again in backward)", FREE),
+                        python=("optimizer.zero_grad(set_to_none=True)",),
+                    ),
+                ),
+            )
+        )
+    if spec is None:
+        return out
+    how = steps_with(spec)
+    lr = spec.kwargs.get("lr", 1e-3)
+    if has_flag(spec, "fused") and how != "fused":
+        kw = (
+            {**spec.kwargs, "fused": True, "foreach": None}
+            if "foreach" in spec.kwargs
+            else {**spec.kwargs, "fused": True}
+        )
+        fused = OptimizerSpec(spec.cls, kw)
+        out.append(
+            Candidate(
+                "fused-step",
+                OPTIMIZER,
+                (
+                    _with_spec(
+                        fused,
+                        "fused-step",
+                        f"{spec.cls.__name__}(fused=True) instead of the {how} step",
+                        Cost("none: one fused kernel per step on CUDA", FREE),
+                        {"fused": True},
+                    ),
+                ),
+            )
+        )
+    if has_flag(spec, "foreach") and how != "for-loop":
+        kw = {**spec.kwargs, "foreach": False}
+        if "fused" in kw:
+            kw["fused"] = None
+        loop = OptimizerSpec(spec.cls, kw)
+        out.append(
+            Candidate(
+                "for-loop-step",
+                OPTIMIZER,
+                (
+                    _with_spec(
+                        loop,
+                        "for-loop-step",
+                        f"{spec.cls.__name__}(foreach=False): one parameter at a time",
+                        Cost("a slower step: kernels launched per parameter", THROUGHPUT),
+                        {"foreach": False},
+                    ),
+                ),
+            )
+        )
+    if spec.cls is not torch.optim.SGD:
+        sgd = OptimizerSpec(torch.optim.SGD, {"lr": lr, "momentum": 0.9})
+        out.append(
+            Candidate(
+                "sgd-momentum",
+                OPTIMIZER,
+                (
+                    _with_spec(
+                        sgd,
+                        "sgd-momentum",
+                        "SGD with momentum 0.9 (one state tensor per parameter)",
+                        Cost("another optimizer: retune the learning rate", TRAINING),
+                        {"lr": lr, "momentum": 0.9},
+                    ),
+                ),
+            )
+        )
+    return out
+
+
+def _batch(ctx: Context) -> list[Candidate]:
+    plan = ctx.plan
+    rows = plan.rows()
+    if rows is None or rows < 2 or plan.accumulation != 1:
+        return []
+    sizes = [m for m in range(rows - 1, 0, -1) if rows % m == 0]
+    ranks = plan.world_size
+
+    def variant(m: int) -> Variant:
+        k = rows // m
+
+        def cost(p: Plan) -> Cost:
+            return Cost(
+                f"{k} micro-batches of {m} per optimizer step (smaller kernels, lower throughput)",
+                THROUGHPUT,
+                1 - m / rows,
+                effective_batch=m * k * ranks,
+            )
+
+        return Variant(
+            f"micro-batch {m} x {k} accumulation steps (the batch of {rows} kept)",
+            lambda p: p.with_change("micro-batch", micro_batch=m, accumulation=k),
+            cost,
+            yaml=(
+                "data:",
+                "  init_args:",
+                f"    batch_size: {m}",
+                "trainer:",
+                f"  accumulate_grad_batches: {k}",
+            ),
+            python=(f"# {k} micro-batches of {m}: loss.backward() each, optimizer.step() after the last",),
+        )
+
+    return [Candidate("micro-batch", BATCH, tuple(variant(m) for m in sizes))]
+
+
+def candidates(ctx: Context, names: list[str] | None = None) -> tuple[list[Candidate], dict[str, str]]:
+    """The candidates that apply (of ``names``, or all), and why each other one does not."""
+    check_names(names)
+    wanted = list(names) if names else list(NAMES)
+    skipped: dict[str, str] = {}
+    found: list[Candidate] = []
+    if any(n in _CHECKPOINTS for n in wanted):
+        if checkpointing.checkpointed_already(ctx.plan.model):
+            skipped.update({n: "the model checkpoints already" for n in _CHECKPOINTS})
+        elif not ctx.block_names:
+            if names:  # asked for by name: the user's mistake, said in one line
+                checkpointing.need_blocks(ctx.plan.model, "candidates")
+            skipped.update({n: "the model has no repeated blocks" for n in _CHECKPOINTS})
+        else:
+            found += _checkpoints(ctx)
+    found += _precisions(ctx) + _sharding(ctx) + _optimizers(ctx) + _batch(ctx)
+    if "adafactor" in wanted:
+        skipped["adafactor"] = ADAFACTOR
+    kept = [c for c in found if c.name in wanted]
+    have = {c.name for c in kept}
+    for n in wanted:
+        if n not in have and n not in skipped:
+            skipped[n] = _why_not(n, ctx)
+    return sorted(kept, key=lambda c: NAMES.index(c.name)), skipped
+
+
+def _why_not(name: str, ctx: Context) -> str:
+    plan = ctx.plan
+    if name in ("bf16-mixed", "bf16-true"):
+        return f"the plan runs {plan.precision} already"
+    if name == "fsdp":
+        return (
+            "applies to a DDP plan over 2 or more ranks"
+            if plan.strategy != "fsdp"
+            else "the plan shards with FSDP already"
+        )
+    if name == "set-to-none":
+        return "zero_grad sets gradients to None already"
+    if name == "micro-batch":
+        return "the batch has one row" if plan.rows() == 1 else "the batch has no first dimension to split"
+    if name == "checkpoint-every-2":
+        return "fewer than 4 blocks"
+    if name == "checkpoint-blocks":
+        return "fewer than 2 blocks"
+    if ctx.spec is None:
+        return "the optimizer factory did not build a torch.optim.Optimizer over a meta parameter"
+    return f"the plan's optimizer is {ctx.spec.cls.__name__} ({steps_with(ctx.spec)}) already"
+
+
+def replace_variants(c: Candidate, variants: tuple[Variant, ...]) -> Candidate:
+    return dataclasses.replace(c, variants=variants)

@@ -1,0 +1,218 @@
+"""The search: every single change estimated, then sets of changes, smallest first, by estimate.
+
+Savings are never added: a set's figure is the estimate of the step with the whole set applied.
+When no single change fits, the pairs of the ``pool`` changes that came nearest the budget (of
+different kinds) are each estimated, then sets of three grown from the nearest pairs, and so on.
+A variant family in a fitting set (how many blocks, how small a micro-batch) is then narrowed to
+its cheapest variant that still fits with the rest of the set, by bisection over estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memprofiler.advice import plan as plans
+from memprofiler.advice.candidates import Candidate, Variant
+from memprofiler.advice.costs import Cost, combined
+from memprofiler.advice.plan import Plan
+from memprofiler.advice.result import Row
+from memprofiler.estimate import MemoryEstimate
+
+Listener = Callable[[str, "Row | None"], None]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One candidate at one of its variants."""
+
+    candidate: Candidate
+    index: int
+
+    @property
+    def variant(self) -> Variant:
+        return self.candidate.variants[self.index]
+
+
+class Estimator:
+    """Runs the estimates, once per distinct plan, and turns each into a :class:`Row`."""
+
+    def __init__(self, base: Plan, budget: int, reserve: int, listener: Listener | None = None) -> None:
+        self.base_plan = base
+        self.budget = budget
+        self.reserve = reserve
+        self.listener = listener
+        self.runs = 0
+        self._cache: dict[str, MemoryEstimate] = {}
+        self.base_used = 0
+        self.target = ""
+        self.base_row: Row | None = None
+
+    def base(self) -> Row:
+        """The plan as given: every other row's saving is counted against it."""
+        row = self.row(())
+        self.base_used = -row.saved_bytes
+        row.saved_bytes = 0
+        self.base_row = row
+        return row
+
+    def estimate(self, plan: Plan) -> MemoryEstimate:
+        key = repr(
+            (
+                plan.checkpoint,
+                plan.precision,
+                plan.strategy,
+                plan.optimizer_spec,
+                plan.set_to_none,
+                plan.micro_batch,
+                plan.accumulation,
+                plan.loss_fn is self.base_plan.loss_fn,
+                sorted(plan.labels),
+            )
+        )
+        if key not in self._cache:
+            self._cache[key] = plans.estimate(plan)
+            self.target = self._cache[key].target
+            self.runs += 1
+        return self._cache[key]
+
+    def row(self, picks: tuple[Pick, ...], base: Row | None = None) -> Row:
+        plan = self.base_plan
+        for p in picks:
+            plan = p.variant.apply(plan)
+        words = "; ".join(p.variant.change for p in picks) or "the plan as given"
+        if self.listener is not None:
+            self.listener(words, None)
+        est = self.estimate(plan)
+        used = max(est.reserved_peak_bytes, est.peak_bytes) + est.margin_bytes
+        cost = combined([p.variant.cost(plan) for p in picks]) if picks else Cost("none")
+        patch: list[str] = []
+        yaml: list[str] = []
+        for p in picks:
+            patch += list(p.variant.python or p.variant.yaml)
+            yaml += list(p.variant.yaml or p.variant.python)
+        row = Row(
+            names=tuple(p.candidate.name for p in picks),
+            change=words,
+            peak_bytes=est.peak_bytes,
+            reserved_bytes=est.reserved_peak_bytes,
+            saved_bytes=self.base_used - used,
+            fits=est.fits(self.budget, self.reserve),
+            headroom_bytes=est.headroom(self.budget, self.reserve),
+            cost=cost,
+            patch=patch,
+            yaml=yaml,
+        )
+        if self.listener is not None:
+            self.listener(words, row)
+        return row
+
+
+def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate) -> tuple[Pick, Row]:
+    """The first variant of ``family`` that fits with ``fixed``, else its last variant.
+
+    Memory falls along the variants, so the boundary is searched for: each next variant tried is
+    where a straight line through the two nearest estimates crosses the budget (the figures are
+    nearly linear in blocks or rows, so two or three estimates find it), and the answer is
+    confirmed by estimating the variant before it. Every variant tried is estimated.
+    """
+    last = len(family.variants) - 1
+    rows: dict[int, Row] = {}
+    if not fixed and est.base_row is not None:
+        rows[-1] = est.base_row
+
+    def at(i: int) -> Row:
+        if i not in rows:
+            rows[i] = est.row((*fixed, Pick(family, i)))
+        return rows[i]
+
+    if not at(last).fits:
+        return Pick(family, last), rows[last]
+    lo, hi = -1, last  # hi fits; lo does not (-1: the family not applied)
+    while hi - lo > 1:
+        below, above = rows.get(lo), rows[hi]
+        if below is None or above.headroom_bytes == below.headroom_bytes:
+            guess = (lo + hi) // 2
+        else:
+            step = (hi - lo) * -below.headroom_bytes / (above.headroom_bytes - below.headroom_bytes)
+            guess = min(max(lo + 1, lo + math.ceil(step)), hi - 1)
+        if at(guess).fits:
+            hi = guess
+        else:
+            lo = guess
+    return Pick(family, hi), rows[hi]
+
+
+def rank(rows: list[Row]) -> list[Row]:
+    """Fitting rows by cost (then by headroom), then the others nearest the budget first."""
+    fit = sorted((r for r in rows if r.fits), key=lambda r: (r.cost.score, -r.headroom_bytes))
+    rest = sorted((r for r in rows if not r.fits), key=lambda r: -r.headroom_bytes)
+    return fit + rest
+
+
+def singles(est: Estimator, cands: list[Candidate]) -> list[tuple[Pick, Row]]:
+    out = []
+    for c in cands:
+        if len(c.variants) > 1:
+            out.append(cheapest_fitting(est, (), c))
+        else:
+            pick = Pick(c, 0)
+            out.append((pick, est.row((pick,))))
+    return out
+
+
+def combinations(
+    est: Estimator, singles_: list[tuple[Pick, Row]], pool: int = 6, beam: int = 4, max_size: int = 3
+) -> list[Row]:
+    """Sets of changes of different kinds, smallest first, until one fits (or ``max_size``)."""
+    nearest = sorted(singles_, key=lambda pr: -pr[1].headroom_bytes)
+    top: list[Pick] = []
+    for pick, _ in nearest:
+        last = Pick(pick.candidate, len(pick.candidate.variants) - 1)
+        if last not in top:
+            top.append(last)
+        if len(top) == pool:
+            break
+    tried: dict[frozenset[str], tuple[tuple[Pick, ...], Row]] = {}
+    frontier: list[tuple[Pick, ...]] = [(p,) for p in top]
+    for _size in range(2, max_size + 1):
+        grown: list[tuple[Pick, ...]] = []
+        for base in frontier:
+            for p in top:
+                if p.candidate.kind in {q.candidate.kind for q in base}:
+                    continue
+                picks = tuple(sorted((*base, p), key=lambda q: top.index(q)))
+                key = frozenset(q.candidate.name for q in picks)
+                if key in tried:
+                    continue
+                tried[key] = (picks, est.row(picks))
+                grown.append(picks)
+        fitting = [
+            (picks, row)
+            for picks, row in (tried[frozenset(q.candidate.name for q in g)] for g in grown)
+            if row.fits
+        ]
+        if fitting:
+            return _narrowed(est, fitting) + [r for _, r in tried.values() if not r.fits]
+        nearest_sets = sorted(
+            grown, key=lambda g: -tried[frozenset(q.candidate.name for q in g)][1].headroom_bytes
+        )
+        frontier = nearest_sets[:beam]
+        if not frontier:
+            break
+    return [r for _, r in tried.values()]
+
+
+def _narrowed(est: Estimator, fitting: list[tuple[tuple[Pick, ...], Row]]) -> list[Row]:
+    """Each fitting set with its families narrowed to the cheapest variant that still fits."""
+    out = []
+    for picks, row in fitting:
+        for i, p in enumerate(picks):
+            if len(p.candidate.variants) > 1:
+                rest = picks[:i] + picks[i + 1 :]
+                chosen, narrowed = cheapest_fitting(est, rest, p.candidate)
+                picks = (*rest[:i], chosen, *rest[i:])
+                row = narrowed
+        out.append(row)
+    return out

@@ -1,0 +1,1 @@
+"""Reading files safely: URLs, gzip, restricted unpickling, integrity-checked YAML."""

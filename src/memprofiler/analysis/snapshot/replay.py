@@ -1,0 +1,337 @@
+"""Replay an allocator snapshot's trace into blocks and segments with lifetimes (numpy arrays).
+
+Where :mod:`memprofiler.analysis.snapshot.summary` keeps running totals, this keeps every block: its
+first and last trace entry, requested size, address, stream and (interned) stack, so a
+viewer can draw each allocation over time and list what is live at any instant. Lifetimes
+are in trace entries: a block is live *after* entry ``i`` when ``start <= i < end``.
+``start == -1`` marks a block allocated before the trace began (the ring buffer's first
+entry is not the first allocation); ``end == instants`` one still alive at snapshot time.
+Blocks counting as active follow the analysis: from ``alloc`` to ``free_completed``, sizes
+in requested bytes, pre-trace blocks recovered from the end-state segments and from frees
+of blocks the trace never allocated (whose stack is then the free's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter, methodcaller
+from typing import Any
+
+import numpy as np
+
+from memprofiler.analysis.snapshot.frames import frame_kind, label_index
+from memprofiler.analysis.snapshot.roles import AnnotationSpans, RoleIndex
+
+_LIVE_STATES = ("active_allocated", "active_pending_free")
+_RESERVE = ("segment_alloc", "segment_map")
+_RELEASE = ("segment_free", "segment_unmap")
+_FRAME_KEY = itemgetter("name", "filename", "line")
+_ACTION = itemgetter("action")
+_ADDR = itemgetter("addr")
+_SIZE = itemgetter("size")
+_GET_TIME = methodcaller("get", "time_us")
+_GET_STREAM = methodcaller("get", "stream", 0)
+_GET_FRAMES = methodcaller("get", "frames")
+_ALLOC, _FREE, _RESERVE_CODE, _RELEASE_CODE, _OOM = 1, 2, 3, 4, 5
+_CODES = {"alloc": _ALLOC, "free_completed": _FREE, "oom": _OOM}
+_CODES.update({a: _RESERVE_CODE for a in _RESERVE})
+_CODES.update({a: _RELEASE_CODE for a in _RELEASE})
+
+
+@dataclass
+class StackTable:
+    """Interned strings, frames and stacks shared by every device of one snapshot."""
+
+    strings: list[str] = field(default_factory=list)
+    frames: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """``(name string id, file string id, line, kind bits)``."""
+    stacks: list[tuple[int, ...]] = field(default_factory=list)
+    """Frame ids, innermost first, as recorded."""
+    labels: list[int] = field(default_factory=list)
+    """Per stack, the frame id that labels its blocks (``-1``: no frames)."""
+    _string_ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _frame_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
+    _stack_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, repr=False)
+    _by_probe: dict[tuple[int, ...], list[tuple[Any, int]]] = field(default_factory=dict, repr=False)
+    _positions: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def intern(self, frames: Sequence[Mapping[str, Any]] | None) -> int:
+        """The stack id of a frame list (``0`` is the empty stack)."""
+        if not self.stacks:
+            self.stacks.append(())
+            self.labels.append(-1)
+            self._stack_ids[()] = 0
+        if not frames:
+            return 0
+        # torch shares one dict per distinct frame between every stack that names it (the pickle
+        # memoizes it), so a list equal to one already seen compares by identity, element by
+        # element, in C; the ids of a few frames find it (see _probe).
+        probe = self._probe(frames)
+        for other, known in self._by_probe.get(probe, ()):
+            if other == frames:
+                return known
+        try:
+            key = tuple(map(_FRAME_KEY, frames))
+        except (KeyError, TypeError):
+            key = tuple((f.get("name", "?"), f.get("filename", "?"), f.get("line", 0)) for f in frames)
+        sid = self._stack_ids.get(key)
+        if sid is None:
+            fids = tuple(self._frame(*k) for k in key)
+            sid = self._stack_ids[key] = len(self.stacks)
+            self.stacks.append(fids)
+            li = label_index([self.frames[f][3] for f in fids])
+            self.labels.append(fids[li] if li >= 0 else -1)
+        self._remember(frames, sid, probe)
+        return sid
+
+    def _probe(self, frames: Sequence[Any]) -> tuple[int, ...]:
+        n = len(frames)
+        pos = self._positions.get(n)
+        if pos is None:
+            pos = self._positions[n] = [n >> 1]
+        return (n, *map(id, map(frames.__getitem__, pos)))
+
+    def _remember(self, frames: Sequence[Any], sid: int, probe: tuple[int, ...]) -> None:
+        """Cache a list under its probe; probe one more position when two stacks collide.
+
+        The positions probed per stack length grow only where cached stacks of that length
+        share the frames probed so far, so a look-up reads a few ids rather than all. Lists of
+        fresh dicts (never hit again) stop being cached once the cache outgrows the stacks.
+        """
+        if len(self._by_probe) > 4 * len(self.stacks) + 4096:
+            return
+        seen = self._by_probe.setdefault(probe, [])
+        pos = self._positions[len(frames)]
+        for other, known in seen:
+            if known != sid and len(pos) < 32:
+                pos.append(next(i for i, (x, y) in enumerate(zip(other, frames, strict=True)) if x is not y))
+                cached = [
+                    item for k, items in self._by_probe.items() if k[0] == len(frames) for item in items
+                ]
+                for k in [k for k in self._by_probe if k[0] == len(frames)]:
+                    del self._by_probe[k]
+                for item in [*cached, (frames, sid)]:
+                    bucket = self._by_probe.setdefault(self._probe(item[0]), [])
+                    if len(bucket) < 8:
+                        bucket.append(item)
+                return
+        if len(seen) < 8:
+            seen.append((frames, sid))
+
+    def _frame(self, name: Any, filename: Any, line: Any) -> int:
+        key = (name, filename, line)
+        fid = self._frame_ids.get(key)
+        if fid is None:
+            name, filename = str(name), str(filename)
+            line_no = line if type(line) is int else 0
+            fid = self._frame_ids[key] = len(self.frames)
+            self.frames.append(
+                (self._string(name), self._string(filename), line_no, frame_kind(name, filename))
+            )
+        return fid
+
+    def _string(self, s: str) -> int:
+        sid = self._string_ids.get(s)
+        if sid is None:
+            sid = self._string_ids[s] = len(self.strings)
+            self.strings.append(s)
+        return sid
+
+
+@dataclass
+class DeviceReplay:
+    """One device's blocks and segments with lifetimes in trace entries, in allocation order."""
+
+    device: int
+    entries: int
+    instants: int
+    """``max(entries, 1)``: a device with no trace still has its end state to show."""
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+    addr: np.ndarray
+    stream: np.ndarray
+    stack: np.ndarray
+    seg_start: np.ndarray
+    seg_end: np.ndarray
+    seg_addr: np.ndarray
+    seg_size: np.ndarray
+    seg_stream: np.ndarray
+    time_us: np.ndarray
+    """Per entry, microseconds since the first entry (0 where torch recorded no time)."""
+    ooms: list[tuple[int, int]] = field(default_factory=list)
+    """``(entry, requested bytes)`` of each ``oom`` action."""
+
+    def active(self) -> np.ndarray:
+        """Active requested bytes after each instant (int64, length ``instants``)."""
+        return _live_bytes(self.instants, self.start, self.end, self.size)
+
+    def reserved(self) -> np.ndarray:
+        """Reserved (segment) bytes after each instant."""
+        return _live_bytes(self.instants, self.seg_start, self.seg_end, self.seg_size)
+
+    def live_at(self, t: int) -> np.ndarray:
+        """Indices of the blocks live after instant ``t``."""
+        return np.nonzero((self.start <= t) & (t < self.end))[0]
+
+
+def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None = None) -> list[DeviceReplay]:
+    """Every device of a checked ``_snapshot()`` dict (see :func:`snapshot.check_layout`).
+
+    ``roles`` (the role map beside a recording) names the blocks older than the trace: their
+    stack is then the role's synthetic frames (category, then the tensor), see :mod:`~memprofiler.analysis.snapshot.roles`.
+    An allocation recorded with no Python stack is named by the ``record_function`` span it
+    was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
+
+    Raises:
+        KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
+            into :class:`~memprofiler.errors.ArtifactError` naming the file.
+    """
+    table.intern(None)
+    segments = data.get("segments") or []
+    traces = data.get("device_traces") or []
+    devices = sorted({d for d, t in enumerate(traces) if t} | {s.get("device", 0) for s in segments})
+    spans = AnnotationSpans(data.get("external_annotations"))
+    return [
+        _replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table, roles, spans)
+        for dev in devices
+    ]
+
+
+def _pick(entries: Sequence[Mapping[str, Any]], idx: np.ndarray) -> list[Mapping[str, Any]]:
+    return [entries[i] for i in idx.tolist()]
+
+
+def _ints(values: Any) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.int64)
+
+
+def _replay_device(
+    dev: int,
+    entries: Sequence[Mapping[str, Any]],
+    segments: Sequence[Mapping[str, Any]],
+    table: StackTable,
+    roles: RoleIndex | None = None,
+    spans: AnnotationSpans | None = None,
+) -> DeviceReplay:
+    # Column by column rather than entry by entry: each field is read by a C-level map over the
+    # entries, and allocations are paired with their frees by sorting the events by address.
+    n = len(entries)
+    m = max(n, 1)
+    code = np.fromiter(map(_CODES.get, map(_ACTION, entries), repeat(0)), dtype=np.int8, count=n)
+    times = [t or 0 for t in map(_GET_TIME, entries)]
+    a_idx = np.flatnonzero(code == _ALLOC)
+    f_idx = np.flatnonzero(code == _FREE)
+    allocs, frees = _pick(entries, a_idx), _pick(entries, f_idx)
+    a_addr, f_addr = _ints(map(_ADDR, allocs)), _ints(map(_ADDR, frees))
+    # A free closes the block of the event just before it at its address when that is an
+    # alloc; otherwise the block was allocated before the trace began. An address allocated
+    # twice without a free keeps its first block alive to the end, as the analysis counts it.
+    na = a_idx.size
+    ev_addr = np.concatenate([a_addr, f_addr])
+    ev_i = np.concatenate([a_idx, f_idx])
+    order = np.lexsort((ev_i, ev_addr))
+    s_addr, s_i, s_alloc = ev_addr[order], ev_i[order], order < na
+    same_prev = np.zeros(order.size, dtype=bool)
+    same_prev[1:] = s_addr[1:] == s_addr[:-1]
+    closes = ~s_alloc & same_prev  # (same_prev[0] is False)
+    closes[1:] &= s_alloc[:-1]
+    a_end = np.full(na, m, dtype=np.int64)
+    pos = np.flatnonzero(closes)
+    a_end[order[pos - 1]] = s_i[pos]
+    pre = np.sort(order[~s_alloc & ~closes] - na)  # frees of blocks older than the trace
+    last = np.ones(order.size, dtype=bool)
+    last[:-1] = s_addr[:-1] != s_addr[1:]
+    live = set(s_addr[last & s_alloc].tolist())
+    pre_frees = [frees[k] for k in pre.tolist()]
+    # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
+    both = np.concatenate([a_idx, f_idx[pre]])
+    by_time = np.argsort(both, kind="stable")
+    sids = np.empty(both.size, dtype=np.int64)
+    picked = _pick(entries, both[by_time])
+    frames_of: list[Any] = list(map(_GET_FRAMES, picked))
+    is_pre = (by_time >= na).tolist()
+    if roles is not None:  # a block freed in the trace but older than it may be named by the role map
+        for p, older in enumerate(is_pre):
+            named = roles.frames(picked[p].get("addr")) if older else None
+            if named is not None:
+                frames_of[p] = named
+    if spans:  # an allocation with no Python stack: named by the span it was made in
+        bare = [p for p, f in enumerate(frames_of) if not f and not is_pre[p]]
+        names = spans.names(picked[p].get("time_us") or 0 for p in bare)
+        for p, name in zip(bare, names, strict=True):
+            frames_of[p] = spans.frames(name) or frames_of[p]
+    sids[by_time] = list(map(table.intern, frames_of))
+
+    seg: list[list[int]] = []  # [start, end, addr, size, stream]
+    seg_live: dict[int, int] = {}
+    ooms: list[tuple[int, int]] = []
+    for i in np.flatnonzero(code >= _RESERVE_CODE).tolist():
+        e = entries[i]
+        c = code[i]
+        if c == _RESERVE_CODE:
+            seg_live[e["addr"]] = len(seg)
+            seg.append([i, m, e["addr"], e["size"], e.get("stream", 0)])
+        elif c == _RELEASE_CODE:
+            k = seg_live.pop(e["addr"], None)
+            if k is None:
+                seg.append([-1, i, e["addr"], e["size"], e.get("stream", 0)])
+            else:
+                seg[k][1] = i
+        else:
+            ooms.append((i, e.get("size", 0)))
+    end_size: list[int] = []
+    end_addr: list[int] = []
+    end_stream: list[int] = []
+    end_stack: list[int] = []
+    for s in segments:
+        if s.get("device", 0) != dev:
+            continue
+        if s.get("address", 0) not in seg_live:
+            seg.append([-1, m, s.get("address", 0), s["total_size"], s.get("stream", 0)])
+        for blk in s.get("blocks", []):
+            if blk["state"] in _LIVE_STATES and blk["address"] not in live:
+                end_size.append(int(blk.get("requested_size", blk["size"])))
+                end_addr.append(blk["address"])
+                end_stream.append(s.get("stream", 0))
+                named = roles.frames(blk["address"]) if roles is not None else None
+                end_stack.append(table.intern(named or blk.get("frames")))
+    # Blocks in allocation order: those older than the trace (freed in it, then alive at its
+    # end), then the trace's allocations.
+    k_pre, k_end = len(pre_frees), len(end_size)
+    segs = np.asarray(seg, dtype=np.int64).reshape(-1, 5)
+    seg_order = np.lexsort((segs[:, 2], segs[:, 0])) if len(segs) else np.zeros(0, dtype=np.int64)
+    segs = segs[seg_order]
+    t = np.asarray(times or [0], dtype=np.int64)
+    t0 = t[t > 0].min() if (t > 0).any() else 0
+    return DeviceReplay(
+        device=dev,
+        entries=n,
+        instants=m,
+        start=np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)]),
+        end=np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end]),
+        size=np.concatenate([_ints(map(_SIZE, pre_frees)), _ints(end_size), _ints(map(_SIZE, allocs))]),
+        addr=np.concatenate([f_addr[pre], _ints(end_addr), a_addr]),
+        stream=np.concatenate(
+            [_ints(map(_GET_STREAM, pre_frees)), _ints(end_stream), _ints(map(_GET_STREAM, allocs))]
+        ),
+        stack=np.concatenate([sids[na:], _ints(end_stack), sids[:na]]).astype(np.int32),
+        seg_start=segs[:, 0],
+        seg_end=segs[:, 1],
+        seg_addr=segs[:, 2],
+        seg_size=segs[:, 3],
+        seg_stream=segs[:, 4],
+        time_us=np.where(t > 0, t - t0, 0),
+        ooms=ooms,
+    )
+
+
+def _live_bytes(m: int, start: np.ndarray, end: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Bytes live after each of ``m`` instants, for blocks living ``[start, end)`` (a start
+    below 0: live before the first instant)."""
+    d = np.zeros(m + 1)
+    d += np.bincount(np.maximum(start, 0), weights=size, minlength=m + 1)[: m + 1]
+    d -= np.bincount(end, weights=size, minlength=m + 1)[: m + 1]
+    return np.cumsum(d[:m]).astype(np.int64)

@@ -1,0 +1,1 @@
+"""PyTorch profiler (Kineto) traces: the one streaming reader, its views, memory by category, merging ranks."""

@@ -1,0 +1,1 @@
+"""The allocation explorer: one offline HTML page per allocator history or OOM record."""

@@ -1,0 +1,1 @@
+"""The profiler views rendered: the terminal sections, the HTML sections and their overview."""

@@ -1,0 +1,176 @@
+"""The run report's opening section, "where memory goes": per call one bar of its peak split into
+parameters, gradients, optimizer state, activations, temporaries and other, with the modules
+that saved the most beside it (see :mod:`~memprofiler.reporters.model.memory_split` for how the figures are split)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+from memprofiler.reporters.model.memory_split import (
+    CATEGORIES_PEAK,
+    COLOURS,
+    CUDA_PEAK,
+    LABELS,
+    PARTS,
+    RSS_PEAK,
+    TRACKER_PEAK,
+    CallSplit,
+    category_split,
+    splits,
+    top_calls,
+    top_with_other,
+)
+from memprofiler.reporters.model.module_groups import SavedRollup, has_blocks, top_groups
+from memprofiler.reporters.model.report import ReportModel
+from memprofiler.reporters.parts import svg
+from memprofiler.reporters.parts.assets import asset
+from memprofiler.reporters.parts.cells import b, bytes_cell, table
+from memprofiler.units import format_bytes
+
+#: Bars drawn at most; a longer run shows its calls with the highest peaks.
+MAX_BARS = 12
+#: Modules listed beside the bars before the rest are summed into one "other" row.
+TOP_MODULES = 8
+
+CSS = asset("where.css")
+
+
+#: Which peak a section's charts show first: the device's, then the tracker's, then the host's.
+_KINDS = (CUDA_PEAK, TRACKER_PEAK, CATEGORIES_PEAK, RSS_PEAK)
+
+
+def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimeline]] = ()) -> str:
+    """The section, or an empty string when no call has a peak to split.
+
+    Calls are grouped by the peak they have (CUDA, tracker, host RSS: bars of different
+    figures are never drawn to one scale); the first group leads, with the modules beside it.
+    ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar each.
+    """
+    rows, counts = top_calls(model.calls, MAX_BARS)
+    found = splits([model.calls[i] for i in rows]) + [category_split(tl, label) for label, tl in categories]
+    if not found:
+        return ""
+    counts[CATEGORIES_PEAK] = len(categories)
+    multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
+    out = ["<h2 id='where'>Where memory goes</h2>"]
+    for n, kind in enumerate(k for k in _KINDS if any(s.peak_name == k for s in found)):
+        group = [s for s in found if s.peak_name == kind]
+        out.append(_group(model, group, kind, multi_rank, n == 0, counts.get(kind, len(group))))
+    return "\n".join(out)
+
+
+def _group(
+    model: ReportModel, group: list[CallSplit], kind: str, multi_rank: bool, lead: bool, count: int
+) -> str:
+    """One kind's bars, legend, note and numbers; ``group`` is already the calls of the highest
+    peaks of that kind (at most :data:`MAX_BARS`, by :func:`top_calls`), in call order."""
+    note = (
+        f" Shown: the {len(group)} calls with the highest peaks of {count:,}." if count > len(group) else ""
+    )
+    rows = [
+        (
+            f"{s.label} · rank {s.rank}" if multi_rank and s.rank >= 0 else s.label,
+            s.peak,
+            [(k, v, COLOURS[k], LABELS[k]) for k, v in s.parts],
+        )
+        for s in group
+    ]
+    worst = max(group, key=lambda s: s.peak)
+    per = "profiled device" if kind == CATEGORIES_PEAK else "call"
+    chart = svg.stacked_hbars(rows, format_bytes, f"{kind} per {per}, by what holds it", width=620)
+    present = [k for k, _, _ in PARTS if any(k == p for s in group for p, _ in s.parts)]
+    legend = "".join(
+        f"<span><i style='background:{COLOURS[k]}'></i>{escape(LABELS[k])}</span>" for k in present
+    )
+    found = {s.source.rstrip(".") for s in group}
+    # a call without saved tensors says less of the same: keep only the fullest wording
+    sources = "; ".join(
+        escape(t) for t in sorted(found) if not any(o != t and o.startswith(t) for o in found)
+    )
+    return "\n".join(
+        [
+            f"<p>{_headline(worst)}</p>" if lead else f"<h3>{escape(kind)}</h3>",
+            f"<div class='mp-where'><div>{chart}<div class='mp-legend'>{legend}</div></div>"
+            f"{_modules(model, worst) if lead else ''}</div>",
+            f"<p class='muted'>Each bar is a {per}'s "
+            f"{escape(kind)}, split from {sources}. The parts add "
+            f"up to the peak; what no figure explains is “other”.{note}{_capped(group)}</p>",
+            _numbers(group, present),
+        ]
+    )
+
+
+def _headline(s: CallSplit) -> str:
+    parts = ", ".join(f"{b(v)} {escape(LABELS[k])}" for k, v in sorted(s.parts, key=lambda kv: -kv[1]))
+    rank = f" (rank {s.rank})" if s.rank >= 0 else ""
+    return (
+        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> ({escape(s.peak_name)}): {parts}."
+    )
+
+
+def _capped(shown: list[CallSplit]) -> str:
+    capped = [s for s in shown if s.capped > 0]
+    if not capped:
+        return ""
+    worst = max(capped, key=lambda s: s.capped)
+    return (
+        f" In {len(capped)} call(s) the saved-tensor bytes exceed the rise above the call's start "
+        f"(by up to {b(worst.capped)} in {escape(worst.label)}): memory the process already held was reused, "
+        "so activations are counted up to the rise."
+    )
+
+
+def _modules(model: ReportModel, s: CallSplit) -> str:
+    """The modules that saved the most in the call of the highest peak: by block and by module
+    type when the model has blocks (numbered lists), else the modules with an "other" row."""
+    for i, by_module in model.calls.by_module.items():
+        c = model.calls[i]
+        if c.rank == s.rank and c.label == s.label and by_module:
+            total = sum(by_module.values())
+            if has_blocks(by_module):
+                return _rollup(SavedRollup.of(s.label, by_module))
+            rows = top_with_other(by_module, TOP_MODULES)
+            body = [[escape(m), bytes_cell(v), f"{v / total:.1%}" if total else ""] for m, v in rows]
+            return (
+                f"<div><p><b>Top modules</b> by bytes saved for backward in {escape(s.label)} "
+                f"({b(total)} in {len(by_module)} modules):</p>"
+                + table(["module", "saved", "share"], body)
+                + "</div>"
+            )
+    return ""
+
+
+def _rollup(r: SavedRollup) -> str:
+    """Bytes saved for backward by block and by module type across blocks."""
+    out = [
+        f"<div><p><b>Top modules</b> by bytes saved for backward in {escape(r.label)} "
+        f"({b(r.total)} in {r.modules:,} modules), by block and by module type across blocks:</p>"
+    ]
+    for head, groups, count in (("block", r.by_block, "modules"), ("module type", r.by_type, "blocks")):
+        body = [
+            [
+                escape(g.name),
+                bytes_cell(g.bytes),
+                f"{g.bytes / r.total:.1%}" if r.total else "",
+                f"{(g.modules if count == 'modules' else g.blocks) or '-'}",
+            ]
+            for g in top_groups(groups, TOP_MODULES)
+        ]
+        out.append(table([head, "saved", "share", count], body))
+    return "".join(out) + "</div>"
+
+
+def _numbers(shown: list[CallSplit], present: list[str]) -> str:
+    body = [
+        [
+            escape(s.label),
+            str(s.rank),
+            bytes_cell(s.peak),
+            *[bytes_cell(dict(s.parts).get(k, 0)) for k in present],
+        ]
+        for s in shown
+    ]
+    head = ["call", "rank", "peak", *[LABELS[k] for k in present]]
+    return f"<details><summary>The bars in numbers</summary>{table(head, body)}</details>"

@@ -315,6 +315,10 @@ def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
     path.with_suffix(".json").write_text(json.dumps(forged))
     _, note = checked_index(path, load_snapshot_for_test(path))
     assert note is not None and "its digest of the recording's first and last entries differs" in note
+    # AND so is one whose digest was taken out (its format version writes one)
+    path.with_suffix(".json").write_text(json.dumps({**forged, "digest": None, "trace_entries": None}))
+    _, note = checked_index(path, load_snapshot_for_test(path))
+    assert note is not None and "carries no digest of its recording" in note
     # AND the report names it before its other lines
     assert main(["report", str(tmp_path / "mine"), "--no-html"]) == 0
     first = capsys.readouterr().out.splitlines()[0]

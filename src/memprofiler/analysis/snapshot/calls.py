@@ -107,6 +107,9 @@ def index_mismatch(
     if type(said) is int and said != held:
         return f"it lists {said:,} trace entries, the recording holds {held:,}"
     digest = index.get("digest")
+    version = index.get("version")
+    if digest is None and type(version) is int and version >= 2:
+        return "it carries no digest of its recording, which its format version writes"
     if digest is not None and digest != layout.recording_digest(data):
         return "its digest of the recording's first and last entries differs"
     theirs = index.get("run_id")

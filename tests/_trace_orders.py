@@ -19,7 +19,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TRACES = FIXTURES / "traces"
 GOLDEN = TRACES / "golden"
 CPU_TRACE = TRACES / "cpu_mlp_rank_0.1.pt.trace.json.gz"
-GPU_RUN = FIXTURES / "gpu_demo_run"  # copied from ../shared/fixtures/gpu/demo_gpu_run (an H200 run)
+GPU_RUN = FIXTURES / "gpu_demo_run"  # the demo on an NVIDIA H200 (tests/fixtures/README.md)
 GPU_TRACE = GPU_RUN / "fit_rank_0.1.pt.trace.json.gz"
 
 #: How each order is made from the trace's events (a list of dicts, as torch wrote them).

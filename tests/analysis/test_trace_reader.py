@@ -1,5 +1,5 @@
 """The one trace reader: the same figures whatever the order of the events (golden figures
-of the held reader it replaced), and what it keeps is bounded."""
+of the in-memory reader it replaced, ``tests/fixtures/traces/golden/``), and what it keeps is bounded."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_every_order_gives_the_held_readers_figures(name, src, order, tmp_path):
     # GIVEN a real trace (torch 2.13's CPU trace, memory events after the last operator; the
     # recorded GPU run) or a hand-built CUDA one, its events written in ``order``
     path = write_order(src, order, tmp_path)
-    # THEN every figure of every view equals what the held reader showed for that file
+    # THEN every figure of every view equals what the in-memory reader showed for that file
     assert_same(figures(trace_view(path)), read_golden(name, order))
 
 

@@ -141,11 +141,11 @@ def test_a_name_found_nowhere_is_one_line_naming_the_classes_and_the_close_match
     prof = _prof(tmp_path, ["train_stpe"])
     # WHEN wrapping runs
     with pytest.warns(UserWarning) as caught:
-        prof.wrap_methods([Owner("the model", model), Owner("the helper", other)])
+        prof.wrap_methods([Owner("the model", model), Owner("the scorer", other)])
     # THEN one line names the key, both classes searched and the method meant
     assert [str(w.message) for w in caught if "train_stpe" in str(w.message)] == [
         "memprofiler: `collect_funcs.default` names `train_stpe`, which is not a method of `Library` "
-        "(the model) or `Decorated` (the helper); nothing collects it unless your code runs "
+        "(the model) or `Decorated` (the scorer); nothing collects it unless your code runs "
         '`profiler.profile("train_stpe")`; did you mean `train_step`?'
     ]
     # AND the run's note at the end is the same line (warned once, kept in the manifest)

@@ -60,8 +60,9 @@ def test_the_report_opens_on_where_memory_goes_and_each_bar_adds_up_to_the_peak(
         assert parts["activations"] == end["saved_tensors.unique_bytes"]
     # and the drawn widths are in proportion: equal peaks, equal lengths
     assert abs(by_label["training_step #3"]["width"] - by_label["training_step #4"]["width"]) < 0.5
-    # the modules beside it end in an "other" row holding the rest of the 33 modules
-    assert "in 33 modules" in text and "other (25 more)" in text
+    # the 33 modules beside it are rolled up: four blocks of 8.03 MiB, every block's MLP 18 MiB
+    assert "in 33 modules" in text and "other (25 more)" not in text
+    assert "model.blocks.0\t8.03 MiB\t23.5%\t7" in text and "model.blocks.*.mlp\t18.00 MiB\t52.7%\t4" in text
     # the saved-tensor chart's list is cut at 15 with the rest in one row
     assert "other (18 more)" in text
     # two calls per function: the across-calls figures are tables, not lines through two points

@@ -127,5 +127,6 @@ def advise_plan(
         if advice.best is None:
             every = advice.rows + advice.combinations
             advice.closest = max(every, key=lambda r: r.headroom_bytes) if every else base_row
+        advice.skipped.update(est.failed)
         advice.estimates = est.runs
     return advice

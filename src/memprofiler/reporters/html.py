@@ -217,7 +217,8 @@ class HtmlReporter:
         for rank in self.model.ranks:
             for title, fig in present:
                 lines = [(fn, self.model.calls.points(fig, rows)) for r, fn, rows in groups if r == rank]
-                chart = _function_lines(lines, f"rank {rank}: {title}")
+                # A device's memory from zero: the height above zero is what has to fit.
+                chart = _function_lines(lines, f"rank {rank}: {title}", from_zero=fig.startswith("cuda"))
                 if chart:
                     out.append(chart)
         return "\n".join(out)
@@ -381,7 +382,9 @@ class HtmlReporter:
         return "\n".join(out)
 
 
-def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
+def _function_lines(
+    lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str, from_zero: bool = False
+) -> str:
     """One line per function through its call numbers and values (binned into bands when long)."""
     lines = [(fn, (xs, ys)) for fn, (xs, ys) in lines if xs]
     if lines and all(len(xs) < svg.MIN_POINTS for _, (xs, _) in lines):
@@ -400,7 +403,7 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         bands.append([(x, band.lo, band.hi) for x, band in bins])
     if not series:
         return ""
-    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True)
+    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True, from_zero=from_zero)
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:

@@ -35,6 +35,10 @@ def advise(
     reserve: int | str = 0,
     candidates: list[str] | None = None,
     set_to_none: bool = True,
+    reshard_after_forward: bool = True,
+    fsdp_mixed_precision: bool = False,
+    offload: bool = False,
+    mesh_shape: tuple[int, int] | None = None,
     steps: int = 2,
     progress: bool | None = None,
 ) -> Advice:
@@ -50,6 +54,9 @@ def advise(
         reserve: bytes kept back for what is not modelled (the CUDA context).
         candidates: the names to try (:data:`memprofiler.advice.candidates.NAMES`); all by default.
         set_to_none: ``False`` when the training loop calls ``zero_grad(set_to_none=False)``.
+        reshard_after_forward, fsdp_mixed_precision, offload, mesh_shape: how ``fsdp`` is applied
+            (FSDP2's arguments: a ``MixedPrecisionPolicy`` of bf16 parameters and fp32 reduction,
+            a ``CPUOffloadPolicy``, an HSDP mesh ``(replicate, shard)``), each block then the root.
         progress: a status line on stderr while estimating (default: when stderr is a terminal).
 
     Raises:
@@ -83,6 +90,10 @@ def advise(
         device_memory=limit,
         steps=steps,
         set_to_none=set_to_none,
+        reshard_after_forward=reshard_after_forward,
+        fsdp_mixed_precision=fsdp_mixed_precision,
+        offload=offload,
+        mesh_shape=mesh_shape,
     )
     return advise_plan(base, limit, keep, candidates, progress)
 

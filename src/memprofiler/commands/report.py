@@ -93,7 +93,11 @@ class ReportCommand:
             out = Path(args.output) if args.output else report_root(args.run_dir, run) / "report.html"
             try:
                 reporter = HtmlReporter(
-                    model, top=args.top, extra=_sections(views, args.top), categories=_timelines(views)
+                    model,
+                    top=args.top,
+                    extra=_sections(views, args.top),
+                    categories=_timelines(views),
+                    allocator=_allocator_peaks(views),
                 )
                 write_text(out, reporter.render())
                 for rel, page in explorer_pages(model, args.top):  # linked from the report
@@ -158,6 +162,23 @@ def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]
         )
         for n, tv in enumerate(views.traces)
         for tl in tv.categories
+    ]
+
+
+def _allocator_peaks(views: ProfilerViews | None) -> list[tuple[str, int]]:
+    """Each trace device's allocator-curve peak, labelled as :func:`_timelines` labels them."""
+    if views is None:
+        return []
+    several = len(views.traces) > 1
+    return [
+        (
+            ("" if tv.rank is None else f"rank {tv.rank} · ")
+            + (f"trace {n + 1} · " if several else "")
+            + dv.memory.device,
+            dv.memory.peak_allocated,
+        )
+        for n, tv in enumerate(views.traces)
+        for dv in tv.devices
     ]
 
 

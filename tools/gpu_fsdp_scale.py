@@ -19,7 +19,10 @@ The plans, as a training script writes them:
 Each row holds the allocator's ``max_memory_allocated`` / ``max_memory_reserved`` of each step
 (reset before the first), and the bytes of rank 0's parameters. Run on a GPU node:
 
-    PYTHONPATH=src python tools/gpu_fsdp_scale.py --out benchmarks/results   # fsdp_scale_<hardware>_<yyyymmdd>.json
+    PYTHONPATH=src python tools/gpu_fsdp_scale.py --out benchmarks/results
+
+(``benchmarks/_emit.py`` names the file ``fsdp_scale_<hardware>_<yyyymmdd>.json`` and records the
+hardware, date, commit and command in it.)
 
 ``--cpu-dry-run`` runs the same code on CPU tensors with a tiny model (the peaks are then the
 live tensor bytes a dispatch counter sees): the test suite runs it.
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device, shape, sizes = "cuda", LlamaShape(), (8, 64)
     rows = [measure("fsdp", ws, shape, device) for ws in sizes]
     rows.append(measure("tp", 2, shape, device))
-    result = {"rows": rows}  # emit records the hardware, date, commit and command beside it
+    result = {"device": device, "rows": rows}
     emit(result, args.out, benchmark="fsdp_scale")
     return result
 

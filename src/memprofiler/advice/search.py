@@ -18,6 +18,7 @@ from memprofiler.advice.candidates import Candidate, Variant
 from memprofiler.advice.costs import Cost, combined
 from memprofiler.advice.plan import Plan
 from memprofiler.advice.result import Row
+from memprofiler.errors import MemProfilerError
 from memprofiler.estimate import MemoryEstimate
 
 Listener = Callable[[str, "Row | None"], None]
@@ -48,6 +49,8 @@ class Estimator:
         self.base_used = 0
         self.target = ""
         self.base_row: Row | None = None
+        self.failed: dict[str, str] = {}
+        """Candidates (or sets) whose step the estimate refused, with its reason."""
 
     def base(self) -> Row:
         """The plan as given: every other row's saving is counted against it."""
@@ -65,6 +68,10 @@ class Estimator:
                 plan.strategy,
                 plan.optimizer_spec,
                 plan.set_to_none,
+                plan.reshard_after_forward,
+                plan.fsdp_mixed_precision,
+                plan.offload,
+                plan.mesh_shape,
                 plan.micro_batch,
                 plan.accumulation,
                 plan.loss_fn is self.base_plan.loss_fn,
@@ -152,13 +159,18 @@ def rank(rows: list[Row]) -> list[Row]:
 
 
 def singles(est: Estimator, cands: list[Candidate]) -> list[tuple[Pick, Row]]:
+    """Each candidate estimated on its own (a family at its cheapest fitting variant); one whose
+    step cannot be estimated goes to ``est.failed`` with the estimate's one-line reason."""
     out = []
     for c in cands:
-        if len(c.variants) > 1:
-            out.append(cheapest_fitting(est, (), c))
-        else:
-            pick = Pick(c, 0)
-            out.append((pick, est.row((pick,))))
+        try:
+            if len(c.variants) > 1:
+                out.append(cheapest_fitting(est, (), c))
+            else:
+                pick = Pick(c, 0)
+                out.append((pick, est.row((pick,))))
+        except (MemProfilerError, RuntimeError) as err:
+            est.failed[c.name] = "could not be estimated: " + " ".join(str(err).split())[:300]
     return out
 
 
@@ -186,7 +198,13 @@ def combinations(
                 key = frozenset(q.candidate.name for q in picks)
                 if key in tried:
                     continue
-                tried[key] = (picks, est.row(picks))
+                try:
+                    tried[key] = (picks, est.row(picks))
+                except (MemProfilerError, RuntimeError) as err:
+                    est.failed[" + ".join(sorted(key))] = (
+                        "could not be estimated: " + " ".join(str(err).split())[:300]
+                    )
+                    continue
                 grown.append(picks)
         fitting = [
             (picks, row)

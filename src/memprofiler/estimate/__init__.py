@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from memprofiler.estimate.api import estimate_memory
+from memprofiler.estimate.api import estimate_memory, estimate_plan
+from memprofiler.estimate.plan import EstimatePlan
 from memprofiler.estimate.result import MemoryEstimate
 
-__all__ = ["MemoryEstimate", "estimate_memory"]
+__all__ = ["EstimatePlan", "MemoryEstimate", "estimate_memory", "estimate_plan"]

@@ -25,7 +25,7 @@ from torch import nn
 
 from memprofiler.config import urls
 from memprofiler.errors import ConfigError, MemProfilerError
-from memprofiler.estimate import engine
+from memprofiler.estimate import EstimatePlan, engine, estimate_plan
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
@@ -221,21 +221,14 @@ def _optimizer_of(model: nn.Module) -> torch.optim.Optimizer:
     return opts
 
 
-class _Prepare:
-    """Runs ``configure_model`` on the meta copy, with the device mesh ModelParallelStrategy gives."""
-
-    def __init__(self, fsdp: bool, world_size: int) -> None:
-        self.fsdp = fsdp
-        self.world_size = world_size
-
-    def __call__(self, model: nn.Module) -> None:
-        if self.fsdp:
-            model._device_mesh = strategies.device_mesh(
-                (self.world_size, 1), ("data_parallel", "tensor_parallel")
-            )
-        configure = getattr(model, "configure_model", None)
-        if callable(configure):
-            configure()
+def _configure_model(model: nn.Module, mesh: Any) -> None:
+    """``configure_model`` on the meta copy, with the device mesh ModelParallelStrategy gives it
+    (``(data_parallel, tensor_parallel)``, set as ``model.device_mesh`` reads it)."""
+    if mesh is not None:
+        model._device_mesh = mesh
+    configure = getattr(model, "configure_model", None)
+    if callable(configure):
+        configure()
 
 
 def run_estimate(cli: Any) -> list[MemoryEstimate]:
@@ -253,10 +246,8 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
 
     def one(bs: int | None) -> MemoryEstimate:
         batch = _first_batch(model, data, bs)
-        est = engine.estimate(
-            model,
-            batch,
-            optimizer=None,
+        fsdp = strategy == "fsdp"
+        plan = EstimatePlan(
             optimizer_of_model=_optimizer_of,
             loss_fn=lambda m, b: engine.as_loss(m.training_step(b, 0)),  # type: ignore[operator]
             strategy=strategy,
@@ -265,12 +256,14 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
             device=opts.device,
             steps=opts.steps,
             fake=opts.fake,
-            shard_policy=None,
-            prepare=_Prepare(strategy == "fsdp", opts.world_size),
+            parallelize=_configure_model,
+            mesh_shape=(opts.world_size, 1) if fsdp else None,
+            mesh_dim_names=("data_parallel", "tensor_parallel") if fsdp else None,
             gpu=opts.gpu,
             torch_version=opts.torch_version,
             device_memory=memory,
         )
+        est = estimate_plan(model, batch, plan)
         est.batch_size = bs if bs is not None else _rows(batch)
         return est
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import sys
+import importlib.util
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -47,8 +47,13 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _emit import emit  # noqa: E402
+# benchmarks/_emit.py by its path: benchmarks/ on sys.path would shadow the tests' `estimate`
+# package (benchmarks/estimate.py) in the process that imports this tool.
+_spec = importlib.util.spec_from_file_location("_emit", ROOT / "benchmarks" / "_emit.py")
+assert _spec is not None and _spec.loader is not None
+_emit = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_emit)
+emit = _emit.emit
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,8 @@ def _views(
         )
         body.append([name, bytes_cell(peak), diff, what])
     return (
-        "<div class='mp-views'><p><b>The same memory, other views.</b> The bars above are the peak the device enforces; "
+        "<div class='mp-views'><p><b>The same memory, other views.</b> "
+        "The bars above are the peak the device enforces; "
         "the run's other figures count a part of it, or more, each its own way:</p>"
         + table(["view", "peak", "vs. the lead", "what it counts"], body)
         + "</div>"

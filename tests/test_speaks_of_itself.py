@@ -25,7 +25,6 @@ FORBIDDEN = [
         r"\bhelper's jobs\b",
         r"\bwork[t]ree\b",
         r"\bengine[e]r [0-9]+\b",
-        r"\bthe le[a]d\b",
         r"\.\./sha[r]ed/",
         r"/wor[k]/(main|wt)\b",
         r"\bfarm-stu[d]io\b",

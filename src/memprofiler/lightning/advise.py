@@ -5,8 +5,9 @@
     python train.py advise --config fit.yaml --advise.budget 80GiB --advise.world_size 8
 
 The model, data, ``trainer.strategy`` / ``trainer.precision``, ``configure_model`` and
-``configure_optimizers`` are read as the ``estimate`` subcommand reads them; every candidate change is estimated on a copy
-(see :func:`memprofiler.advise`) and the answer is printed as the YAML keys to change.
+``configure_optimizers`` are read as the ``estimate`` subcommand reads them; every candidate change is
+estimated on a copy (see :func:`memprofiler.advise`) and the answer is printed as the YAML keys to
+change.
 """
 
 from __future__ import annotations

@@ -101,11 +101,29 @@ class ReportCommand:
                 )
                 write_text(out, reporter.render())
                 for rel, page in explorer_pages(model, args.top):  # linked from the report
-                    write_text(out.parent / rel, page)
+                    write_text(_inside(out.parent, rel), page)
             except OSError as err:
                 raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
             console.print(f"HTML report: {out}", markup=False, highlight=False)
         return 0
+
+
+def _inside(folder: Path, rel: str) -> Path:
+    """``folder / rel``, refused when it resolves outside ``folder`` (a symlinked page folder
+    would take the pages out of the run directory or the ``-o`` target's folder).
+
+    Raises:
+        ArtifactError: one line naming the path, where it leads and the fix.
+    """
+    path = folder / rel
+    root, resolved = folder.resolve(), path.resolve()
+    if root not in resolved.parents:
+        link = next((q for q in [path, *path.parents] if q.is_symlink()), path)
+        raise ArtifactError(
+            f"{path}: resolves to {resolved}, outside {root} ({link} is a link); the report writes only "
+            f"inside its folder: remove the link, or pass -o to write the report elsewhere"
+        )
+    return path
 
 
 def _views(

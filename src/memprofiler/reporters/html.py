@@ -146,6 +146,7 @@ class HtmlReporter:
         if manifest.get("status") is not None:
             bits.append(f"status {escape(str(manifest['status']))}")
         out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += [f"<p class='oom'>warning: {escape(w)}</p>" for w in run.warnings]
         out += self._oom_lines()
         out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
         out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]

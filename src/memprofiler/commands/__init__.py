@@ -25,6 +25,7 @@ def all_commands() -> list[Command]:
     # Each command module imports its heavy dependencies inside ``run``, so ``--help`` is quick.
     from memprofiler.commands.check import CheckCommand
     from memprofiler.commands.diff import DiffCommand
+    from memprofiler.commands.estimate import EstimateCommand
     from memprofiler.commands.merge_traces import MergeTracesCommand
     from memprofiler.commands.report import ReportCommand
     from memprofiler.commands.snapshot import SnapshotCommand
@@ -35,5 +36,6 @@ def all_commands() -> list[Command]:
         CheckCommand(),
         SnapshotCommand(),
         MergeTracesCommand(),
+        EstimateCommand(),
     ]
     return commands

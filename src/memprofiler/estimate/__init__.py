@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from memprofiler.estimate.api import estimate_memory
+from memprofiler.estimate.api import estimate_memory, largest_batch
+from memprofiler.estimate.batch_search import BatchSearch
 from memprofiler.estimate.result import MemoryEstimate
 
-__all__ = ["MemoryEstimate", "estimate_memory"]
+__all__ = ["BatchSearch", "MemoryEstimate", "estimate_memory", "largest_batch"]

@@ -87,4 +87,4 @@ screenshot: install-dev
 
 .PHONY: bench-snapshot
 bench-snapshot: install
-	$(PY) benchmarks/snapshot_analysis.py --out benchmarks/results/snapshot_analysis.json
+	$(PY) benchmarks/snapshot_analysis.py --out benchmarks/results

@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _emit import machine_info  # noqa: E402
+from _emit import machine_info, record, result_path  # noqa: E402
 
 from memprofiler.output.stats_file import entry_yaml  # noqa: E402
 
@@ -210,18 +210,16 @@ def main() -> None:
             print(json.dumps({calls: size}), file=sys.stderr)
             if args.timeout and max(w for r in runs.values() for w, _ in r) > args.timeout:
                 break
-    record: dict[str, Any] = {}
-    if args.out is not None and args.out.exists():
-        record = json.loads(args.out.read_text())
-    record.setdefault("benchmark", "analysis_scale")
-    record.setdefault("machine", {**machine_info(), "cpus": os.cpu_count()})
-    key = f"{args.label}{'_cuda' if args.cuda else ''}"
-    record[key] = result
-    text = json.dumps(record, indent=2)
+    # Each --label adds its figures to the same record (a file of today's date, or a new one).
+    out = None if args.out is None else result_path(record("analysis_scale", {}), args.out)
+    rec = json.loads(out.read_text()) if out is not None and out.exists() else record("analysis_scale", {})
+    rec["machine"] = {**machine_info(), "cpus": os.cpu_count()}
+    rec["result"][f"{args.label}{'_cuda' if args.cuda else ''}"] = result
+    text = json.dumps(rec, indent=2)
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 3. FSDP2: the ``world_size=2`` estimate against a real 2-process gloo run's
    ``FSDPMemTracker`` peak.
 
-Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/estimate.py > benchmarks/results/estimate.json``
+Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/estimate.py [--out benchmarks/results]``
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from typing import Any
 START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "estimate"))
+
+from _emit import emit  # noqa: E402
 
 LLAMA_1B = dict(
     vocab_size=128256,
@@ -204,7 +206,8 @@ def main() -> None:
         "accuracy_cpu": accuracy(),
         "fsdp2_world_size_2_vs_gloo": fsdp_two_ranks(),
     }
-    print(json.dumps(result, indent=2))
+    out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
+    emit(result, out)
 
 
 if __name__ == "__main__":

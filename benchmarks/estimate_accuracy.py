@@ -19,8 +19,8 @@ Models are built from transformers config objects (no download). The first pair 
 (an A/A pair: the figures are deterministic, the RSS pair shows its noise).
 
 Run (a 2-CPU VM, no GPU):
-``PYTHONPATH=src:tests python benchmarks/estimate_accuracy.py --out benchmarks/results/estimate_accuracy_cpu.json``
-``python benchmarks/estimate_accuracy.py --markdown benchmarks/results/estimate_accuracy_cpu.json``
+``PYTHONPATH=src:tests python benchmarks/estimate_accuracy.py --out benchmarks/results``
+``python benchmarks/estimate_accuracy.py --markdown benchmarks/results/estimate_accuracy_cpu_20261126.json``
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _emit import emit
+from _emit import emit, read_result
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -312,7 +312,7 @@ def main() -> None:
         print(json.dumps(one(*args.one)))
         return
     if args.markdown:
-        print(markdown(json.loads(args.markdown.read_text())))
+        print(markdown(read_result(args.markdown)))
         return
     pairs = [(a, o) for a in args.archs.split(",") for o in OPTIMIZERS]
     pairs.append((pairs[0][0], pairs[0][1]))  # A/A

@@ -21,8 +21,8 @@ children's path (``pip install --no-deps --target DIR .whl/tf517/*.whl``), so th
 estimated with the transformers the measurement ran; each row records the version it used.
 
 Run (a CPU-only machine):
-``PYTHONPATH=src:tests python benchmarks/estimate_gpu.py --pythonpath DIR --out benchmarks/results/estimate_gpu_h200.json``
-``python benchmarks/estimate_gpu.py --markdown benchmarks/results/estimate_gpu_h200.json``
+``PYTHONPATH=src:tests python benchmarks/estimate_gpu.py --pythonpath DIR --out benchmarks/results``
+``python benchmarks/estimate_gpu.py --markdown benchmarks/results/estimate_gpu_h200_20261127.json``
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _emit import emit
+from _emit import emit, read_result
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "gpu_h200"
@@ -109,7 +109,7 @@ def main() -> None:
         print(json.dumps(child(name, precision, None if attn == "-" else attn)))
         return
     if args.markdown:
-        print(markdown(json.loads(args.markdown.read_text())))
+        print(markdown(read_result(args.markdown)))
         return
     measured = json.loads((FIXTURES / "estimate_measured_h200.json").read_text())
     by_key = {(r["name"], r["precision"]): r for r in measured["rows"]}

@@ -12,7 +12,7 @@ Each variant runs in a fresh subprocess (so peak RSS is its own), in random orde
 A/A pair of the bare load as the noise floor::
 
     MALLOC_ARENA_MAX=1 python benchmarks/explorer_scale.py --entries 1000000 --rounds 5 \
-        --out benchmarks/results/explorer_scale_1M.json
+        --out benchmarks/results/explorer_scale-1M_cpu_YYYYMMDD.json
     # peak RSS of a bare load and of the conversion of an existing (5M-entry) trace:
     python benchmarks/explorer_scale.py --pickle /tmp/t5M.pickle --rounds 1 --variants load,convert
 """
@@ -40,7 +40,7 @@ MiB = 1 << 20
 def synthetic(entries: int, seed: int = 0) -> dict[str, Any]:
     rng = random.Random(seed)
     files = [f"/home/user/project/model_{k}.py" for k in range(20)]
-    # As torch writes them (and the real capture in ../shared/fixtures/gpu holds: 429 frame
+    # As torch writes them (and the real capture in tests/fixtures/gpu_transformer_forward_mixed.pickle holds: 429 frame
     # dicts for 438,814 frame references): each distinct frame is one dict object that every
     # stack naming it shares (the pickle memoizes it), each entry has its own list, and a stack
     # is deep: the unwinder and allocator, an operator's C++ frames, then Python frames with

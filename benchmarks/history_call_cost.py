@@ -14,7 +14,7 @@ history work (the collector's ``start`` + ``end``, the window left open) in micr
   ``--ring`` entries with Python stacks, and its protocol-4 pickle written, at start and end.
   Its figure is the fake's (its stacks are not shared between entries as torch's are, and it
   copies no ring out of an allocator): an order of magnitude, the GPU's own is in
-  ``../shared/fixtures/gpu/FINDINGS.md`` item 6 (the dumps doubled a 62 ms step).
+  a run on an NVIDIA H200 (the dumps doubled a 62 ms step).
 
 Variants run interleaved in a new random order every round, ``torch.set_num_threads(1)``.
 Prints one JSON object. Run as

@@ -30,7 +30,14 @@ class LiveBytes:
     def add(self, t: Any) -> None:
         if not isinstance(t, torch.Tensor):
             return
+        to_local = getattr(t, "to_local", None)
+        if callable(to_local):  # a DTensor: this rank's shard is what it holds
+            t = to_local()
         st = t.untyped_storage()
+        try:
+            st.data_ptr()
+        except RuntimeError:  # no storage of its own (a functional collective's autograd wrapper)
+            return
         key = st._cdata
         if key in self.live:
             return

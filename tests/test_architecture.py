@@ -115,6 +115,45 @@ def test_collectors_see_the_profiler_only_through_its_view():
             }, name
 
 
+#: The estimate's rooms below its engine: the engine (``estimate/engine.py``, ``api.py``) loops
+#: over their parts; none of them reaches back up to it.
+ESTIMATE_ROOMS = ("allocator", "cuda", "fake", "parallel")
+ESTIMATE_ENGINE = ("memprofiler.estimate.engine", "memprofiler.estimate.api", "memprofiler.estimate.tracker")
+
+
+def test_the_estimates_rooms_never_import_its_engine():
+    modules = _modules()
+    offending = []
+    for name, path in sorted(modules.items()):
+        parts = name.split(".")
+        if parts[1:2] == ["estimate"] and parts[2:3] and parts[2] in ESTIMATE_ROOMS:
+            offending += [
+                f"{name} imports {m}" for m in sorted(_imports(path, modules)) if m in ESTIMATE_ENGINE
+            ]
+    assert offending == []
+
+
+def test_the_allocator_model_is_plain_python():
+    # GIVEN the caching allocator's model: bookkeeping over integers, replayable anywhere
+    modules = _modules()
+    for name, path in sorted(modules.items()):
+        if name.startswith("memprofiler.estimate.allocator"):
+            imported = _imports(path, modules) | {
+                alias.name
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Import)
+                for alias in node.names
+            }
+            # THEN it needs neither torch nor another room of the estimate (errors are everyone's)
+            assert not {m for m in imported if m.startswith("torch")}, name
+            assert not {
+                m
+                for m in imported
+                if m.startswith("memprofiler")
+                and not m.startswith(("memprofiler.estimate.allocator", "memprofiler.errors"))
+            }, name
+
+
 def test_no_private_name_is_imported_from_another_module():
     # A name another module needs is a public name of its owner (a private *module*, such as
     # lightning/_compat.py, is imported by its name).

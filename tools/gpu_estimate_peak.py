@@ -37,8 +37,8 @@ Writes ``<model>.json`` and ``<model>.txt`` per model and ``summary.json`` under
 ``$OUT``, else ``./gpu_probe_out``), a few KB each; for ``--keep-trace``'s models (rmsnorm_lm%bf16-mixed, llama%bf16-mixed)
 the tagged run's allocator trace without frames, with the calls' labels, as
 ``<model>_trace.pickle`` (``tools/allocator_check.py`` reads it); the whole snapshot only with
-``--keep-snapshot``. ``gpu_estimate_peak.sh`` packs it all into ``$OUT/probe.tgz`` (a device call
-brings back 8 files). ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
+``--keep-snapshot``. ``gpu_estimate_peak.sh`` also packs it all into ``$OUT/probe.tgz``, one file to copy off the
+machine. ``--cpu-dry-run`` runs everything but the CUDA calls on CPU: the real run
 is a CPU run whose synthetic history logs each op's new storages (small GPU_B / GPU_T), their
 blocks and segments placed by the allocator model (so step 4 runs, and matches at every rate).
 
@@ -69,7 +69,7 @@ from gpu_probe.history import gap_jumps, initial_live, label_by_outputs, module_
 from gpu_probe.real import PANEL_DIR, load_panel, real_run
 from gpu_probe.report import allocator_summary, headline, render
 
-#: What the next GPU call should answer (session 14 settled the fp32 rows): nn.RMSNorm's fused
+#: What a run on a GPU should answer next (the fp32 rows are settled): nn.RMSNorm's fused
 #: kernel (``rmsnorm_lm``, fp32 and bf16-mixed), and bf16-mixed on LLaMA (grouped-query flash
 #: attention), ViT and T5; GPT-2 fp32 as the control, exact to 0.14% on the H200.
 DEFAULT_MODELS = (

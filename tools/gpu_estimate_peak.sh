@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU probe of the estimate (tools/gpu_estimate_peak.py; its DEFAULT_MODELS, or MODELS=spec,...
-# with spec name[:attention][%precision]), one device call from the repository root (the image:
-# torch 2.11 and transformers 5.17.0; session 14 ran it four times, benchmarks/results/gpu_h200_s14_probe/):
-#   run(command="bash tools/gpu_estimate_peak.sh", carry=[".whl/tf", ".whl/tf517"], timeout_s=300)
-# .whl/tf: transformers 5.24.0 + deps, cp312 manylinux, no numpy (carry .whl/numpy if the image
-# lacks it), installed only where the image has no transformers; .whl/tf517: 5.17.0 (measured),
-# run again for ALSO (a list of specs; empty by default) unless the main runs already used 5.17.
-# Writes <model>.json/.txt, <model>_trace.pickle (--keep-trace's), summary.json, pip.log, probe.log;
-# prints the headlines. A device call brings back 8 files: at the end all of them go into
-# $OUT/probe.tgz, and only it, summary.json, probe.log and two .txt stay beside it.
+# with spec name[:attention][%precision]). On a machine with a CUDA GPU, torch and (ideally)
+# transformers 5.17.0, from the repository root (about 5 minutes):
+#   OUT=/tmp/gpu_probe_out bash tools/gpu_estimate_peak.sh
+# Without a network, put wheels beside the checkout: .whl/tf (transformers 5.24.0 and its
+# dependencies, installed only where no transformers is installed), .whl/numpy if numpy is
+# missing, .whl/tf517 (5.17.0, the version the measurements used), with which the specs in ALSO
+# (empty by default) run again unless the main runs already used 5.17.
+# Writes <model>.json/.txt, <model>_trace.pickle (--keep-trace's), summary.json, pip.log, probe.log
+# under $OUT and prints the headlines; at the end everything is also packed into $OUT/probe.tgz,
+# beside summary.json, probe.log and two .txt. benchmarks/results/estimate_peak_h200_20261126/
+# holds its output on an NVIDIA H200.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_probe_out}
 mkdir -p "$OUT"

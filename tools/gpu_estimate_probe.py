@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-from memprofiler.estimate import engine, estimate_memory
+from memprofiler.estimate import EstimatePlan, estimate_plan
+from memprofiler.estimate.probe import Probe
 
 
 class Net(nn.Module):
@@ -40,35 +41,30 @@ def main() -> None:
         return infer(self, schema)
 
     ShardingPropagator._propagate_tensor_meta_non_cached = counting  # type: ignore[method-assign,assignment]
-    one_step = engine._one_step
 
-    def step(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        from torch.distributed.fsdp import FSDPModule
-        from torch.optim.optimizer import _default_to_fused_or_foreach
+    class Watch(Probe):
+        def steps_start(self, model: nn.Module, optimizer: torch.optim.Optimizer, tracker: Any) -> None:
+            from torch.distributed.fsdp import FSDPModule
+            from torch.optim.optimizer import _default_to_fused_or_foreach
 
-        if not seen["in_steps"]:
             params: list[torch.Tensor] = list(model.parameters())
             seen["fused_foreach"] = _default_to_fused_or_foreach(params, False)
             seen["param_device"] = str(params[0].device)
             state = model._get_fsdp_state() if isinstance(model, FSDPModule) else None
             seen["fsdp_device"] = str(getattr(state, "_device", None))
-        seen["in_steps"] = True
-        return one_step(model, *args, **kwargs)
-
-    engine._one_step = step
+            seen["in_steps"] = True
 
     def once() -> dict[str, Any]:
         with torch.device("meta"):
             net = Net()
-        est = estimate_memory(
-            net,
-            torch.randn(4, 10),
+        plan = EstimatePlan(
             optimizer=lambda ps: torch.optim.Adam(ps, lr=1e-3),
             strategy="fsdp",
             world_size=1,
             device="cuda",
             steps=2,
         )
+        est = estimate_plan(net, torch.randn(4, 10), plan, probe=Watch())
         d = est.to_dict()
         return {
             k: d[k] for k in ("peak_bytes", "tensor_peak_bytes", "peak_phase", "peak_module", "by_category")

@@ -19,7 +19,10 @@ The plans, as a training script writes them:
 Each row holds the allocator's ``max_memory_allocated`` / ``max_memory_reserved`` of each step
 (reset before the first), and the bytes of rank 0's parameters. Run on a GPU node:
 
-    PYTHONPATH=src python tools/gpu_fsdp_scale.py --out benchmarks/results/fsdp_scale_<gpu>_<date>.json
+    PYTHONPATH=src python tools/gpu_fsdp_scale.py --out benchmarks/results
+
+(``benchmarks/_emit.py`` names the file ``fsdp_scale_<hardware>_<yyyymmdd>.json`` and records the
+hardware, date, commit and command in it.)
 
 ``--cpu-dry-run`` runs the same code on CPU tensors with a tiny model (the peaks are then the
 live tensor bytes a dispatch counter sees): the test suite runs it.
@@ -30,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -269,15 +271,6 @@ def measure(plan: str, world_size: int, shape: LlamaShape, device: str, steps: i
     return row
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -293,15 +286,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         device, shape, sizes = "cuda", LlamaShape(), (8, 64)
     rows = [measure("fsdp", ws, shape, device) for ws in sizes]
     rows.append(measure("tp", 2, shape, device))
-    result = {
-        "benchmark": "fsdp_scale",
-        "hardware": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "commit": _commit(),
-        "command": "python tools/gpu_fsdp_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "rows": rows,
-    }
-    emit(result, args.out)
+    result = {"device": device, "rows": rows}
+    emit(result, args.out, benchmark="fsdp_scale")
     return result
 
 

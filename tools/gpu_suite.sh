@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The GPU check of issue 34 as one device call, from the repository root of the checkout:
+# The GPU checks of the CUDA set-up order, on a machine with a CUDA GPU, from the repository root
+# (OUT=DIR bash tools/gpu_suite.sh):
 #
-#   1. the four set-up orders of ../shared/fixtures/gpu/logs/segv_repro.py, each in its own
-#      process (exit 139 there was the segmentation fault; every case must now exit 0);
+#   1. the four orders in which a profiler can set up CUDA's allocator history and OOM observer,
+#      each in its own process (a torch binding called before CUDA is initialised ended in a
+#      segmentation fault, exit 139; every case must exit 0);
 #   2. `pytest -m cuda`;
 #   3. the whole suite, `pytest -q -n 8` (WORKERS=N for another count).
 #
-# Logs go to $OUT (the device tool's folder), named with the GPU, for benchmarks/results/.
-# The device image has torch and lightning; carry wheels of what it lacks in .whl/
+# Logs go to $OUT, named with the GPU.
+# The machine needs torch and lightning; wheels of what it lacks go in .whl/
 # (jsonargparse with docstring-parser and typeshed-client for its `signatures` extra, msgspec).
 # The S3 and browser tests skip without moto/s3fs/playwright.
 set -uo pipefail

@@ -18,7 +18,7 @@ from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 if TYPE_CHECKING:
     from memprofiler.advice import Advice, advise
     from memprofiler.core.profiler import MemProfiler
-    from memprofiler.estimate import MemoryEstimate, estimate_memory
+    from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_memory, estimate_plan
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.cli import MemProfilerCLI
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
@@ -34,6 +34,8 @@ _LAZY = {
     "MemProfilerCLI": "memprofiler.lightning.cli",
     "ProfilerHooksMixin": "memprofiler.lightning.mixin",
     "estimate_memory": "memprofiler.estimate",
+    "estimate_plan": "memprofiler.estimate",
+    "EstimatePlan": "memprofiler.estimate",
     "MemoryEstimate": "memprofiler.estimate",
 }
 
@@ -50,6 +52,7 @@ __all__ = [
     "Advice",
     "ArtifactError",
     "ConfigError",
+    "EstimatePlan",
     "ExtendedPyTorchProfiler",
     "MemProfiler",
     "MemProfilerCLI",
@@ -61,5 +64,6 @@ __all__ = [
     "__version__",
     "advise",
     "estimate_memory",
+    "estimate_plan",
     "memprofilable",
 ]

@@ -1,5 +1,5 @@
 """The one trace reader: the same figures whatever the order of the events (golden figures
-of the held reader it replaced), and what it keeps is bounded."""
+of the in-memory reader it replaced, ``tests/fixtures/traces/golden/``), and what it keeps is bounded."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_every_order_gives_the_held_readers_figures(name, src, order, tmp_path):
     # GIVEN a real trace (torch 2.13's CPU trace, memory events after the last operator; the
     # recorded GPU run) or a hand-built CUDA one, its events written in ``order``
     path = write_order(src, order, tmp_path)
-    # THEN every figure of every view equals what the held reader showed for that file
+    # THEN every figure of every view equals what the in-memory reader showed for that file
     assert_same(figures(trace_view(path)), read_golden(name, order))
 
 
@@ -216,3 +216,41 @@ def test_the_exact_path_reads_any_cut_of_words_numbers_and_strings(block, tmp_pa
         (e["ph"], e["name"], e["tid"], e["ts"], e.get("dur")) for e in events
     ]
     assert got[1].args is not None and got[1].args.nbytes == 64
+
+
+def test_a_dispatch_modes_wrapper_is_no_operator_and_its_own_time_is_counted_apart(tmp_path):
+    # GIVEN a module tracker's PythonDispatchMode span (100 µs) inside aten::linear, around
+    # aten::addmm (30 µs) which allocates 4 KiB
+    def op(name, ts, dur):
+        return {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": name,
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": dur,
+            "args": {},
+        }
+
+    mem = {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1050,
+           "args": {"Bytes": 4096, "Addr": 64, "Total Allocated": 4096, "Total Reserved": 0, "Device Type": 0}}  # fmt: skip
+    events = [
+        op("aten::linear", 1000, 120),
+        op("PythonDispatchMode", 1010, 100),
+        op("aten::addmm", 1040, 30),
+        mem,
+    ]
+    path = tmp_path / "w_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    # WHEN the views are built
+    tv = trace_view(path)
+    # THEN the wrapper is no operator row and in no operator's memory: addmm allocated the 4 KiB
+    rows = {
+        r.name: (r.calls, r.host_self_us, r.host_total_us, r.alloc_bytes, r.self_alloc_bytes) for r in tv.ops
+    }
+    assert rows == {"aten::linear": (1, 20.0, 120.0, 4096, 0), "aten::addmm": (1, 30.0, 30.0, 4096, 4096)}
+    assert [s.name for s in tv.devices[0].stats] == ["aten::addmm", "aten::linear"]
+    # AND its own 70 µs are counted apart, in one sentence of the report
+    assert (tv.wrapper_calls, tv.wrapper_self_us) == (1, 70.0)
+    assert tv.wrapper_note.startswith("1 PythonDispatchMode span (") and "0.070 ms" in tv.wrapper_note

@@ -1,7 +1,7 @@
 """Whatever the order of set-up and model placement, the CUDA collectors never crash the process.
 
 On a real GPU ``torch._C._cuda_isHistoryEnabled()`` before CUDA is initialised is a segmentation
-fault (``../shared/fixtures/gpu/logs/segv_repro.py``: exit 139 for ``MemProfiler`` with
+fault (seen on an NVIDIA H200: exit 139 for ``MemProfiler`` with
 ``oom.enabled`` or ``cuda_allocator_history`` set up before the first CUDA tensor). Here the
 same conditions are made on CPU: the real backend over a patched ``torch.cuda`` whose private
 bindings raise :class:`SimulatedCrash` before init, and the fake backend started uninitialised,

@@ -141,11 +141,11 @@ def test_a_name_found_nowhere_is_one_line_naming_the_classes_and_the_close_match
     prof = _prof(tmp_path, ["train_stpe"])
     # WHEN wrapping runs
     with pytest.warns(UserWarning) as caught:
-        prof.wrap_methods([Owner("the model", model), Owner("the helper", other)])
+        prof.wrap_methods([Owner("the model", model), Owner("the scorer", other)])
     # THEN one line names the key, both classes searched and the method meant
     assert [str(w.message) for w in caught if "train_stpe" in str(w.message)] == [
         "memprofiler: `collect_funcs.default` names `train_stpe`, which is not a method of `Library` "
-        "(the model) or `Decorated` (the helper); nothing collects it unless your code runs "
+        "(the model) or `Decorated` (the scorer); nothing collects it unless your code runs "
         '`profiler.profile("train_stpe")`; did you mean `train_step`?'
     ]
     # AND the run's note at the end is the same line (warned once, kept in the manifest)
@@ -188,3 +188,60 @@ def test_an_owner_defining_the_name_is_preferred_to_one_inheriting_a_default_hoo
     finally:
         done.restore()
     assert "train_step" not in Framework.__dict__
+
+
+class Deferred(nn.Module):
+    """Methods whose call only makes an object: the body runs while it is iterated or awaited."""
+
+    def batches(self, n: int):
+        for k in range(n):
+            yield torch.zeros(k)
+
+    async def fetch(self) -> int:
+        return 1
+
+    async def stream(self):
+        yield 1
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("batches", "a generator function"),
+        ("fetch", "an `async def` coroutine function"),
+        ("stream", "an async generator function"),
+    ],
+)
+def test_generator_and_async_methods_are_refused_in_one_line_at_set_up(tmp_path, name, kind):
+    # GIVEN collect_funcs naming a method whose call returns before its body runs
+    model = Deferred()
+    prof = _prof(tmp_path, [name])
+    # WHEN wrapping runs at set-up
+    with pytest.warns(UserWarning) as caught:
+        assert prof.wrap_methods([Owner("the model", model)]) == []
+    # THEN it is not wrapped ("collected" with figures covering only making the object before),
+    # in one line saying why
+    lines = [str(w.message) for w in caught if f"`{name}`" in str(w.message)]
+    assert lines == [
+        f"memprofiler: `collect_funcs.default` names `{name}`, which on `Deferred` (the model) is {kind}: "
+        "a call returns at once and its body runs later, so only making the object would be collected; "
+        "it is not collected (name the method that iterates or awaits it, or profile its body with "
+        "`profiler.profile(...)`)"
+    ]
+    assert name not in Deferred.__dict__ or not getattr(Deferred.__dict__[name], "__memprofilable__", False)
+    list(model.batches(2))
+    assert prof.call_counts() == {}
+    prof.teardown()
+
+
+def test_the_decorator_refuses_a_generator_method_when_the_class_is_made():
+    from memprofiler.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"`@memprofilable` on `.*Gen.steps`, a generator function, would collect nothing"
+    ):
+
+        class Gen(nn.Module):
+            @memprofilable
+            def steps(self):
+                yield 1

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import engine, estimate_memory
+from memprofiler.estimate import EstimatePlan, estimate_memory, estimate_plan
 
 ADAM = lambda ps: torch.optim.Adam(ps, lr=1e-3)  # noqa: E731
 F32 = 4
@@ -123,21 +123,15 @@ def test_fully_shard_without_a_mesh_shards_on_the_estimates_device(cuda_machine)
             fully_shard(layer)
         fully_shard(model)
 
-    def run(prepare: Any) -> dict[str, Any]:
-        return engine.estimate(
-            meta_net(),
-            torch.randn(4, 10),
+    def run(configure: Any) -> dict[str, Any]:
+        plan = EstimatePlan(
             optimizer=ADAM,
-            loss_fn=engine.default_loss,
             strategy="fsdp",
             world_size=4,
-            precision="32-true",
             device="cuda",
-            steps=2,
-            fake=True,
-            shard_policy=None,
-            prepare=prepare,
-        ).to_dict()
+            parallelize=None if configure is None else lambda model, mesh: configure(model),
+        )
+        return estimate_plan(meta_net(), torch.randn(4, 10), plan).to_dict()
 
     # WHEN estimated THEN it equals the estimate that shards the same modules itself
     assert run(configure_model) == run(None)

@@ -25,8 +25,8 @@ def test_the_cpu_dry_run_holds_rank_0s_share_of_every_parameter(tmp_path):
     out = tmp_path / "fsdp_scale_cpu.json"
     result = tool.main(["--cpu-dry-run", "--out", str(out)])
     written = json.loads(out.read_text())
-    assert written["rows"] == result["rows"]
-    assert {"hardware", "date", "commit", "command", "torch"} <= written.keys()
+    assert written["result"] == result and written["benchmark"] == "fsdp_scale"
+    assert {"hardware", "date", "commit", "command", "machine"} <= written.keys()
     s = tool.TINY
     shapes = [(s.vocab, s.dim), (s.dim,), (s.vocab, s.dim)]  # embedding, final norm, output
     head = s.dim // s.heads

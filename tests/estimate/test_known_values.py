@@ -3,7 +3,7 @@
 Before: on fake tensors transformers built the 4-D mask it skips for a mask without padding
 (its ``is_tracing`` is true for a FakeTensor), and the estimate kept what masked attention keeps:
 the BERT row on an H200 was 1.0134 of the measured allocated peak (+33,554,432 B); it is now
-the measurement to the byte (``benchmarks/results/estimate_gpu_h200.json``).
+the measurement to the byte (``benchmarks/results/estimate_gpu_h200_20261127.json``).
 """
 
 from __future__ import annotations

@@ -470,3 +470,28 @@ def test_memory_categories_follow_the_traces_gzip_and_retention(tmp_path):
     params = sum(p.numel() * p.element_size() for p in TinyModel().parameters())
     assert cpu.peak_by_category["parameter"] == params
     assert STEP_ALLOC_BYTES in [b for *_, b in cpu.live_at_peak]
+
+
+def test_memprofilers_own_work_stays_out_of_the_summary_and_its_cost_is_said_at_setup(tmp_path):
+    # GIVEN the profiler with Python stacks and a host sampler, and memprofiler's module tracker
+    # over the same steps
+    prof = ExtendedPyTorchProfiler(
+        schedule_cfg={"wait": 1, "warmup": 1, "active": 1}, with_stack=True, profile_memory=True,
+        sort_by_key="self_cpu_time_total", row_limit=-1, timeline={"host_interval_s": 0.01},
+    )  # fmt: skip
+    trainer = _trainer(tmp_path, prof, steps=4, callbacks=[_memprofiler(track_module_mem=True)])
+    # WHEN training runs
+    with pytest.warns(
+        UserWarning, match=r"`track_module_mem` with ExtendedPyTorchProfiler\(with_stack=True\)"
+    ):
+        trainer.fit(TinyModel())
+    (summary_file,) = tmp_path.rglob("fit_rank_0_summary.txt")
+    summary = summary_file.read_text()
+    # THEN no row is the tracker's dispatch or the sampler thread's wait
+    names = [line.strip().split("  ")[0] for line in summary.splitlines()]
+    for own in ("PythonDispatchMode", "mem_tracker.py", "host_sampler.py", "threading.py", "method acquire"):
+        assert not [n for n in names if own in n], own
+    # AND the model's operators the tracker dispatched are still there, with what was left out said
+    assert any(n.startswith("aten::addmm") for n in names)
+    assert re.search(r"memprofiler's own work is left out of this table: [\d,]+ events, [\d,.]+ ms", summary)
+    assert "(and 1 thread of its own)" in summary

@@ -182,9 +182,31 @@ def test_a_window_recording_opens_on_its_call_with_roles_as_categories(tmp_path)
             " top: mpExplorer.treeTop, picker: document.getElementById('mp-call').value})"
         )
     assert view.errors == [] and view.offsite == []
-    # THEN the page selected call 3 and shades its entries (6 to 8 of the recording)
-    assert x["call"] == "train_step:3" and x["range"] == [6, 9] and x["picker"] == "1"
-    assert "call train_step:3: entries 6 - 8" in x["text"]
+    # THEN the page selected call 3 and shades its entries (7 to 9 of the recording: entry 6 is the
+    # snapshot that looked at the ring after call 2)
+    assert x["call"] == "train_step:3" and x["range"] == [7, 10] and x["picker"] == "1"
+    assert "call train_step:3: entries 7 - 9" in x["text"]
     # AND the live tree lists the blocks older than the recording by role, not as no stack
     labels = [label for label, _ in x["top"]]
     assert "parameter" in labels and "(no stack recorded)" not in labels
+
+
+def test_the_peak_label_stays_inside_the_plot_and_the_timeline_has_a_colour_legend(real_html):
+    # GIVEN the real capture, whose peak is at entry 5,989 of 5,992: the plot's right edge
+    with open_page(real_html, wait_ms=0) as view:
+        _open(view)
+        view.page.click("#mp-reset")
+        view.page.click("#mp-gopeak")
+        view.page.wait_for_timeout(100)
+        # WHEN the whole trace is drawn
+        start, end, right = view.eval("mpExplorer.peakLabel")
+        # THEN the label "peak 22.23 GiB" ends inside the plot, left of its line (it was put
+        # 90 px from the edge whatever its width, and ran 4 px past it)
+        assert view.eval("mpExplorer.peakAt") == 5989
+        assert 0 <= start < end <= right
+        # AND a legend names the colours of the stacks live at the selected instant
+        legend = view.eval("mpExplorer.legend")
+        text = view.page.inner_text("#mp-legend")
+    assert len(legend) == 8 and all(color.startswith("#") for _, color, _ in legend)
+    assert legend[0][0] in text and "grey band" in text and "reserved (lower chart)" in text
+    assert view.errors == [] and view.offsite == []

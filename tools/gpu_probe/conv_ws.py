@@ -1,4 +1,4 @@
-"""cuDNN convolution scratch on the GPU (session 14): for each convolution, the bytes allocated
+"""cuDNN convolution scratch on the GPU: for each convolution, the bytes allocated
 inside the op beyond its outputs (peak during the op - allocated after it), forward and backward
 (data and weight gradients together, then each alone), at the first call of a shape (cuDNN's
 heuristics: torch allocates the largest workspace of the candidate plans) and at the second

@@ -7,13 +7,17 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from memprofiler.estimate import EstimatePlan, estimate_plan
+from memprofiler.estimate.probe import Probe
+
 from .history import MARK, Call, Event
 from .real import set_attention
 
 
-class EstimateLog:
+class EstimateLog(Probe):
     """Patches the estimate's dispatch, workspaces and allocator replay to log its allocations as
-    the real history does: one event per alloc/free, the call's index as metadata, markers per step."""
+    the real history does: one event per alloc/free, the call's index as metadata; marks each step
+    as the engine's probe."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -75,6 +79,9 @@ class EstimateLog:
             meta = str(self.window) if self.window is not None else ""
             self.events.append({"action": "free_requested", "addr": key, "size": 0, "user_metadata": meta})
 
+    def step_start(self, step: int) -> None:
+        self.mark(step)
+
     def mark(self, step: int) -> None:
         self.step = step
         addr = -3_000_000 - step
@@ -85,7 +92,6 @@ class EstimateLog:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[EstimateLog]:
-        from memprofiler.estimate import engine
         from memprofiler.estimate import tracker as trk
         from memprofiler.estimate.allocator import caching as al
         from memprofiler.estimate.cuda import workspaces as ws
@@ -144,20 +150,12 @@ class EstimateLog:
 
             return wrapped
 
-        def one_step(orig: Any) -> Any:
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                log.mark(log.step + 1)
-                return orig(*args, **kwargs)
-
-            return wrapped
-
-        patch(trk.SingleTracker, "__torch_dispatch__", dispatch(True))
+        patch(trk.LedgerMixin, "__torch_dispatch__", dispatch(True))
         patch(ws.BlasWorkspaces, "__torch_dispatch__", dispatch(False))
-        patch(trk.SingleTracker, "hold", kind("workspace"))
-        patch(trk.SingleTracker, "transient", kind("scratch"))
+        patch(trk.LedgerMixin, "hold", kind("workspace"))
+        patch(trk.LedgerMixin, "transient", kind("scratch"))
         patch(al.AllocatorReplay, "alloc", alloc)
         patch(al.AllocatorReplay, "free", free)
-        patch(engine, "_one_step", one_step)
         try:
             yield self
         finally:
@@ -176,8 +174,6 @@ def estimate_run(
 ) -> dict[str, Any]:
     import torch
 
-    from memprofiler.estimate import estimate_memory
-
     make_model, make_batch = panel.PANEL[name]
     torch.manual_seed(0)
     with torch.device("meta"):
@@ -186,9 +182,7 @@ def estimate_run(
     model.train()
     version = version or ".".join(torch.__version__.split("+")[0].split(".")[:2])
     with EstimateLog().installed() as log:
-        est = estimate_memory(
-            model,
-            make_batch(),
+        plan = EstimatePlan(
             optimizer=panel.OPTIMIZERS["adamw"],
             loss_fn=panel.hf_loss,
             precision=precision,
@@ -196,6 +190,7 @@ def estimate_run(
             torch_version=version,
             device=device,
         )
+        est = estimate_plan(model, make_batch(), plan, probe=log)
     info = {
         "peak_bytes": est.peak_bytes,
         "reserved_peak_bytes": est.reserved_peak_bytes,

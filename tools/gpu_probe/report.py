@@ -110,7 +110,7 @@ def _n(value: int | None, sign: bool = False) -> str:
 
 
 def _ops(ops: dict[str, int]) -> str:
-    """``aten._softmax.default`` as ``_softmax``: the headlines stay inside the device call's output tail."""
+    """``aten._softmax.default`` as ``_softmax``: the headlines stay short enough to read in a terminal."""
     return ",".join(sorted(op.removeprefix("aten.").removesuffix(".default") for op in ops))
 
 

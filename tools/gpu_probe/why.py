@@ -1,4 +1,4 @@
-"""Two questions for the GPU (session 14): why T5's encoder attention runs the math path, and
+"""Two questions for the GPU: why T5's encoder attention runs the math path, and
 what scratch CUDA reductions take. Writes $OUT/why.json."""
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ class Row:
     headroom_bytes: int
     cost: Cost
     patch: list[str] = field(default_factory=list)
-    """The change as lines to apply: LightningCLI YAML keys, or Python."""
+    """The change as Python lines."""
+    yaml: list[str] = field(default_factory=list)
+    """The change as LightningCLI YAML keys (Python lines where a change has no key)."""
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:

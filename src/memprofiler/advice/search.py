@@ -9,6 +9,7 @@ its cheapest variant that still fits with the rest of the set, by bisection over
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from memprofiler.advice.candidates import Candidate, Variant
 from memprofiler.advice.costs import Cost, combined
 from memprofiler.advice.plan import Plan
 from memprofiler.advice.result import Row
+from memprofiler.errors import MemProfilerError
 from memprofiler.estimate import MemoryEstimate
 
 Listener = Callable[[str, "Row | None"], None]
@@ -46,12 +48,16 @@ class Estimator:
         self._cache: dict[str, MemoryEstimate] = {}
         self.base_used = 0
         self.target = ""
+        self.base_row: Row | None = None
+        self.failed: dict[str, str] = {}
+        """Candidates (or sets) whose step the estimate refused, with its reason."""
 
     def base(self) -> Row:
         """The plan as given: every other row's saving is counted against it."""
         row = self.row(())
         self.base_used = -row.saved_bytes
         row.saved_bytes = 0
+        self.base_row = row
         return row
 
     def estimate(self, plan: Plan) -> MemoryEstimate:
@@ -62,6 +68,10 @@ class Estimator:
                 plan.strategy,
                 plan.optimizer_spec,
                 plan.set_to_none,
+                plan.reshard_after_forward,
+                plan.fsdp_mixed_precision,
+                plan.offload,
+                plan.mesh_shape,
                 plan.micro_batch,
                 plan.accumulation,
                 plan.loss_fn is self.base_plan.loss_fn,
@@ -85,8 +95,10 @@ class Estimator:
         used = max(est.reserved_peak_bytes, est.peak_bytes) + est.margin_bytes
         cost = combined([p.variant.cost(plan) for p in picks]) if picks else Cost("none")
         patch: list[str] = []
+        yaml: list[str] = []
         for p in picks:
-            patch += list(p.variant.yaml or p.variant.python)
+            patch += list(p.variant.python or p.variant.yaml)
+            yaml += list(p.variant.yaml or p.variant.python)
         row = Row(
             names=tuple(p.candidate.name for p in picks),
             change=words,
@@ -97,6 +109,7 @@ class Estimator:
             headroom_bytes=est.headroom(self.budget, self.reserve),
             cost=cost,
             patch=patch,
+            yaml=yaml,
         )
         if self.listener is not None:
             self.listener(words, row)
@@ -104,10 +117,17 @@ class Estimator:
 
 
 def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate) -> tuple[Pick, Row]:
-    """The first variant of ``family`` that fits with ``fixed`` (bisection: memory falls along the
-    variants), else its last variant; every variant tried is estimated."""
+    """The first variant of ``family`` that fits with ``fixed``, else its last variant.
+
+    Memory falls along the variants, so the boundary is searched for: each next variant tried is
+    where a straight line through the two nearest estimates crosses the budget (the figures are
+    nearly linear in blocks or rows, so two or three estimates find it), and the answer is
+    confirmed by estimating the variant before it. Every variant tried is estimated.
+    """
     last = len(family.variants) - 1
     rows: dict[int, Row] = {}
+    if not fixed and est.base_row is not None:
+        rows[-1] = est.base_row
 
     def at(i: int) -> Row:
         if i not in rows:
@@ -116,13 +136,18 @@ def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate)
 
     if not at(last).fits:
         return Pick(family, last), rows[last]
-    lo, hi = -1, last  # hi fits; lo does not (or is before the first)
+    lo, hi = -1, last  # hi fits; lo does not (-1: the family not applied)
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if at(mid).fits:
-            hi = mid
+        below, above = rows.get(lo), rows[hi]
+        if below is None or above.headroom_bytes == below.headroom_bytes:
+            guess = (lo + hi) // 2
         else:
-            lo = mid
+            step = (hi - lo) * -below.headroom_bytes / (above.headroom_bytes - below.headroom_bytes)
+            guess = min(max(lo + 1, lo + math.ceil(step)), hi - 1)
+        if at(guess).fits:
+            hi = guess
+        else:
+            lo = guess
     return Pick(family, hi), rows[hi]
 
 
@@ -134,13 +159,18 @@ def rank(rows: list[Row]) -> list[Row]:
 
 
 def singles(est: Estimator, cands: list[Candidate]) -> list[tuple[Pick, Row]]:
+    """Each candidate estimated on its own (a family at its cheapest fitting variant); one whose
+    step cannot be estimated goes to ``est.failed`` with the estimate's one-line reason."""
     out = []
     for c in cands:
-        if len(c.variants) > 1:
-            out.append(cheapest_fitting(est, (), c))
-        else:
-            pick = Pick(c, 0)
-            out.append((pick, est.row((pick,))))
+        try:
+            if len(c.variants) > 1:
+                out.append(cheapest_fitting(est, (), c))
+            else:
+                pick = Pick(c, 0)
+                out.append((pick, est.row((pick,))))
+        except (MemProfilerError, RuntimeError) as err:
+            est.failed[c.name] = "could not be estimated: " + " ".join(str(err).split())[:300]
     return out
 
 
@@ -168,7 +198,13 @@ def combinations(
                 key = frozenset(q.candidate.name for q in picks)
                 if key in tried:
                     continue
-                tried[key] = (picks, est.row(picks))
+                try:
+                    tried[key] = (picks, est.row(picks))
+                except (MemProfilerError, RuntimeError) as err:
+                    est.failed[" + ".join(sorted(key))] = (
+                        "could not be estimated: " + " ".join(str(err).split())[:300]
+                    )
+                    continue
                 grown.append(picks)
         fitting = [
             (picks, row)

@@ -41,8 +41,9 @@ def _table(title: str, rows: list[Row]) -> object:
     return table
 
 
-def render(advice: Advice, width: int = 200) -> str:
-    """The base, the single changes, the sets tried, the answer and its patch, as text."""
+def render(advice: Advice, width: int = 200, yaml: bool = False) -> str:
+    """The base, the single changes, the sets tried, the answer and its patch (the LightningCLI
+    YAML keys with ``yaml``, else Python lines), as text."""
     from rich.console import Console
 
     console = Console(width=width, record=True, file=io.StringIO())
@@ -62,7 +63,7 @@ def render(advice: Advice, width: int = 200) -> str:
         console.print(f"the plan fits as given: {_fits(advice.best)}")
     elif advice.best is not None:
         console.print(f"[bold]make it fit[/]: {advice.best.change} ({_fits(advice.best)})")
-        for line in advice.best.patch:
+        for line in advice.best.yaml if yaml else advice.best.patch:
             console.print(f"    {line}", markup=False, highlight=False)
     elif advice.closest is not None:
         console.print(

@@ -164,5 +164,8 @@ class FSDPMemCollector(TrackerCollector):
     def _resolve(self, module: nn.Module | None) -> nn.Module:
         return resolve_root(module, self.root_path)
 
+    def _tracker_type(self) -> type:
+        return _tracker_class()
+
     def _new_tracker(self) -> Any:
         return _tracker_class()(self.root, self.optimizers)

@@ -9,7 +9,7 @@ levels below it are hooked (:data:`HOOK_DEPTH`): a step runs ``self(x)`` or a su
 the first levels (``self.model(x)``); a deeper module called directly is not seen. Hooking
 every module put torch's hook path on each of them, and installing and removing a pair of
 hooks on each of 164 modules took about 2.5 ms of CPU per call for a function whose hooks are
-not retained (``benchmarks/results/call_fixed_cost_cpu_before.json``).
+not retained (``benchmarks/call_fixed_cost.py`` measured it).
 Their state lives in a :class:`HookState` owned by the profiler, never on the user's modules.
 
 A hook function that raises (a built-in one whose psutil call fails, or the user's) is

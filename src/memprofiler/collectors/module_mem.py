@@ -67,6 +67,9 @@ class ModuleMemCollector(TrackerCollector):
             )
         return module
 
+    def _tracker_type(self) -> type:
+        return _tracker_class()
+
     def _new_tracker(self) -> Any:
         return _tracker_class()()
 

@@ -32,7 +32,7 @@ holders per storage in the holders themselves, pays no interpreter frame per sav
 makes nothing per saved tensor that the cyclic garbage collector tracks.
 
 Cost inside the window (CPU, 1 thread, same FLOPs): see docs/performance.md and
-``benchmarks/results/scaling_cpu.json``.
+``benchmarks/results/scaling_cpu_20261123.json``.
 """
 
 from __future__ import annotations

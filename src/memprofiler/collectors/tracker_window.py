@@ -115,8 +115,16 @@ class TrackerCollector(BaseCollector):
         self.optimizers = list(optimizers)
         self._tracker = None
         self._bound = True
+        # Imported now, before any step: a module imported inside a step the PyTorch profiler
+        # traces with Python stacks has its code freed before torch reads the frames' names,
+        # which garbles them (torch 2.13 then loses that cycle's summary table).
+        self._tracker_type()
 
     def _resolve(self, module: nn.Module | None) -> nn.Module:
+        raise NotImplementedError
+
+    def _tracker_type(self) -> type:
+        """The tracker's class (importing its module)."""
         raise NotImplementedError
 
     def _new_tracker(self) -> Any:

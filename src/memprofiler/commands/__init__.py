@@ -23,6 +23,7 @@ class Command(Protocol):
 def all_commands() -> list[Command]:
     """Every registered subcommand, in the order ``--help`` lists them."""
     # Each command module imports its heavy dependencies inside ``run``, so ``--help`` is quick.
+    from memprofiler.commands.advise import AdviseCommand
     from memprofiler.commands.check import CheckCommand
     from memprofiler.commands.diff import DiffCommand
     from memprofiler.commands.estimate import EstimateCommand
@@ -36,6 +37,7 @@ def all_commands() -> list[Command]:
         CheckCommand(),
         SnapshotCommand(),
         MergeTracesCommand(),
+        AdviseCommand(),
         EstimateCommand(),
     ]
     return commands

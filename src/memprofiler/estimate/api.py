@@ -1,4 +1,4 @@
-"""``estimate_memory``: will a training step fit? Its per-rank peak, before running it."""
+"""``estimate_plan`` and ``estimate_memory``: will a training step fit? Its per-rank peak, before running it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,40 @@ from torch import nn
 from memprofiler.estimate import engine
 from memprofiler.estimate.batch_search import BatchSearch, search
 from memprofiler.estimate.cuda.devices import CUDA_CONTEXT
+from memprofiler.estimate.plan import EstimatePlan
+from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
+
+
+def estimate_plan(
+    model: nn.Module, batch: Any, plan: EstimatePlan, *, probe: Probe | None = None
+) -> MemoryEstimate:
+    """Estimate one rank's peak memory of the training step ``plan`` describes, allocating nothing.
+
+    Each of ``plan.steps`` steps runs forward, the loss, backward, ``optimizer.step()`` and
+    ``zero_grad()`` on fake tensors with a fake process group of ``plan.world_size`` ranks, so no
+    GPU is needed and a model built on the meta device costs no host memory. The model is
+    copied, never changed.
+
+    Args:
+        model: the module, ideally built under ``torch.device("meta")``.
+        batch: one batch; a tuple or list is unpacked into ``model(*batch)``.
+        plan: how the step runs (:class:`EstimatePlan`).
+        probe: for tools that watch the steps (:class:`memprofiler.estimate.probe.Probe`).
+
+    Raises:
+        ConfigError: a bad argument, or the model cannot run on fake tensors (the message
+            names the op and the module and suggests ``fake=False``).
+
+    Example:
+        >>> import torch
+        >>> with torch.device("meta"):
+        ...     net = torch.nn.Linear(1024, 1024)
+        >>> plan = EstimatePlan(optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+        >>> estimate_plan(net, torch.randn(8, 1024), plan).resident["parameters"]
+        4198400
+    """
+    return engine.estimate(model, batch, plan, probe)
 
 
 def estimate_memory(
@@ -31,6 +64,9 @@ def estimate_memory(
     device_memory: int | None = None,
 ) -> MemoryEstimate:
     """Estimate one rank's peak memory of ``steps`` training steps, allocating nothing.
+
+    The keywords are :class:`EstimatePlan`'s fields; :func:`estimate_plan` takes the plan itself,
+    with the model's own parallelisation (``parallelize``) too.
 
     Each step runs forward, the loss, backward, ``optimizer.step()`` and ``zero_grad()`` on
     fake tensors with a fake process group of ``world_size`` ranks, so no GPU is needed and a
@@ -74,11 +110,9 @@ def estimate_memory(
         >>> est.resident["parameters"]
         4198400
     """
-    return engine.estimate(
-        model,
-        batch,
+    plan = EstimatePlan(
         optimizer=optimizer,
-        loss_fn=loss_fn or engine.default_loss,
+        loss_fn=loss_fn,
         strategy=strategy,
         world_size=world_size,
         precision=precision,
@@ -90,11 +124,12 @@ def estimate_memory(
         torch_version=torch_version,
         device_memory=device_memory,
     )
+    return engine.estimate(model, batch, plan)
 
 
 def largest_batch(
     model: nn.Module,
-    make_batch: Any,
+    make_batch: Callable[[int], Any],
     *,
     device_memory: int,
     reserve: int = CUDA_CONTEXT,
@@ -107,7 +142,7 @@ def largest_batch(
         make_batch: ``make_batch(rows) -> batch``.
         device_memory: bytes of one device (:data:`memprofiler.estimate.cuda.devices.MEMORY`).
         reserve: bytes kept back; by default the CUDA context.
-        options: the other arguments of :func:`memprofiler.estimate_memory` (``optimizer`` included).
+        options: the other keywords of :func:`estimate_memory` (``optimizer`` included).
 
     Example:
         >>> found = largest_batch(model, lambda n: torch.randint(0, 32000, (n, 4096)),  # doctest: +SKIP

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import batch_search, engine
+from memprofiler.estimate import batch_search
+from memprofiler.estimate.api import estimate_memory
 from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
 from memprofiler.estimate.named import load_model
 from memprofiler.estimate.output import render_table, write_estimates
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = OPTIMIZERS[args.optimizer]
 
     def one(rows: int) -> MemoryEstimate:
-        est = engine.estimate(
+        est = estimate_memory(
             named.model,
             named.batch(rows, args.seq_len),
             optimizer=optimizer,
@@ -92,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
             precision=args.precision,
             device=args.device,
             steps=args.steps,
-            fake=True,
-            shard_policy=None,
             gpu=args.gpu if args.device == "cuda" else None,
             torch_version=args.torch_version,
             device_memory=plan.memory,

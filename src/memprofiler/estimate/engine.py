@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,14 +21,10 @@ from memprofiler.errors import ConfigError
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
 from memprofiler.estimate.allocator.conf import read as read_alloc_conf
-from memprofiler.estimate.cuda.dispatch import CudaDispatch
-from memprofiler.estimate.cuda.environment import allocator_note, workspace_notes
-from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
-from memprofiler.estimate.cuda.margins import FLOAT8_NOTE, CustomOps, float8_modules, margins
-from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
-from memprofiler.estimate.cuda.stats import FloatStats
+from memprofiler.estimate.cuda.margins import FLOAT8_NOTE, float8_modules
+from memprofiler.estimate.cuda.model import CudaModel
 from memprofiler.estimate.cuda.target import CudaTarget, resolve_target, target_notes, torch_rules
-from memprofiler.estimate.cuda.workspaces import CONV_ENVELOPE, BlasWorkspaces, WorkspacePlan
+from memprofiler.estimate.cuda.workspaces import WorkspacePlan
 from memprofiler.estimate.failures import (
     ModuleStack,
     check_batch,
@@ -40,16 +36,18 @@ from memprofiler.estimate.failures import (
     shape_failure,
 )
 from memprofiler.estimate.fake import ties
-from memprofiler.estimate.fake.known_data import KnownData, packing_note, transformers_checks
-from memprofiler.estimate.notes import CONV_SCRATCH, model_notes
+from memprofiler.estimate.fake.known_data import KnownValues
+from memprofiler.estimate.notes import model_notes
 from memprofiler.estimate.parallel import strategies
+from memprofiler.estimate.part import Part
+from memprofiler.estimate.plan import EstimatePlan, LossFn, OptimizerFn
+from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
 from memprofiler.estimate.tracker import CAST_CACHE, Ledger, new_tracker
 from memprofiler.tracker_hooks import gradient_free_module_hooks
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-OptimizerFn = Callable[[Any], torch.optim.Optimizer]
+__all__ = ["LossFn", "OptimizerFn", "as_loss", "default_loss", "describe", "estimate", "meta_copy"]
 OPTIMIZER_EXAMPLE = "`lambda ps: torch.optim.AdamW(ps, lr=1e-4)`"
 
 
@@ -148,72 +146,39 @@ def _to_fake(
     return tree_map_only(torch.Tensor, conv, batch)
 
 
-def estimate(
-    model: nn.Module,
-    batch: Any,
-    *,
-    optimizer: OptimizerFn | None,
-    loss_fn: LossFn,
-    strategy: str,
-    world_size: int,
-    precision: str,
-    device: str,
-    steps: int,
-    fake: bool,
-    shard_policy: Callable[[nn.Module], bool] | None,
-    prepare: Callable[[nn.Module], None] | None = None,
-    optimizer_of_model: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
-    gpu: str | None = None,
-    torch_version: str | None = None,
-    device_memory: int | None = None,
-) -> MemoryEstimate:
-    """Run ``steps`` training steps of one rank and return the estimate (see ``estimate_memory``)."""
-    strategies.check(strategy, world_size, precision, steps)
+def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | None = None) -> MemoryEstimate:
+    """Run ``plan.steps`` training steps of one rank and return the estimate (see ``estimate_plan``)."""
+    probe = probe if probe is not None else Probe()
     check_batch(batch)
-    cuda = device.startswith("cuda")
-    target: CudaTarget | None = resolve_target(gpu, torch_version) if cuda else None
+    cuda = plan.device.startswith("cuda")
+    target: CudaTarget | None = resolve_target(plan.gpu, plan.torch_version) if cuda else None
     # The environment is read (and refused where torch would refuse it) before anything runs.
     env_conf = read_alloc_conf(os.environ) if cuda else None
-    plan = WorkspacePlan.for_target(target) if target is not None else None
-    where, notes = run_device(device, fake, target)
+    workspaces = WorkspacePlan.for_target(target) if target is not None else None
+    where, notes = run_device(plan.device, plan.fake, target)
     if target is not None:
         notes += target_notes(target)
     notes += model_notes(model)
     user_model = model
-    fsdp = strategy == "fsdp"
-    pg = strategies.fake_process_group(world_size) if fsdp else contextlib.nullcontext()
+    fsdp = plan.strategy == "fsdp"
+    loss_fn = plan.loss_fn or default_loss
+    pg = strategies.fake_process_group(plan.world_size) if fsdp else contextlib.nullcontext()
     with pg:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if plan.fake else None
         model = meta_copy(model)  # never touch the caller's module
-        # Sharding runs on the meta copy, outside fake mode: the device mesh needs real ranks.
-        with strategies.default_mesh_on_run_device(world_size) if fsdp else contextlib.nullcontext():
-            if prepare is not None:
-                with torch.device("meta"):
-                    prepare(model)
-            if fsdp and not strategies.is_fully_sharded(model):
-                strategies.fully_shard_model(model, world_size, shard_policy)
-        tied = _cast_meta(model, strategies.param_dtype(precision))
+        _parallelize(model, plan, fsdp)
+        tied = _cast_meta(model, strategies.param_dtype(plan.precision))
         # Tensors made with no device (a loss's constant, Adam's step count) go to the run
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
         with torch.device(where), mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, tied)
-            fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(precision), copies=cuda)
-            if optimizer_of_model is not None:  # LightningModule.configure_optimizers
-                opt = optimizer_of_model(model)
-            elif optimizer is not None:
-                opt = _checked_optimizer(optimizer(model.parameters()))
-            else:
-                raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
-            if target is not None and foreach_as_on_cuda(opt):
-                notes.append(
-                    f"optimizer: {type(opt).__name__} steps with torch's foreach kernels, its default on CUDA "
-                    "(all parameters at once; the CPU default is a loop over parameters)"
-                )
+            fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
+            opt = _optimizer(model, plan)
             alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
-            tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, device_memory))
+            tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, plan.device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
             tracker.host_rng = target is not None
@@ -221,100 +186,47 @@ def estimate(
                 tracker.track_inputs((fake_batch,))
             else:
                 tracker.track_external(*[t for t in _tensors(fake_batch)])
-            if strategy == "ddp":  # allocated when DDP wraps the model, held for the run
+            if plan.strategy == "ddp":  # allocated when DDP wraps the model, held for the run
                 for n in strategies.ddp_buckets(model):
                     led.move("ddp_buckets", n)
                     led.allocator.alloc(led.no_tensor_key(), n)
             saved = SavedBytes(model)
             peak_step = 1
             resident: dict[str, int] = {}
-            dispatch = CudaDispatch(target) if target is not None else None
-            custom = CustomOps() if cuda else None  # only the CUDA view adds margins
-            blas = BlasWorkspaces(plan, tracker.hold, tracker.transient) if plan is not None else None
-            scratch = KernelScratch(tracker.phases, target) if target is not None else None
-            stats = FloatStats() if target is not None else None
-            data = KnownData() if mode is not None else None
-            if data is not None:
-                data.seed(batch, fake_batch)
-            with (
-                gradient_free_module_hooks(),
-                tracker,
-                custom if custom is not None else contextlib.nullcontext(),
-                blas if blas is not None else contextlib.nullcontext(),
-                scratch if scratch is not None else contextlib.nullcontext(),
-                stats if stats is not None else contextlib.nullcontext(),
-                dispatch if dispatch is not None else contextlib.nullcontext(),
-                data if data is not None else contextlib.nullcontext(),
-                transformers_checks(data) if data is not None else contextlib.nullcontext(),
-            ):
-                for step in range(1, steps + 1):
+            device = None
+            if target is not None and env_conf is not None and workspaces is not None:
+                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps)
+            parts: list[Part] = [*(device.parts if device is not None else [])]
+            if mode is not None:
+                parts.append(KnownValues(batch, fake_batch))
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(gradient_free_module_hooks())
+                stack.enter_context(tracker)
+                for part in parts:
+                    stack.enter_context(part.mode())
+                probe.steps_start(model, opt, tracker)
+                for step in range(1, plan.steps + 1):
+                    probe.step_start(step)
                     before = led.peak
-                    resident = _one_step(model, fake_batch, opt, loss_fn, tracker, saved, precision, where)
+                    resident = _one_step(
+                        model, fake_batch, opt, loss_fn, tracker, saved, plan.precision, where
+                    )
                     if led.peak > before:
                         peak_step = step
-    if data is not None and data.unknown_packing:
-        notes.append(packing_note(data.unknown_packing))
-    if dispatch is not None:
-        notes += dispatch.notes()
-    if scratch is not None:
-        scratch.log.host_scalars = tracker.host_rng_count
-        notes += scratch.log.notes()
-    if stats is not None and (line := stats.note()):
-        notes.append(line)
-    state = [v for per_param in opt.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
-    on_host = sum(1 for v in state if tracker._on_host(v))  # none for a CPU estimate
-    if on_host:
-        notes.append(
-            f"optimizer: {on_host} state tensor(s) made from Python data in its step (a non-capturable "
-            "optimizer's step counts) stay on the host, as torch keeps them: not in the device's peak"
-        )
-    if env_conf is not None:
-        notes.append(allocator_note(env_conf))
-        if led.allocator.released:
-            notes.append(
-                f"the allocator released {led.allocator.released:,} B of cached segments to make room "
-                "(as it does before an OOM)"
-            )
-    conv_margin: tuple[str, int] | None = None
-    if blas is not None and blas.convs:
-        notes = [n for n in notes if n != CONV_SCRATCH]
-        notes.append(
-            f"cuDNN convolution scratch: a transient at each of {blas.convs} convolution calls, the size of "
-            f"its larger input or output (output gradient in backward), up to {blas.conv_max:,} B; cuDNN's "
-            "actual workspace depends on the algorithm it picks on the device"
-        )
-        twin = getattr(led.allocator, "mirror", None)
-        if cuda and twin is not None:
-            over = twin.peak_reserved - led.allocator.peak_reserved
-            conv_margin = (
-                "cuDNN convolution workspaces are cuDNN's choice: had each convolution taken "
-                f"{CONV_ENVELOPE['forward']}x (forward) / {CONV_ENVELOPE['backward']}x (backward) its largest "
-                "operand in float32 bytes, the most measured on an H200 (cuDNN 9.19), the caching allocator "
-                f"would have reserved this much more (allocated peak {twin.peak_allocated:,} B)",
-                max(over, 0),
-            )
-    if plan is not None and plan.held:
-        parts = ", ".join(f"{name} thread {n:,} B" for name, n in plan.held.items())
-        notes.append(f"workspaces (kept through the caching allocator, in the peak): {parts}")
-    if target is not None and plan is not None:
-        notes += workspace_notes(target, plan, os.environ)
+                probe.steps_end()
+    for part in parts:
+        notes = part.notes(notes)
+    peak = led.allocator.peak_allocated if cuda else led.peak
     float8 = float8_modules(user_model, model)
     if float8:
         notes.append(FLOAT8_NOTE.format(names=", ".join(float8)))
-    peak = led.allocator.peak_allocated if cuda else led.peak
-    cudnn = dispatch.cudnn.margins(steps) if dispatch is not None else None
-    if conv_margin is not None:
-        cudnn = [*(cudnn or []), conv_margin]
-    extra = (
-        margins([user_model, model], peak, strategy, world_size, custom.names, cudnn=cudnn)
-        if custom is not None
-        else []
-    )
+    models = [user_model, model]
+    extra = device.margins(models, peak, plan.strategy, plan.world_size) if device is not None else []
     notes += [m.line() for m in extra]
     cast = led.peak_by_category.get(CAST_CACHE, 0)
     if cast:
         notes.append(
-            f"autocast's copies of the weights in {precision.split('-')[0]} (its cast cache, kept from a weight's "
+            f"autocast's copies of the weights in {plan.precision.split('-')[0]} (its cast cache, kept from a weight's "
             f"first use to the end of forward and saved for backward) are {cast:,} B of the peak, counted as "
             f"`{CAST_CACHE}`, not activations; FSDP2's mixed precision (MixedPrecisionPolicy(param_dtype=...)) "
             "gathers the weights in that dtype instead and keeps no such copy"
@@ -330,18 +242,43 @@ def estimate(
         peak_op=led.peak_op,
         peak_phase=led.peak_phase,
         peak_step=peak_step,
-        strategy=strategy,
-        world_size=world_size,
-        precision=precision,
-        device=device,
-        steps=steps,
-        fake=fake,
+        strategy=plan.strategy,
+        world_size=plan.world_size,
+        precision=plan.precision,
+        device=plan.device,
+        steps=plan.steps,
+        fake=plan.fake,
         notes=notes,
         target=target.describe() if target is not None else "",
-        workspace_bytes=plan.by_kind() if plan is not None else {},
+        workspace_bytes=device.workspace_bytes() if device is not None else {},
         torch_rules=torch_rules(target) if target is not None else {},
         margin_bytes=sum(m.nbytes for m in extra),
     )
+
+
+def _parallelize(model: nn.Module, plan: EstimatePlan, fsdp: bool) -> None:
+    """The plan's parallelisation of the meta copy, outside fake mode (the device mesh needs real
+    ranks): the user's ``parallelize`` with the plan's mesh, then FSDP2 on what it left unsharded."""
+    if not fsdp:
+        if plan.parallelize is not None:
+            with torch.device("meta"):
+                plan.parallelize(model, None)
+        return
+    with strategies.default_mesh_on_run_device(plan.world_size):
+        if plan.parallelize is not None:
+            mesh = strategies.device_mesh(plan.mesh_shape or (plan.world_size,), plan.mesh_dim_names)
+            with torch.device("meta"):
+                plan.parallelize(model, mesh)
+        if not strategies.is_fully_sharded(model):
+            strategies.fully_shard_model(model, plan.world_size, plan.shard_policy)
+
+
+def _optimizer(model: nn.Module, plan: EstimatePlan) -> torch.optim.Optimizer:
+    if plan.optimizer_of_model is not None:  # LightningModule.configure_optimizers
+        return plan.optimizer_of_model(model)
+    if plan.optimizer is not None:
+        return _checked_optimizer(plan.optimizer(model.parameters()))
+    raise ConfigError("optimizer", f"pass a callable, e.g. {OPTIMIZER_EXAMPLE}")
 
 
 def _checked_optimizer(opt: Any) -> torch.optim.Optimizer:

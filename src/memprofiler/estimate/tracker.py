@@ -49,8 +49,8 @@ OPT_TEMP = "optimizer_temporaries"
 #: Autocast's copies of the weights in the lower precision, kept in its cast cache from the first
 #: use of a weight until the autocast region ends (``cached_cast``: a float32 leaf that requires
 #: grad). Not activations: their size is the weights', whatever the batch; FSDP2's
-#: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` (``bf16-true`` parameters under FSDP)
-#: gathers bf16 weights instead and keeps no such copy.
+#: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` gathers bf16 weights instead and keeps
+#: no such copy.
 CAST_CACHE = "autocast_weight_cache"
 _TO_COPY = torch.ops.aten._to_copy.default
 #: Ops that make a tensor from Python data (``torch.tensor(...)``).
@@ -146,240 +146,238 @@ class _NoHook:
 _NO_HOOKS = (_NoHook(), _NoHook())
 
 
-def _make(base: type[MemTracker]) -> Any:
-    class _Tracked(base):  # type: ignore[valid-type, misc]
-        ledger: Ledger
-        phase: str
-        #: True while DTensor infers an op's output shape on fake tensors of its own: those
-        #: tensors exist on no device, in a real run or here, so they are not counted.
-        quiet = False
-        #: For a CUDA target: a tensor an optimizer step makes from Python data
-        #: (``torch.tensor(0.0)``: a non-capturable, non-fused optimizer's ``step``, and the
-        #: constants its foreach kernels take) lives on the host in a real run, not on the GPU.
-        host_data_in_opt = False
-        #: For a CUDA target: the int64 scalars (philox seed, offset) of :data:`_HOST_RNG_OPS`
-        #: live on the host in a real run.
-        host_rng = False
-        host_rng_count = 0
-        _rng_to_host = False
-        _host: WeakIdKeyDictionary
-        #: Storages (``_cdata``) of the gradients the autograd engine is routing into input
-        #: buffers now (:func:`accumulation.routing_hooks`); empty outside those moments.
-        routing: frozenset[int] = frozenset()
-        #: The buffer gradient whose storage the merge being dispatched takes over (in place).
-        _takeover: Any = None
+class LedgerMixin(MemTracker):
+    """What an estimate adds to torch's trackers (:class:`SingleTracker`, :class:`FSDPTracker`):
+    the ledger kept at every change, the host-side tensors left out, workspaces and kernel scratch
+    held or passed through the allocator model, autograd's in-place merges."""
 
-        def __enter__(self) -> Any:
-            self._quiet_metadata = _quiet_during_metadata_propagation(self)
-            self._quiet_metadata.__enter__()
-            try:
-                return super().__enter__()
-            except BaseException:
-                self._quiet_metadata.__exit__(None, None, None)
-                raise
+    ledger: Ledger
+    phase: str
+    #: True while DTensor infers an op's output shape on fake tensors of its own: those
+    #: tensors exist on no device, in a real run or here, so they are not counted.
+    quiet = False
+    #: For a CUDA target: a tensor an optimizer step makes from Python data
+    #: (``torch.tensor(0.0)``: a non-capturable, non-fused optimizer's ``step``, and the
+    #: constants its foreach kernels take) lives on the host in a real run, not on the GPU.
+    host_data_in_opt = False
+    #: For a CUDA target: the int64 scalars (philox seed, offset) of :data:`_HOST_RNG_OPS`
+    #: live on the host in a real run.
+    host_rng = False
+    host_rng_count = 0
+    _rng_to_host = False
+    _host: WeakIdKeyDictionary
+    #: Storages (``_cdata``) of the gradients the autograd engine is routing into input
+    #: buffers now (:func:`accumulation.routing_hooks`); empty outside those moments.
+    routing: frozenset[int] = frozenset()
+    #: The buffer gradient whose storage the merge being dispatched takes over (in place).
+    _takeover: Any = None
+    #: The op being dispatched: where a peak that no module holds happened (the loss).
+    _op: Any = None
+    #: The optimizer whose step is running: what it has put in ``optimizer.state`` is state
+    #: from that moment (AdamW's moments are made in its first step), not a temporary.
+    optimizer: optim.Optimizer | None = None
+    #: The autocast dtype while the forward runs under autocast (its state is not visible from
+    #: inside a dispatch mode); ``None`` otherwise.
+    autocast_dtype: torch.dtype | None = None
 
-        def __exit__(self, *args: Any) -> None:
+    def __enter__(self) -> Any:
+        self._quiet_metadata = _quiet_during_metadata_propagation(self)
+        self._quiet_metadata.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._quiet_metadata.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *args: Any) -> None:
+        try:
+            super().__exit__(*args)
+        finally:
+            self._quiet_metadata.__exit__(*args)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self._op = func
+        if func in _STAND_INS and args and is_fake(args[0]):
+            func = _STAND_INS[func]
+        if self.quiet:
+            return func(*args, **(kwargs or {}))
+        if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:
+            out = func(*args, **(kwargs or {}))
+            for st in _storages(out):
+                self._host[st] = True
+            return out
+        if self.host_rng and func in _HOST_RNG_OPS:
+            self._rng_to_host = True
             try:
-                super().__exit__(*args)
+                return super().__torch_dispatch__(func, types, args, kwargs)
             finally:
-                self._quiet_metadata.__exit__(*args)
-
-        #: The op being dispatched: where a peak that no module holds happened (the loss).
-        _op: Any = None
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            self._op = func
-            if func in _STAND_INS and args and is_fake(args[0]):
-                func = _STAND_INS[func]
-            if self.quiet:
-                return func(*args, **(kwargs or {}))
-            if self.host_data_in_opt and self._in_opt and func in _FROM_PYTHON_DATA:
-                out = func(*args, **(kwargs or {}))
-                for st in _storages(out):
-                    self._host[st] = True
-                return out
-            if self.host_rng and func in _HOST_RNG_OPS:
-                self._rng_to_host = True
+                self._rng_to_host = False
+        if (
+            func is _TO_COPY
+            and self.autocast_dtype is not None
+            and _cached_cast(args, kwargs, self.autocast_dtype)
+        ):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            for st in _storages(out):
+                found = self._WINFO.get(st)
+                if found is not None:
+                    self.ledger.mark_cast(found[0], _nbytes(found[0]))
+            return out
+        if func is accumulation.ADD and self.routing:
+            old = accumulation.inplace_candidate(self.routing, args, kwargs)
+            found = self._WINFO.get(old.untyped_storage()) if old is not None else None
+            if found is not None:
+                self._takeover = found[0]
                 try:
                     return super().__torch_dispatch__(func, types, args, kwargs)
                 finally:
-                    self._rng_to_host = False
-            if (
-                func is _TO_COPY
-                and self.autocast_dtype is not None
-                and _cached_cast(args, kwargs, self.autocast_dtype)
-            ):
-                out = super().__torch_dispatch__(func, types, args, kwargs)
-                for st in _storages(out):
-                    found = self._WINFO.get(st)
-                    if found is not None:
-                        self.ledger.mark_cast(found[0], _nbytes(found[0]))
-                return out
-            if func is accumulation.ADD and self.routing:
-                old = accumulation.inplace_candidate(self.routing, args, kwargs)
-                found = self._WINFO.get(old.untyped_storage()) if old is not None else None
-                if found is not None:
-                    self._takeover = found[0]
-                    try:
-                        return super().__torch_dispatch__(func, types, args, kwargs)
-                    finally:
-                        self._takeover = None
-            return super().__torch_dispatch__(func, types, args, kwargs)
+                    self._takeover = None
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
-        def _track(self, reftype: Any, t: torch.Tensor) -> None:
-            if self._rng_to_host and t.dim() == 0 and t.dtype == torch.int64:
-                for st in _storages(t):
-                    self._host[st] = True
-                self.host_rng_count += 1
-            if self._on_host(t):
-                return  # host memory: never on the device
-            super()._track(reftype, t)
+    def _track(self, reftype: Any, t: torch.Tensor) -> None:
+        if self._rng_to_host and t.dim() == 0 and t.dtype == torch.int64:
+            for st in _storages(t):
+                self._host[st] = True
+            self.host_rng_count += 1
+        if self._on_host(t):
+            return  # host memory: never on the device
+        super()._track(reftype, t)
 
-        def _on_host(self, t: torch.Tensor) -> bool:
-            return bool(self._host) and any(st in self._host for st in _storages(t))
+    def _on_host(self, t: torch.Tensor) -> bool:
+        return bool(self._host) and any(st in self._host for st in _storages(t))
 
-        def _update_and_maybe_create_winfos(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            # torch registers every optimizer.state tensor after a step here, not through _track
-            if self._on_host(t):
-                return set()
-            return super()._update_and_maybe_create_winfos(t, *args, **kwargs)
+    def _update_and_maybe_create_winfos(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        # torch registers every optimizer.state tensor after a step here, not through _track
+        if self._on_host(t):
+            return set()
+        return super()._update_and_maybe_create_winfos(t, *args, **kwargs)
 
-        def _update_snap(
-            self,
-            u_type: _UpdateType,
-            winfo: Any,
-            old_mem_consumed: int | None = None,
-            old_reftype: Any = None,
-        ) -> None:
-            led = self.ledger
-            key = led.key_of(winfo)
-            n = _nbytes(winfo)
-            src = self._takeover
-            if key == _HANDED_OVER:
-                pass  # its bytes belong to the merged gradient now
-            elif u_type == _UpdateType.ADD and src is not None and led.sizes.get(led.key_of(src)) == n:
-                # An engine merge torch does in place: the sum keeps the buffer gradient's block.
-                self._takeover = None
-                winfo._memprofiler_key = key = led.key_of(src)
-                src._memprofiler_key = _HANDED_OVER
-                led.move(led.category(src), -n)
-                led.move(led.category(winfo), n)
-                led.merged_in_place += 1
-            elif u_type == _UpdateType.ADD:
-                led.sizes[key] = n
-                led.move(led.category(winfo), n)
-                led.allocator.alloc(key, n)
-            elif u_type == _UpdateType.DEL:
-                n = led.sizes.pop(key, n)
-                led.move(led.category(winfo), -n)
-                led.allocator.free(key)
-            elif u_type == _UpdateType.REF:
-                n = led.sizes.get(key, n)
-                led.move(led.category(winfo, old_reftype), -n)
-                led.move(led.category(winfo), n)
-            elif u_type == _UpdateType.SIZE:
-                # FSDP2 frees and re-allocates unsharded parameters with ``resize_``. torch's
-                # old figure is rounded for CUDA tensors; the ledger keeps the raw one.
-                led.move(led.category(winfo), n - led.sizes.get(key, 0))
-                led.sizes[key] = n
-                led.allocator.free(key)
-                led.allocator.alloc(key, n)
-            self._note_peak()
-            super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+    def _update_snap(
+        self,
+        u_type: _UpdateType,
+        winfo: Any,
+        old_mem_consumed: int | None = None,
+        old_reftype: Any = None,
+    ) -> None:
+        led = self.ledger
+        key = led.key_of(winfo)
+        n = _nbytes(winfo)
+        src = self._takeover
+        if key == _HANDED_OVER:
+            pass  # its bytes belong to the merged gradient now
+        elif u_type == _UpdateType.ADD and src is not None and led.sizes.get(led.key_of(src)) == n:
+            # An engine merge torch does in place: the sum keeps the buffer gradient's block.
+            self._takeover = None
+            winfo._memprofiler_key = key = led.key_of(src)
+            src._memprofiler_key = _HANDED_OVER
+            led.move(led.category(src), -n)
+            led.move(led.category(winfo), n)
+            led.merged_in_place += 1
+        elif u_type == _UpdateType.ADD:
+            led.sizes[key] = n
+            led.move(led.category(winfo), n)
+            led.allocator.alloc(key, n)
+        elif u_type == _UpdateType.DEL:
+            n = led.sizes.pop(key, n)
+            led.move(led.category(winfo), -n)
+            led.allocator.free(key)
+        elif u_type == _UpdateType.REF:
+            n = led.sizes.get(key, n)
+            led.move(led.category(winfo, old_reftype), -n)
+            led.move(led.category(winfo), n)
+        elif u_type == _UpdateType.SIZE:
+            # FSDP2 frees and re-allocates unsharded parameters with ``resize_``. torch's
+            # old figure is rounded for CUDA tensors; the ledger keeps the raw one.
+            led.move(led.category(winfo), n - led.sizes.get(key, 0))
+            led.sizes[key] = n
+            led.allocator.free(key)
+            led.allocator.alloc(key, n)
+        self._note_peak()
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
 
-        #: The optimizer whose step is running: what it has put in ``optimizer.state`` is
-        #: state from that moment (AdamW's moments are made in its first step), not a temporary.
-        optimizer: optim.Optimizer | None = None
-        #: The autocast dtype while the forward runs under autocast (its state is not visible
-        #: from inside a dispatch mode); ``None`` otherwise.
-        autocast_dtype: torch.dtype | None = None
+    def _note_peak(self) -> None:
+        led = self.ledger
+        if led.total > led.peak:
+            if self._in_opt and self.optimizer is not None and led.live.get(OPT_TEMP):
+                self.mark_optimizer_state(self.optimizer)
+            led.peak = led.total
+            led.peak_by_category = {k: v for k, v in led.live.items() if v}
+            led.peak_held = led.held
+            led.peak_module = _deepest(self._mod_tracker.parents)
+            led.peak_op = op_name(self._op)
+            led.peak_phase = (
+                "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
+            )
 
-        def _note_peak(self) -> None:
-            led = self.ledger
-            if led.total > led.peak:
-                if self._in_opt and self.optimizer is not None and led.live.get(OPT_TEMP):
-                    self.mark_optimizer_state(self.optimizer)
-                led.peak = led.total
-                led.peak_by_category = {k: v for k, v in led.live.items() if v}
-                led.peak_held = led.held
-                led.peak_module = _deepest(self._mod_tracker.parents)
-                led.peak_op = op_name(self._op)
-                led.peak_phase = (
-                    "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
-                )
+    def transient(self, name: str, nbytes: int, what_if: int | None = None) -> None:
+        """Scratch a kernel allocates through the caching allocator and frees before returning;
+        ``what_if``: the size it might take instead, served in the allocator's what-if twin
+        (started at the first such call; ``allocator.MirroredReplay``)."""
+        alloc = self.ledger.allocator
+        if what_if is not None and isinstance(alloc, MirroredReplay):
+            alloc.start_mirror()
+            self.phases(name, [[nbytes]], what_if=[[what_if]])
+        else:
+            self.phases(name, [[nbytes]])
 
-        def transient(self, name: str, nbytes: int, what_if: int | None = None) -> None:
-            """Scratch a kernel allocates through the caching allocator and frees before returning;
-            ``what_if``: the size it might take instead, served in the allocator's what-if twin
-            (started at the first such call; ``allocator.MirroredReplay``)."""
-            alloc = self.ledger.allocator
-            if what_if is not None and isinstance(alloc, MirroredReplay):
-                alloc.start_mirror()
-                self.phases(name, [[nbytes]], what_if=[[what_if]])
-            else:
-                self.phases(name, [[nbytes]])
-
-        def phases(self, name: str, phases: list[list[int]], what_if: list[list[int]] | None = None) -> None:
-            """Scratch a kernel allocates in phases (each a list of blocks live together), freed on return."""
-            led = self.ledger
-            if self.quiet:
-                return
-            cat = f"{name}_scratch"
-            alloc = led.allocator
-            for i, sizes in enumerate(phases):
-                keys = [led.no_tensor_key() for _ in sizes]
-                total = sum(sizes)
-                led.move(cat, total)
-                led.held += total
-                for j, (key, n) in enumerate(zip(keys, sizes, strict=True)):
-                    if what_if is not None and isinstance(alloc, MirroredReplay):
-                        alloc.alloc_as(key, n, what_if[i][j])
-                    else:
-                        alloc.alloc(key, n)
-                self._note_peak()
-                for key in keys:
-                    alloc.free(key)
-                led.held -= total
-                led.move(cat, -total)
-
-        def hold(self, name: str, nbytes: int) -> None:
-            """Memory a library allocates through the caching allocator and keeps (a workspace)."""
-            led = self.ledger
-            cat = name.split(" ", 1)[0] + "_workspaces"
-            led.move(cat, nbytes)
-            led.held += nbytes
-            led.allocator.alloc(led.no_tensor_key(), nbytes)
-            led.holds.append((name, nbytes))
-            self._note_peak()
-
-        def _track_module_params_and_buffers(
-            self, module: torch.nn.Module, install_grad_hooks: bool = True
-        ) -> tuple[int, int]:
-            # torch's MemTracker hooks every parameter's gradient and raises on a frozen one
-            # (``requires_grad=False``), which has no gradient to count: mark it hooked.
-            hooks = self._param_to_grad_hook_handles
-            for p in module.parameters():
-                if not p.requires_grad and hooks.get(p, None) is None:
-                    hooks[p] = _NO_HOOKS
-            counted: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks)
-            return counted
-
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for
-            # every active module on every op, which dominated the cost of an estimate.
+    def phases(self, name: str, phases: list[list[int]], what_if: list[list[int]] | None = None) -> None:
+        """Scratch a kernel allocates in phases (each a list of blocks live together), freed on return."""
+        led = self.ledger
+        if self.quiet:
             return
+        cat = f"{name}_scratch"
+        alloc = led.allocator
+        for i, sizes in enumerate(phases):
+            keys = [led.no_tensor_key() for _ in sizes]
+            total = sum(sizes)
+            led.move(cat, total)
+            led.held += total
+            for j, (key, n) in enumerate(zip(keys, sizes, strict=True)):
+                if what_if is not None and isinstance(alloc, MirroredReplay):
+                    alloc.alloc_as(key, n, what_if[i][j])
+                else:
+                    alloc.alloc(key, n)
+            self._note_peak()
+            for key in keys:
+                alloc.free(key)
+            led.held -= total
+            led.move(cat, -total)
 
-        def mark_optimizer_state(self, optimizer: optim.Optimizer) -> None:
-            for states in optimizer.state.values():
-                for val in states.values():
-                    if isinstance(val, torch.Tensor):
-                        for st in _storages(val):
-                            found = self._WINFO.get(st)
-                            if found is not None:
-                                self.ledger.mark_state(found[0], _nbytes(found[0]))
+    def hold(self, name: str, nbytes: int) -> None:
+        """Memory a library allocates through the caching allocator and keeps (a workspace)."""
+        led = self.ledger
+        cat = name.split(" ", 1)[0] + "_workspaces"
+        led.move(cat, nbytes)
+        led.held += nbytes
+        led.allocator.alloc(led.no_tensor_key(), nbytes)
+        led.holds.append((name, nbytes))
+        self._note_peak()
 
-    _Tracked.__name__ = f"Ledger{base.__name__}"
-    return _Tracked
+    def _track_module_params_and_buffers(
+        self, module: torch.nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
+        # torch's MemTracker hooks every parameter's gradient and raises on a frozen one
+        # (``requires_grad=False``), which has no gradient to count: mark it hooked.
+        hooks = self._param_to_grad_hook_handles
+        for p in module.parameters():
+            if not p.requires_grad and hooks.get(p, None) is None:
+                hooks[p] = _NO_HOOKS
+        counted: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks)
+        return counted
+
+    def _update_peak_stats(self, peak_state: Any) -> None:
+        # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for
+        # every active module on every op, which dominated the cost of an estimate.
+        return
+
+    def mark_optimizer_state(self, optimizer: optim.Optimizer) -> None:
+        for states in optimizer.state.values():
+            for val in states.values():
+                if isinstance(val, torch.Tensor):
+                    for st in _storages(val):
+                        found = self._WINFO.get(st)
+                        if found is not None:
+                            self.ledger.mark_state(found[0], _nbytes(found[0]))
 
 
 @contextlib.contextmanager
@@ -440,8 +438,7 @@ def op_name(func: Any) -> str:
     """``aten.mm`` for ``aten.mm.default``: the op's name without its overload; ``""`` for none."""
     if func is None:
         return ""
-    name = str(getattr(func, "_overloadpacket", func))
-    return name
+    return str(getattr(func, "_overloadpacket", func))
 
 
 def _deepest(parents: Iterable[str]) -> str:
@@ -465,8 +462,12 @@ def _fsdp_root(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
-SingleTracker = _make(MemTracker)
-FSDPTracker = _make(FSDPMemTracker)
+class SingleTracker(LedgerMixin, MemTracker):
+    """torch's ``MemTracker`` with the estimate's ledger: a model that is not sharded."""
+
+
+class FSDPTracker(LedgerMixin, FSDPMemTracker):
+    """torch's ``FSDPMemTracker`` with the estimate's ledger: an FSDP2-sharded model."""
 
 
 def new_tracker(

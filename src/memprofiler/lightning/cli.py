@@ -23,6 +23,7 @@ from typing_extensions import override
 from memprofiler.config import MemProfilerConfig
 from memprofiler.errors import MemProfilerError
 from memprofiler.lightning import _compat as compat
+from memprofiler.lightning import advise
 from memprofiler.lightning.callback import MemProfilerCallback
 from memprofiler.lightning.cli_checks import check_save_dirs
 from memprofiler.lightning.cli_parser import (
@@ -41,8 +42,14 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
     false``, or left at its defaults while a ``MemProfilerCallback`` entry of
     ``trainer.callbacks`` or the model's ``memprofiler_cfg`` configures profiling, it adds no
     callback. The ``estimate`` subcommand estimates one rank's
-    peak memory of the same config (see :mod:`memprofiler.lightning.estimate`).
+    peak memory of the same config (see :mod:`memprofiler.lightning.estimate`); ``advise`` ranks the
+    changes that make it fit a budget (:mod:`memprofiler.lightning.advise`).
     """
+
+    META_SUBCOMMANDS = {
+        **EstimateSubcommand.META_SUBCOMMANDS,
+        advise.GROUP: (advise.AdviseConfig, advise.run_advise, advise.HELP),
+    }
 
     @override
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:

@@ -25,7 +25,7 @@ from torch import nn
 
 from memprofiler.config import urls
 from memprofiler.errors import ConfigError, MemProfilerError
-from memprofiler.estimate import batch_search, engine
+from memprofiler.estimate import EstimatePlan, batch_search, engine, estimate_plan
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
@@ -34,6 +34,7 @@ from memprofiler.output import remote
 from memprofiler.units import parse_size
 
 GROUP = "estimate"
+HELP = "Estimate one rank's peak memory of the fit config, on fake tensors (no GPU)."
 
 
 @dataclass
@@ -73,12 +74,20 @@ class EstimateSubcommand:
 
     subcommand: str | None
     parser: Any
+    #: Subcommands that parse the fit config, build the model on the meta device and no Trainer:
+    #: name -> (the dataclass of their ``--name.*`` options, the function run, the help line).
+    META_SUBCOMMANDS: dict[str, tuple[type, Any, str]] = {
+        GROUP: (EstimateConfig, lambda cli: run_estimate(cli), HELP)
+    }
 
-    @staticmethod
-    def subcommands() -> dict[str, set[str]]:
+    @classmethod
+    def subcommands(cls) -> dict[str, set[str]]:
         from lightning.pytorch.cli import LightningCLI
 
-        return {**LightningCLI.subcommands(), GROUP: {"model", "datamodule"}}
+        return {
+            **LightningCLI.subcommands(),
+            **{name: {"model", "datamodule"} for name in cls.META_SUBCOMMANDS},
+        }
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         sub = parser.add_subcommands()
@@ -86,11 +95,11 @@ class EstimateSubcommand:
         compat.start_subcommands(cli)
         trainer_class = cli.trainer_class
         for name in self.subcommands():
-            help_ = "Estimate one rank's peak memory of the fit config, on fake tensors (no GPU)."
-            if name == GROUP:
+            if name in self.META_SUBCOMMANDS:
+                options, _, help_ = self.META_SUBCOMMANDS[name]
                 sp = cli.init_parser(**{"description": help_, **kwargs.get(name, {})})
                 compat.add_arguments(cli, sp)
-                sp.add_dataclass_arguments(EstimateConfig, GROUP)
+                sp.add_dataclass_arguments(options, name)
                 compat.register_subcommand(cli, name, sp, method_arguments={})
             else:
                 help_ = compat.short_description(getattr(trainer_class, name)) or name
@@ -102,24 +111,24 @@ class EstimateSubcommand:
 
     def _add_instantiators(self) -> None:
         super()._add_instantiators()  # type: ignore[misc]
-        if self.subcommand == GROUP:
+        if self.subcommand in self.META_SUBCOMMANDS:
             cli: Any = self
             instantiator, model_type = compat.model_instantiator(cli, _OnMeta)
             self.parser.add_instantiator(instantiator, model_type, subclasses=cli.subclass_mode_model)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         # No Trainer for an estimate: it would check devices this machine does not have.
-        if self.subcommand == GROUP:
+        if self.subcommand in self.META_SUBCOMMANDS:
             return None
         return super().instantiate_trainer(**kwargs)  # type: ignore[misc]
 
     def _run_subcommand(self, subcommand: str) -> None:
-        if subcommand == GROUP:
+        if subcommand in self.META_SUBCOMMANDS:
             try:
-                run_estimate(self)
+                self.META_SUBCOMMANDS[subcommand][1](self)
             except MemProfilerError as err:  # the user's mistake: one line, exit code 2
                 cli: Any = self
-                compat.subcommand_parser(cli, GROUP).error(str(err))
+                compat.subcommand_parser(cli, subcommand).error(str(err))
             return
         super()._run_subcommand(subcommand)  # type: ignore[misc]
 
@@ -212,21 +221,14 @@ def _optimizer_of(model: nn.Module) -> torch.optim.Optimizer:
     return opts
 
 
-class _Prepare:
-    """Runs ``configure_model`` on the meta copy, with the device mesh ModelParallelStrategy gives."""
-
-    def __init__(self, fsdp: bool, world_size: int) -> None:
-        self.fsdp = fsdp
-        self.world_size = world_size
-
-    def __call__(self, model: nn.Module) -> None:
-        if self.fsdp:
-            model._device_mesh = strategies.device_mesh(
-                (self.world_size, 1), ("data_parallel", "tensor_parallel")
-            )
-        configure = getattr(model, "configure_model", None)
-        if callable(configure):
-            configure()
+def _configure_model(model: nn.Module, mesh: Any) -> None:
+    """``configure_model`` on the meta copy, with the device mesh ModelParallelStrategy gives it
+    (``(data_parallel, tensor_parallel)``, set as ``model.device_mesh`` reads it)."""
+    if mesh is not None:
+        model._device_mesh = mesh
+    configure = getattr(model, "configure_model", None)
+    if callable(configure):
+        configure()
 
 
 def run_estimate(cli: Any) -> list[MemoryEstimate]:
@@ -244,10 +246,8 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
 
     def one(bs: int | None) -> MemoryEstimate:
         batch = _first_batch(model, data, bs)
-        est = engine.estimate(
-            model,
-            batch,
-            optimizer=None,
+        fsdp = strategy == "fsdp"
+        plan = EstimatePlan(
             optimizer_of_model=_optimizer_of,
             loss_fn=lambda m, b: engine.as_loss(m.training_step(b, 0)),  # type: ignore[operator]
             strategy=strategy,
@@ -256,12 +256,14 @@ def run_estimate(cli: Any) -> list[MemoryEstimate]:
             device=opts.device,
             steps=opts.steps,
             fake=opts.fake,
-            shard_policy=None,
-            prepare=_Prepare(strategy == "fsdp", opts.world_size),
+            parallelize=_configure_model,
+            mesh_shape=(opts.world_size, 1) if fsdp else None,
+            mesh_dim_names=("data_parallel", "tensor_parallel") if fsdp else None,
             gpu=opts.gpu,
             torch_version=opts.torch_version,
             device_memory=memory,
         )
+        est = estimate_plan(model, batch, plan)
         est.batch_size = bs if bs is not None else _rows(batch)
         return est
 

@@ -29,6 +29,7 @@ What it adds to :class:`lightning.pytorch.profilers.PyTorchProfiler`:
 
 from __future__ import annotations
 
+import copy
 import os
 import weakref
 from collections.abc import Mapping
@@ -52,6 +53,7 @@ from memprofiler.core.warn import Warner
 from memprofiler.errors import ConfigError
 from memprofiler.lightning import _compat as compat
 from memprofiler.lightning.memory_categories import CATEGORIES, write_category_timeline
+from memprofiler.lightning.profiler_own_work import split_own_work
 from memprofiler.lightning.profiler_schedule import STAGE_STEP, CyclicSchedule, build_schedule_config
 from memprofiler.lightning.trace_output import (
     OutputDir,
@@ -346,6 +348,12 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
         return str(getattr(stage, "value", stage)) if stage is not None else "run"
 
     @property
+    def records_python_calls(self) -> bool:
+        """Whether the Python tracer runs (``with_stack``): it records every Python call made
+        while tracing, memprofiler's module trackers' too."""
+        return bool(self._profiler_kwargs.get("with_stack"))
+
+    @property
     def written_files(self) -> list[Path]:
         """Every trace and summary file written so far."""
         return list(self._written)
@@ -423,8 +431,16 @@ class ExtendedPyTorchProfiler(PyTorchProfiler):
             self._own_run_files.add(path)
 
     def _table(self, prof: torch.profiler.profile) -> str:
-        data = prof.key_averages(group_by_input_shape=self._group_by_input_shapes)
-        return str(data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs))
+        """The cycle's summary table, without memprofiler's own work (its host sampler's thread,
+        its module tracker's dispatch: :mod:`~memprofiler.lightning.profiler_own_work`)."""
+        events = prof.events()
+        kept, own = split_own_work(events)
+        mine = copy.copy(events)  # the same EventList settings (device, memory, flops), fewer events
+        mine[:] = kept
+        data = mine.key_averages(self._group_by_input_shapes)  # EventList names it group_by_input_shapes
+        table = str(data.table(sort_by=self._sort_by_key, row_limit=self._row_limit, **self._table_kwargs))
+        note = own.note()
+        return f"{table}{note}\n" if note else table
 
     def _trace_cycle(self, prof: torch.profiler.profile, output: TraceOutput) -> TraceCycle:
         """The cycle being written, with its ``{epoch}`` and ``{batch}``."""

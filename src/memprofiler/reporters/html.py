@@ -97,6 +97,7 @@ class HtmlReporter:
         top: int = 10,
         extra: str = "",
         categories: Sequence[tuple[str, CategoryTimeline]] = (),
+        allocator: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.model = model
         self.top = top
@@ -105,12 +106,14 @@ class HtmlReporter:
         self.categories = categories
         """``(label, timeline)`` of the profiler's memory-categories timelines: a bar each in
         "where memory goes"."""
+        self.allocator = allocator
+        """``(label, peak bytes)`` of each profiler trace's allocator curve: a view of the peak."""
 
     def render(self) -> str:
         run = self.model.run
         sections = [
             self._header(),
-            where_html(self.model, self.categories),
+            where_html(self.model, self.categories, self.allocator),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),
@@ -133,6 +136,7 @@ class HtmlReporter:
         if manifest.get("status") is not None:
             bits.append(f"status {escape(str(manifest['status']))}")
         out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += [f"<p class='oom'>warning: {escape(w)}</p>" for w in run.warnings]
         out += self._oom_lines()
         out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
         out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]
@@ -216,7 +220,8 @@ class HtmlReporter:
         for rank in self.model.ranks:
             for title, fig in present:
                 lines = [(fn, self.model.calls.points(fig, rows)) for r, fn, rows in groups if r == rank]
-                chart = _function_lines(lines, f"rank {rank}: {title}")
+                # A device's memory from zero: the height above zero is what has to fit.
+                chart = _function_lines(lines, f"rank {rank}: {title}", from_zero=fig.startswith("cuda"))
                 if chart:
                     out.append(chart)
         return "\n".join(out)
@@ -380,7 +385,9 @@ class HtmlReporter:
         return "\n".join(out)
 
 
-def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str) -> str:
+def _function_lines(
+    lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int]]]], title: str, from_zero: bool = False
+) -> str:
     """One line per function through its call numbers and values (binned into bands when long)."""
     lines = [(fn, (xs, ys)) for fn, (xs, ys) in lines if xs]
     if lines and all(len(xs) < svg.MIN_POINTS for _, (xs, _) in lines):
@@ -399,7 +406,7 @@ def _function_lines(lines: Sequence[tuple[str, tuple[Sequence[int], Sequence[int
         bands.append([(x, band.lo, band.hi) for x, band in bins])
     if not series:
         return ""
-    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True)
+    return svg.line_chart(series, format_bytes, title, bands=bands, integer_x=True, from_zero=from_zero)
 
 
 def _calls_table(calls: Sequence[CallRow]) -> str:

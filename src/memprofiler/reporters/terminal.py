@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -11,6 +12,7 @@ from rich.table import Table
 from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unmatched
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis
 from memprofiler.reporters.model.figures import BANDED, table_figures
+from memprofiler.reporters.model.module_groups import SavedRollup, top_groups
 from memprofiler.reporters.model.report import CallRow, ReportModel
 from memprofiler.units import format_bytes, format_value
 
@@ -45,6 +47,8 @@ class TerminalReporter:
 
     def render(self, console: Console) -> None:
         run = self.model.run
+        for line in run.warnings:  # first: a run that ended without finishing, files that disagree
+            console.print(f"[yellow]warning:[/yellow] {escape(line)}")
         console.print(
             f"[bold]memprofiler run[/bold] {escape(str(run.root))}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
         )
@@ -97,6 +101,10 @@ class TerminalReporter:
         console.print(t)
 
     def _modules(self, console: Console) -> None:
+        rollup = self.model.saved_rollup()
+        if rollup is not None:
+            self._rollup(console, rollup)
+            return
         top = self.model.top_saved_modules(self.top)
         if not top:
             return
@@ -108,11 +116,30 @@ class TerminalReporter:
             t.add_row(escape(mod), format_bytes(b), escape(where))
         console.print(t)
 
+    def _rollup(self, console: Console, r: SavedRollup) -> None:
+        """Saved-tensor bytes of the call that saved the most, by block and by module type."""
+        console.print(
+            f"Saved-tensor bytes of {escape(r.label)}, the call that saved the most: "
+            f"{format_bytes(r.total)} in {r.modules:,} modules"
+        )
+        for title, groups, count in (
+            ("by block", r.by_block, "modules"),
+            ("by module type across blocks", r.by_type, "blocks"),
+        ):
+            t = Table(title=title)
+            for col in ("block" if count == "modules" else "module type", "saved", "share", count):
+                t.add_column(col, justify="left" if col in ("block", "module type") else "right")
+            for g in top_groups(groups, self.top):
+                n = g.modules if count == "modules" else g.blocks
+                share = f"{g.bytes / r.total:.1%}" if r.total else "-"
+                t.add_row(escape(g.name), format_bytes(g.bytes), share, f"{n:,}" if n else "-")
+            console.print(t)
+
     def _tracker_peaks(self, console: Console) -> None:
         cats, rows = self.model.tracker_rows()
         if not rows:
             return
-        t = Table(title="FSDP peaks per category (fsdp.* in the end snapshots)")
+        t = Table(title=_tracker_title(self.model.run.reports))
         for col in ("rank", "function", "call", *cats):
             t.add_column(escape(col), justify="left" if col == "function" else "right")
         for c, peaks in rows:
@@ -142,7 +169,10 @@ class TerminalReporter:
     def _reports(self, console: Console) -> None:
         reps = self.model.run.reports
         if reps:
-            kinds = ", ".join(f"{sum(r.kind == k for r in reps)} {k}" for k in sorted({r.kind for r in reps}))
+            kinds = ", ".join(
+                f"{sum(r.kind == k for r in reps)} of the {_TRACKERS.get(k, k)}"
+                for k in sorted({r.kind for r in reps})
+            )
             console.print(f"module-wise reports: {kinds} (tables in the HTML report)")
         for oom in self.model.run.ooms:
             info = oom.info or {}
@@ -161,6 +191,20 @@ class TerminalReporter:
             console.print(
                 f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml") + same
             )
+
+
+#: The trackers' names, by report kind.
+_TRACKERS = {"fsdp": "FSDP tracker", "module": "module tracker"}
+
+
+def _tracker_title(reports: Sequence[Any]) -> str:
+    """The tracker peaks table's title, named for the tracker that wrote them."""
+    kinds = {r.kind for r in reports}
+    if kinds == {"fsdp"}:
+        return "FSDP tracker peaks per category (fsdp.peak.*)"
+    if kinds == {"module"}:
+        return "Module tracker peaks per category (module_mem.peak.*)"
+    return "Tracker peaks per category (fsdp.peak.* / module_mem.peak.*)"
 
 
 def _max_rank(stats: dict[str, object]) -> object:

@@ -41,6 +41,10 @@ LIGHTNING_ACTION_PREFIX = "[pl][profile]"
 LIGHTNING_MODULE_PREFIX = "[pl][module]"
 #: Lightning's module spans and torch's (``with_modules`` / ``with_stack``).
 MODULE_PREFIXES = (LIGHTNING_MODULE_PREFIX, "nn.Module: ")
+#: ``cpu_op`` spans torch records around every operator a Python dispatch mode sees (a module
+#: tracker's: ``track_module_mem``, ``track_fsdp_mem``): wrappers, not operators. The views
+#: leave them out and count their own time apart.
+DISPATCH_WRAPPERS = frozenset({"PythonDispatchMode"})
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"_rank_(\d+)\.")
 _RANK_IN_HEADER = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')

@@ -47,6 +47,7 @@ import numpy as np
 
 from memprofiler.analysis.traces.events import (
     DEVICE_CATS,
+    DISPATCH_WRAPPERS,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -94,6 +95,9 @@ RANGE_GROUPS = 100_000
 _OP, _MOD = 0, 1
 #: torch's ``nn.Module:`` span: a module unless Lightning's ``[pl][module]`` spans are present.
 _TORCH_MOD = 2
+#: A dispatch-mode wrapper (:data:`~memprofiler.analysis.traces.events.DISPATCH_WRAPPERS`): its
+#: time is taken from the operator around it, it is no operator row and no part of a call path.
+_WRAPPER = 3
 #: Kernels joined to their operators at a time.
 _JOIN = 1 << 18
 #: Span categories read (``python_function`` too, for ``nn.Module:`` spans).
@@ -359,6 +363,11 @@ class Summary:
     has_device_time: bool = False
     allocated_at: dict[tuple[str, float], int] = field(default_factory=dict)
     """``(device, probe time) -> allocated bytes`` for the ``probes`` :func:`summarise` was given."""
+    wrapper_calls: int = 0
+    """Spans of dispatch-mode wrappers (a module tracker's ``PythonDispatchMode``) left out of the
+    operator views."""
+    wrapper_self_us: float = 0.0
+    """Host time of those spans outside the operators inside them: the tracker's own work."""
     notes: list[str] = field(default_factory=list)
     """One line per field of the events that was not a number where one was expected: how
     many were converted from strings, how many could not be read and what was done."""
@@ -446,6 +455,8 @@ class _Reader:
         self.kernels = False
         self.probes: dict[str, list[float]] = {}
         self.allocated_at: dict[tuple[str, float], int] = {}
+        self.wrapper_calls = 0
+        self.wrapper_self_us = 0.0
         self.fields = _Fields()
 
     def close(self) -> None:
@@ -602,6 +613,9 @@ class _Reader:
         """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
         if end > self.end:
             self.end = end
+        if name in DISPATCH_WRAPPERS:
+            self.records.add((ts, 0, -dur, seq, self._thread(ev), _WRAPPER, self.intern(name), -1, 0, 0, 0))
+            return
         n = self.ix.get(name)
         if n is None:
             n = self.intern(name)
@@ -673,6 +687,10 @@ class _Reader:
         stack = th.stack
         while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
             kind, n, dur, _, child, *_ = stack.pop()
+            if kind == _WRAPPER:
+                self.wrapper_calls += 1
+                self.wrapper_self_us += max(0.0, dur - child)
+                continue
             rows = self.ops if kind == _OP else self.mods
             r = rows.get(n)
             if r is None:
@@ -705,6 +723,12 @@ class _Reader:
                     if c is None:
                         c = self.chains[ops, kmods] = len(self.chains)
                     self.ext.add(ext, seq, c)
+                entry += (ops, kmods, entry, mod_parent, mods, None)
+            elif kind == _WRAPPER:
+                # Transparent: the operator around it does not count its time as its own, the
+                # operators inside keep their call path; their time is its "child" time.
+                if op_parent is not None:
+                    op_parent[4] += dur
                 entry += (ops, kmods, entry, mod_parent, mods, None)
             else:
                 if mod_parent is not None:
@@ -883,7 +907,9 @@ def _space_needed(p: Path) -> int:
 
 def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     if r.events == 0:
-        raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
+        raise ArtifactError(
+            f"{p}: its traceEvents list is empty (no event to show); pass a trace written by torch.profiler"
+        )
     out = Summary(path=p, rank=rank, base_ns=base, events=r.events, names=r.names)
     out.start = 0.0 if r.start == float("inf") else r.start
     out.has_device_time = r.any_device
@@ -896,6 +922,7 @@ def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     out.steps = _steps(r, out.start)
     out.rank_row = _rank_row(rank or 0, r, out.steps, out.start)
     out.allocated_at = r.allocated_at
+    out.wrapper_calls, out.wrapper_self_us = r.wrapper_calls, r.wrapper_self_us
     out.notes = r.fields.lines(p)
     return out
 

@@ -62,6 +62,22 @@ class TraceView:
     rank_row: RankRow | None = None
     peak_gaps: list[PeakGap] = field(default_factory=list)
     """Per device with memory by category: its two peaks and one sentence on why they differ."""
+    wrapper_calls: int = 0
+    """Dispatch-mode wrapper spans (a module tracker's) left out of the operator views."""
+    wrapper_self_us: float = 0.0
+    """Their host time outside the operators they wrap: the tracker's own work."""
+
+    @property
+    def wrapper_note(self) -> str:
+        """One sentence on the wrappers left out, or ``""`` when there are none."""
+        if not self.wrapper_calls:
+            return ""
+        return (
+            f"{self.wrapper_calls:,} PythonDispatchMode span{'s' if self.wrapper_calls != 1 else ''} (a module tracker's dispatch mode, e.g. "
+            f"`track_module_mem`) are left out of the operator views: {self.wrapper_self_us / 1000:,.3f} ms "
+            "of host time of their own, not counted as any operator's"
+        )
+
     notes: list[str] = field(default_factory=list)
     """One line per event field the reader converted or could not read (see
     :attr:`~memprofiler.analysis.traces.stream.Summary.notes`)."""
@@ -139,6 +155,8 @@ def trace_view(path: Path) -> TraceView:
         has_device_time=s.has_device_time,
         rank_row=s.rank_row,
         peak_gaps=gaps,
+        wrapper_calls=s.wrapper_calls,
+        wrapper_self_us=s.wrapper_self_us,
         notes=s.notes,
     )
 

@@ -41,6 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memprofiler.estimate.part import Part
+
 #: The most elements a tensor may have to be kept with its real values (the batch's ids and masks,
 #: position ids; not activations).
 LIMIT = 1 << 20
@@ -279,3 +281,25 @@ def packing_note(calls: int) -> str:
         "does not know: it built the batch x seq^2 mask a real run skips when nothing is packed, so the "
         "estimate can be high by that mask (and, for a CUDA target, count an attention kernel with a mask)"
     )
+
+
+class KnownValues(Part):
+    """The estimate's part for real values beside the fake step: :class:`KnownData` seeded with
+    the batch, and transformers' mask checks answered from it."""
+
+    def __init__(self, batch: Any, fake_batch: Any) -> None:
+        self.data = KnownData()
+        self.data.seed(batch, fake_batch)
+
+    @contextlib.contextmanager
+    def _on(self) -> Iterator[None]:
+        with self.data, transformers_checks(self.data):
+            yield
+
+    def mode(self) -> contextlib.AbstractContextManager[Any]:
+        return self._on()
+
+    def notes(self, notes: list[str]) -> list[str]:
+        if self.data.unknown_packing:
+            return [*notes, packing_note(self.data.unknown_packing)]
+        return notes

@@ -4,6 +4,7 @@ sharding, DDP's gradient buckets, and the precision a step runs in."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,6 +52,23 @@ def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
         raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ConfigError("steps", f"got {steps!r}; use an integer >= 1 (2 covers optimizer state)")
+
+
+def check_mesh(shape: tuple[int, ...] | None, names: tuple[str, ...] | None, world_size: int) -> None:
+    """Raise :class:`ConfigError` for a device mesh that does not cover ``world_size`` ranks."""
+    if shape is None:
+        if names is not None and len(names) != 1:
+            raise ConfigError("mesh_dim_names", f"got {names!r} for the 1D mesh; give `mesh_shape` too")
+        return
+    if not shape or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in shape):
+        raise ConfigError("mesh_shape", f"got {shape!r}; use a tuple of integers >= 1, e.g. (2, 4)")
+    if math.prod(shape) != world_size:
+        raise ConfigError(
+            "mesh_shape",
+            f"got {shape!r} ({math.prod(shape)} ranks) with world_size {world_size}; they must agree",
+        )
+    if names is not None and len(names) != len(shape):
+        raise ConfigError("mesh_dim_names", f"got {len(names)} names for a {len(shape)}D mesh {shape!r}")
 
 
 @contextlib.contextmanager

@@ -102,6 +102,7 @@ app.innerHTML = `
 </div>
 <div class="muted" style="font-size:12px">Wheel: zoom · drag: pan · shift+drag: select a range · click: select the instant and pin the block's stack.</div>
 <canvas id="mp-main" aria-label="active memory timeline"></canvas>
+<div id="mp-legend" class="mp-legend"></div>
 <canvas id="mp-alloc" aria-label="reserved and allocated over time"></canvas>
 <div class="bar"><span id="mp-instant"></span><span id="mp-range" class="muted"></span></div>
 <div class="mp-cols">
@@ -247,7 +248,7 @@ function draw() {
   ctx.closePath(); ctx.fill();
   axes(ctx, w, h, d.yMax);
   for (const [i] of d.meta.ooms) mark(ctx, xOf(i + 0.5), H, "#D00", "OOM");
-  mark(ctx, xOf(d.meta.peakIndex + 0.5), H, "#D55E00", "peak " + fmtB(d.meta.peak));
+  X.peakLabel = mark(ctx, xOf(d.meta.peakIndex + 0.5), H, "#D55E00", "peak " + fmtB(d.meta.peak));
   mark(ctx, xOf(S.sel + 0.5), H, "#000", "");
   if (S.range) { ctx.fillStyle = "rgba(0,114,178,0.12)"; ctx.fillRect(xOf(S.range[0]), 0, xOf(S.range[1]) - xOf(S.range[0]), H); }
   drawAlloc();
@@ -258,7 +259,13 @@ function draw() {
 function mark(ctx, x, H, color, text) {
   if (x < PAD_L || x > PAD_L + plotW()) return;
   ctx.strokeStyle = color; ctx.lineWidth = 1; ctx.beginPath(); ctx.moveTo(x, 0); ctx.lineTo(x, H); ctx.stroke();
-  if (text) { ctx.fillStyle = color; ctx.font = "600 11px system-ui"; ctx.fillText(text, Math.min(x + 3, PAD_L + plotW() - 90), 12); }
+  if (!text) return null;
+  ctx.fillStyle = color; ctx.font = "600 11px system-ui";
+  // Right of the line, or left of it where the text would run past the plot's right edge.
+  const tw = ctx.measureText(text).width, right = PAD_L + plotW();
+  const tx = x + 3 + tw <= right ? x + 3 : Math.max(PAD_L, x - 3 - tw);
+  ctx.fillText(text, tx, 12);
+  return [tx, tx + tw, right];
 }
 // Reserved (segments) against active bytes, on the same time axis.
 function drawAlloc() {
@@ -480,10 +487,25 @@ function state() {
   X.state = {segments: rows.length, reserved: d.reserved[t], streams: [...streams.keys()]};
 }
 
+// What the timeline's colours mean: the largest stacks live at the selected instant, each in
+// its colour (colours follow a stack's label frame), then the grey band and the unknown stacks.
+function legend() {
+  const d = dev(), t = S.sel, by = new Map();
+  for (let i = 0; i < d.start.length; i++) {
+    if (d.start[i] <= t && d.end[i] > t) { const s = d.stack[i], f = stackLabel[s]; const g = by.get(f); if (g) g[1] += d.size[i]; else by.set(f, [s, d.size[i]]); }
+  }
+  const top = [...by.values()].sort((a, b) => b[1] - a[1]).slice(0, 8);
+  const key = (color, text) => `<span class="mp-key"><i style="background:${color}"></i>${esc(text)}</span>`;
+  $("mp-legend").innerHTML = "<b>colours</b> (at the selected instant): " +
+    top.map(([s, b]) => key(colorOf(s), labelOf(s) + " " + fmtB(b))).join("") +
+    key("rgba(120,120,120,0.55)", "smaller or shorter blocks (grey band)") +
+    key("#CC79A7", "reserved (lower chart)") + key("#0072B2", "active (lower chart)");
+  X.legend = top.map(([s, b]) => [labelOf(s), colorOf(s), b]);
+}
 function panels() {
   const d = dev();
   $("mp-instant").innerHTML = `selected: entry <b>${fmtN(S.sel)}</b>, ${esc(fmtB(d.total[S.sel]))} active, ${esc(fmtB(d.reserved[S.sel]))} reserved`;
-  tree(); state();
+  tree(); state(); legend();
   if (S.pin >= 0) showStack(d.stack[S.pin], S.pin);
   X.sel = S.sel; X.pin = S.pin;
 }

@@ -20,6 +20,7 @@ from memprofiler.reporters.model.call_table import (
     num_or_zero,
 )
 from memprofiler.reporters.model.figures import CUDA_ALLOCATED_PEAK, CUDA_RESERVED_PEAK, FIGURES
+from memprofiler.reporters.model.module_groups import SavedRollup, has_blocks
 from memprofiler.reporters.model.snapshots import SnapshotEntry, snapshot_entries, snapshot_title
 from memprofiler.reporters.model.yaml_tables import ReportTable, nested_tables, report_tables
 
@@ -96,6 +97,18 @@ class ReportModel:
                     best[mod] = (b, i)
         ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))
         return [(mod, b, self.calls.label(i)) for mod, (b, i) in ranked]
+
+    def saved_rollup(self) -> SavedRollup | None:
+        """The call that saved the most bytes for backward, its modules rolled up by block and by
+        module type (``None`` when no call has per-module bytes or no module is in a block)."""
+        best: tuple[int, int] | None = None
+        for i, by_module in self.calls.by_module.items():
+            total = sum(by_module.values())
+            if best is None or total > best[0]:
+                best = (total, i)
+        if best is None or not has_blocks(self.calls.by_module[best[1]]):
+            return None
+        return SavedRollup.of(self.calls.label(best[1]), self.calls.by_module[best[1]])
 
     def summary_rows(self) -> list[tuple[str, str, dict[str, Any]]]:
         """``(key, metric, stats)`` from ``memory_summary.yaml``, most unbalanced first."""
@@ -174,6 +187,7 @@ def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
         ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
     """
     rows = read_rows(run)
+    run.warnings += rows.impossible
     model = ReportModel(run=run, calls=rows.calls, snapshots=snapshot_entries(run, top))
     model._saved_modules = rows.module_peaks
     return model

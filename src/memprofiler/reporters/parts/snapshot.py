@@ -58,6 +58,7 @@ def snapshot_html(entry: SnapshotEntry, top: int = 10) -> str:
                     format_bytes,
                     f"device {d.device}: active memory over trace entries",
                     marker=marker,
+                    from_zero=True,
                 )
             )
         if d.top_stacks:

@@ -45,6 +45,7 @@ def line_chart(
     height: int = 260,
     bands: Sequence[Sequence[tuple[float, float, float]]] | None = None,
     integer_x: bool = False,
+    from_zero: bool = False,
 ) -> str:
     """Lines through ``(x, y)`` points, one per named series, with a y axis in ``fmt`` units.
 
@@ -52,6 +53,9 @@ def line_chart(
     entries). ``marker`` ``(x, y, text)`` draws a labelled dot, e.g. the peak. ``bands[n]``
     holds ``(x, low, high)`` for series ``n``: a shaded band around its line (binned calls).
     ``integer_x``: x is a count (call numbers): ticks only at whole numbers, each once.
+    ``from_zero``: the y axis starts at zero however far from it the values are (a device's
+    memory, where the height above zero is what fits); otherwise values far from zero (host
+    RSS) are zoomed in on.
 
     Series of fewer than :data:`MIN_POINTS` points each draw no line worth reading: they come
     back as a table of the points (see :func:`points_table`).
@@ -65,7 +69,7 @@ def line_chart(
     ys = [p[1] for p in pts] or [0.0]
     x0, x1 = min(xs), max(xs)
     lo, hi = min(ys), max(ys)
-    if lo > 0.3 * hi:
+    if lo > 0.3 * hi and not from_zero:
         # Values far from zero (host RSS): zoom in, or every line is flat at the top.
         pad = (hi - lo) * 0.1 or hi * 0.05 or 1.0
         y0, y1 = max(0.0, lo - pad), hi + pad

@@ -103,6 +103,8 @@ def _trace_html(tv: TraceView, n: int, top: int) -> str:
             key=ops_id(n), row_ids=[op_row_id(n, i) for i in idx], listed=top,
         )
     )  # fmt: skip
+    if tv.wrapper_note:
+        out.append(f"<p class='muted'>{escape(tv.wrapper_note)}</p>")
     if tv.modules:
         out.append(
             _ops_html(
@@ -154,6 +156,10 @@ def _steps_html(tv: TraceView, n: int) -> str:
     return _fold(steps_id(n), f"Step time breakdown (ms), {len(rows):,} step(s)", table, len(rows))
 
 
+#: Host memory in a trace below this many bytes gets a line, not a chart.
+SMALL_CPU_CHART = 2**20
+
+
 def _memory_html(dv: DeviceView, n: int, d: int) -> str:
     key = memory_id(n, d)
     dm = dv.memory
@@ -166,7 +172,20 @@ def _memory_html(dv: DeviceView, n: int, d: int) -> str:
         float(dm.peak_allocated),
         f"peak {format_bytes(dm.peak_allocated)} at {dm.peak_ms:.3f} ms",
     )
-    chart = svg.line_chart(series, format_bytes, f"{dm.device}: memory over time (ms)", marker=peak)
+    if dm.device == "CPU" and max(dm.peak_allocated, dm.peak_reserved) < SMALL_CPU_CHART:
+        # A GPU run's trace holds a few KiB of host tensors: a chart of them says nothing.
+        chart = (
+            f"<p class='muted'>{escape(dm.device)}: at most {format_bytes(dm.peak_allocated)} allocated in this "
+            f"trace, under {format_bytes(SMALL_CPU_CHART)}: no chart.</p>"
+        )
+    else:
+        chart = svg.line_chart(
+            series,
+            format_bytes,
+            f"{dm.device}: memory over time (ms)",
+            marker=peak,
+            from_zero=dm.device != "CPU",
+        )
     lo, hi = (dm.curve[0][0], dm.curve[-1][0]) if dm.curve else (0.0, 0.0)
     out = [
         f"<h4>Memory: {escape(dm.device)}</h4>",

@@ -86,6 +86,8 @@ class ProfilerTerminalReporter:
         for gap in tv.peak_gaps:
             console.print(f"{gap.device}: {escape(gap.reason)}")
         self._ops(console, tv.ops, "operator", tv.has_device_time, "Operators by host self time")
+        if tv.wrapper_note:
+            console.print(escape(tv.wrapper_note))
         if tv.modules:
             self._ops(console, tv.modules, "module", tv.has_device_time, "Modules by host total time")
 

@@ -17,6 +17,7 @@ from memprofiler.advice.flops import ForwardFlops, recording
 from memprofiler.advice.plan import Plan, default_loss
 from memprofiler.advice.progress import Progress
 from memprofiler.advice.result import Advice
+from memprofiler.errors import ConfigError
 
 
 def advise(
@@ -54,9 +55,10 @@ def advise(
         reserve: bytes kept back for what is not modelled (the CUDA context).
         candidates: the names to try (:data:`memprofiler.advice.candidates.NAMES`); all by default.
         set_to_none: ``False`` when the training loop calls ``zero_grad(set_to_none=False)``.
-        reshard_after_forward, fsdp_mixed_precision, offload, mesh_shape: how ``fsdp`` is applied
-            (FSDP2's arguments: a ``MixedPrecisionPolicy`` of bf16 parameters and fp32 reduction,
-            a ``CPUOffloadPolicy``, an HSDP mesh ``(replicate, shard)``), each block then the root.
+        reshard_after_forward: FSDP2's argument for each block (``strategy="fsdp"``).
+        fsdp_mixed_precision: FSDP2 ``MixedPrecisionPolicy`` of bf16 parameters and fp32 reduction.
+        offload: FSDP2 ``CPUOffloadPolicy`` (fake tensors cannot pin memory: it cannot be estimated).
+        mesh_shape: an HSDP mesh ``(replicate, shard)``; None shards over all ranks.
         progress: a status line on stderr while estimating (default: when stderr is a terminal).
 
     Raises:
@@ -73,6 +75,8 @@ def advise(
         True
     """
     cands.check_names(candidates)
+    if offload:
+        raise ConfigError("offload", cands.OFFLOAD + "; advise the plan without it")
     gpu_name = _gpu_key(gpu)
     limit = budgets.parse_budget(budget, gpu_name or "")
     keep = int(budgets.parse_size(str(reserve), "reserve"))

@@ -308,7 +308,7 @@ def _sharding(ctx: Context) -> list[Candidate]:
                     ),
                 )
             )
-    if plan.strategy != "fsdp" or n < 2:
+    if plan.strategy != "fsdp" or n < 2 or plan.parallelize is not None:  # its own sharding decides
         return out
     if not plan.fsdp_mixed_precision and plan.precision in ("32-true", "32"):
         out.append(

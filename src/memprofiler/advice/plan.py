@@ -60,6 +60,11 @@ class Plan:
     """FSDP2 ``CPUOffloadPolicy``: parameters, gradients and optimizer state kept on the host."""
     mesh_shape: tuple[int, ...] | None = None
     """``(replicate, shard)``: HSDP, sharded within groups of ``shard`` ranks; None: one shard group."""
+    parallelize: Callable[[nn.Module, Any], None] | None = None
+    """The model's own preparation on the meta copy (a LightningModule's ``configure_model``),
+    given the fake device mesh; it decides the sharding, so the FSDP2 options above are not used."""
+    mesh_shape_of_parallelize: tuple[tuple[int, ...], tuple[str, ...]] | None = None
+    """The mesh ``parallelize`` gets: its shape and dimension names (None: ``(world_size,)``)."""
     micro_batch: int | None = None
     """Rows per micro-batch; ``None`` keeps the batch as given."""
     accumulation: int = 1
@@ -217,6 +222,27 @@ def estimate(plan: Plan) -> MemoryEstimate:
     runs = min(plan.accumulation, ACCUMULATION_RUN)
     if runs > 1:
         optimizer = functools.partial(_accumulating, optimizer, runs)
+    if plan.parallelize is not None:
+        shape, names = plan.mesh_shape_of_parallelize or (None, None)
+        return estimate_plan(
+            build_model(plan),
+            build_batch(plan),
+            EstimatePlan(
+                optimizer=optimizer,
+                loss_fn=plan.loss_fn,
+                strategy=plan.strategy,
+                world_size=plan.world_size,
+                precision=plan.precision,
+                device=plan.device,
+                steps=plan.steps * runs,
+                gpu=plan.gpu,
+                torch_version=plan.torch_version,
+                device_memory=plan.device_memory,
+                parallelize=plan.parallelize,
+                mesh_shape=shape,
+                mesh_dim_names=names,
+            ),
+        )
     if sharded_as_planned(plan):
         return estimate_plan(
             build_model(plan),

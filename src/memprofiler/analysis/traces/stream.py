@@ -907,7 +907,9 @@ def _space_needed(p: Path) -> int:
 
 def _summary(r: _Reader, p: Path, rank: int | None, base: int) -> Summary:
     if r.events == 0:
-        raise ArtifactError(f"{p}: no traceEvents; pass a trace written by torch.profiler")
+        raise ArtifactError(
+            f"{p}: its traceEvents list is empty (no event to show); pass a trace written by torch.profiler"
+        )
     out = Summary(path=p, rank=rank, base_ns=base, events=r.events, names=r.names)
     out.start = 0.0 if r.start == float("inf") else r.start
     out.has_device_time = r.any_device

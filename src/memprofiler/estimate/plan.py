@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from memprofiler.errors import ConfigError
 from memprofiler.estimate.parallel import strategies
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -38,9 +39,11 @@ class EstimatePlan:
     """``loss_fn(model, batch) -> loss``; None: the output's ``loss`` (key or attribute), itself
     when scalar, else its sum."""
     strategy: str = "single"
-    """``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp`` (FSDP2)."""
+    """``single``, ``ddp`` (full replica plus gradient buckets), ``fsdp`` (FSDP2) or ``tp``
+    (tensor / sequence parallelism: ``parallelize`` shards the model with DTensor on the fake
+    mesh, and nothing else is sharded)."""
     world_size: int = 1
-    """Ranks; ``ddp`` and ``fsdp`` only."""
+    """Ranks; ``ddp``, ``fsdp`` and ``tp`` only."""
     precision: str = "32-true"
     """Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ..."""
     device: str = "cuda"
@@ -61,8 +64,10 @@ class EstimatePlan:
     root (None: every item of every ``nn.ModuleList``)."""
     parallelize: ParallelizeFn | None = None
     """The model's own parallelisation, called on the meta copy before the steps: ``fully_shard``,
-    checkpoint wrappers, a LightningModule's ``configure_model``. Under ``fsdp`` it gets the fake
-    device mesh and the estimate shards nothing itself unless it left the model unsharded."""
+    checkpoint wrappers, a LightningModule's ``configure_model``. Under ``fsdp`` and ``tp`` it gets
+    the fake device mesh (2D FSDP + TP: a ``(dp, tp)`` mesh, ``parallelize_module`` on
+    ``mesh["tp"]`` and ``fully_shard`` on ``mesh["dp"]``); under ``fsdp`` the estimate shards
+    nothing itself unless it left the model unsharded."""
     mesh_shape: tuple[int, ...] | None = None
     """The mesh ``parallelize`` gets (None: ``(world_size,)``); its product is ``world_size``."""
     mesh_dim_names: tuple[str, ...] | None = None
@@ -74,3 +79,9 @@ class EstimatePlan:
     def __post_init__(self) -> None:
         strategies.check(self.strategy, self.world_size, self.precision, self.steps)
         strategies.check_mesh(self.mesh_shape, self.mesh_dim_names, self.world_size)
+        if self.strategy == "tp" and self.parallelize is None:
+            raise ConfigError(
+                "parallelize",
+                "strategy 'tp' needs the model's tensor-parallel plan: a `parallelize(model, mesh)` that calls "
+                "`parallelize_module`",
+            )

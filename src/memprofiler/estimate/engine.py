@@ -195,7 +195,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             resident: dict[str, int] = {}
             device = None
             if target is not None and env_conf is not None and workspaces is not None:
-                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps)
+                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps, model)
             parts: list[Part] = [*(device.parts if device is not None else [])]
             if mode is not None:
                 parts.append(KnownValues(batch, fake_batch))
@@ -256,12 +256,14 @@ def _parallelize(model: nn.Module, plan: EstimatePlan, fsdp: bool) -> None:
                 plan.parallelize(model, None)
         return
     with strategies.default_mesh_on_run_device(plan.world_size):
+        mesh = strategies.device_mesh(*plan.mesh())
         if plan.parallelize is not None:
-            mesh = strategies.device_mesh(plan.mesh_shape or (plan.world_size,), plan.mesh_dim_names)
             with torch.device("meta"):
                 plan.parallelize(model, mesh)
-        if not strategies.is_fully_sharded(model):
-            strategies.fully_shard_model(model, plan.world_size, plan.shard_policy)
+            # left unsharded (a configure_model that shards nothing): data parallel over every rank
+            mesh = None if strategies.is_fully_sharded(model) else strategies.device_mesh((plan.world_size,))
+        if mesh is not None:
+            strategies.fully_shard_model(model, mesh, plan.shard_policy, **plan.fsdp_options())
 
 
 def _optimizer(model: nn.Module, plan: EstimatePlan) -> torch.optim.Optimizer:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,11 +34,6 @@ LLAMA_8B = dict(
 )
 SEQ, MICRO_BATCH, RANKS, BUDGET = 4096, 2, 8, "80GiB"
 TARGETS = {"wall_s": 180, "peak_rss_bytes": 2 << 30}
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return out.stdout.strip()
 
 
 def run(candidates: list[str] | None) -> dict[str, Any]:
@@ -119,6 +113,7 @@ def run(candidates: list[str] | None) -> dict[str, Any]:
             for r in advice.combinations
         ],
         "targets": TARGETS,
+        "note": "wall time includes the load of other jobs on the machine; the process CPU time is this run's own",
     }
 
 
@@ -127,15 +122,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--candidates", nargs="*", default=None)
     args = ap.parse_args()
-    result = run(args.candidates)
-    result.update(
-        {
-            "date": "2026-11-28",
-            "commit": _commit(),
-            "hardware": "2-core shared CPU VM (no GPU), load from other jobs in the wall time",
-        }
-    )
-    emit(result, args.out)
+    emit(run(args.candidates), args.out)
 
 
 if __name__ == "__main__":

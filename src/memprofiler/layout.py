@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
 #: Snapshot key in the per-rank stats file: ``{rank}.{fn}.{call}.{start|end}``.
 SNAPSHOT_KEY = "{rank}.{fn}.{call}.{phase}"
 #: Consolidated per-rank snapshots.
@@ -38,6 +43,31 @@ CUDA_ALLOC_WINDOW_PICKLE = "cuda_alloc_rank_{rank}.window_{n}.pickle"
 CUDA_ALLOC_WINDOW_INDEX = "cuda_alloc_rank_{rank}.window_{n}.json"
 #: The ``format`` field of that file (its writer and its reader check the same tag).
 CUDA_ALLOC_WINDOW_FORMAT = "memprofiler-allocator-window"
+#: The entry fields :func:`recording_digest` reads.
+_DIGEST_FIELDS = ("action", "addr", "size", "stream", "time_us")
+
+
+def recording_digest(snapshot: Mapping[str, Any]) -> str:
+    """What ties a window index to its recording: a SHA-256 of each device trace's length and
+    its first and last entries (action, address, size, stream, time), written into the index
+    with the recording and checked by its reader (a copied foreign index does not match)."""
+    traces = snapshot.get("device_traces") or []
+    ends: list[Any] = []
+    for trace in traces if isinstance(traces, list) else []:
+        if not isinstance(trace, list):
+            ends.append(None)
+            continue
+        pick = [trace[0], trace[-1]] if trace else []
+        ends.append(
+            [
+                len(trace),
+                *([e.get(k) for k in _DIGEST_FIELDS] if isinstance(e, Mapping) else None for e in pick),
+            ]
+        )
+    text = json.dumps(ends, default=repr, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 #: Name of the user-scope ``record_function`` that marks a collected call in the recording; the
 #: allocator keeps its ``START`` and ``END`` in the snapshot's ``external_annotations``.
 CALL_MARK = "memprofiler:{fn}:{call}"

@@ -85,6 +85,7 @@ def test_nothing_fits_is_an_answer_with_the_closest_candidate():
     [
         ({"budget": 0}, r"`budget`: got 0; use the memory one device may take"),
         ({"budget": "200GiB", "gpu": "H100"}, r"`budget`: got 200.00 GiB, more than the 80 GiB of an H100"),
+        ({"budget": "1GiB", "offload": True}, r"`offload`: FSDP2's CPUOffloadPolicy pins host memory"),
         (
             {"budget": "1GiB", "candidates": ["checkpoint-every-3"]},
             r"`candidates`: unknown candidate 'checkpoint-every-3'",

@@ -25,7 +25,7 @@ from memprofiler.collectors.history_recording import HistoryOptions, HistoryReco
 from memprofiler.config import MemProfilerConfig, ScheduleConfig
 from memprofiler.core.schedule import Action, action
 from memprofiler.core.warn import MemProfilerWarning
-from memprofiler.errors import ConfigError
+from memprofiler.errors import ArtifactError, ConfigError
 
 KIB = 1024
 
@@ -135,9 +135,9 @@ def test_recording_runs_exactly_on_warmup_and_collected_calls(tmp_path, schedule
     marked = [c["call"] for w in range(_windows(sched, calls)) for c in _index(tmp_path, w)["calls"]]
     assert marked == collected
     assert fake.marks == [f"memprofiler:train_step:{n}" for n in collected]
-    # AND snapshots were one per window, when it closed, and the ring's look two calls into a
+    # AND snapshots were one per window, when it closed, and the ring's look one call into a
     # part; never one at a call's start and end (2 per collected call) as before
-    probes = sum(len(_index(tmp_path, w)["calls"]) > 2 for w in range(_windows(sched, calls)))
+    probes = sum(len(_index(tmp_path, w)["calls"]) > 1 for w in range(_windows(sched, calls)))
     assert fake.snapshots_taken == _windows(sched, calls) + probes < 2 * len(collected) + 1
 
 
@@ -265,8 +265,37 @@ def test_a_part_is_written_before_the_ring_wraps_past_its_first_call(tmp_path):
             ]
             seen.append(rng.call)
     assert seen == list(range(1, 21))
-    # AND far fewer snapshots were taken than the 40 of per-call dumps
-    assert fake.snapshots_taken < 20
+    # AND at most one snapshot per call was taken (calls near half the ring), half the 40 of
+    # per-call dumps
+    assert fake.snapshots_taken <= 20
+
+
+def test_calls_that_fill_half_the_ring_are_each_kept_whole(tmp_path):
+    # GIVEN a ring of 40 entries and a 6-call window, each call recording 20 (half the ring)
+    fake = FakeCudaBackend()
+    cfg = _cfg({"warmup": 0, "active": 6}, allocator_history={"max_entries": 40})
+    with MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake) as prof:
+        for n in range(1, 7):
+            with prof.profile("train_step"):
+                for k in range(10):
+                    fake.free(fake.alloc((100 * n + k) * 8))
+    # THEN every call's start and end are in a recording, with all of its allocations (the
+    # starts of every other call were lost before: two calls filled the ring)
+    whole = {}
+    for part in sorted(tmp_path.glob("cuda_alloc_rank_0.window_*.pickle")):
+        recording = _load(part)
+        index = _index(tmp_path, int(part.stem.rsplit("_", 1)[1]))
+        for rng in call_ranges(recording, index):
+            if rng.start_us is None or rng.end_us is None or rng.call in whole:
+                continue
+            try:
+                start = call_view(recording, rng, "start", ring_entries=index["ring_entries"])
+            except ArtifactError:
+                continue  # the ring no longer holds its start in this file
+            end = call_view(recording, rng, "end", ring_entries=index["ring_entries"])
+            added = end["device_traces"][0][len(start["device_traces"][0]) :]
+            whole[rng.call] = [e["size"] for e in added if e["action"] == "alloc"]
+    assert whole == {n: [(100 * n + k) * 8 for k in range(10)] for n in range(1, 7)}
 
 
 def test_max_entries_bounds_the_ring_in_the_pickles(tmp_path):

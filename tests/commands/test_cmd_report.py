@@ -174,8 +174,10 @@ def test_non_finite_values_and_odd_keys_do_not_crash_the_report(real_runs, tmp_p
     # WHEN reported THEN exit 0: the infinite peak shows as "-", the integer key as text
     assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
     out = capsys.readouterr().out
-    [row] = [ln for ln in out.splitlines() if "training_step" in ln]
+    [row] = [ln for ln in out.splitlines() if "training_step" in ln and "│" in ln]
     assert re.search(r"│\s+0 │ training_step │\s+2 │\s+100 B │\s+200 B │\s+- │\s+- │", row), row
+    assert out.startswith("warning: rank 0 training_step #2: impossible figures, left out (shown as -): "
+                          "`rss_peak` at its end is inf")  # fmt: skip
     assert "OOM dump rank 0 #0: 5=7, size=2.00 KiB" in out
     html = (tmp_path / "r.html").read_text()
     assert "<tr><td>5</td><td class='n'>7</td></tr>" in html
@@ -236,3 +238,80 @@ def test_nesting_no_writer_makes_is_refused_with_one_line(tmp_path, capsys, valu
             f"memprofiler {command[0]}: error: {path}: refused: nested deeper than any file memprofiler "
             "writes (over 1000 levels, or indented 4000 columns); a YAML parser can crash on such a file\n"
         )
+
+
+def test_a_run_killed_by_sigkill_is_said_on_the_first_line(tmp_path, capsys):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    import yaml
+
+    from _env import subprocess_env
+
+    # GIVEN a plain loop that collects 60 calls (50 flushed) and is killed by SIGKILL
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from memprofiler import MemProfiler
+        prof = MemProfiler({{"schedule": {{"warmup": 0, "active": 1, "repeat": 0}}}},
+                           save_dir={str(tmp_path)!r}, rank=0)
+        with prof:
+            for _ in range(60):
+                with prof.profile("training_step"):
+                    pass
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=subprocess_env(src), capture_output=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    manifest = yaml.safe_load((tmp_path / layout.RUN_MANIFEST).read_text())
+    assert manifest["status"] == "running"
+    # WHEN reported
+    assert main(["report", str(tmp_path), "--no-html"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # THEN its first line says the run ended without finishing (no word of it before), and the
+    # 50 flushed calls are shown
+    assert out[0].startswith("warning: this run ended without finishing (started ")
+    assert f"its process ({manifest['pid']}) is gone" in " ".join(out[:3])
+    assert any("50 collected calls" in line or "training_step" in line for line in out)
+    # AND a run whose process still holds it (this one's pid) gets no such line
+    text = (
+        (tmp_path / layout.RUN_MANIFEST).read_text().replace(f"pid: {manifest['pid']}", f"pid: {os.getpid()}")
+    )
+    (tmp_path / layout.RUN_MANIFEST).write_text(text)
+    assert main(["report", str(tmp_path), "--no-html"]) == 0
+    assert not capsys.readouterr().out.startswith("warning:")
+
+
+@pytest.mark.parametrize("value", ["-5", ".nan", ".inf", "-1e30", "99999999999999999999999"])
+def test_impossible_figures_open_the_report_and_name_the_call(tmp_path, capsys, value):
+    import torch
+
+    from memprofiler import MemProfiler
+
+    # GIVEN a CPU run of three calls whose call 2 end rss_peak was edited to an impossible value
+    with MemProfiler({"schedule": {"warmup": 0, "active": 3}}, save_dir=tmp_path, rank=0) as prof:
+        for _ in range(3):
+            with prof.profile("training_step"):
+                torch.ones(256, 256).sum()
+    stats = tmp_path / "rank_0_memory_stats.yaml"
+    lines = stats.read_text().splitlines(keepends=True)
+    k = next(i for i, line in enumerate(lines) if line.startswith("0.training_step.2.end:"))
+    lines[k] = re.sub(r'"rss_peak": \d+', f'"rss_peak": {value}', lines[k])
+    stats.write_text("".join(lines))
+    # WHEN reported (ValueError "parts () do not add up to the peak -5" and no report before)
+    out_html = tmp_path / "r.html"
+    assert main(["report", str(tmp_path), "-o", str(out_html)]) == 0
+    out = capsys.readouterr().out
+    # THEN the report opens with one line naming the call and the figure, which is left out
+    first = out.splitlines()[0]
+    assert first.startswith("warning: rank 0 training_step #2: impossible figures, left out (shown as -): ")
+    assert "`rss_peak` at its end is " in first
+    html = out_html.read_text()
+    assert "training_step #2: impossible figures" in html

@@ -220,8 +220,9 @@ def test_reading_commands_never_import_torch(snap_file):
 
 
 # ----------------------------------------------------------------------------- one recording per window
-def _window_recording(tmp_path):
-    """A window of calls 2-3 recorded over the fake allocator, call n allocating n * 4 KiB."""
+def _window_recording(tmp_path, active: int = 2):
+    """A window of calls 2-3 (2 to ``active + 1``) recorded over the fake allocator, call n
+    allocating n * 4 KiB."""
     import torch
 
     from fake_cuda import FakeCudaBackend
@@ -232,13 +233,13 @@ def _window_recording(tmp_path):
     for p in lin.parameters():  # the model's storages: blocks older than the recording
         fake.adopt(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes())
     cfg = {
-        "schedule": {"warmup": 1, "active": 2},
+        "schedule": {"warmup": 1, "active": active},
         "cuda_allocator_history": True,
         "enable_saved_tensors_hooks": False,
         "collect_funcs": {"default": ["train_step"]},
     }
     with MemProfiler(cfg, save_dir=tmp_path, rank=0, cuda=fake, module=lin) as prof:
-        for n in range(1, 5):
+        for n in range(1, active + 3):
             with prof.profile("train_step"):
                 fake.free(fake.alloc(n * 4096))
     return tmp_path / "cuda_alloc_rank_0.window_0.pickle"
@@ -254,18 +255,19 @@ def test_a_call_of_a_window_recording_and_its_explorer(tmp_path, capsys):
     out = tmp_path / "w.html"
     assert main(["snapshot", str(path), "--call", "train_step:3", "--html", str(out)]) == 0
     end = capsys.readouterr().out
-    # THEN each shows the recording as it stood then: 6 entries before call 3 (calls 1-2), 9 after
-    assert "train_step:3 at its start" in start and "device 0: 6 trace entries" in start
-    assert "train_step:3 at its end" in end and "device 0: 9 trace entries" in end
+    # THEN each shows the recording as it stood then: 7 entries before call 3 (calls 1-2 and the
+    # snapshot that looked at the ring after call 2), 10 after
+    assert "train_step:3 at its start" in start and "device 0: 7 trace entries" in start
+    assert "train_step:3 at its end" in end and "device 0: 10 trace entries" in end
     # AND the calls marked in the recording are listed with their entries
-    assert "calls marked in this recording (2): train_step:2 (entries 3-5), train_step:3 (entries 6-8)" in end
+    assert "calls marked in this recording (2): train_step:2 (entries 3-5), train_step:3 (entries 7-9)" in end
     # AND the blocks older than the recording are the model's parameters, by role
     assert "parameter" in end and "(no stack recorded)" not in end
     # AND the explorer carries the calls' entry ranges and opens on call 3
     meta = json.loads(out.read_text().split("id='mp-meta'>", 1)[1].split("</script>", 1)[0])
     assert meta["calls"] == [
         {"key": "train_step:2", "ranges": {"0": [3, 6]}},
-        {"key": "train_step:3", "ranges": {"0": [6, 9]}},
+        {"key": "train_step:3", "ranges": {"0": [7, 10]}},
     ]
     assert meta["select"] == "train_step:3"
     assert "parameter `weight`" in meta["strings"] and "parameter `bias`" in meta["strings"]
@@ -278,3 +280,90 @@ def test_a_call_not_in_the_recording_is_one_clear_line(tmp_path, capsys):
     assert "no call train_step:7 is marked in it (calls marked: train_step:2, train_step:3)" in err
     assert main(["snapshot", str(path), "--call", "seven"]) != 0
     assert "expected FUNCTION:CALL" in capsys.readouterr().err
+
+
+def test_a_foreign_window_index_is_ignored_with_one_line(tmp_path, capsys):
+    import json
+    import shutil
+
+    from memprofiler.analysis.snapshot.calls import checked_index
+
+    # GIVEN this run's window (calls 2-3) and another run's (calls 2-6), whose index is
+    # copied over this one's
+    path = _window_recording(tmp_path / "mine")
+    other = _window_recording(tmp_path / "other", active=5)
+    mine = json.loads(path.with_suffix(".json").read_text())
+    # (each index names its run and digests its recording)
+    manifest = (tmp_path / "mine" / "memprofiler_run.yaml").read_text()
+    assert mine["run_id"] and f"run_id: {mine['run_id']}" in manifest
+    assert mine["trace_entries"] == 10 and len(mine["digest"]) == 32
+    shutil.copy(other.with_suffix(".json"), path.with_suffix(".json"))
+    # WHEN a call only the foreign index lists is asked for
+    assert main(["snapshot", str(path), "--call", "train_step:6"]) == 2
+    err = capsys.readouterr().err
+    # THEN the index is ignored, in one line that says why; the call is not shown as a view of
+    # this recording (it was before)
+    warning, error = err.strip().splitlines()
+    assert warning == (
+        f"memprofiler snapshot: warning: {path.with_suffix('.json')}: not the index of the recording beside "
+        "it (it lists 19 trace entries, the recording holds 10); ignored: the calls are read from the "
+        "recording's own marks (re-copy both files of the window together)"
+    )
+    assert "no call train_step:6 is marked in it (calls marked: train_step:2, train_step:3)" in error
+    # AND an index with the same entry count but another recording's digest is refused too
+    forged = {**json.loads(other.with_suffix(".json").read_text()), "trace_entries": 10}
+    path.with_suffix(".json").write_text(json.dumps(forged))
+    _, note = checked_index(path, load_snapshot_for_test(path))
+    assert note is not None and "its digest of the recording's first and last entries differs" in note
+    # AND so is one whose digest was taken out (its format version writes one)
+    path.with_suffix(".json").write_text(json.dumps({**forged, "digest": None, "trace_entries": None}))
+    _, note = checked_index(path, load_snapshot_for_test(path))
+    assert note is not None and "carries no digest of its recording" in note
+    # AND the report names it before its other lines
+    assert main(["report", str(tmp_path / "mine"), "--no-html"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("warning: ") and "not the index of the recording beside it" in first
+
+
+def load_snapshot_for_test(path):
+    from memprofiler.analysis.snapshot.summary import load_snapshot
+
+    return load_snapshot(path)
+
+
+def test_a_window_index_without_its_recording_is_named_by_the_report(tmp_path, capsys):
+    # GIVEN a run whose window recording was lost, its index left
+    path = _window_recording(tmp_path)
+    path.unlink()
+    # WHEN reported
+    assert main(["report", str(tmp_path), "--no-html"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # THEN the missing recording is said (exit 0 and no word of it before)
+    assert (
+        "warning: cuda_alloc_rank_0.window_0.json: the recording of rank 0 window 0 "
+        "(cuda_alloc_rank_0.window_0.pickle) is missing" in out
+    )
+
+
+def test_the_report_never_writes_pages_through_a_link_out_of_its_folder(tmp_path, capsys):
+    import os
+
+    # GIVEN a run with a window recording, whose explorer folder is a link to another folder
+    run = tmp_path / "run"
+    _window_recording(run)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, run / "allocator-explorer")
+    # WHEN reported
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    # THEN nothing is written there (the pages were before, without a word), and one line says why
+    assert list(elsewhere.iterdir()) == []
+    (line,) = err.strip().splitlines()
+    assert f"resolves to {elsewhere.resolve()}" in line and f"outside {run.resolve()}" in line
+    assert "pass -o to write the report elsewhere" in line
+    # AND with -o in a clean folder the report and its pages are written there
+    out = tmp_path / "out" / "report.html"
+    out.parent.mkdir()
+    assert main(["report", str(run), "-o", str(out)]) == 0
+    assert out.is_file() and len(list((out.parent / "allocator-explorer").iterdir())) == 1

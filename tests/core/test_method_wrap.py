@@ -188,3 +188,60 @@ def test_an_owner_defining_the_name_is_preferred_to_one_inheriting_a_default_hoo
     finally:
         done.restore()
     assert "train_step" not in Framework.__dict__
+
+
+class Deferred(nn.Module):
+    """Methods whose call only makes an object: the body runs while it is iterated or awaited."""
+
+    def batches(self, n: int):
+        for k in range(n):
+            yield torch.zeros(k)
+
+    async def fetch(self) -> int:
+        return 1
+
+    async def stream(self):
+        yield 1
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("batches", "a generator function"),
+        ("fetch", "an `async def` coroutine function"),
+        ("stream", "an async generator function"),
+    ],
+)
+def test_generator_and_async_methods_are_refused_in_one_line_at_set_up(tmp_path, name, kind):
+    # GIVEN collect_funcs naming a method whose call returns before its body runs
+    model = Deferred()
+    prof = _prof(tmp_path, [name])
+    # WHEN wrapping runs at set-up
+    with pytest.warns(UserWarning) as caught:
+        assert prof.wrap_methods([Owner("the model", model)]) == []
+    # THEN it is not wrapped ("collected" with figures covering only making the object before),
+    # in one line saying why
+    lines = [str(w.message) for w in caught if f"`{name}`" in str(w.message)]
+    assert lines == [
+        f"memprofiler: `collect_funcs.default` names `{name}`, which on `Deferred` (the model) is {kind}: "
+        "a call returns at once and its body runs later, so only making the object would be collected; "
+        "it is not collected (name the method that iterates or awaits it, or profile its body with "
+        "`profiler.profile(...)`)"
+    ]
+    assert name not in Deferred.__dict__ or not getattr(Deferred.__dict__[name], "__memprofilable__", False)
+    list(model.batches(2))
+    assert prof.call_counts() == {}
+    prof.teardown()
+
+
+def test_the_decorator_refuses_a_generator_method_when_the_class_is_made():
+    from memprofiler.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"`@memprofilable` on `.*Gen.steps`, a generator function, would collect nothing"
+    ):
+
+        class Gen(nn.Module):
+            @memprofilable
+            def steps(self):
+                yield 1

@@ -46,7 +46,7 @@ def test_callback_in_trainer_callbacks(tmp_path):
         ({"schedule": {"activ": 2}}, "memprofiler.schedule.activ"),
         ({"schedule": {"active": 0}}, "`memprofiler.schedule.active`: got 0; must be >= 1"),
         ({"rss_peak_method": "x"}, "`memprofiler.rss_peak_method`: got 'x'"),
-        ({"schedule": {"wait": "soon"}}, 'Parser key "memprofiler.schedule.wait"'),
+        ({"schedule": {"wait": "soon"}}, "`memprofiler.schedule.wait`: expected int, got 'soon'"),
     ],
 )
 def test_bad_group_exits_2_naming_the_key_before_training(tmp_path, capsys, group, expected):

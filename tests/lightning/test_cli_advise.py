@@ -105,3 +105,51 @@ def test_bad_options_are_one_line_and_exit_2(capsys, args, message):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert message in err
+
+
+class Configured(Blocks):
+    """Its head is made in ``configure_model``, as Lightning's large-model recipe has it."""
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "head"):
+            self.head = nn.Linear(D, 1024)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(super().forward(x))
+
+
+def test_configure_model_is_run_on_each_copy(capsys):
+    from memprofiler.estimate import EstimatePlan, estimate_plan
+    from memprofiler.lightning.estimate import _configure_model
+
+    # GIVEN a model whose configure_model adds a layer
+    with torch.device("meta"):
+        model = Configured()
+    x = (torch.randn(8, T, D),)
+    by_hand = estimate_plan(
+        model,
+        x,
+        EstimatePlan(
+            optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+            loss_fn=lambda m, b: m.training_step(b, 0),
+            parallelize=_configure_model,
+        ),
+    )
+    # WHEN advise runs from the config
+    MemProfilerCLI(
+        Configured,
+        args=[
+            "advise",
+            "--trainer.accelerator",
+            "cpu",
+            "--advise.budget",
+            "1GiB",
+            "--advise.candidates",
+            '["bf16-mixed"]',
+        ],
+        save_config_callback=None,
+    )
+    out = capsys.readouterr().out
+    # THEN the plan as given is the estimate with that layer made
+    row = next(line for line in out.splitlines() if line.startswith("│ the plan as given"))
+    assert f"{by_hand.reserved_peak_bytes / 2**20:.2f} MiB" in row

@@ -151,3 +151,53 @@ def test_a_precision_typo_lists_the_allowed_values(tmp_path, capsys):
         "transformer-engine-float16, 16-true, 16-mixed, bf16-true, bf16-mixed, 32-true, 64-true, bf16, "
         "null; did you mean 'bf16-mixed'?"
     )
+
+
+def _only_line(capsys, args: list[str], model: type | None = DemoGPT) -> str:
+    """Run the CLI: exit code 2 and one line on stderr, no usage or tip before it."""
+    with pytest.raises(SystemExit) as info:
+        if model is None:  # as `python -m memprofiler.lightning`: the model from its class_path
+            MemProfilerCLI(trainer_defaults={"accelerator": "cpu"}, args=args)
+        else:
+            MemProfilerCLI(model, trainer_defaults={"accelerator": "cpu"}, args=args)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage:" not in err and "tip:" not in err and "Traceback" not in err, err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(err.strip().splitlines()) <= 3, err  # at most Lightning's seed lines besides
+    return line.removeprefix("error: ")
+
+
+def test_a_misspelt_model_class_path_is_one_line_without_the_usage(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    line = _only_line(capsys, ["fit", "--model.class_path=demo.DemoGTP"], model=None)
+    assert line == (
+        "`model.class_path`: cannot use 'demo.DemoGTP' (module 'demo' has no attribute 'DemoGTP'); "
+        "give the full import path of the class, e.g. `mypackage.models.MyModel`"
+    )
+
+
+def test_an_unknown_gpu_for_the_estimate_is_one_line_without_the_usage(capsys):
+    line = _only_line(capsys, ["estimate", "--estimate.gpu=H900"])
+    assert line.startswith("`gpu`: got 'H900'; use one of V100")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["fit", "--memprofiler.schedule.warmup=one"],
+            "`memprofiler.schedule.warmup`: expected int, got 'one'",
+        ),
+        (["fit", "--trainer.max_epochs=x"], "`trainer.max_epochs`: got 'x'; expected int or null"),
+        (["fit", "--nonsense"], "unrecognized arguments: --nonsense"),
+    ],
+)
+def test_a_wrong_type_is_one_line_without_the_usage(capsys, args, expected):
+    assert _only_line(capsys, args) == expected
+
+
+def test_a_wrong_type_in_the_group_of_a_config_file_is_one_line(tmp_path, capsys):
+    config = _config(tmp_path, {"memprofiler": {"schedule": {"warmup": "one"}}})
+    line = _only_line(capsys, ["fit", "--config", str(config)])
+    assert "memprofiler.schedule.warmup" in line and "'one'" in line

@@ -164,6 +164,39 @@ def test_overwrite_never_rewrites_a_run_whose_traces_are_named_otherwise(tmp_pat
     assert len(ids) == 2 and None not in ids
 
 
+def test_overwrite_never_rewrites_the_run_files_of_another_run_name(tmp_path):
+    # GIVEN a first run whose traces carry `{run_name}` ("a") in dirpath
+    names = {"filename": "{run_name}_{stage}_rank_{rank}.{cycle}.pt.trace.json", "overwrite": True}
+    _trainer(
+        tmp_path,
+        ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files={**names, "run_name": "a"}),
+        steps=3,
+    ).fit(TinyModel())
+    timeline = (tmp_path / "step_timeline_rank_0.json").read_bytes()
+    summary = (tmp_path / "fit_rank_0_summary.txt").read_bytes()
+    # WHEN a second run with another run name ("b") starts there with overwrite
+    model = TinyModel()
+    prof = ExtendedPyTorchProfiler(
+        dirpath=tmp_path, schedule_cfg=CYCLE, trace_files={**names, "run_name": "b"}
+    )
+    # THEN it is refused in one line (the template's `{run_name}` matched "a" before, and the
+    # first run's step timeline and summary were rewritten)
+    with pytest.raises(
+        ConfigError, match=r"traces are named otherwise \('a_fit_rank_0.1.pt.trace.json'\).*own folder"
+    ):
+        _trainer(tmp_path, prof, steps=3).fit(model)
+    assert model.calls == 0
+    assert (tmp_path / "step_timeline_rank_0.json").read_bytes() == timeline
+    assert (tmp_path / "fit_rank_0_summary.txt").read_bytes() == summary
+    # AND the same run name again replaces the run as `overwrite` says
+    _trainer(
+        tmp_path,
+        ExtendedPyTorchProfiler(dirpath=tmp_path, schedule_cfg=CYCLE, trace_files={**names, "run_name": "a"}),
+        steps=3,
+    ).fit(model)
+    assert model.calls == 3
+
+
 class _SleepyCallback(pl.Callback):
     """Sleeps a known time at the end of every training batch, and measures how long it slept."""
 

@@ -69,3 +69,36 @@ def test_the_report_opens_on_where_memory_goes_and_each_bar_adds_up_to_the_peak(
     assert lines == 0
     # RSS peaks within 6% of each other are one line of text, not bars that look the same
     assert "1.43 GiB to 1.52 GiB in every call" in text
+
+
+def test_the_report_leads_with_the_cuda_peak_and_shows_the_others_as_views_of_it(tmp_path):
+    # GIVEN the recorded H200 demo run, with its profiler trace (memory categories and allocator curve)
+    run = tmp_path / "run"
+    shutil.copytree(DEMO, run)
+    html = tmp_path / "report.html"
+    assert main(["report", str(run), "-o", str(html)]) == 0
+    # WHEN Chromium opens the report
+    with open_page(html) as view:
+        rows = view.eval(
+            "Array.from(document.querySelectorAll('.mp-views tr')).map((tr) =>"
+            " Array.from(tr.cells).slice(0, 3).map((c) => c.innerText))"
+        )
+        folded = view.eval(
+            "Array.from(document.querySelectorAll('details.mp-view > summary')).map((s) => s.innerText)"
+        )
+        headline = view.page.inner_text("#where + p")
+    assert view.errors == [] and view.offsite == []
+    # THEN one peak leads, the CUDA allocated peak the device enforces
+    assert "113.38 MiB (CUDA allocated peak)" in headline
+    # AND every other figure is a view of it, with its difference: the reserved peak above it,
+    # the categories' GPU timeline 65 MiB below, the allocator curve equal, host figures apart
+    assert rows[1:] == [
+        ["CUDA allocated peak (the lead)", "113.38 MiB", ""],
+        ["CUDA reserved peak", "132.00 MiB", "+18.62 MiB (+16%)"],
+        ["memory-categories peak, rank 0 · cpu", "138.39 KiB", "another device"],
+        ["memory-categories peak, rank 0 · cuda:0", "48.38 MiB", "-65.00 MiB (-57%)"],
+        ["profiler allocator curve, rank 0 · GPU0", "113.38 MiB", "0 B (+0%)"],
+        ["profiler allocator curve, rank 0 · CPU", "8.12 KiB", "another device"],
+    ]
+    # AND their own bars are folded below it
+    assert folded == ["memory-categories peak: its bars", "host RSS peak: its bars"]

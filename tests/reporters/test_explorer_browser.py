@@ -182,9 +182,10 @@ def test_a_window_recording_opens_on_its_call_with_roles_as_categories(tmp_path)
             " top: mpExplorer.treeTop, picker: document.getElementById('mp-call').value})"
         )
     assert view.errors == [] and view.offsite == []
-    # THEN the page selected call 3 and shades its entries (6 to 8 of the recording)
-    assert x["call"] == "train_step:3" and x["range"] == [6, 9] and x["picker"] == "1"
-    assert "call train_step:3: entries 6 - 8" in x["text"]
+    # THEN the page selected call 3 and shades its entries (7 to 9 of the recording: entry 6 is the
+    # snapshot that looked at the ring after call 2)
+    assert x["call"] == "train_step:3" and x["range"] == [7, 10] and x["picker"] == "1"
+    assert "call train_step:3: entries 7 - 9" in x["text"]
     # AND the live tree lists the blocks older than the recording by role, not as no stack
     labels = [label for label, _ in x["top"]]
     assert "parameter" in labels and "(no stack recorded)" not in labels

@@ -17,6 +17,7 @@ from memprofiler.advice.flops import ForwardFlops, recording
 from memprofiler.advice.plan import Plan, default_loss
 from memprofiler.advice.progress import Progress
 from memprofiler.advice.result import Advice
+from memprofiler.errors import ConfigError
 
 
 def advise(
@@ -35,6 +36,10 @@ def advise(
     reserve: int | str = 0,
     candidates: list[str] | None = None,
     set_to_none: bool = True,
+    reshard_after_forward: bool = True,
+    fsdp_mixed_precision: bool = False,
+    offload: bool = False,
+    mesh_shape: tuple[int, int] | None = None,
     steps: int = 2,
     progress: bool | None = None,
 ) -> Advice:
@@ -50,6 +55,10 @@ def advise(
         reserve: bytes kept back for what is not modelled (the CUDA context).
         candidates: the names to try (:data:`memprofiler.advice.candidates.NAMES`); all by default.
         set_to_none: ``False`` when the training loop calls ``zero_grad(set_to_none=False)``.
+        reshard_after_forward: FSDP2's argument for each block (``strategy="fsdp"``).
+        fsdp_mixed_precision: FSDP2 ``MixedPrecisionPolicy`` of bf16 parameters and fp32 reduction.
+        offload: FSDP2 ``CPUOffloadPolicy`` (fake tensors cannot pin memory: it cannot be estimated).
+        mesh_shape: an HSDP mesh ``(replicate, shard)``; None shards over all ranks.
         progress: a status line on stderr while estimating (default: when stderr is a terminal).
 
     Raises:
@@ -66,6 +75,8 @@ def advise(
         True
     """
     cands.check_names(candidates)
+    if offload:
+        raise ConfigError("offload", cands.OFFLOAD + "; advise the plan without it")
     gpu_name = _gpu_key(gpu)
     limit = budgets.parse_budget(budget, gpu_name or "")
     keep = int(budgets.parse_size(str(reserve), "reserve"))
@@ -83,6 +94,10 @@ def advise(
         device_memory=limit,
         steps=steps,
         set_to_none=set_to_none,
+        reshard_after_forward=reshard_after_forward,
+        fsdp_mixed_precision=fsdp_mixed_precision,
+        offload=offload,
+        mesh_shape=mesh_shape,
     )
     return advise_plan(base, limit, keep, candidates, progress)
 

@@ -75,6 +75,11 @@ NAMES = (
     "bf16-mixed",
     "bf16-true",
     "fsdp",
+    "hsdp",
+    "fsdp-mixed-precision",
+    "reshard-after-forward",
+    "larger-shard-group",
+    "cpu-offload",
     "fused-step",
     "for-loop-step",
     "set-to-none",
@@ -86,6 +91,8 @@ NAMES = (
 ADAFACTOR = (
     "torch's Adafactor reads its step count with `.item()` in every step, which fake tensors cannot answer"
 )
+#: Why FSDP2's CPU offload is not tried: it cannot run on fake tensors.
+OFFLOAD = "FSDP2's CPUOffloadPolicy pins host memory (aten._pin_memory), which fake tensors cannot do"
 _CHECKPOINTS = {n for n in NAMES if n.startswith("checkpoint-")}
 
 
@@ -232,29 +239,36 @@ def _precisions(ctx: Context) -> list[Candidate]:
     return out
 
 
+def _one(name: str, kind: str, variant: Variant) -> Candidate:
+    return Candidate(name, kind, (variant,))
+
+
+_FSDP_LINES = ("from torch.distributed.fsdp import fully_shard",)
+
+
 def _sharding(ctx: Context) -> list[Candidate]:
     plan = ctx.plan
-    if plan.strategy != "ddp" or plan.world_size < 2:
-        return []
+    out: list[Candidate] = []
+    n = plan.world_size
+    if plan.strategy == "ddp" and n >= 2:
 
-    def cost(p: Plan) -> Cost:
-        extra = int(ring_share(p.world_size) * param_bytes(ctx, p))
-        base = 2 * ring_share(p.world_size) * param_bytes(ctx, p)
-        return Cost(
-            "FSDP2 all-gathers the parameters in forward and again in backward and reduce-scatters the "
-            "gradients, where DDP all-reduces the gradients",
-            WORK,
-            extra / base if base else 0.0,
-            comm_bytes=extra,
-        )
+        def cost(p: Plan) -> Cost:
+            extra = int(ring_share(p.world_size) * param_bytes(ctx, p))
+            base = 2 * ring_share(p.world_size) * param_bytes(ctx, p)
+            return Cost(
+                "FSDP2 all-gathers the parameters in forward and again in backward and reduce-scatters the "
+                "gradients, where DDP all-reduces the gradients",
+                WORK,
+                extra / base if base else 0.0,
+                comm_bytes=extra,
+            )
 
-    return [
-        Candidate(
-            "fsdp",
-            SHARDING,
-            (
+        out.append(
+            _one(
+                "fsdp",
+                SHARDING,
                 Variant(
-                    f"FSDP2 over {plan.world_size} ranks instead of DDP",
+                    f"FSDP2 over {n} ranks instead of DDP",
                     lambda p: p.with_change("fsdp", strategy="fsdp"),
                     cost,
                     yaml=(
@@ -263,15 +277,100 @@ def _sharding(ctx: Context) -> list[Candidate]:
                         "    class_path: lightning.pytorch.strategies.ModelParallelStrategy",
                         "# and in configure_model: fully_shard(block) for each block, then fully_shard(self)",
                     ),
+                    python=(*_FSDP_LINES, "for block in blocks: fully_shard(block)", "fully_shard(model)"),
+                ),
+            )
+        )
+        if n >= 16 and n % 8 == 0:
+            shape = (n // 8, 8)
+            out.append(
+                _one(
+                    "hsdp",
+                    SHARDING,
+                    Variant(
+                        f"HSDP instead of DDP: sharded within groups of 8 ranks, replicated over {n // 8}",
+                        lambda p: p.with_change("hsdp", strategy="fsdp", mesh_shape=shape),
+                        lambda p: Cost(
+                            "parameters all-gathered within each group of 8 (fast links), gradients reduce-scattered "
+                            "there and all-reduced across groups",
+                            WORK,
+                            0.5,
+                            comm_bytes=int(ring_share(8) * param_bytes(ctx, p)),
+                        ),
+                        python=(
+                            "mesh = init_device_mesh('cuda', "
+                            + repr(shape)
+                            + ", mesh_dim_names=('replicate', 'shard'))",
+                            *_FSDP_LINES,
+                            "for block in blocks: fully_shard(block, mesh=mesh)",
+                            "fully_shard(model, mesh=mesh)",
+                        ),
+                    ),
+                )
+            )
+    if plan.strategy != "fsdp" or n < 2 or plan.parallelize is not None:  # its own sharding decides
+        return out
+    if not plan.fsdp_mixed_precision and plan.precision in ("32-true", "32"):
+        out.append(
+            _one(
+                "fsdp-mixed-precision",
+                PRECISION,
+                Variant(
+                    "FSDP2 MixedPrecisionPolicy: bf16 parameters in forward and backward, fp32 gradient reduction",
+                    lambda p: p.with_change("fsdp-mixed-precision", fsdp_mixed_precision=True),
+                    lambda p: Cost(
+                        "bf16 compute on the gathered parameters; all-gathers send half the bytes",
+                        THROUGHPUT,
+                        comm_bytes=-int(ring_share(p.world_size) * param_bytes(ctx, p)),
+                    ),
                     python=(
-                        "from torch.distributed.fsdp import fully_shard",
-                        "for block in blocks: fully_shard(block)",
-                        "fully_shard(model)",
+                        "from torch.distributed.fsdp import MixedPrecisionPolicy",
+                        "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+                        "fully_shard(block, mp_policy=mp)  # for each block, then the root",
                     ),
                 ),
-            ),
+            )
         )
-    ]
+    if not plan.reshard_after_forward:
+        out.append(
+            _one(
+                "reshard-after-forward",
+                SHARDING,
+                Variant(
+                    "reshard_after_forward=True: each block's gathered parameters freed after its forward",
+                    lambda p: p.with_change("reshard-after-forward", reshard_after_forward=True),
+                    lambda p: Cost(
+                        "each block's parameters all-gathered again in backward",
+                        WORK,
+                        0.5,
+                        comm_bytes=int(ring_share(p.world_size) * param_bytes(ctx, p)),
+                    ),
+                    python=("fully_shard(block, reshard_after_forward=True)",),
+                ),
+            )
+        )
+    if plan.mesh_shape is not None and plan.mesh_shape[0] >= 2:
+        r, g = plan.mesh_shape
+        bigger = (r // 2, g * 2)
+        out.append(
+            _one(
+                "larger-shard-group",
+                SHARDING,
+                Variant(
+                    f"shard over groups of {g * 2} ranks instead of {g} (mesh {bigger})",
+                    lambda p: p.with_change("larger-shard-group", mesh_shape=bigger),
+                    lambda p: Cost(
+                        f"all-gathers and reduce-scatters span {g * 2} ranks (beyond one node's links when over 8)",
+                        WORK,
+                        0.3,
+                    ),
+                    python=(
+                        f"mesh = init_device_mesh('cuda', {bigger!r}, mesh_dim_names=('replicate', 'shard'))",
+                    ),
+                ),
+            )
+        )
+    return out
 
 
 def _with_spec(
@@ -440,6 +539,8 @@ def candidates(ctx: Context, names: list[str] | None = None) -> tuple[list[Candi
     found += _precisions(ctx) + _sharding(ctx) + _optimizers(ctx) + _batch(ctx)
     if "adafactor" in wanted:
         skipped["adafactor"] = ADAFACTOR
+    if "cpu-offload" in wanted:
+        skipped["cpu-offload"] = OFFLOAD
     kept = [c for c in found if c.name in wanted]
     have = {c.name for c in kept}
     for n in wanted:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memprofiler.units import format_bytes
+
 #: Cost tiers, cheapest first: what a user gives up.
 FREE, THROUGHPUT, WORK, TRAINING = 0, 1, 2, 3
 TIER_WORDS = {
@@ -40,8 +42,10 @@ class Cost:
         parts = []
         if self.recompute_flops:
             parts.append(f"{flops(self.recompute_flops)} recomputed ({self.recompute_share:.0%} of the step)")
-        if self.comm_bytes:
-            parts.append(f"+{self.comm_bytes / 1e9:,.3g} GB sent per rank per step")
+        if self.comm_bytes > 0:
+            parts.append(f"+{format_bytes(self.comm_bytes)} sent per rank per step")
+        elif self.comm_bytes < 0:
+            parts.append(f"{format_bytes(-self.comm_bytes)} less sent per rank per step")
         if self.effective_batch is not None:
             parts.append(f"effective batch {self.effective_batch:,}")
         return "; ".join(parts)

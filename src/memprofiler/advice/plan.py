@@ -15,7 +15,7 @@ from torch import nn
 from memprofiler.advice import checkpointing
 from memprofiler.advice.optimizers import OptimizerSpec
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import MemoryEstimate, estimate_memory
+from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_memory, estimate_plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -52,6 +52,19 @@ class Plan:
     """An optimizer that replaces :attr:`optimizer` (another class or ``foreach`` / ``fused``)."""
     set_to_none: bool = True
     """``zero_grad(set_to_none=...)``: ``False`` keeps zeroed gradients between steps."""
+    reshard_after_forward: bool = True
+    """FSDP2 frees each block's gathered parameters after its forward (and gathers them again in backward)."""
+    fsdp_mixed_precision: bool = False
+    """FSDP2 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` on every sharded module."""
+    offload: bool = False
+    """FSDP2 ``CPUOffloadPolicy``: parameters, gradients and optimizer state kept on the host."""
+    mesh_shape: tuple[int, ...] | None = None
+    """``(replicate, shard)``: HSDP, sharded within groups of ``shard`` ranks; None: one shard group."""
+    parallelize: Callable[[nn.Module, Any], None] | None = None
+    """The model's own preparation on the meta copy (a LightningModule's ``configure_model``),
+    given the fake device mesh; it decides the sharding, so the FSDP2 options above are not used."""
+    mesh_shape_of_parallelize: tuple[tuple[int, ...], tuple[str, ...]] | None = None
+    """The mesh ``parallelize`` gets: its shape and dimension names (None: ``(world_size,)``)."""
     micro_batch: int | None = None
     """Rows per micro-batch; ``None`` keeps the batch as given."""
     accumulation: int = 1
@@ -174,12 +187,82 @@ def build_batch(plan: Plan) -> Any:
     return plan.batch if plan.micro_batch is None else micro_batch(plan.batch, plan.micro_batch)
 
 
+def sharded_as_planned(plan: Plan) -> bool:
+    """Whether FSDP2 is applied as the plan says rather than by the estimate's default sharding."""
+    return plan.strategy == "fsdp" and (
+        not plan.reshard_after_forward
+        or plan.fsdp_mixed_precision
+        or plan.offload
+        or plan.mesh_shape is not None
+    )
+
+
+def _fully_shard(plan: Plan, model: nn.Module, mesh: Any) -> None:
+    """FSDP2 as a training script applies it: every block, then the root, with the plan's policies."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {}
+    if plan.fsdp_mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if plan.offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for _, container, index in checkpointing.blocks(model):
+        fully_shard(
+            list(container.children())[index],
+            mesh=mesh,
+            reshard_after_forward=plan.reshard_after_forward,
+            **kwargs,
+        )
+    fully_shard(model, mesh=mesh, **kwargs)
+
+
 def estimate(plan: Plan) -> MemoryEstimate:
     """Estimate the plan's step through the estimate's public entry, with every change applied."""
     optimizer = build_optimizer(plan)
     runs = min(plan.accumulation, ACCUMULATION_RUN)
     if runs > 1:
         optimizer = functools.partial(_accumulating, optimizer, runs)
+    if plan.parallelize is not None:
+        shape, names = plan.mesh_shape_of_parallelize or (None, None)
+        return estimate_plan(
+            build_model(plan),
+            build_batch(plan),
+            EstimatePlan(
+                optimizer=optimizer,
+                loss_fn=plan.loss_fn,
+                strategy=plan.strategy,
+                world_size=plan.world_size,
+                precision=plan.precision,
+                device=plan.device,
+                steps=plan.steps * runs,
+                gpu=plan.gpu,
+                torch_version=plan.torch_version,
+                device_memory=plan.device_memory,
+                parallelize=plan.parallelize,
+                mesh_shape=shape,
+                mesh_dim_names=names,
+            ),
+        )
+    if sharded_as_planned(plan):
+        return estimate_plan(
+            build_model(plan),
+            build_batch(plan),
+            EstimatePlan(
+                optimizer=optimizer,
+                loss_fn=plan.loss_fn,
+                strategy=plan.strategy,
+                world_size=plan.world_size,
+                precision=plan.precision,
+                device=plan.device,
+                steps=plan.steps * runs,
+                gpu=plan.gpu,
+                torch_version=plan.torch_version,
+                device_memory=plan.device_memory,
+                parallelize=functools.partial(_fully_shard, plan),
+                mesh_shape=plan.mesh_shape,
+                mesh_dim_names=("replicate", "shard") if plan.mesh_shape is not None else None,
+            ),
+        )
     return estimate_memory(
         build_model(plan),
         build_batch(plan),

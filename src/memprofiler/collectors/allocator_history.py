@@ -20,9 +20,11 @@ Nothing is lost: the recording is also written when a collected call raises, at 
 with a window still open (training ended inside it), when training ends in an exception (the OOM recorder writes its own pickle at the OOM itself), and at the
 profiler's flushes once ``flush_interval_s`` has passed since the last write, so a process
 killed later keeps the history up to then. Before the ring can wrap past a part's first call,
-the part is written and the next calls go to part ``n + 1``: two calls into a part the ring is
+the part is written and the next calls go to part ``n + 1``: one call into a part the ring is
 looked at (one snapshot) to learn the entries per call, and again before the part can fill
-80% of it at that rate.
+half of it at that rate; a look that finds it half full or more starts the next part. A call
+that records more entries than half the ring may still lose its start to the next one, and
+one larger than the ring always does: ``allocator_history.max_entries`` must hold it.
 
 Cost per collected call: two annotations (about 25 us on CPU together), instead of a
 snapshot copy and pickle of the whole ring at its start and end.
@@ -47,12 +49,15 @@ from memprofiler.output.writers import write_json, write_pickle
 
 #: Prefix of this collector's holders in :class:`HistoryRecording`, one per open window.
 WINDOW_HOLDER = "window:"
-#: Format version of the window index file.
-INDEX_VERSION = 1
-#: The first look at the ring in a part, after this many calls: it measures entries per call.
-FIRST_PROBE = 2
-#: Fraction of the ring a part may fill before the next part starts.
-ROLL_AT = 0.8
+#: Format version of the window index file (2: ``run_id`` and ``digest`` tie it to its recording).
+INDEX_VERSION = 2
+#: The first look at the ring in a part, after this many calls: it measures entries per call
+#: (after the first, so that a call filling half the ring is a part of its own before the
+#: second can wrap the ring past it).
+FIRST_PROBE = 1
+#: Fraction of the ring a part may fill before the next part starts: at half, any call no
+#: larger than half the ring that follows a look at the ring below it stays whole.
+ROLL_AT = 0.5
 
 
 def trace_entries(snapshot: Mapping[str, Any]) -> int:
@@ -87,6 +92,7 @@ class AllocatorHistoryCollector(BaseCollector):
         self._options = options
         self._save_dir: Path | None = None
         self._rank = 0
+        self._view: ProfilerView | None = None
         self._module: nn.Module | None = None
         self._ctx_module: nn.Module | None = None
         self._optimizers: Sequence[torch.optim.Optimizer] = ()
@@ -106,6 +112,7 @@ class AllocatorHistoryCollector(BaseCollector):
         """Learn where to write; called once by the profiler at set-up."""
         self._save_dir = view.save_dir
         self._rank = view.rank
+        self._view = view
 
     def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
         """The model and optimizers whose blocks are named at each window's start."""
@@ -217,8 +224,10 @@ class AllocatorHistoryCollector(BaseCollector):
             "rank": self._rank,
             "window": self._part,
             "pickle": pickle_name,
+            "run_id": getattr(self._view, "run_id", None),
             "ring_entries": self._recording.ring_entries,
             "trace_entries": entries,
+            "digest": layout.recording_digest(snap),
             "calls": [dict(c) for c in self._calls],
             "roles": self._roles,
         }

@@ -93,15 +93,37 @@ class ReportCommand:
             out = Path(args.output) if args.output else report_root(args.run_dir, run) / "report.html"
             try:
                 reporter = HtmlReporter(
-                    model, top=args.top, extra=_sections(views, args.top), categories=_timelines(views)
+                    model,
+                    top=args.top,
+                    extra=_sections(views, args.top),
+                    categories=_timelines(views),
+                    allocator=_allocator_peaks(views),
                 )
                 write_text(out, reporter.render())
                 for rel, page in explorer_pages(model, args.top):  # linked from the report
-                    write_text(out.parent / rel, page)
+                    write_text(_inside(out.parent, rel), page)
             except OSError as err:
                 raise ArtifactError(f"{out}: cannot write the report ({err.strerror or err})") from None
             console.print(f"HTML report: {out}", markup=False, highlight=False)
         return 0
+
+
+def _inside(folder: Path, rel: str) -> Path:
+    """``folder / rel``, refused when it resolves outside ``folder`` (a symlinked page folder
+    would take the pages out of the run directory or the ``-o`` target's folder).
+
+    Raises:
+        ArtifactError: one line naming the path, where it leads and the fix.
+    """
+    path = folder / rel
+    root, resolved = folder.resolve(), path.resolve()
+    if root not in resolved.parents:
+        link = next((q for q in [path, *path.parents] if q.is_symlink()), path)
+        raise ArtifactError(
+            f"{path}: resolves to {resolved}, outside {root} ({link} is a link); the report writes only "
+            f"inside its folder: remove the link, or pass -o to write the report elsewhere"
+        )
+    return path
 
 
 def _views(
@@ -140,6 +162,23 @@ def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]
         )
         for n, tv in enumerate(views.traces)
         for tl in tv.categories
+    ]
+
+
+def _allocator_peaks(views: ProfilerViews | None) -> list[tuple[str, int]]:
+    """Each trace device's allocator-curve peak, labelled as :func:`_timelines` labels them."""
+    if views is None:
+        return []
+    several = len(views.traces) > 1
+    return [
+        (
+            ("" if tv.rank is None else f"rank {tv.rank} · ")
+            + (f"trace {n + 1} · " if several else "")
+            + dv.memory.device,
+            dv.memory.peak_allocated,
+        )
+        for n, tv in enumerate(views.traces)
+        for dv in tv.devices
     ]
 
 

@@ -5,6 +5,7 @@ writes the allocation explorer (one offline page)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,10 @@ class SnapshotCommand:
         from memprofiler.analysis.snapshot.calls import (
             call_ranges,
             call_view,
+            checked_index,
             entry_range,
             find_call,
             parse_call,
-            read_index,
         )
         from memprofiler.analysis.snapshot.roles import role_index
         from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
@@ -59,7 +60,9 @@ class SnapshotCommand:
         with named_as_given():
             local = localize(args.file)
             snapshot = load_snapshot(local)
-        index = read_index(local)
+        index, note = checked_index(local, snapshot)
+        if note is not None:
+            print(f"memprofiler {self.name}: warning: {note}", file=sys.stderr)
         roles = role_index(index)
         ranges = call_ranges(snapshot, index)
         console = make_console()

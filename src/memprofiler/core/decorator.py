@@ -9,6 +9,7 @@ is refused at once rather than collecting nothing; profile its calls with
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -62,7 +63,26 @@ def memprofilable(fn: F) -> F:
         ...     def training_step(self, batch, batch_idx): ...
     """
     _refuse_plain_function(fn)
+    if (kind := deferred_kind(fn)) is not None:
+        raise ConfigError(
+            "",
+            f"`@memprofilable` on `{fn.__qualname__}`, {kind}, would collect nothing of its body: a call "
+            "returns at once and the body runs later, while it is iterated or awaited. Decorate the "
+            "method that iterates or awaits it, or wrap the body in `with prof.profile(...)`",
+        )
     return collecting(fn, fn.__name__)
+
+
+def deferred_kind(fn: Callable[..., Any]) -> str | None:
+    """``"a generator function"`` (or coroutine, async generator) when calling ``fn`` only
+    makes an object whose body runs later; ``None`` for a plain function."""
+    if inspect.isasyncgenfunction(fn):
+        return "an async generator function"
+    if inspect.iscoroutinefunction(fn):
+        return "an `async def` coroutine function"
+    if inspect.isgeneratorfunction(fn):
+        return "a generator function"
+    return None
 
 
 def collecting(fn: F, name: str) -> F:

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memprofiler.core.decorator import collecting
+from memprofiler.core.decorator import collecting, deferred_kind
 
 _ABSENT = object()
 
@@ -125,6 +125,12 @@ def _wrap_one(name: str, owners: Sequence[Owner], done: WrappedMethods) -> str |
         return (
             f"which on {owner.label()} is a {type(found).__name__}, not a plain method; "
             "nothing collects it (name a method defined with `def` in the class)"
+        )
+    if (kind := deferred_kind(found)) is not None:
+        return (
+            f"which on {owner.label()} is {kind}: a call returns at once and its body runs later, "
+            "so only making the object would be collected; it is not collected (name the method "
+            "that iterates or awaits it, or profile its body with `profiler.profile(...)`)"
         )
     cls = type(owner.obj)
     patch = _Patch(cls, name, cls.__dict__.get(name, _ABSENT), collecting(found, name))

@@ -8,6 +8,8 @@ from typing import Any
 from torch import nn
 
 from memprofiler.estimate import engine
+from memprofiler.estimate.batch_search import BatchSearch, search
+from memprofiler.estimate.cuda.devices import CUDA_CONTEXT
 from memprofiler.estimate.plan import EstimatePlan
 from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
@@ -123,3 +125,34 @@ def estimate_memory(
         device_memory=device_memory,
     )
     return engine.estimate(model, batch, plan)
+
+
+def largest_batch(
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    *,
+    device_memory: int,
+    reserve: int = CUDA_CONTEXT,
+    **options: Any,
+) -> BatchSearch:
+    """The largest batch that fits ``device_memory``, from Python: a few estimates, not a doubling.
+
+    Args:
+        model: the module (ideally on the meta device).
+        make_batch: ``make_batch(rows) -> batch``.
+        device_memory: bytes of one device (:data:`memprofiler.estimate.cuda.devices.MEMORY`).
+        reserve: bytes kept back; by default the CUDA context.
+        options: the other keywords of :func:`estimate_memory` (``optimizer`` included).
+
+    Example:
+        >>> found = largest_batch(model, lambda n: torch.randint(0, 32000, (n, 4096)),  # doctest: +SKIP
+        ...     device_memory=80 * 2**30, optimizer=lambda ps: torch.optim.AdamW(ps), strategy="fsdp")
+        >>> found.largest, found.estimate.peak_bytes  # doctest: +SKIP
+    """
+
+    def one(rows: int) -> MemoryEstimate:
+        est = estimate_memory(model, make_batch(rows), device_memory=device_memory, **options)
+        est.batch_size = rows
+        return est
+
+    return search(one, device_memory, reserve)

@@ -44,7 +44,7 @@ from memprofiler.estimate.plan import EstimatePlan, LossFn, OptimizerFn
 from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
-from memprofiler.estimate.tracker import Ledger, new_tracker
+from memprofiler.estimate.tracker import CAST_CACHE, Ledger, new_tracker
 from memprofiler.tracker_hooks import gradient_free_module_hooks
 
 __all__ = ["LossFn", "OptimizerFn", "as_loss", "default_loss", "describe", "estimate", "meta_copy"]
@@ -223,6 +223,14 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     models = [user_model, model]
     extra = device.margins(models, peak, plan.strategy, plan.world_size) if device is not None else []
     notes += [m.line() for m in extra]
+    cast = led.peak_by_category.get(CAST_CACHE, 0)
+    if cast:
+        notes.append(
+            f"autocast's copies of the weights in {plan.precision.split('-')[0]} (its cast cache, kept from a weight's "
+            f"first use to the end of forward and saved for backward) are {cast:,} B of the peak, counted as "
+            f"`{CAST_CACHE}`, not activations; FSDP2's mixed precision (MixedPrecisionPolicy(param_dtype=...)) "
+            "gathers the weights in that dtype instead and keeps no such copy"
+        )
     return MemoryEstimate(
         peak_bytes=peak,
         tensor_peak_bytes=led.peak - led.peak_held,
@@ -231,6 +239,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         resident=resident,
         saved_bytes=saved.unique_bytes,
         peak_module=led.peak_module,
+        peak_op=led.peak_op,
         peak_phase=led.peak_phase,
         peak_step=peak_step,
         strategy=plan.strategy,
@@ -309,11 +318,19 @@ def _one_step(
     tracker.phase = "forward"
     with ModuleStack(model) as stack, quiet_meta_failures():
         try:
-            with saved, strategies.autocast(precision, where):
-                loss = loss_fn(model, batch)
+            tracker.autocast_dtype = strategies.PRECISIONS[precision][0]
+            try:
+                with saved, strategies.autocast(precision, where):
+                    loss = loss_fn(model, batch)
+            finally:
+                tracker.autocast_dtype = None
             with routing_hooks(tracker, loss):
                 loss.backward()
-            opt.step()
+            tracker.optimizer = opt
+            try:
+                opt.step()
+            finally:
+                tracker.optimizer = None
         except fake_errors() as err:
             raise fake_failure(err, stack.innermost()) from None
         except (RuntimeError, IndexError) as err:

@@ -44,6 +44,8 @@ class MemoryEstimate:
     """Bytes saved for backward in one step (the definition of ``saved_tensors.unique_bytes``)."""
     peak_module: str = ""
     """Innermost module running when the peak was reached."""
+    peak_op: str = ""
+    """The op that allocated the byte that made the peak (``aten.mm``, ``aten._log_softmax``)."""
     peak_phase: str = ""
     """``forward``, ``backward`` or ``optimizer``."""
     peak_step: int = 0
@@ -69,6 +71,20 @@ class MemoryEstimate:
     """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
     added to the "fits" decision."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
+
+    @property
+    def peak_at(self) -> str:
+        """Where the peak happened: the module, and the op that made it; the op alone outside
+        every submodule (``aten.nll_loss_forward in the model's own forward``)."""
+        op = self.peak_op
+        where = {
+            "(root)": "the model's own forward",
+            "(outside forward)": "no module",
+            "(none)": "no module",
+        }.get(self.peak_module)
+        if where is None:
+            return f"{self.peak_module}: {op}" if op else self.peak_module
+        return f"{op} in {where}" if op else self.peak_module
 
     def fits(self, device_memory: int, reserve: int = 0) -> bool:
         """Whether the modelled reserved peak plus ``reserve`` fits in ``device_memory`` bytes."""

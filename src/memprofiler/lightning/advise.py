@@ -4,8 +4,8 @@
 
     python train.py advise --config fit.yaml --advise.budget 80GiB --advise.world_size 8
 
-The model, data, ``trainer.strategy`` / ``trainer.precision`` and ``configure_optimizers`` are
-read as the ``estimate`` subcommand reads them; every candidate change is estimated on a copy
+The model, data, ``trainer.strategy`` / ``trainer.precision``, ``configure_model`` and
+``configure_optimizers`` are read as the ``estimate`` subcommand reads them; every candidate change is estimated on a copy
 (see :func:`memprofiler.advise`) and the answer is printed as the YAML keys to change.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning.pytorch import LightningModule
 from torch import nn
 
 from memprofiler.advice.api import advise_plan
@@ -74,12 +73,6 @@ def run_advise(cli: Any) -> None:
     strategy = est._strategy(trainer_cfg, opts.world_size)
     precision = est._precision(trainer_cfg)
     model, data = cli.model, cli.datamodule
-    if type(model).configure_model is not LightningModule.configure_model:
-        raise ConfigError(
-            "model.configure_model",
-            f"{type(model).__name__} overrides configure_model, which advise does not run yet; use "
-            "`memprofiler.advise` from Python with the model as configure_model leaves it",
-        )
     spec = inspect_factory(lambda params: est._optimizer_of(model))
     if spec is None:
         raise ConfigError("model.configure_optimizers", "advise needs it to return a torch.optim.Optimizer")
@@ -96,6 +89,10 @@ def run_advise(cli: Any) -> None:
         torch_version=opts.torch_version,
         device_memory=budget,
         steps=opts.steps,
+        parallelize=est._configure_model,
+        mesh_shape_of_parallelize=(
+            ((opts.world_size, 1), ("data_parallel", "tensor_parallel")) if strategy == "fsdp" else None
+        ),
     )
     advice = advise_plan(plan, budget, reserve, opts.candidates)
     print(render(advice, yaml=True))

@@ -60,6 +60,62 @@ def fts_block_message(message: str) -> str | None:
     )
 
 
+_CLASS_PATH = re.compile(
+    r"Problem with given class_path '([^']*)':\s*(.*?)\s*(?:\n\s*- |\n\s*Given value|$)", re.S
+)
+_EXPECTED = re.compile(r"Expected a <class '([\w.]+)'>\.? Got value: (.*)")
+
+
+def class_path_message(message: str) -> str | None:
+    """A ``class_path`` that cannot be imported (a misspelt ``model.class_path``): the key, the
+    path and why, in one line."""
+    match = _CLASS_PATH.search(message)
+    if match is None:
+        return None
+    key = _PARSER_KEY.search(message)
+    where = f"`{key.group(1)}.class_path`" if key else "`class_path`"
+    why = " ".join(match.group(2).split())
+    return (
+        f"{where}: cannot use {match.group(1)!r} ({why}); give the full import path of the class, "
+        "e.g. `mypackage.models.MyModel`"
+    )
+
+
+def wrong_type_message(message: str) -> str | None:
+    """``Parser key "k": Expected a <class 'int'>. Got value: one``: the key, the type and the value."""
+    key, match = _PARSER_KEY.search(message), _EXPECTED.search(message)
+    if key is None or match is None:
+        return None
+    return f"`{key.group(1)}`: expected {match.group(1)}, got {match.group(2).strip()!r}"
+
+
+_CLASS_NAME = re.compile(r"<class '([\w.]+)'>")
+
+
+def union_type_message(message: str) -> str | None:
+    """``Parser key "k": Does not validate ...`` over plain types (``int | None``): the key,
+    the value and the types allowed, in one line."""
+    key, subtypes, given = (p.search(message) for p in (_PARSER_KEY, _SUBTYPES, _GIVEN))
+    if key is None or subtypes is None or given is None:
+        return None
+    names = _CLASS_NAME.findall(subtypes.group(1))
+    if not names or _CLASS_NAME.sub("", subtypes.group(1)).strip(" ,"):
+        return None  # literals, generics: left to the other rewrites or the joined text
+    allowed = ["null" if n == "NoneType" else n.rsplit(".", 1)[-1] for n in names]
+    return f"`{key.group(1)}`: got {given.group(1).strip()!r}; expected {' or '.join(allowed)}"
+
+
+def one_line(message: str) -> str:
+    """Any other message of the parser as one line (its lines joined)."""
+    return " ".join(message.split())
+
+
 def better_message(message: str) -> str | None:
     """The first of the rewrites above that applies, or ``None``."""
-    return fts_block_message(message) or literal_choice_message(message)
+    return (
+        fts_block_message(message)
+        or literal_choice_message(message)
+        or class_path_message(message)
+        or union_type_message(message)
+        or wrong_type_message(message)
+    )

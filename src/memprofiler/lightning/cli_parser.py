@@ -71,10 +71,9 @@ class MemProfilerArgumentParser(LightningArgumentParser):
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        # Every error is one line and exit code 2: never the usage (over 100 lines) before it.
         better = rewrite_message(message, ex)
-        if better is None:
-            super().error(message, ex)
-        self.fail(better)
+        self.fail(better if better is not None else cli_messages.one_line(message))
 
     def fail(self, message: str) -> NoReturn:
         """Print ``error: message`` as one line and exit with code 2 (or raise, as configured)."""

@@ -93,10 +93,23 @@ class TraceCycle:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-def template_regex(template: str) -> re.Pattern[str]:
-    """A regex matching any name ``template`` can produce (each field matches ``.+?``)."""
-    parts = re.split(r"\{[^{}]*\}", template.replace("{{", "\0").replace("}}", "\1"))
-    body = ".+?".join(re.escape(p.replace("\0", "{").replace("\1", "}")) for p in parts)
+def template_regex(template: str, known: Mapping[str, Any] | None = None) -> re.Pattern[str]:
+    """A regex matching any name ``template`` can produce: each field matches ``.+?``, or,
+    when ``known`` gives its value, that value alone."""
+    pieces = re.split(r"(\{[^{}]*\})", template.replace("{{", "\0").replace("}}", "\1"))
+    body = ""
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:
+            body += re.escape(piece.replace("\0", "{").replace("\1", "}"))
+            continue
+        name = piece[1:-1].split(":", 1)[0].split("!", 1)[0]
+        if known is not None and name in known:
+            try:
+                body += re.escape(piece.format(**{name: known[name]}))
+                continue
+            except (ValueError, KeyError, IndexError):
+                pass
+        body += ".+?"
     return re.compile(f"^{body}$")
 
 
@@ -333,7 +346,10 @@ class TraceFiles:
                 f"{taken[0]} is from an earlier run; set `trace_files.overwrite: true` or choose "
                 "another `trace_files.folder` or `dirpath`",
             )
-        others = sorted(n for n in names if _TRACE_NAME.search(n) and not pattern.match(n))
+        # This run replaces only traces named as its own (its run name, rank... filled in): an
+        # earlier run's traces under another `{run_name}` stay, so its run files must too.
+        mine = template_regex(self.config.trace_filename, self.run_fields)
+        others = sorted(n for n in names if _TRACE_NAME.search(n) and not mine.match(n))
         if others:
             raise ConfigError(
                 "trace_files.overwrite",

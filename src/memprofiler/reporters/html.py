@@ -97,6 +97,7 @@ class HtmlReporter:
         top: int = 10,
         extra: str = "",
         categories: Sequence[tuple[str, CategoryTimeline]] = (),
+        allocator: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.model = model
         self.top = top
@@ -105,12 +106,14 @@ class HtmlReporter:
         self.categories = categories
         """``(label, timeline)`` of the profiler's memory-categories timelines: a bar each in
         "where memory goes"."""
+        self.allocator = allocator
+        """``(label, peak bytes)`` of each profiler trace's allocator curve: a view of the peak."""
 
     def render(self) -> str:
         run = self.model.run
         sections = [
             self._header(),
-            where_html(self.model, self.categories),
+            where_html(self.model, self.categories, self.allocator),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),
@@ -133,6 +136,7 @@ class HtmlReporter:
         if manifest.get("status") is not None:
             bits.append(f"status {escape(str(manifest['status']))}")
         out = [f"<h1>memprofiler report</h1><p class='muted'>{' &middot; '.join(bits)}</p>"]
+        out += [f"<p class='oom'>warning: {escape(w)}</p>" for w in run.warnings]
         out += self._oom_lines()
         out += [f"<p class='oom'>note: {escape(n)}</p>" for n in run.notes]
         out += [f"<p class='oom'>warning: {escape(c.line())}</p>" for c in run.cuts]

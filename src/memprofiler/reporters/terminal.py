@@ -47,6 +47,8 @@ class TerminalReporter:
 
     def render(self, console: Console) -> None:
         run = self.model.run
+        for line in run.warnings:  # first: a run that ended without finishing, files that disagree
+            console.print(f"[yellow]warning:[/yellow] {escape(line)}")
         console.print(
             f"[bold]memprofiler run[/bold] {escape(str(run.root))}  ranks: {', '.join(map(str, run.ranks)) or '-'}"
         )

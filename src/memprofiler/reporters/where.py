@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from html import escape
+from typing import Any
 
 from memprofiler.analysis.traces.memory_categories import CategoryTimeline
+from memprofiler.reporters.model.call_table import NA, CallRow
 from memprofiler.reporters.model.memory_split import (
     CATEGORIES_PEAK,
     COLOURS,
@@ -18,6 +20,8 @@ from memprofiler.reporters.model.memory_split import (
     TRACKER_PEAK,
     CallSplit,
     category_split,
+    device_split,
+    split_call,
     splits,
     top_calls,
     top_with_other,
@@ -26,7 +30,7 @@ from memprofiler.reporters.model.module_groups import SavedRollup, has_blocks, t
 from memprofiler.reporters.model.report import ReportModel
 from memprofiler.reporters.parts import svg
 from memprofiler.reporters.parts.assets import asset
-from memprofiler.reporters.parts.cells import b, bytes_cell, table
+from memprofiler.reporters.parts.cells import Cell, b, bytes_cell, table
 from memprofiler.units import format_bytes
 
 #: Bars drawn at most; a longer run shows its calls with the highest peaks.
@@ -41,24 +45,124 @@ CSS = asset("where.css")
 _KINDS = (CUDA_PEAK, TRACKER_PEAK, CATEGORIES_PEAK, RSS_PEAK)
 
 
-def where_html(model: ReportModel, categories: Sequence[tuple[str, CategoryTimeline]] = ()) -> str:
+def where_html(
+    model: ReportModel,
+    categories: Sequence[tuple[str, CategoryTimeline]] = (),
+    allocator: Sequence[tuple[str, int]] = (),
+) -> str:
     """The section, or an empty string when no call has a peak to split.
 
-    Calls are grouped by the peak they have (CUDA, tracker, host RSS: bars of different
-    figures are never drawn to one scale); the first group leads, with the modules beside it.
-    ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar each.
+    It leads with one peak, the one the device enforces: the CUDA allocated peak on a GPU run,
+    the host RSS peak otherwise. Every call with that peak gets its bar. The other figures of
+    the run (the module-wise tracker's peak, the profiler's memory categories and its
+    allocator curve) are views of the same memory: a small table gives each one's peak and
+    how it differs from the lead, and their bars are folded below it.
+    ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar
+    each; ``allocator``: ``(label, peak bytes)`` of each profiler trace's allocator curve.
     """
     rows, counts = top_calls(model.calls, MAX_BARS)
-    found = splits([model.calls[i] for i in rows]) + [category_split(tl, label) for label, tl in categories]
+    calls = [model.calls[i] for i in rows]
+    found = splits(calls) + [category_split(tl, label) for label, tl in categories]
     if not found:
         return ""
     counts[CATEGORIES_PEAK] = len(categories)
     multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
+    lead_kind = CUDA_PEAK if model.has_cuda else RSS_PEAK
+    # The call's own split where it is of the lead's peak (the tracker's categories of a CUDA
+    # peak), else the device's figures alone.
+    lead = [s for c in calls if (s := _lead_split(c, lead_kind)) is not None]
     out = ["<h2 id='where'>Where memory goes</h2>"]
-    for n, kind in enumerate(k for k in _KINDS if any(s.peak_name == k for s in found)):
-        group = [s for s in found if s.peak_name == kind]
-        out.append(_group(model, group, kind, multi_rank, n == 0, counts.get(kind, len(group))))
+    if not lead:  # no call has the device's peak (a profiler trace alone): the first kind leads
+        lead_kind = next(k for k in _KINDS if any(s.peak_name == k for s in found))
+        lead = [s for s in found if s.peak_name == lead_kind]
+    column = "cuda alloc peak" if lead_kind == CUDA_PEAK else "rss peak"
+    n_lead = (
+        sum(1 for v in model.calls.column(column) if v != NA) if lead_kind in (CUDA_PEAK, RSS_PEAK) else 0
+    )
+    out.append(_group(model, lead, lead_kind, multi_rank, True, max(n_lead, len(lead))))
+    others = [
+        (kind, group)
+        for kind in _KINDS
+        if kind != lead_kind and (group := [s for s in found if s.peak_name == kind])
+    ]
+    views = _views(model, lead_kind, lead, categories, allocator)
+    if views:
+        out.append(views)
+    for kind, group in others:
+        body = _group(model, group, kind, multi_rank, False, counts.get(kind, len(group)))
+        out.append(f"<details class='mp-view'><summary>{escape(kind)}: its bars</summary>{body}</details>")
     return "\n".join(out)
+
+
+def _lead_split(c: CallRow, kind: str) -> CallSplit | None:
+    own = split_call(c)
+    return own if own is not None and own.peak_name == kind else device_split(c, kind)
+
+
+#: What each view of the peak counts, beside the lead, in one phrase.
+_COUNTS = {
+    CUDA_PEAK: "what the CUDA caching allocator had allocated at its highest: the peak an OOM is about",
+    RSS_PEAK: "what the operating system counted for the process at its highest: the peak the host enforces",
+    "CUDA reserved peak": "what the allocator held from the device (allocated plus cached free blocks)",
+    TRACKER_PEAK: "tensors the module tracker saw in its window (created there, or registered at its start), "
+    "at its own peak instant; not the allocator's rounding or cache, nor the rest of the process",
+    CATEGORIES_PEAK: "the profiler's memory timeline over its traced steps, by the category it could give "
+    "each tensor (the profiler section says how it differs from the allocator curve)",
+    "allocator curve": "the allocator events the profiler recorded: only what was allocated while it traced",
+}
+
+
+def _views(
+    model: ReportModel,
+    lead_kind: str,
+    lead: list[CallSplit],
+    categories: Sequence[tuple[str, CategoryTimeline]],
+    allocator: Sequence[tuple[str, int]],
+) -> str:
+    """The small table of the other views of the lead peak: each one's peak and its difference."""
+    top = max(s.peak for s in lead)
+    rows: list[tuple[str, int, str]] = []
+    if lead_kind == CUDA_PEAK:
+        reserved = [v for v in model.calls.column("cuda reserved peak") if v != NA]
+        if reserved:
+            rows.append(("CUDA reserved peak", int(max(reserved)), _COUNTS["CUDA reserved peak"]))
+    tracker = [int(tp["total"]) for tp in model.calls.tracker_peaks.values() if tp.get("total")]
+    if tracker:
+        rows.append((TRACKER_PEAK, max(tracker), _COUNTS[TRACKER_PEAK]))
+    for label, tl in categories:
+        rows.append((f"{CATEGORIES_PEAK}, {label}", tl.peak_bytes, _COUNTS[CATEGORIES_PEAK]))
+    for label, peak in allocator:
+        rows.append((f"profiler allocator curve, {label}", peak, _COUNTS["allocator curve"]))
+    if not rows:
+        return ""
+    cuda_lead = lead_kind == CUDA_PEAK
+    body: list[list[Any]] = [
+        [Cell(f"<b>{escape(lead_kind)}</b> (the lead)"), bytes_cell(top), "", _COUNTS.get(lead_kind, "")]
+    ]
+    for name, peak, what in rows:
+        # A host figure beside a GPU's peak measures another device: no difference is drawn.
+        other_device = cuda_lead and _host_view(name)
+        diff = (
+            "another device"
+            if other_device
+            else _signed(peak - top) + (f" ({(peak - top) / top:+.0%})" if top else "")
+        )
+        body.append([name, bytes_cell(peak), diff, what])
+    return (
+        "<div class='mp-views'><p><b>The same memory, other views.</b> The bars above are the peak the device enforces; "
+        "the run's other figures count a part of it, or more, each its own way:</p>"
+        + table(["view", "peak", "vs. the lead", "what it counts"], body)
+        + "</div>"
+    )
+
+
+def _host_view(name: str) -> bool:
+    low = name.lower()
+    return low.endswith((", cpu", " cpu")) or "· cpu" in low
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "-" if n < 0 else "") + format_bytes(abs(n))
 
 
 def _group(
@@ -151,7 +255,7 @@ def _rollup(r: SavedRollup) -> str:
     for head, groups, count in (("block", r.by_block, "modules"), ("module type", r.by_type, "blocks")):
         body = [
             [
-                escape(g.name),
+                g.name,
                 bytes_cell(g.bytes),
                 f"{g.bytes / r.total:.1%}" if r.total else "",
                 f"{(g.modules if count == 'modules' else g.blocks) or '-'}",
@@ -163,7 +267,7 @@ def _rollup(r: SavedRollup) -> str:
 
 
 def _numbers(shown: list[CallSplit], present: list[str]) -> str:
-    body = [
+    body: list[list[Any]] = [
         [
             escape(s.label),
             str(s.rank),

@@ -12,9 +12,11 @@ so a name changed there is read here without a second copy.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fnmatch
 import os
 import re
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +192,10 @@ class RunArtifacts:
     stats_files: dict[int, Path] = field(default_factory=dict)
     """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
     reads it a block at a time."""
+    warnings: list[str] = field(default_factory=list)
+    """What reading found that does not hold together, one line each, shown before the
+    report's other lines: a run that ended without finishing, a window index without its
+    recording, an index that is not its recording's."""
     merge_warnings: list[str] = field(default_factory=list)
     """Directories merged as one run (:func:`~memprofiler.analysis.runs.multi_dir.merge_runs`) whose rank files without a
     run id only probably belong together, or could not be checked: one line each, for the
@@ -387,7 +393,40 @@ def load_run(root: str | os.PathLike[str], streamed: bool = False) -> RunArtifac
     run.ooms = fold_repeats(sorted(ooms.values(), key=lambda o: (o.rank, o.n)))
     run.alloc_pickles.sort(key=lambda a: (a.rank, a.fn, a.call, a.phase != "start"))
     run.alloc_windows.sort(key=lambda w: (w.rank, w.n))
+    if (line := ended_without_finishing(chosen.manifest)) is not None:
+        run.warnings.insert(0, line)
     return run
+
+
+def ended_without_finishing(manifest: Mapping[str, Any] | None) -> str | None:
+    """One line when a run's manifest still says ``status: running`` but no process of this
+    host holds it (its ``pid`` is gone: killed by SIGKILL or the OOM killer, or the machine
+    went down); ``None`` otherwise (finished, crashed and said so, or still running)."""
+    if not manifest or manifest.get("status") != "running":
+        return None
+    host, pid = manifest.get("host"), manifest.get("pid")
+    started = manifest.get("started")
+    since = f" (started {started})" if started else ""
+    if host == socket.gethostname() and type(pid) is int and pid > 0:
+        if _alive(pid):
+            return None  # still running: the report shows what is on disk so far
+        return (
+            f"this run ended without finishing{since}: its `{layout.RUN_MANIFEST}` still says `status: "
+            f"running` and its process ({pid}) is gone (killed by SIGKILL or the OOM killer?); what "
+            "was flushed before is shown"
+        )
+    return (
+        f"this run has not finished{since}: its `{layout.RUN_MANIFEST}` says `status: running` (on host "
+        f"{host}, pid {pid}): still running there, or it ended without finishing; what was flushed is shown"
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as err:
+        return err.errno == errno.EPERM  # a process of another user holds the pid
+    return True
 
 
 def _add(
@@ -430,7 +469,13 @@ def _add(
     elif kind == "alloc_window":
         run.alloc_windows.append(AllocWindow(path, int(f["rank"]), int(f["n"])))
     elif kind == "alloc_window_index":
-        return  # read with its recording (snapshot_calls.read_index)
+        # read with its recording (snapshot_calls.checked_index); alone, its recording is missing
+        pickle = path.with_name(layout.CUDA_ALLOC_WINDOW_PICKLE.format(rank=f["rank"], n=f["n"]))
+        if not pickle.is_file():
+            run.warnings.append(
+                f"{path.name}: the recording of rank {f['rank']} window {f['n']} ({pickle.name}) is "
+                "missing: its allocator views cannot be shown; copy the pickle back beside its index"
+            )
     elif kind in ("oom_pickle", "oom_yaml"):
         rank, n = int(f["rank"]), int(f["n"])
         rec = ooms.setdefault((rank, n), OomRecord(rank, n))

@@ -94,6 +94,54 @@ def read_index(pickle_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
+def index_mismatch(
+    index: Mapping[str, Any], data: Mapping[str, Any], run_id: str | None = None
+) -> str | None:
+    """Why ``index`` does not belong to the recording ``data`` (of run ``run_id``, when known),
+    or ``None`` when it does: its trace entry count, the digest of the traces' first and last
+    entries (:func:`memprofiler.layout.recording_digest`; an index written before it has none)
+    and its run id must match."""
+    traces = data.get("device_traces") or []
+    held = sum(len(t) for t in traces if isinstance(t, list)) if isinstance(traces, list) else 0
+    said = index.get("trace_entries")
+    if type(said) is int and said != held:
+        return f"it lists {said:,} trace entries, the recording holds {held:,}"
+    digest = index.get("digest")
+    version = index.get("version")
+    if digest is None and type(version) is int and version >= 2:
+        return "it carries no digest of its recording, which its format version writes"
+    if digest is not None and digest != layout.recording_digest(data):
+        return "its digest of the recording's first and last entries differs"
+    theirs = index.get("run_id")
+    if run_id and isinstance(theirs, str) and theirs and theirs != run_id:
+        return f"it is from run {theirs}, the recording's run is {run_id}"
+    return None
+
+
+def checked_index(
+    pickle_path: str | os.PathLike[str], data: Mapping[str, Any], run_id: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """:func:`read_index`, checked against the recording ``data`` it was read beside: the
+    index, or ``None`` and one line saying why it is ignored (another recording's index copied
+    over this one's: its calls would be shown as views of this recording).
+
+    Raises:
+        ArtifactError: as :func:`read_index`.
+    """
+    index = read_index(pickle_path)
+    if index is None:
+        return None, None
+    why = index_mismatch(index, data, run_id)
+    if why is None:
+        return index, None
+    p = Path(pickle_path)
+    name = p.with_name(p.name[: -len(".pickle")] + ".json")
+    return None, (
+        f"{name}: not the index of the recording beside it ({why}); ignored: the calls are read "
+        "from the recording's own marks (re-copy both files of the window together)"
+    )
+
+
 def call_ranges(data: Mapping[str, Any], index: Mapping[str, Any] | None = None) -> list[CallRange]:
     """Every collected call marked in a recording, in the order the calls started.
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from memprofiler.analysis.files.gc_pause import gc_paused
-from memprofiler.analysis.snapshot.calls import call_ranges, entry_range, read_index
+from memprofiler.analysis.snapshot.calls import call_ranges, checked_index, entry_range
 from memprofiler.analysis.snapshot.lod import level_of_detail
 from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay
 from memprofiler.analysis.snapshot.roles import role_index
@@ -217,6 +217,6 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
     """
     for k, entry in enumerate(model.snapshots):
         data = load_snapshot(entry.path)
-        index = read_index(entry.path)
+        index, _ = checked_index(entry.path, data)  # a foreign index was named in the report
         page = build_explorer(data, entry.path, entry.analysis, top, entry.record, index)
         yield explorer_relpath(k, entry.path), page

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memprofiler import layout, metrics
@@ -28,6 +28,9 @@ class _Rows:
     calls: CallTable
     module_peaks: list[tuple[str, int, str]]
     """``(module, bytes, where)``, largest first: see :meth:`ReportModel.top_saved_modules`."""
+    impossible: list[str] = field(default_factory=list)
+    """One line per call with a figure no run can have (negative, NaN, infinite, past int64):
+    the figure is left out of the report (shown as ``-``) and the call named here."""
 
 
 def call_rows(run: RunArtifacts) -> CallTable:
@@ -52,6 +55,7 @@ def read_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
     }
     breakdowns = _Breakdowns(t, bounded)
     trackers = _TrackerPeaks()
+    impossible: dict[tuple[int, str, int], list[str]] = {}
     for key, m in run.iter_snapshots():
         rank, fn, call, phase = layout.parse_snapshot_key(key)
         f = fn_ix.setdefault(fn, len(fn_ix))
@@ -62,7 +66,11 @@ def read_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
         if i is None:
             i = index[k] = t._add(rank, f, call)
         for col, metric in reads[phase]:
-            col[i] = column_value(m.get(metric))
+            v = m.get(metric)
+            c = col[i] = column_value(v)
+            if c < 0 and v is not None:  # NA (not a number, NaN, past int64) or negative
+                col[i] = NA
+                impossible.setdefault((rank, fn, call), []).append(f"`{metric}` at its {phase} is {v!r}")
         if phase == "start":
             continue
         by_mod = _by_module(m.get(metrics.SAVED_BY_MODULE))
@@ -70,13 +78,24 @@ def read_rows(run: RunArtifacts, bounded: bool = True) -> _Rows:
             breakdowns.add(i, rank, fn, call, by_mod)
         peaks = trackers.of(m)
         if peaks is not None:
+            bad = {k: v for k, v in peaks.items() if v < 0}
+            if bad:
+                impossible.setdefault((rank, fn, call), []).extend(
+                    f"the tracker's `{k}` peak is {v!r}" for k, v in bad.items()
+                )
+                peaks = {k: v for k, v in peaks.items() if v >= 0}
             t.tracker_peaks[i] = peaks
     del index
     breakdowns.finish()
     t.fns = list(fn_ix)
     where = breakdowns.module_peaks()
     t._sort()
-    return _Rows(t, where)
+    lines = [
+        f"rank {rank} {fn} #{call}: impossible figures, left out (shown as -): {'; '.join(what)}; "
+        "the run's files were edited or damaged"
+        for (rank, fn, call), what in sorted(impossible.items())
+    ]
+    return _Rows(t, where, lines)
 
 
 def _by_module(v: Any) -> Mapping[str, int] | None:
@@ -154,7 +173,7 @@ class _TrackerPeaks:
         if not tracker:
             return None
         return {
-            k.split(".peak.", 1)[1]: int(v)
+            k.split(".peak.", 1)[1]: column_value(v)
             for k, v in m.items()
-            if k.startswith(_TRACKER_PEAK_PREFIXES) and int_or_none(v) is not None
+            if k.startswith(_TRACKER_PEAK_PREFIXES) and v is not None
         }

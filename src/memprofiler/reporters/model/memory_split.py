@@ -126,6 +126,17 @@ def split_call(c: CallRow) -> CallSplit | None:
     return _rise_split(c, peak, c.rss_start, name, "process")
 
 
+def device_split(c: CallRow, name: str) -> CallSplit | None:
+    """The call's :data:`CUDA_PEAK` or :data:`RSS_PEAK` split from the allocator's or the host's
+    figures alone (the peak a device enforces, whatever figure :func:`split_call` chose), or
+    ``None`` when the call lacks that peak."""
+    if name == CUDA_PEAK and c.cuda_allocated_peak is not None:
+        return _rise_split(c, c.cuda_allocated_peak, c.cuda_allocated_start, CUDA_PEAK, "resident")
+    if name == RSS_PEAK and c.rss_peak is not None:
+        return _rise_split(c, c.rss_peak, c.rss_start, RSS_PEAK, "process")
+    return None
+
+
 def top_calls(calls: CallTable, n: int) -> tuple[list[int], dict[str, int]]:
     """Row indexes of the ``n`` calls with the highest peak of each kind, in table order, and
     how many calls each kind has: read from the table's columns, so a run of 100,000 calls

@@ -187,6 +187,7 @@ def build_model(run: RunArtifacts, top: int = 10) -> ReportModel:
         ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
     """
     rows = read_rows(run)
+    run.warnings += rows.impossible
     model = ReportModel(run=run, calls=rows.calls, snapshots=snapshot_entries(run, top))
     model._saved_modules = rows.module_peaks
     return model

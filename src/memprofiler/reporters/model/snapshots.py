@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprofiler.analysis.runs.artifacts import AllocPickle, AllocWindow, OomRecord, RunArtifacts
-from memprofiler.analysis.snapshot.calls import call_ranges, read_index
+from memprofiler.analysis.snapshot.calls import call_ranges, checked_index
 from memprofiler.analysis.snapshot.roles import role_index
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, analyze, load_snapshot
 
@@ -44,7 +44,9 @@ def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
         title = snapshot_title(item)
         roles = None
         if isinstance(item, AllocWindow):
-            index = read_index(path)
+            index, note = checked_index(path, data, str((run.manifest or {}).get("run_id") or "") or None)
+            if note is not None:
+                run.warnings.append(note)
             roles = role_index(index)
             title = window_title(item, [r.key for r in call_ranges(data, index)])
         analysis = analyze(data, str(path), top=top, roles=roles)

@@ -79,10 +79,12 @@ def estimate_memory(
             e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-4)``.
         loss_fn: ``loss_fn(model, batch) -> loss``; by default the output's ``loss`` (dict
             key or attribute), itself when scalar, else its sum.
-        world_size: ranks; ``ddp`` and ``fsdp`` only.
+        world_size: ranks; ``ddp``, ``fsdp`` and ``tp`` only.
         strategy: ``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp``
             (FSDP2 ``fully_shard`` on every ``nn.ModuleList`` item and the root, or on the
-            modules ``shard_policy`` picks). Tensor / pipeline parallelism is not modelled.
+            modules ``shard_policy`` picks); ``tp`` (tensor parallelism) needs the model's plan,
+            which :func:`estimate_plan` takes (``parallelize``). Pipeline parallelism is not
+            modelled.
         precision: Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ...
         device: ``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes.
             Either way the steps run on CPU tensors, on every machine, so a GPU node and a

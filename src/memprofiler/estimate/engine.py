@@ -160,15 +160,18 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         notes += target_notes(target)
     notes += model_notes(model)
     user_model = model
-    fsdp = plan.strategy == "fsdp"
+    distributed = plan.strategy in strategies.DISTRIBUTED
     loss_fn = plan.loss_fn or default_loss
-    pg = strategies.fake_process_group(plan.world_size) if fsdp else contextlib.nullcontext()
+    pg = strategies.fake_process_group(plan.world_size) if distributed else contextlib.nullcontext()
     with pg:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True) if plan.fake else None
         model = meta_copy(model)  # never touch the caller's module
-        _parallelize(model, plan, fsdp)
+        _parallelize(model, plan, distributed)
+        fsdp = strategies.has_fsdp(
+            model
+        )  # FSDP2's tracker; a tensor-parallel model alone takes the plain one
         tied = _cast_meta(model, strategies.param_dtype(plan.precision))
         # Tensors made with no device (a loss's constant, Adam's step count) go to the run
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
@@ -256,10 +259,11 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     )
 
 
-def _parallelize(model: nn.Module, plan: EstimatePlan, fsdp: bool) -> None:
+def _parallelize(model: nn.Module, plan: EstimatePlan, distributed: bool) -> None:
     """The plan's parallelisation of the meta copy, outside fake mode (the device mesh needs real
-    ranks): the user's ``parallelize`` with the plan's mesh, then FSDP2 on what it left unsharded."""
-    if not fsdp:
+    ranks): the user's ``parallelize`` with the plan's mesh, then, under ``fsdp``, FSDP2 on what
+    it left unsharded (``tp`` shards only what ``parallelize`` shards)."""
+    if not distributed:
         if plan.parallelize is not None:
             with torch.device("meta"):
                 plan.parallelize(model, None)
@@ -269,9 +273,16 @@ def _parallelize(model: nn.Module, plan: EstimatePlan, fsdp: bool) -> None:
         if plan.parallelize is not None:
             with torch.device("meta"):
                 plan.parallelize(model, mesh)
+        if plan.strategy == "tp" and not strategies.is_fully_sharded(model):
+            raise ConfigError(
+                "parallelize",
+                "strategy 'tp' needs a `parallelize(model, mesh)` that shards the model "
+                "(`parallelize_module(model, mesh, plan)`); it left every parameter whole",
+            )
+        if plan.parallelize is not None:
             # left unsharded (a configure_model that shards nothing): data parallel over every rank
             mesh = None if strategies.is_fully_sharded(model) else strategies.device_mesh((plan.world_size,))
-        if mesh is not None:
+        if plan.strategy == "fsdp" and mesh is not None:
             strategies.fully_shard_model(model, mesh, plan.shard_policy, **plan.fsdp_options())
 
 

@@ -39,9 +39,11 @@ class EstimatePlan:
     """``loss_fn(model, batch) -> loss``; None: the output's ``loss`` (key or attribute), itself
     when scalar, else its sum."""
     strategy: str = "single"
-    """``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp`` (FSDP2)."""
+    """``single``, ``ddp`` (full replica plus gradient buckets), ``fsdp`` (FSDP2) or ``tp``
+    (tensor / sequence parallelism: ``parallelize`` shards the model with DTensor on the fake
+    mesh, and nothing else is sharded)."""
     world_size: int = 1
-    """Ranks; ``ddp`` and ``fsdp`` only."""
+    """Ranks; ``ddp``, ``fsdp`` and ``tp`` only."""
     precision: str = "32-true"
     """Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ..."""
     device: str = "cuda"
@@ -62,8 +64,10 @@ class EstimatePlan:
     root (None: every item of every ``nn.ModuleList``)."""
     parallelize: ParallelizeFn | None = None
     """The model's own parallelisation, called on the meta copy before the steps: ``fully_shard``,
-    checkpoint wrappers, a LightningModule's ``configure_model``. Under ``fsdp`` it gets the fake
-    device mesh and the estimate shards nothing itself unless it left the model unsharded."""
+    checkpoint wrappers, a LightningModule's ``configure_model``. Under ``fsdp`` and ``tp`` it gets
+    the fake device mesh (2D FSDP + TP: a ``(dp, tp)`` mesh, ``parallelize_module`` on
+    ``mesh["tp"]`` and ``fully_shard`` on ``mesh["dp"]``); under ``fsdp`` the estimate shards
+    nothing itself unless it left the model unsharded."""
     mesh_shape: tuple[int, ...] | None = None
     """``fsdp``: the device mesh (None: ``(world_size,)``); its product is ``world_size``. Without
     ``parallelize``, a 2D ``(replicate, shard)`` mesh makes the estimate's own sharding HSDP."""
@@ -86,15 +90,24 @@ class EstimatePlan:
     def __post_init__(self) -> None:
         strategies.check(self.strategy, self.world_size, self.precision, self.steps)
         strategies.check_mesh(self.mesh_shape, self.mesh_dim_names, self.world_size)
+        if self.strategy == "tp" and self.parallelize is None:
+            raise ConfigError(
+                "parallelize",
+                "strategy 'tp' needs the model's tensor-parallel plan: a `parallelize(model, mesh)` that calls "
+                "`parallelize_module`",
+            )
         fsdp_only = {
             "param_dtype": self.param_dtype is not None,
             "reduce_dtype": self.reduce_dtype is not None,
             "reshard_after_forward": self.reshard_after_forward is not None,
-            "mesh_shape": self.mesh_shape is not None,
         }
         for name, given in fsdp_only.items():
             if given and self.strategy != "fsdp":
                 raise ConfigError(name, f"applies to strategy 'fsdp' only (got {self.strategy!r})")
+        if self.mesh_shape is not None and self.strategy not in ("fsdp", "tp"):
+            raise ConfigError(
+                "mesh_shape", f"applies to strategies 'fsdp' and 'tp' only (got {self.strategy!r})"
+            )
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, torch.dtype) and value.is_floating_point):

@@ -9,7 +9,7 @@ from typing import Any
 NOT_MODELLED = (
     "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
     "FSDP2's CPUOffloadPolicy (refused)",
-    "tensor and pipeline parallelism",
+    "pipeline and context parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses on fake tensors)",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
     "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm, reduction and embedding backward scratch replayed from torch's source",

@@ -14,8 +14,12 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 
-STRATEGIES = ("single", "ddp", "fsdp")
-NOT_SUPPORTED = "tensor and pipeline parallelism are not modelled: estimate their data-parallel part only"
+STRATEGIES = ("single", "ddp", "fsdp", "tp")
+#: Strategies that run on a fake process group of ``world_size`` ranks.
+DISTRIBUTED = ("fsdp", "tp")
+NOT_SUPPORTED = (
+    "pipeline and context parallelism are not modelled: estimate one stage's data- and tensor-parallel part"
+)
 #: Lightning's precision names to (autocast dtype, parameter dtype).
 PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype]] = {
     "32-true": (None, torch.float32),
@@ -47,7 +51,7 @@ def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError("world_size", f"got {world_size!r}; use an integer >= 1")
     if strategy == "single" and world_size != 1:
-        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp' or 'fsdp'")
+        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp', 'fsdp' or 'tp'")
     if precision not in PRECISIONS:
         raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -145,6 +149,13 @@ def fully_shard_model(
     for m in picked:
         fully_shard(m, mesh=mesh, **options)
     fully_shard(model, mesh=mesh, **options)
+
+
+def has_fsdp(model: nn.Module) -> bool:
+    """Whether FSDP2's ``fully_shard`` was applied anywhere in ``model`` (its tracker needs it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def is_fully_sharded(model: nn.Module) -> bool:

@@ -198,7 +198,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             resident: dict[str, int] = {}
             device = None
             if target is not None and env_conf is not None and workspaces is not None:
-                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps)
+                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps, model)
             parts: list[Part] = [*(device.parts if device is not None else [])]
             if mode is not None:
                 parts.append(KnownValues(batch, fake_batch))
@@ -269,8 +269,8 @@ def _parallelize(model: nn.Module, plan: EstimatePlan, distributed: bool) -> Non
                 plan.parallelize(model, None)
         return
     with strategies.default_mesh_on_run_device(plan.world_size):
+        mesh = strategies.device_mesh(*plan.mesh())
         if plan.parallelize is not None:
-            mesh = strategies.device_mesh(plan.mesh_shape or (plan.world_size,), plan.mesh_dim_names)
             with torch.device("meta"):
                 plan.parallelize(model, mesh)
         if plan.strategy == "tp" and not strategies.is_fully_sharded(model):
@@ -279,8 +279,11 @@ def _parallelize(model: nn.Module, plan: EstimatePlan, distributed: bool) -> Non
                 "strategy 'tp' needs a `parallelize(model, mesh)` that shards the model "
                 "(`parallelize_module(model, mesh, plan)`); it left every parameter whole",
             )
-        if plan.strategy == "fsdp" and not strategies.is_fully_sharded(model):
-            strategies.fully_shard_model(model, plan.world_size, plan.shard_policy)
+        if plan.parallelize is not None:
+            # left unsharded (a configure_model that shards nothing): data parallel over every rank
+            mesh = None if strategies.is_fully_sharded(model) else strategies.device_mesh((plan.world_size,))
+        if plan.strategy == "fsdp" and mesh is not None:
+            strategies.fully_shard_model(model, mesh, plan.shard_policy, **plan.fsdp_options())
 
 
 def _optimizer(model: nn.Module, plan: EstimatePlan) -> torch.optim.Optimizer:

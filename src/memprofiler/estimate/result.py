@@ -8,7 +8,7 @@ from typing import Any
 #: What no estimate models; printed with every estimate and written into its YAML.
 NOT_MODELLED = (
     "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
-    "side streams: FSDP2's all-gather / reduce-scatter buffers are replayed in the default stream's pools",
+    "FSDP2's CPUOffloadPolicy (refused)",
     "pipeline and context parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses "
     "on fake tensors)",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",

@@ -166,6 +166,8 @@ class LedgerMixin(MemTracker):
     host_rng_count = 0
     _rng_to_host = False
     _host: WeakIdKeyDictionary
+    #: The run device's streams seen allocating, the default first (:meth:`_stream`).
+    streams: list[Any]
     #: Storages (``_cdata``) of the gradients the autograd engine is routing into input
     #: buffers now (:func:`accumulation.routing_hooks`); empty outside those moments.
     routing: frozenset[int] = frozenset()
@@ -276,7 +278,7 @@ class LedgerMixin(MemTracker):
         elif u_type == _UpdateType.ADD:
             led.sizes[key] = n
             led.move(led.category(winfo), n)
-            led.allocator.alloc(key, n)
+            led.allocator.alloc(key, n, self._stream())
         elif u_type == _UpdateType.DEL:
             n = led.sizes.pop(key, n)
             led.move(led.category(winfo), -n)
@@ -291,9 +293,24 @@ class LedgerMixin(MemTracker):
             led.move(led.category(winfo), n - led.sizes.get(key, 0))
             led.sizes[key] = n
             led.allocator.free(key)
-            led.allocator.alloc(key, n)
+            led.allocator.alloc(key, n, self._stream())
         self._note_peak()
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+    def _stream(self) -> int:
+        """The allocator's number (0: the default stream) of the stream allocating now.
+
+        FSDP2 allocates its collectives' buffers under ``device_handle.stream(...)`` of its own
+        streams (:mod:`memprofiler.estimate.parallel.fsdp_streams`); on the CPU the steps run on
+        that is ``torch.cpu.stream``, so ``torch.cpu.current_stream()`` is the stream a CUDA run
+        would allocate on, and the caching allocator keeps its pools per stream.
+        """
+        now = torch.cpu.current_stream()
+        for i, known in enumerate(self.streams):
+            if known is now:
+                return i
+        self.streams.append(now)
+        return len(self.streams) - 1
 
     def _note_peak(self) -> None:
         led = self.ledger
@@ -477,6 +494,7 @@ def new_tracker(
     tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
     tracker.ledger = Ledger(allocator)
     tracker._host = WeakIdKeyDictionary()
+    tracker.streams = [torch.cpu.current_stream()]
     tracker.phase = "forward"
     if not fsdp:
         tracker.track_external(module, optimizer)

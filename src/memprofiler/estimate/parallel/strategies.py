@@ -132,11 +132,13 @@ def default_mesh_on_run_device(world_size: int) -> Iterator[None]:
             setattr(impl, name, fn)
 
 
-def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Module], bool] | None) -> None:
-    """Apply FSDP2's ``fully_shard`` to the modules ``policy`` picks, then to the root."""
+def fully_shard_model(
+    model: nn.Module, mesh: Any, policy: Callable[[nn.Module], bool] | None, **options: Any
+) -> None:
+    """Apply FSDP2's ``fully_shard`` (with ``options``) to the modules ``policy`` picks, then to the
+    root; a 2D ``mesh`` ``(replicate, shard)`` makes it HSDP."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = device_mesh((world_size,))
     picked: list[nn.Module] = []
     if policy is None:
         for m in model.modules():
@@ -145,8 +147,8 @@ def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Mo
     else:
         picked = [m for m in model.modules() if m is not model and policy(m)]
     for m in picked:
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(m, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
 
 
 def has_fsdp(model: nn.Module) -> bool:

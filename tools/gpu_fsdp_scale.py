@@ -232,7 +232,13 @@ def measure(plan: str, world_size: int, shape: LlamaShape, device: str, steps: i
     with fake_world(world_size):
         model = build(plan, world_size, shape, device)
         row["param_bytes_rank0"] = _local_bytes(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # DTensors and plain tensors in separate groups: a foreach step (CUDA's default) refuses a mix
+        params = list(model.parameters())
+        groups = [
+            {"params": [p for p in params if hasattr(p, "to_local")]},
+            {"params": [p for p in params if not hasattr(p, "to_local")]},
+        ]
+        opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=1e-4)
         gen = torch.Generator(device=device).manual_seed(0)
         tokens = torch.randint(0, shape.vocab, (shape.batch, shape.seq), device=device, generator=gen)
         census = LiveBytes() if not cuda else None

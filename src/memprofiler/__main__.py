@@ -42,7 +42,9 @@ def elsewhere_line(name: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
-    if given and given[0] in ELSEWHERE:
+    # `memprofiler estimate MODEL` is ours; `estimate --config fit.yaml` is the training script's.
+    config = any(a == "--config" or a.startswith("--config=") for a in given[1:])
+    if given and given[0] in ELSEWHERE and (given[0] != "estimate" or config):
         print(elsewhere_line(given[0]), file=sys.stderr)
         return 2
     parser = build_parser()

@@ -220,9 +220,11 @@ def test_times_written_as_strings_are_read_as_numbers_and_unreadable_ones_named(
     next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op")["dur"] = [1]
     path.write_text(json.dumps(doc))
     notes = trace_view(path).notes
-    assert any(n.endswith("1 event(s) with a `ts` that is not a number (or past float's range) "
+    assert any(n.endswith("1 event(s) with a `ts` that is not a finite number "
                           "(first: 'late'): the event skipped") for n in notes), notes  # fmt: skip
-    assert any("1 event(s) with a `dur` that is not a number" in n and "read as 0" in n for n in notes), notes
+    assert any(
+        "1 event(s) with a `dur` that is not a finite number" in n and "read as 0" in n for n in notes
+    ), notes
 
 
 def test_the_notes_reach_the_terminal_report(tmp_path, capsys):
@@ -230,7 +232,7 @@ def test_the_notes_reach_the_terminal_report(tmp_path, capsys):
     path.write_text(json.dumps({"traceEvents": [_op(1), {**_op(2), "ts": "late"}, _mem(3, 64)]}))
     assert main(["report", "--no-html", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "1 event(s) with a `ts` that is not a number" in out
+    assert "1 event(s) with a `ts` that is not a finite number" in out
 
 
 def test_a_full_temporary_folder_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
@@ -317,3 +319,15 @@ def test_a_long_read_says_how_far_it_is(tmp_path, monkeypatch, capsys):
         f"memprofiler: {path}: {mib} MiB read (the limit: 16.0 GiB, MEMPROFILER_MAX_TRACE_BYTES)"
         for mib in ("0.1", "0.2", "0.3")
     ]
+
+
+def test_a_category_that_is_not_a_string_is_counted_not_a_traceback(tmp_path, capsys):
+    # GIVEN operators whose `cat` is a list or an object beside one real operator
+    events = [{**_op(1), "cat": ["cpu_op"]}, {**_op(2), "cat": {"a": 1}}, _op(3), _mem(4, 64)]
+    path = tmp_path / "cats_rank_0.1.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    # THEN the report reads the real one (TypeError: unhashable type: 'list' before) and names them
+    assert main(["report", "--no-html", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 event(s) with a `cat` that is not a string (first: ['cpu_op']): the event skipped" in out
+    assert [(r.name, r.calls) for r in trace_view(path).ops] == [("aten::add", 1)]

@@ -141,7 +141,7 @@ def test_real_fsdp_report_tables_format_only_categories_as_bytes(real_runs, tmp_
     # WHEN reported
     assert main(["report", str(run), "-o", str(tmp_path / "r.html")]) == 0
     html = (tmp_path / "r.html").read_text()
-    section = html[html.index("<h3>fsdp · rank 0 · training_step #2</h3>") :]
+    section = html[html.index("<summary>FSDP tracker · rank 0 · training_step #2</summary>") :]
     # THEN the scalars are shown as written (not "0 B"), and `notes: []` has no table
     assert "<tr><td>rank</td><td>0</td></tr><tr><td>fn</td><td>training_step</td></tr>" in section
     assert "<tr><td>call</td><td>2</td></tr>" in section
@@ -161,6 +161,10 @@ def test_real_fsdp_report_tables_format_only_categories_as_bytes(real_runs, tmp_
     assert "DemoGPT.model Peak Forward cpu 1.65 MiB 1.04 MiB 0 B 1.65 MiB 0 B 16.57 MiB" in mods
     assert "DemoGPT.model Before Pre-Forward cpu 1.65 MiB 0 B 0 B 1.65 MiB 0 B 4.06 KiB" in mods
     assert "{" not in mods and "&#x27;cpu&#x27;" not in section
+    # AND first what the module added: its forward's peak above the snapshot before it, 18.36 MiB
+    # (the fixture holds no post-forward or backward snapshot: those cells are empty)
+    added = _html_text(section[: section.index("the tracker's snapshots")])
+    assert "DemoGPT.model cpu 18.36 MiB" in added
 
 
 def test_non_finite_values_and_odd_keys_do_not_crash_the_report(real_runs, tmp_path, capsys):

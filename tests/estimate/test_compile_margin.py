@@ -62,12 +62,12 @@ def test_compiled_blocks_get_the_margin_and_the_note_under_every_strategy(how, s
 
 
 def test_fully_shard_keeps_the_compiled_class_under_its_fsdp_name():
-    from memprofiler.estimate.parallel.strategies import fake_process_group, fully_shard_model
+    from memprofiler.estimate.parallel.strategies import device_mesh, fake_process_group, fully_shard_model
 
     with torch.device("meta"):
         net = Blocks("wrapped")
     with fake_process_group(2):
-        fully_shard_model(net, 2, None)
+        fully_shard_model(net, device_mesh((2,)), None)
         assert type(net.blocks[0]).__name__ == "FSDPOptimizedModule"
         assert compiled_modules(net) == ["blocks.0", "blocks.1"]
 

@@ -487,9 +487,10 @@ def test_memprofilers_own_work_stays_out_of_the_summary_and_its_cost_is_said_at_
         trainer.fit(TinyModel())
     (summary_file,) = tmp_path.rglob("fit_rank_0_summary.txt")
     summary = summary_file.read_text()
-    # THEN no row is the tracker's dispatch or the sampler thread's wait
+    # THEN no row is the tracker's dispatch or the sampler thread's (other threads, e.g. a test
+    # runner's, are not memprofiler's and may show)
     names = [line.strip().split("  ")[0] for line in summary.splitlines()]
-    for own in ("PythonDispatchMode", "mem_tracker.py", "host_sampler.py", "threading.py", "method acquire"):
+    for own in ("PythonDispatchMode", "mem_tracker.py", "mod_tracker.py", "host_sampler.py"):
         assert not [n for n in names if own in n], own
     # AND the model's operators the tracker dispatched are still there, with what was left out said
     assert any(n.startswith("aten::addmm") for n in names)

@@ -93,7 +93,7 @@ def test_the_report_leads_with_the_cuda_peak_and_shows_the_others_as_views_of_it
     # AND every other figure is a view of it, with its difference: the reserved peak above it,
     # the categories' GPU timeline 65 MiB below, the allocator curve equal, host figures apart
     assert rows[1:] == [
-        ["CUDA allocated peak (the lead)", "113.38 MiB", ""],
+        ["CUDA allocated peak (the headline peak)", "113.38 MiB", ""],
         ["CUDA reserved peak", "132.00 MiB", "+18.62 MiB (+16%)"],
         ["memory-categories peak, rank 0 · cpu", "138.39 KiB", "another device"],
         ["memory-categories peak, rank 0 · cuda:0", "48.38 MiB", "-65.00 MiB (-57%)"],

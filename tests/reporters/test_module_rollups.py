@@ -108,3 +108,42 @@ def test_a_non_fsdp_tracker_table_is_not_called_fsdp():
     assert "Module tracker peaks per category (module_mem.peak.*)" in [ln.strip() for ln in lines]
     assert lines[-1] == "module-wise reports: 1 of the module tracker (tables in the HTML report)"
     assert not [ln for ln in lines if "FSDP" in ln]
+
+
+def _snap(total):
+    return [{"cpu": {"Activation": total - 100, "Parameter": 100, "Total": total}}]
+
+
+def test_module_wise_rows_show_what_each_module_added_not_the_global_totals():
+    # GIVEN a module tracker's report: at each module's boundaries the whole device's memory
+    data = {
+        "tracker": "MemTracker",
+        "modules": {
+            "Net": {"Pre-Forward": _snap(1000), "Post-Forward": _snap(1600), "Peak-Forward": _snap(1900),
+                    "Pre-Backward": _snap(1600), "Peak-Backward": _snap(2400)},
+            "Net.mlp": {"Pre-Forward": _snap(1200), "Post-Forward": _snap(1500), "Peak-Forward": _snap(1700),
+                        "Pre-Backward": _snap(1700), "Peak-Backward": _snap(2000)},
+        },
+    }  # fmt: skip
+    report = ModuleReport(kind="module", rank=0, fn="training_step", call=3, data=data)
+    # WHEN the HTML report renders it
+    from memprofiler.reporters.html import HtmlReporter
+    from memprofiler.reporters.model.yaml_tables import module_deltas
+
+    deltas = module_deltas(data)
+    html = HtmlReporter(_model({}, {"module_mem.peak.total": 2400}, [report])).render()
+    # THEN each module's row is its own differences: Net's forward left 600 B, peaked 900 B above
+    # its start, its backward 800 B; Net.mlp's 300 B, 500 B and 300 B
+    assert deltas is not None and deltas.rows == [
+        ["Net", "cpu", 600, 900, 800],
+        ["Net.mlp", "cpu", 300, 500, 300],
+    ]
+    assert "<summary>module tracker · rank 0 · training_step #3</summary>" in html
+    assert html.index("forward peak above its start") < html.index(
+        "the tracker's snapshots (whole-device totals)"
+    )
+    assert "<summary>the tracker's snapshots (whole-device totals)</summary>" in html
+    # AND the tracker's peaks are named for the module tracker
+    assert (
+        "<h3>Module tracker peaks per category (module_mem.peak.*)</h3>" in html and "FSDP peaks" not in html
+    )

@@ -47,7 +47,7 @@ def test_a_host_run_with_a_tracker_leads_with_its_rss_peak():
     assert "tracker peak" not in _text(lead)
     # AND the tracker's peak is a view of it, 405 MiB below, its bars folded
     views = _text(rest.split("</table>")[0])
-    assert "host RSS peak (the lead) 418.00 MiB" in views
+    assert "host RSS peak (the headline peak) 418.00 MiB" in views
     assert "tracker peak 13.00 MiB -405.00 MiB (-97%) tensors the module tracker saw" in views
     assert "<details class='mp-view'><summary>tracker peak: its bars</summary>" in rest
 

@@ -26,6 +26,7 @@ def all_commands() -> list[Command]:
     from memprofiler.commands.advise import AdviseCommand
     from memprofiler.commands.check import CheckCommand
     from memprofiler.commands.diff import DiffCommand
+    from memprofiler.commands.estimate import EstimateCommand
     from memprofiler.commands.merge_traces import MergeTracesCommand
     from memprofiler.commands.report import ReportCommand
     from memprofiler.commands.snapshot import SnapshotCommand
@@ -37,5 +38,6 @@ def all_commands() -> list[Command]:
         SnapshotCommand(),
         MergeTracesCommand(),
         AdviseCommand(),
+        EstimateCommand(),
     ]
     return commands

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from memprofiler.estimate.api import estimate_memory, estimate_plan
+from memprofiler.estimate.api import estimate_memory, estimate_plan, largest_batch
+from memprofiler.estimate.batch_search import BatchSearch
 from memprofiler.estimate.plan import EstimatePlan
 from memprofiler.estimate.result import MemoryEstimate
 
-__all__ = ["EstimatePlan", "MemoryEstimate", "estimate_memory", "estimate_plan"]
+__all__ = [
+    "BatchSearch",
+    "EstimatePlan",
+    "MemoryEstimate",
+    "estimate_memory",
+    "estimate_plan",
+    "largest_batch",
+]

@@ -8,6 +8,8 @@ from typing import Any
 from torch import nn
 
 from memprofiler.estimate import engine
+from memprofiler.estimate.batch_search import BatchSearch, search
+from memprofiler.estimate.cuda.devices import CUDA_CONTEXT
 from memprofiler.estimate.plan import EstimatePlan
 from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
@@ -77,10 +79,12 @@ def estimate_memory(
             e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-4)``.
         loss_fn: ``loss_fn(model, batch) -> loss``; by default the output's ``loss`` (dict
             key or attribute), itself when scalar, else its sum.
-        world_size: ranks; ``ddp`` and ``fsdp`` only.
+        world_size: ranks; ``ddp``, ``fsdp`` and ``tp`` only.
         strategy: ``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp``
             (FSDP2 ``fully_shard`` on every ``nn.ModuleList`` item and the root, or on the
-            modules ``shard_policy`` picks). Tensor / pipeline parallelism is not modelled.
+            modules ``shard_policy`` picks); ``tp`` (tensor parallelism) needs the model's plan,
+            which :func:`estimate_plan` takes (``parallelize``). Pipeline parallelism is not
+            modelled.
         precision: Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ...
         device: ``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes.
             Either way the steps run on CPU tensors, on every machine, so a GPU node and a
@@ -123,3 +127,34 @@ def estimate_memory(
         device_memory=device_memory,
     )
     return engine.estimate(model, batch, plan)
+
+
+def largest_batch(
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    *,
+    device_memory: int,
+    reserve: int = CUDA_CONTEXT,
+    **options: Any,
+) -> BatchSearch:
+    """The largest batch that fits ``device_memory``, from Python: a few estimates, not a doubling.
+
+    Args:
+        model: the module (ideally on the meta device).
+        make_batch: ``make_batch(rows) -> batch``.
+        device_memory: bytes of one device (:data:`memprofiler.estimate.cuda.devices.MEMORY`).
+        reserve: bytes kept back; by default the CUDA context.
+        options: the other keywords of :func:`estimate_memory` (``optimizer`` included).
+
+    Example:
+        >>> found = largest_batch(model, lambda n: torch.randint(0, 32000, (n, 4096)),  # doctest: +SKIP
+        ...     device_memory=80 * 2**30, optimizer=lambda ps: torch.optim.AdamW(ps), strategy="fsdp")
+        >>> found.largest, found.estimate.peak_bytes  # doctest: +SKIP
+    """
+
+    def one(rows: int) -> MemoryEstimate:
+        est = estimate_memory(model, make_batch(rows), device_memory=device_memory, **options)
+        est.batch_size = rows
+        return est
+
+    return search(one, device_memory, reserve)

@@ -44,7 +44,7 @@ from memprofiler.estimate.plan import EstimatePlan, LossFn, OptimizerFn
 from memprofiler.estimate.probe import Probe
 from memprofiler.estimate.result import MemoryEstimate
 from memprofiler.estimate.saved import SavedBytes
-from memprofiler.estimate.tracker import Ledger, new_tracker
+from memprofiler.estimate.tracker import CAST_CACHE, Ledger, new_tracker
 from memprofiler.tracker_hooks import gradient_free_module_hooks
 
 __all__ = ["LossFn", "OptimizerFn", "as_loss", "default_loss", "describe", "estimate", "meta_copy"]
@@ -160,15 +160,18 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         notes += target_notes(target)
     notes += model_notes(model)
     user_model = model
-    fsdp = plan.strategy == "fsdp"
+    distributed = plan.strategy in strategies.DISTRIBUTED
     loss_fn = plan.loss_fn or default_loss
-    pg = strategies.fake_process_group(plan.world_size) if fsdp else contextlib.nullcontext()
+    pg = strategies.fake_process_group(plan.world_size) if distributed else contextlib.nullcontext()
     with pg:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True) if plan.fake else None
         model = meta_copy(model)  # never touch the caller's module
-        _parallelize(model, plan, fsdp)
+        _parallelize(model, plan, distributed)
+        fsdp = strategies.has_fsdp(
+            model
+        )  # FSDP2's tracker; a tensor-parallel model alone takes the plain one
         tied = _cast_meta(model, strategies.param_dtype(plan.precision))
         # Tensors made with no device (a loss's constant, Adam's step count) go to the run
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
@@ -195,7 +198,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             resident: dict[str, int] = {}
             device = None
             if target is not None and env_conf is not None and workspaces is not None:
-                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps)
+                device = CudaModel(target, tracker, opt, env_conf, workspaces, plan.steps, model)
             parts: list[Part] = [*(device.parts if device is not None else [])]
             if mode is not None:
                 parts.append(KnownValues(batch, fake_batch))
@@ -223,6 +226,14 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     models = [user_model, model]
     extra = device.margins(models, peak, plan.strategy, plan.world_size) if device is not None else []
     notes += [m.line() for m in extra]
+    cast = led.peak_by_category.get(CAST_CACHE, 0)
+    if cast:
+        notes.append(
+            f"autocast's copies of the weights in {plan.precision.split('-')[0]} (its cast cache, kept from a weight's "
+            f"first use to the end of forward and saved for backward) are {cast:,} B of the peak, counted as "
+            f"`{CAST_CACHE}`, not activations; FSDP2's mixed precision (MixedPrecisionPolicy(param_dtype=...)) "
+            "gathers the weights in that dtype instead and keeps no such copy"
+        )
     return MemoryEstimate(
         peak_bytes=peak,
         tensor_peak_bytes=led.peak - led.peak_held,
@@ -231,6 +242,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         resident=resident,
         saved_bytes=saved.unique_bytes,
         peak_module=led.peak_module,
+        peak_op=led.peak_op,
         peak_phase=led.peak_phase,
         peak_step=peak_step,
         strategy=plan.strategy,
@@ -247,21 +259,31 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     )
 
 
-def _parallelize(model: nn.Module, plan: EstimatePlan, fsdp: bool) -> None:
+def _parallelize(model: nn.Module, plan: EstimatePlan, distributed: bool) -> None:
     """The plan's parallelisation of the meta copy, outside fake mode (the device mesh needs real
-    ranks): the user's ``parallelize`` with the plan's mesh, then FSDP2 on what it left unsharded."""
-    if not fsdp:
+    ranks): the user's ``parallelize`` with the plan's mesh, then, under ``fsdp``, FSDP2 on what
+    it left unsharded (``tp`` shards only what ``parallelize`` shards)."""
+    if not distributed:
         if plan.parallelize is not None:
             with torch.device("meta"):
                 plan.parallelize(model, None)
         return
     with strategies.default_mesh_on_run_device(plan.world_size):
+        mesh = strategies.device_mesh(*plan.mesh())
         if plan.parallelize is not None:
-            mesh = strategies.device_mesh(plan.mesh_shape or (plan.world_size,), plan.mesh_dim_names)
             with torch.device("meta"):
                 plan.parallelize(model, mesh)
-        if not strategies.is_fully_sharded(model):
-            strategies.fully_shard_model(model, plan.world_size, plan.shard_policy)
+        if plan.strategy == "tp" and not strategies.is_fully_sharded(model):
+            raise ConfigError(
+                "parallelize",
+                "strategy 'tp' needs a `parallelize(model, mesh)` that shards the model "
+                "(`parallelize_module(model, mesh, plan)`); it left every parameter whole",
+            )
+        if plan.parallelize is not None:
+            # left unsharded (a configure_model that shards nothing): data parallel over every rank
+            mesh = None if strategies.is_fully_sharded(model) else strategies.device_mesh((plan.world_size,))
+        if plan.strategy == "fsdp" and mesh is not None:
+            strategies.fully_shard_model(model, mesh, plan.shard_policy, **plan.fsdp_options())
 
 
 def _optimizer(model: nn.Module, plan: EstimatePlan) -> torch.optim.Optimizer:
@@ -307,11 +329,19 @@ def _one_step(
     tracker.phase = "forward"
     with ModuleStack(model) as stack, quiet_meta_failures():
         try:
-            with saved, strategies.autocast(precision, where):
-                loss = loss_fn(model, batch)
+            tracker.autocast_dtype = strategies.PRECISIONS[precision][0]
+            try:
+                with saved, strategies.autocast(precision, where):
+                    loss = loss_fn(model, batch)
+            finally:
+                tracker.autocast_dtype = None
             with routing_hooks(tracker, loss):
                 loss.backward()
-            opt.step()
+            tracker.optimizer = opt
+            try:
+                opt.step()
+            finally:
+                tracker.optimizer = None
         except fake_errors() as err:
             raise fake_failure(err, stack.innermost()) from None
         except (RuntimeError, IndexError) as err:

@@ -47,7 +47,7 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
             format_bytes(est.resident.get("gradients", 0)),
             format_bytes(est.resident.get("optimizer_state", 0)),
             format_bytes(cat.get("activations", 0)),
-            f"{est.peak_module} ({est.peak_phase}, step {est.peak_step})",
+            f"{est.peak_at} ({est.peak_phase}, step {est.peak_step})",
         ]
         if memory is not None:
             head = est.headroom(memory, reserve)

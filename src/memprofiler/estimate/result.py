@@ -8,8 +8,8 @@ from typing import Any
 #: What no estimate models; printed with every estimate and written into its YAML.
 NOT_MODELLED = (
     "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
-    "side streams: FSDP2's all-gather / reduce-scatter buffers are replayed in the default stream's pools",
-    "tensor and pipeline parallelism",
+    "FSDP2's CPUOffloadPolicy (refused)",
+    "pipeline and context parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses on fake tensors)",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
     "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, for a CUDA target, the attention, layer norm, reduction and embedding backward scratch replayed from torch's source",
@@ -44,6 +44,8 @@ class MemoryEstimate:
     """Bytes saved for backward in one step (the definition of ``saved_tensors.unique_bytes``)."""
     peak_module: str = ""
     """Innermost module running when the peak was reached."""
+    peak_op: str = ""
+    """The op that allocated the byte that made the peak (``aten.mm``, ``aten._log_softmax``)."""
     peak_phase: str = ""
     """``forward``, ``backward`` or ``optimizer``."""
     peak_step: int = 0
@@ -69,6 +71,20 @@ class MemoryEstimate:
     """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
     added to the "fits" decision."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
+
+    @property
+    def peak_at(self) -> str:
+        """Where the peak happened: the module, and the op that made it; the op alone outside
+        every submodule (``aten.nll_loss_forward in the model's own forward``)."""
+        op = self.peak_op
+        where = {
+            "(root)": "the model's own forward",
+            "(outside forward)": "no module",
+            "(none)": "no module",
+        }.get(self.peak_module)
+        if where is None:
+            return f"{self.peak_module}: {op}" if op else self.peak_module
+        return f"{op} in {where}" if op else self.peak_module
 
     def fits(self, device_memory: int, reserve: int = 0) -> bool:
         """Whether the modelled reserved peak plus ``reserve`` fits in ``device_memory`` bytes."""

@@ -46,6 +46,13 @@ CATEGORY = {
     _FSDPRefType.INP.value: "inputs",
 }
 OPT_TEMP = "optimizer_temporaries"
+#: Autocast's copies of the weights in the lower precision, kept in its cast cache from the first
+#: use of a weight until the autocast region ends (``cached_cast``: a float32 leaf that requires
+#: grad). Not activations: their size is the weights', whatever the batch; FSDP2's
+#: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` gathers bf16 weights instead and keeps
+#: no such copy.
+CAST_CACHE = "autocast_weight_cache"
+_TO_COPY = torch.ops.aten._to_copy.default
 #: Ops that make a tensor from Python data (``torch.tensor(...)``).
 _FROM_PYTHON_DATA = frozenset({torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default})
 #: Ops whose CUDA kernel returns its philox seed and offset as CPU scalars outside graph capture
@@ -68,11 +75,13 @@ class Ledger:
         self.peak = 0
         self.peak_by_category: dict[str, int] = {}
         self.peak_module = "(none)"
+        self.peak_op = ""
         self.peak_phase = "setup"
         self.allocator = allocator if allocator is not None else AllocatorReplay()
         self._keys = itertools.count(1)
         self._no_tensor_keys = itertools.count(-1, -1)
         self._state: set[int] = set()  # keys of storages held in optimizer.state
+        self._casts: set[int] = set()  # keys of autocast's cached weight copies
         self.sizes: dict[int, int] = {}  # key -> raw bytes now counted
         self.held = 0  # bytes of workspaces in ``total`` (not tensors)
         self.peak_held = 0
@@ -94,6 +103,8 @@ class Ledger:
         return int(key)
 
     def category(self, winfo: Any, reftype: Any = None) -> str:
+        if self._casts and self.key_of(winfo) in self._casts:
+            return CAST_CACHE
         name = CATEGORY.get(getattr(reftype or winfo.reftype, "value", ""), "other")
         if name == "optimizer_state" and self.key_of(winfo) not in self._state:
             return OPT_TEMP
@@ -102,6 +113,15 @@ class Ledger:
     def move(self, cat: str, delta: int) -> None:
         self.live[cat] = self.live.get(cat, 0) + delta
         self.total += delta
+
+    def mark_cast(self, winfo: Any, nbytes: int) -> None:
+        """A weight copy autocast keeps in its cast cache: its own part, not an activation."""
+        key = self.key_of(winfo)
+        if key in self._casts:
+            return
+        self.move(self.category(winfo), -nbytes)
+        self._casts.add(key)
+        self.move(CAST_CACHE, nbytes)
 
     def mark_state(self, winfo: Any, nbytes: int) -> None:
         """An optimizer-step allocation kept in ``optimizer.state``: state, not a temporary."""
@@ -146,11 +166,21 @@ class LedgerMixin(MemTracker):
     host_rng_count = 0
     _rng_to_host = False
     _host: WeakIdKeyDictionary
+    #: The run device's streams seen allocating, the default first (:meth:`_stream`).
+    streams: list[Any]
     #: Storages (``_cdata``) of the gradients the autograd engine is routing into input
     #: buffers now (:func:`accumulation.routing_hooks`); empty outside those moments.
     routing: frozenset[int] = frozenset()
     #: The buffer gradient whose storage the merge being dispatched takes over (in place).
     _takeover: Any = None
+    #: The op being dispatched: where a peak that no module holds happened (the loss).
+    _op: Any = None
+    #: The optimizer whose step is running: what it has put in ``optimizer.state`` is state
+    #: from that moment (AdamW's moments are made in its first step), not a temporary.
+    optimizer: optim.Optimizer | None = None
+    #: The autocast dtype while the forward runs under autocast (its state is not visible from
+    #: inside a dispatch mode); ``None`` otherwise.
+    autocast_dtype: torch.dtype | None = None
 
     def __enter__(self) -> Any:
         self._quiet_metadata = _quiet_during_metadata_propagation(self)
@@ -168,6 +198,7 @@ class LedgerMixin(MemTracker):
             self._quiet_metadata.__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self._op = func
         if func in _STAND_INS and args and is_fake(args[0]):
             func = _STAND_INS[func]
         if self.quiet:
@@ -183,6 +214,17 @@ class LedgerMixin(MemTracker):
                 return super().__torch_dispatch__(func, types, args, kwargs)
             finally:
                 self._rng_to_host = False
+        if (
+            func is _TO_COPY
+            and self.autocast_dtype is not None
+            and _cached_cast(args, kwargs, self.autocast_dtype)
+        ):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            for st in _storages(out):
+                found = self._WINFO.get(st)
+                if found is not None:
+                    self.ledger.mark_cast(found[0], _nbytes(found[0]))
+            return out
         if func is accumulation.ADD and self.routing:
             old = accumulation.inplace_candidate(self.routing, args, kwargs)
             found = self._WINFO.get(old.untyped_storage()) if old is not None else None
@@ -236,7 +278,7 @@ class LedgerMixin(MemTracker):
         elif u_type == _UpdateType.ADD:
             led.sizes[key] = n
             led.move(led.category(winfo), n)
-            led.allocator.alloc(key, n)
+            led.allocator.alloc(key, n, self._stream())
         elif u_type == _UpdateType.DEL:
             n = led.sizes.pop(key, n)
             led.move(led.category(winfo), -n)
@@ -251,17 +293,35 @@ class LedgerMixin(MemTracker):
             led.move(led.category(winfo), n - led.sizes.get(key, 0))
             led.sizes[key] = n
             led.allocator.free(key)
-            led.allocator.alloc(key, n)
+            led.allocator.alloc(key, n, self._stream())
         self._note_peak()
         super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+
+    def _stream(self) -> int:
+        """The allocator's number (0: the default stream) of the stream allocating now.
+
+        FSDP2 allocates its collectives' buffers under ``device_handle.stream(...)`` of its own
+        streams (:mod:`memprofiler.estimate.parallel.fsdp_streams`); on the CPU the steps run on
+        that is ``torch.cpu.stream``, so ``torch.cpu.current_stream()`` is the stream a CUDA run
+        would allocate on, and the caching allocator keeps its pools per stream.
+        """
+        now = torch.cpu.current_stream()
+        for i, known in enumerate(self.streams):
+            if known is now:
+                return i
+        self.streams.append(now)
+        return len(self.streams) - 1
 
     def _note_peak(self) -> None:
         led = self.ledger
         if led.total > led.peak:
+            if self._in_opt and self.optimizer is not None and led.live.get(OPT_TEMP):
+                self.mark_optimizer_state(self.optimizer)
             led.peak = led.total
             led.peak_by_category = {k: v for k, v in led.live.items() if v}
             led.peak_held = led.held
             led.peak_module = _deepest(self._mod_tracker.parents)
+            led.peak_op = op_name(self._op)
             led.peak_phase = (
                 "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else self.phase
             )
@@ -380,6 +440,24 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [t.untyped_storage()]
 
 
+def _cached_cast(args: Any, kwargs: Any, dtype: torch.dtype) -> bool:
+    """Whether autocast keeps this ``_to_copy`` in its cast cache (torch's ``cached_cast``): a
+    float32 leaf that requires grad, cast to the autocast dtype (the cache is on by default)."""
+    arg = args[0] if args else None
+    if not isinstance(arg, torch.Tensor) or arg.dtype != torch.float32:
+        return False
+    if not (arg.requires_grad and arg.is_leaf and arg._base is None):
+        return False
+    return bool((kwargs or {}).get("dtype") == dtype and torch.is_autocast_cache_enabled())
+
+
+def op_name(func: Any) -> str:
+    """``aten.mm`` for ``aten.mm.default``: the op's name without its overload; ``""`` for none."""
+    if func is None:
+        return ""
+    return str(getattr(func, "_overloadpacket", func))
+
+
 def _deepest(parents: Iterable[str]) -> str:
     names = [p for p in parents if p != "Global"]
     if not names:
@@ -416,6 +494,7 @@ def new_tracker(
     tracker = FSDPTracker(_fsdp_root(module), optimizer) if fsdp else SingleTracker()
     tracker.ledger = Ledger(allocator)
     tracker._host = WeakIdKeyDictionary()
+    tracker.streams = [torch.cpu.current_stream()]
     tracker.phase = "forward"
     if not fsdp:
         tracker.track_external(module, optimizer)

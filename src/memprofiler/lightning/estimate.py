@@ -25,7 +25,7 @@ from torch import nn
 
 from memprofiler.config import urls
 from memprofiler.errors import ConfigError, MemProfilerError
-from memprofiler.estimate import EstimatePlan, engine, estimate_plan
+from memprofiler.estimate import EstimatePlan, batch_search, engine, estimate_plan
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.parallel import strategies
 from memprofiler.estimate.result import MemoryEstimate
@@ -300,21 +300,7 @@ def _memprofiler_save_dir(cfg_init: Any) -> str | None:
 
 
 def _largest_fitting(one: Any, memory: int, reserve: int) -> list[MemoryEstimate]:
-    """Bisection over fake steps: double until a batch does not fit, then halve the gap."""
-    tried: dict[int, MemoryEstimate] = {}
-
-    def fits(bs: int) -> bool:
-        tried[bs] = one(bs)
-        return tried[bs].fits(memory, reserve)
-
-    if not fits(1):
-        return [tried[1]]
-    lo, hi = 1, 2
-    while fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1 << 20:
-            break
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return [tried[k] for k in sorted(tried)]
+    """The largest fitting batch in few estimates (:func:`memprofiler.estimate.batch_search.search`:
+    two batches predict it, both its neighbours confirm it), every estimate made, by batch size."""
+    found = batch_search.search(one, memory, reserve)
+    return [found.tried[k] for k in sorted(found.tried)]

@@ -19,7 +19,17 @@ from memprofiler.reporters.explorer.oom import when_text
 from memprofiler.reporters.explorer.page import explorer_relpath
 from memprofiler.reporters.model.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.model.memory_split import top_with_other
-from memprofiler.reporters.model.report import CallRow, ReportModel, binned, breakdown_rank, report_tables
+from memprofiler.reporters.model.report import (
+    TRACKERS,
+    CallRow,
+    ReportModel,
+    ReportTable,
+    binned,
+    breakdown_rank,
+    report_tables,
+    tracker_title,
+)
+from memprofiler.reporters.model.yaml_tables import module_deltas
 from memprofiler.reporters.parts import svg
 from memprofiler.reporters.parts.cells import (
     auto_cell,
@@ -290,7 +300,7 @@ class HtmlReporter:
             return ""
         out = ["<h2 id='modules'>FSDP and module-wise memory</h2>"]
         if fsdp:
-            out.append("<h3>FSDP peaks per category</h3>")
+            out.append(f"<h3>{escape(tracker_title(reps))}</h3>")
             out.append(
                 table(
                     ["rank", "function", "call", *cats],
@@ -300,35 +310,38 @@ class HtmlReporter:
                     ],
                 )
             )
+        if reps:
+            out.append(
+                "<p class='muted'>Each report: what each module added (the tracker's snapshots at the "
+                "module's boundaries, later minus earlier, children included), then the snapshots "
+                "themselves, folded: those are the whole device's memory at each boundary, the same "
+                "totals on every module's rows, not per-module figures.</p>"
+            )
         for rep in reps:
-            out.append(f"<h3>{escape(rep.kind)} · rank {rep.rank} · {escape(rep.fn)} #{rep.call}</h3>")
+            body = []
             if rep.data is not None:
-                for t in report_tables(rep.data):
-                    if t.title:
-                        out.append(f"<p class='muted'>{escape(t.title)}</p>")
-                    # Only the tracker categories (Parameter, Activation, ...) are bytes; rank,
-                    # call and module_depth are shown as written.
-                    out.append(
-                        table(
-                            t.columns,
-                            [
-                                [
-                                    bytes_cell(v) if j in t.byte_columns and is_number(v) else v
-                                    for j, v in enumerate(r)
-                                ]
-                                for r in t.rows
-                            ],
-                            filterable=True,
-                        )
-                    )
+                deltas = module_deltas(rep.data)
+                if deltas is not None:
+                    body.append(_report_table(deltas))
+                raw = "".join(
+                    (f"<p class='muted'>{escape(t.title)}</p>" if t.title else "") + _report_table(t)
+                    for t in report_tables(rep.data)
+                )
+                body.append(
+                    f"<details><summary>the tracker's snapshots (whole-device totals)</summary>{raw}</details>"
+                )
             if rep.log_path is not None:
                 try:
                     text = rep.log_path.read_text(errors="replace")
                 except OSError:
                     text = "(unreadable)"
-                out.append(
+                body.append(
                     f"<details><summary>{escape(rep.log_path.name)}</summary><pre>{escape(text)}</pre></details>"
                 )
+            title = (
+                f"{escape(TRACKERS.get(rep.kind, rep.kind))} · rank {rep.rank} · {escape(rep.fn)} #{rep.call}"
+            )
+            out.append(f"<details class='mp-report'><summary>{title}</summary>{''.join(body)}</details>")
         return "\n".join(out)
 
     def _snapshots_section(self) -> str:
@@ -383,6 +396,16 @@ class HtmlReporter:
             ]
             out.append(f"<h3 class='oom'>rank {o.rank} OOM #{o.n}</h3>" + table(["field", "value"], flat))
         return "\n".join(out)
+
+
+def _report_table(t: ReportTable) -> str:
+    """A report's table: only the tracker categories (Parameter, Activation, ...) and the
+    module deltas are bytes; rank, call and module_depth are shown as written."""
+    rows = [
+        [bytes_cell(v) if j in t.byte_columns and is_number(v) else v for j, v in enumerate(r)]
+        for r in t.rows
+    ]
+    return table(t.columns, rows, filterable=True)
 
 
 def _function_lines(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,7 +12,7 @@ from memprofiler.analysis.diff import NOISE_RULE, DiffRow, FunctionDiffRow, Unma
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis
 from memprofiler.reporters.model.figures import BANDED, table_figures
 from memprofiler.reporters.model.module_groups import SavedRollup, top_groups
-from memprofiler.reporters.model.report import CallRow, ReportModel
+from memprofiler.reporters.model.report import TRACKERS, CallRow, ReportModel, tracker_title
 from memprofiler.units import format_bytes, format_value
 
 
@@ -139,7 +138,7 @@ class TerminalReporter:
         cats, rows = self.model.tracker_rows()
         if not rows:
             return
-        t = Table(title=_tracker_title(self.model.run.reports))
+        t = Table(title=tracker_title(self.model.run.reports))
         for col in ("rank", "function", "call", *cats):
             t.add_column(escape(col), justify="left" if col == "function" else "right")
         for c, peaks in rows:
@@ -170,7 +169,7 @@ class TerminalReporter:
         reps = self.model.run.reports
         if reps:
             kinds = ", ".join(
-                f"{sum(r.kind == k for r in reps)} of the {_TRACKERS.get(k, k)}"
+                f"{sum(r.kind == k for r in reps)} of the {TRACKERS.get(k, k)}"
                 for k in sorted({r.kind for r in reps})
             )
             console.print(f"module-wise reports: {kinds} (tables in the HTML report)")
@@ -191,20 +190,6 @@ class TerminalReporter:
             console.print(
                 f"[red]OOM dump[/red] rank {oom.rank} #{oom.n}: " + (", ".join(bits) or "no yaml") + same
             )
-
-
-#: The trackers' names, by report kind.
-_TRACKERS = {"fsdp": "FSDP tracker", "module": "module tracker"}
-
-
-def _tracker_title(reports: Sequence[Any]) -> str:
-    """The tracker peaks table's title, named for the tracker that wrote them."""
-    kinds = {r.kind for r in reports}
-    if kinds == {"fsdp"}:
-        return "FSDP tracker peaks per category (fsdp.peak.*)"
-    if kinds == {"module"}:
-        return "Module tracker peaks per category (module_mem.peak.*)"
-    return "Tracker peaks per category (fsdp.peak.* / module_mem.peak.*)"
 
 
 def _max_rank(stats: dict[str, object]) -> object:

@@ -56,7 +56,7 @@ def where_html(
     the host RSS peak otherwise. Every call with that peak gets its bar. The other figures of
     the run (the module-wise tracker's peak, the profiler's memory categories and its
     allocator curve) are views of the same memory: a small table gives each one's peak and
-    how it differs from the lead, and their bars are folded below it.
+    how it differs from the headline peak, and their bars are folded below it.
     ``categories``: ``(label, timeline)`` of each profiler memory-categories timeline, a bar
     each; ``allocator``: ``(label, peak bytes)`` of each profiler trace's allocator curve.
     """
@@ -68,7 +68,7 @@ def where_html(
     counts[CATEGORIES_PEAK] = len(categories)
     multi_rank = len({s.rank for s in found if s.rank >= 0}) > 1
     lead_kind = CUDA_PEAK if model.has_cuda else RSS_PEAK
-    # The call's own split where it is of the lead's peak (the tracker's categories of a CUDA
+    # The call's own split where it is of the headline peak (the tracker's categories of a CUDA
     # peak), else the device's figures alone.
     lead = [s for c in calls if (s := _lead_split(c, lead_kind)) is not None]
     out = ["<h2 id='where'>Where memory goes</h2>"]
@@ -99,7 +99,7 @@ def _lead_split(c: CallRow, kind: str) -> CallSplit | None:
     return own if own is not None and own.peak_name == kind else device_split(c, kind)
 
 
-#: What each view of the peak counts, beside the lead, in one phrase.
+#: What each view of the peak counts, beside the headline peak, in one phrase.
 _COUNTS = {
     CUDA_PEAK: "what the CUDA caching allocator had allocated at its highest: the peak an OOM is about",
     RSS_PEAK: "what the operating system counted for the process at its highest: the peak the host enforces",
@@ -119,7 +119,7 @@ def _views(
     categories: Sequence[tuple[str, CategoryTimeline]],
     allocator: Sequence[tuple[str, int]],
 ) -> str:
-    """The small table of the other views of the lead peak: each one's peak and its difference."""
+    """The small table of the other views of the headline peak: each one's peak and its difference."""
     top = max(s.peak for s in lead)
     rows: list[tuple[str, int, str]] = []
     if lead_kind == CUDA_PEAK:
@@ -137,7 +137,12 @@ def _views(
         return ""
     cuda_lead = lead_kind == CUDA_PEAK
     body: list[list[Any]] = [
-        [Cell(f"<b>{escape(lead_kind)}</b> (the lead)"), bytes_cell(top), "", _COUNTS.get(lead_kind, "")]
+        [
+            Cell(f"<b>{escape(lead_kind)}</b> (the headline peak)"),
+            bytes_cell(top),
+            "",
+            _COUNTS.get(lead_kind, ""),
+        ]
     ]
     for name, peak, what in rows:
         # A host figure beside a GPU's peak measures another device: no difference is drawn.
@@ -151,7 +156,7 @@ def _views(
     return (
         "<div class='mp-views'><p><b>The same memory, other views.</b> The bars above are the peak the device enforces; "
         "the run's other figures count a part of it, or more, each its own way:</p>"
-        + table(["view", "peak", "vs. the lead", "what it counts"], body)
+        + table(["view", "peak", "vs. the headline peak", "what it counts"], body)
         + "</div>"
     )
 

@@ -380,6 +380,7 @@ _UNREADABLE = {
     "Bytes": "the memory event skipped",
     "Total Allocated": "read as 0",
     "Total Reserved": "read as 0",
+    "cat": "the event skipped",
 }
 
 
@@ -407,8 +408,9 @@ class _Fields:
         out = []
         for key in _UNREADABLE:
             if n := self.unreadable[key]:
+                what = "a string" if key == "cat" else "a finite number"
                 out.append(
-                    f"{path.name}: {n:,} event(s) with a `{key}` that is not a number (or past float's range) "
+                    f"{path.name}: {n:,} event(s) with a `{key}` that is not {what} "
                     f"(first: {self.example[key]}): {_UNREADABLE[key]}"
                 )
             if n := self.converted[key]:
@@ -505,6 +507,9 @@ class _Reader:
                     start = ts
                 seq += 1
                 cat = ev.cat
+                if cat.__class__ is not str:  # a list or an object: no category the views read
+                    self.fields.seen("cat", cat, False)
+                    continue
                 if cat in wanted or (
                     cat == "python_function"
                     and ev.name.__class__ is str

@@ -164,6 +164,24 @@ class SeedSegment:
     blocks: tuple[SeedBlock, ...]
 
 
+@dataclass
+class StreamFigures:
+    """One stream's bytes in blocks and in segments, now and at their peaks."""
+
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+
+    def allocate(self, nbytes: int) -> None:
+        self.allocated += nbytes
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def reserve(self, nbytes: int) -> None:
+        self.reserved += nbytes
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+
 @dataclass(eq=False)
 class _Block:
     segment: int
@@ -214,6 +232,9 @@ class AllocatorReplay:
     """Requests per pool kind (small: True) so far: the garbage collector's clock."""
     what_if: bool = False
     """A :class:`MirroredReplay`'s twin: its figures are a what-if, not the estimate's."""
+    by_stream: dict[int, StreamFigures] = field(default_factory=dict)
+    """Each stream's own figures: its pools are its own (a block freed in one stream's pool is
+    never given to a request on another)."""
 
     @classmethod
     def seeded(
@@ -235,8 +256,10 @@ class AllocatorReplay:
                 if b.key is not None:
                     r._live[b.key] = ((seed.stream, seed.small), seg, blk)
                     r.allocated += b.size
+                    r._stream(seed.stream).allocate(b.size)
             r._pools.setdefault((seed.stream, seed.small), []).append(seg)
             r.reserved += seg.size
+            r._stream(seed.stream).reserve(seg.size)
         r.peak_allocated, r.peak_reserved = r.allocated, r.reserved
         return r
 
@@ -267,14 +290,16 @@ class AllocatorReplay:
         self._live[key] = (pool_key, seg, blk)
         self.allocated += blk.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._stream(stream).allocate(blk.size)
 
     def free(self, key: int) -> None:
         """Return request ``key``'s block to its pool, merging it with free neighbours."""
         found = self._live.pop(key, None)
         if found is None:
             return
-        (_, small), seg, blk = found
+        (stream, small), seg, blk = found
         self.allocated -= blk.size
+        self._stream(stream).allocated -= blk.size
         blk.free = True
         i = seg.blocks.index(blk)
         if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
@@ -338,7 +363,7 @@ class AllocatorReplay:
         blk = _Block(self.segments, 0, seg_bytes)
         seg = _Segment(self.segments, seg_bytes, [blk], self._address(seg_bytes))
         pool.append(seg)
-        self._reserve(seg_bytes)
+        self._reserve(seg_bytes, pool_key[0])
         return seg, blk
 
     def _map_pages(
@@ -359,15 +384,22 @@ class AllocatorReplay:
             seg.blocks.append(tail)
         tail.size += grow
         seg.size += grow
-        self._reserve(grow)
+        self._reserve(grow, pool_key[0])
         return seg, tail
 
     def _address(self, nbytes: int) -> int:
         return self.segments if self.segment_address is None else self.segment_address(nbytes)
 
-    def _reserve(self, nbytes: int) -> None:
+    def _reserve(self, nbytes: int, stream: int) -> None:
         self.reserved += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._stream(stream).reserve(nbytes)
+
+    def _stream(self, stream: int) -> StreamFigures:
+        found = self.by_stream.get(stream)
+        if found is None:
+            found = self.by_stream[stream] = StreamFigures()
+        return found
 
     def _allowed(self) -> int | None:
         if self.capacity is None or self.memory_fraction is None:
@@ -395,6 +427,7 @@ class AllocatorReplay:
     def _release(self, pool_key: tuple[int, bool], seg: _Segment) -> None:
         self._pools[pool_key].remove(seg)
         self.reserved -= seg.size
+        self._stream(pool_key[0]).reserved -= seg.size
         self.released += seg.size
 
     def _release_available(self, pool_key: tuple[int, bool], size: int) -> None:
@@ -504,4 +537,5 @@ _REPLAY_STATE = (
     "_pools",
     "_live",
     "_requests",
+    "by_stream",
 )

@@ -177,7 +177,7 @@ def margins(
             )
         )
     out += [Margin(reason, n) for reason, n in cudnn or [] if n > 0]
-    if strategy in ("ddp", "fsdp") and world_size > 1:
+    if strategy in ("ddp", "fsdp", "tp") and world_size > 1:
         buff, bad = nccl_buffsize(env)
         out.append(
             Margin(

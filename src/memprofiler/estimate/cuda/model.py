@@ -25,6 +25,7 @@ from memprofiler.estimate.cuda.stats import FloatStats
 from memprofiler.estimate.cuda.target import CudaTarget
 from memprofiler.estimate.cuda.workspaces import CONV_ENVELOPE, BlasWorkspaces, WorkspacePlan
 from memprofiler.estimate.notes import CONV_SCRATCH
+from memprofiler.estimate.parallel.fsdp_streams import stream_names
 from memprofiler.estimate.part import Part
 
 
@@ -153,11 +154,13 @@ class Optimizer(Part):
 
 
 class Allocator(Part):
-    """The caching allocator's settings, and what it released to make room."""
+    """The caching allocator's settings, what it released to make room, and its pools per stream."""
 
-    def __init__(self, conf: AllocConf, tracker: Any) -> None:
+    def __init__(self, conf: AllocConf, tracker: Any, model: nn.Module) -> None:
         self._conf = conf
         self._allocator = tracker.ledger.allocator
+        self._tracker = tracker
+        self._model = model
 
     def notes(self, notes: list[str]) -> list[str]:
         out = [*notes, allocator_note(self._conf)]
@@ -165,6 +168,17 @@ class Allocator(Part):
             out.append(
                 f"the allocator released {self._allocator.released:,} B of cached segments to make room "
                 "(as it does before an OOM)"
+            )
+        by_stream = self._allocator.by_stream
+        if len(by_stream) > 1:
+            names = stream_names(self._model, self._tracker.streams)
+            pools = "; ".join(
+                f"{names.get(s, f'stream {s}')} {f.peak_allocated:,} B in blocks, {f.peak_reserved:,} B reserved"
+                for s, f in sorted(by_stream.items())
+            )
+            out.append(
+                "caching allocator pools per stream (a block freed in one stream's pool is not reused by "
+                f"another; FSDP2's buffers are allocated on its own streams), peaks: {pools}"
             )
         return out
 
@@ -180,6 +194,7 @@ class CudaModel:
         conf: AllocConf,
         workspaces: WorkspacePlan,
         steps: int,
+        model: nn.Module,
     ) -> None:
         self.target = target
         self.custom = CustomOps()
@@ -191,7 +206,7 @@ class CudaModel:
             Scratch(target, tracker),
             Stats(),
             Dispatch(target, steps),
-            Allocator(conf, tracker),
+            Allocator(conf, tracker, model),
         ]
 
     def workspace_bytes(self) -> dict[str, int]:

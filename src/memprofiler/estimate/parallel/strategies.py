@@ -14,8 +14,12 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 
-STRATEGIES = ("single", "ddp", "fsdp")
-NOT_SUPPORTED = "tensor and pipeline parallelism are not modelled: estimate their data-parallel part only"
+STRATEGIES = ("single", "ddp", "fsdp", "tp")
+#: Strategies that run on a fake process group of ``world_size`` ranks.
+DISTRIBUTED = ("fsdp", "tp")
+NOT_SUPPORTED = (
+    "pipeline and context parallelism are not modelled: estimate one stage's data- and tensor-parallel part"
+)
 #: Lightning's precision names to (autocast dtype, parameter dtype).
 PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype]] = {
     "32-true": (None, torch.float32),
@@ -47,7 +51,7 @@ def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError("world_size", f"got {world_size!r}; use an integer >= 1")
     if strategy == "single" and world_size != 1:
-        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp' or 'fsdp'")
+        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp', 'fsdp' or 'tp'")
     if precision not in PRECISIONS:
         raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -128,11 +132,13 @@ def default_mesh_on_run_device(world_size: int) -> Iterator[None]:
             setattr(impl, name, fn)
 
 
-def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Module], bool] | None) -> None:
-    """Apply FSDP2's ``fully_shard`` to the modules ``policy`` picks, then to the root."""
+def fully_shard_model(
+    model: nn.Module, mesh: Any, policy: Callable[[nn.Module], bool] | None, **options: Any
+) -> None:
+    """Apply FSDP2's ``fully_shard`` (with ``options``) to the modules ``policy`` picks, then to the
+    root; a 2D ``mesh`` ``(replicate, shard)`` makes it HSDP."""
     from torch.distributed.fsdp import fully_shard
 
-    mesh = device_mesh((world_size,))
     picked: list[nn.Module] = []
     if policy is None:
         for m in model.modules():
@@ -141,8 +147,15 @@ def fully_shard_model(model: nn.Module, world_size: int, policy: Callable[[nn.Mo
     else:
         picked = [m for m in model.modules() if m is not model and policy(m)]
     for m in picked:
-        fully_shard(m, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(m, mesh=mesh, **options)
+    fully_shard(model, mesh=mesh, **options)
+
+
+def has_fsdp(model: nn.Module) -> bool:
+    """Whether FSDP2's ``fully_shard`` was applied anywhere in ``model`` (its tracker needs it)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def is_fully_sharded(model: nn.Module) -> bool:

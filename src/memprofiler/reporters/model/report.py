@@ -133,6 +133,20 @@ class ReportModel:
         return cats, rows
 
 
+#: The trackers' names, by report kind.
+TRACKERS = {"fsdp": "FSDP tracker", "module": "module tracker"}
+
+
+def tracker_title(reports: Sequence[Any]) -> str:
+    """The tracker peaks table's title, named for the tracker that wrote them."""
+    kinds = {r.kind for r in reports}
+    if kinds == {"fsdp"}:
+        return "FSDP tracker peaks per category (fsdp.peak.*)"
+    if kinds == {"module"}:
+        return "Module tracker peaks per category (module_mem.peak.*)"
+    return "Tracker peaks per category (fsdp.peak.* / module_mem.peak.*)"
+
+
 @dataclass(frozen=True)
 class Band:
     """Min, median and max of one figure over calls."""

@@ -135,3 +135,63 @@ def nested_tables(data: Any, title: str = "") -> list[tuple[str, list[str], list
     if isinstance(data, list):
         return [(title, ["value"], [[v] for v in data])]
     return [(title, ["value"], [[data]])]
+
+
+#: What the per-module table derives from a module's snapshots: ``(column, later phases,
+#: earlier phases)``, each the later snapshot's total minus the earlier one's; the first phase
+#: name a module has is read (``MemTracker``'s names, then ``FSDPMemTracker``'s).
+MODULE_DELTAS = (
+    ("forward leaves", ("Post-Forward", "After Post-Forward"), ("Pre-Forward", "Before Pre-Forward")),
+    ("forward peak above its start", ("Peak-Forward", "Peak Forward"), ("Pre-Forward", "Before Pre-Forward")),
+    (
+        "backward peak above its start",
+        ("Peak-Backward", "Peak Backward"),
+        ("Pre-Backward", "Before Pre-Backward"),
+    ),
+)
+
+
+def _phase(phases: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    return next((phases[n] for n in names if n in phases), None)
+
+
+def _total(snaps: Any, device: str) -> int | None:
+    """The ``Total`` (or ``total``) of ``device`` in a phase's first snapshot."""
+    if not isinstance(snaps, list) or not snaps or not isinstance(snaps[0], Mapping):
+        return None
+    per_dev = snaps[0].get(device)
+    if not isinstance(per_dev, Mapping):
+        return None
+    v = per_dev.get("Total", per_dev.get("total"))
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def module_deltas(data: Any) -> ReportTable | None:
+    """Per module, what it added: its forward's bytes left at its end and its forward's and
+    backward's peaks above their start, from the tracker's snapshots at the module's boundaries.
+
+    The tracker's snapshots themselves are the whole device's memory at each boundary: every
+    module's rows repeat the global totals. Their differences belong to the module (children
+    included). ``None`` when the report has no module-wise snapshots.
+
+    Example:
+        >>> snap = lambda t: [{"cpu": {"Total": t}}]
+        >>> module_deltas({"modules": {"m": {"Pre-Forward": snap(10), "Post-Forward": snap(25),
+        ...     "Peak-Forward": snap(40)}}}).rows
+        [['m', 'cpu', 15, 30, None]]
+    """
+    mods = data.get("modules") if isinstance(data, Mapping) else None
+    if not _is_modulewise(mods):
+        return None
+    assert isinstance(mods, Mapping)
+    rows: list[list[Any]] = []
+    for mod, phases in mods.items():
+        devices = [str(d) for ss in phases.values() for s in ss[:1] for d in s]
+        for dev in dict.fromkeys(devices):
+            cells: list[Any] = [str(mod), dev]
+            for _, later, earlier in MODULE_DELTAS:
+                a, b = _total(_phase(phases, later), dev), _total(_phase(phases, earlier), dev)
+                cells.append(a - b if a is not None and b is not None else None)
+            rows.append(cells)
+    cols = ["module", "device", *(c for c, _, _ in MODULE_DELTAS)]
+    return ReportTable("what each module added", cols, rows, frozenset(range(2, len(cols))))

@@ -1,0 +1,130 @@
+"""``memprofiler estimate MODEL``: one rank's peak for a model named on the command line, on a
+GPU named by its kind, and the largest batch that fits. The parser is
+:mod:`memprofiler.commands.estimate`; this is the torch side it calls."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memprofiler.errors import ConfigError
+from memprofiler.estimate import batch_search
+from memprofiler.estimate.api import estimate_memory
+from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
+from memprofiler.estimate.named import load_model
+from memprofiler.estimate.output import render_table, write_estimates
+from memprofiler.estimate.result import MemoryEstimate
+from memprofiler.units import format_bytes, parse_size
+
+#: Optimizers by the name ``--optimizer`` takes, with the learning rate irrelevant to memory.
+OPTIMIZERS: dict[str, Any] = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-4),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-4),
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
+    "sgd-plain": lambda ps: torch.optim.SGD(ps, lr=1e-2),
+}
+
+
+@dataclass
+class Budget:
+    """The device memory the estimate must fit in, and what is kept back, each said in words."""
+
+    memory: int | None
+    reserve: int
+    lines: list[str]
+
+
+def budget(args: argparse.Namespace) -> Budget:
+    """``--device-memory`` or the ``--gpu`` variant's memory; the CUDA context and ``--reserve``.
+
+    Raises:
+        ConfigError: a bad size, or ``--gpu`` naming a GPU of unknown memory without ``--device-memory``.
+    """
+    lines: list[str] = []
+    memory: int | None = None
+    if args.device_memory:
+        memory = int(parse_size(args.device_memory, "--device-memory"))
+        lines.append(f"device memory {format_bytes(memory)} (--device-memory)")
+    elif args.device == "cuda":
+        found = device_memory(args.gpu)
+        memory = found.total
+        lines.append(
+            f"device memory {format_bytes(memory)}: {found.variant} ({found.source}); another variant: --device-memory"
+        )
+    context = int(parse_size(args.context, "--context")) if args.context is not None else CUDA_CONTEXT
+    extra = int(parse_size(args.reserve, "--reserve"))
+    if memory is not None:
+        if context:
+            lines.append(
+                f"CUDA context counted: {format_bytes(context)} kept back (the driver's context and torch's "
+                "kernels, a typical figure; --context 0 leaves it out)"
+            )
+        if extra:
+            lines.append(f"reserve {format_bytes(extra)} kept back (--reserve)")
+    return Budget(memory, context + extra if memory is not None else extra, lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Estimate, print the table and the budget lines, write ``memory_estimate.yaml``."""
+    t0 = time.perf_counter()
+    named = load_model(args.model)
+    plan = budget(args)
+    notes: list[str] = []
+    if args.checkpointing:
+        notes.append(named.checkpoint())
+    loss_fn = named.loss_fn()
+    if named.takes_labels:
+        notes.append("loss: the model's own, from `labels` (the input ids)")
+    optimizer = OPTIMIZERS[args.optimizer]
+
+    def one(rows: int) -> MemoryEstimate:
+        est = estimate_memory(
+            named.model,
+            named.batch(rows, args.seq_len),
+            optimizer=optimizer,
+            loss_fn=loss_fn,
+            strategy=args.strategy,
+            world_size=args.world_size,
+            precision=args.precision,
+            device=args.device,
+            steps=args.steps,
+            gpu=args.gpu if args.device == "cuda" else None,
+            torch_version=args.torch_version,
+            device_memory=plan.memory,
+        )
+        est.batch_size = rows
+        est.notes = [*notes, *est.notes]
+        return est
+
+    auto = args.batch_size == "auto"
+    if auto:
+        if plan.memory is None:
+            raise ConfigError(
+                "--batch-size", "`auto` needs the device's memory: --gpu H100 or --device-memory 80GiB"
+            )
+        found = batch_search.search(one, plan.memory, plan.reserve)
+        results = [found.tried[k] for k in sorted(found.tried)]
+        if not results:
+            raise ConfigError("--batch-size", "no batch size was estimated")
+    else:
+        results = [one(int(b)) for b in args.batch_size.split(",")]
+    print(render_table(results, plan.memory, plan.reserve))
+    for line in plan.lines:
+        print(f"budget: {line}")
+    if auto:
+        best = found.estimate
+        print(
+            f"largest batch that fits: {found.largest} x {args.seq_len} per rank "
+            f"({len(found.tried)} estimates)"
+            + (f", peak {format_bytes(best.peak_bytes)}" if best is not None else "")
+        )
+    out = Path(args.save_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    path = write_estimates(out, results, plan.memory, plan.reserve, auto=auto)
+    print(f"written: {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0

@@ -1,0 +1,163 @@
+"""``memprofiler estimate MODEL``: a Hugging Face config or module:factory in one command; the
+device's memory from ``--gpu``; the largest batch in few estimates, from the command and Python.
+
+The tiny LLaMA below has 115,008 parameters: embeddings and the untied head 256 x 64 each,
+per layer q, k, v, o (4 x 64 x 64) + gate, up, down (3 x 64 x 128) + two norms (2 x 64), and
+the final norm (64): 2 x 16,384 + 2 x 41,088 + 64.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from memprofiler.__main__ import main
+from memprofiler.estimate import largest_batch
+from memprofiler.estimate.batch_search import search
+from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
+from memprofiler.estimate.result import MemoryEstimate
+
+PARAMS = 2 * 256 * 64 + 2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(CONFIG))
+    return tmp_path / "tiny"
+
+
+def _estimates(out: Path) -> list[dict]:
+    return yaml.safe_load((out / "memory_estimate.yaml").read_text())["estimates"]
+
+
+def test_a_config_directory_in_one_command_fsdp_adamw(tiny, tmp_path, capsys):
+    # WHEN a Hugging Face config directory is estimated for 2 ranks of FSDP2, AdamW, bf16-mixed
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "estimate",
+            str(tiny),
+            "--world-size",
+            "2",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "1",
+            "--save-dir",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert rc == 0
+    [est] = _estimates(out)
+    # THEN each rank holds half the float32 parameters, and AdamW's two moments of them
+    assert PARAMS == 115_008
+    assert est["strategy"] == "fsdp" and est["precision"] == "bf16-mixed"
+    assert est["resident"]["parameters"] == 4 * PARAMS // 2
+    assert est["resident"]["optimizer_state"] == 2 * 4 * PARAMS // 2
+    # AND the model's own loss is trained, from the ids as labels, and the peak names its op
+    assert "note: loss: the model's own, from `labels` (the input ids)" in printed
+    assert est["peak_op"].startswith("aten.")
+    # AND the budget says which H100 and that the CUDA context is counted
+    assert (
+        "budget: device memory 79.11 GiB: H100 SXM 80 GB HBM3 (torch's total capacity, 79.11 GiB); "
+        "another variant: --device-memory"
+    ) in printed
+    assert "budget: CUDA context counted: 512.00 MiB kept back" in printed
+    assert yaml.safe_load((out / "memory_estimate.yaml").read_text())["reserve_bytes"] == CUDA_CONTEXT
+
+
+def tiny_mlp() -> nn.Module:
+    """A factory for ``module:factory``: 64 -> 256 -> 64, no vocabulary."""
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+
+
+def test_module_factory_without_a_vocabulary_says_how_to_go_on(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    assert main(["estimate", "test_one_command:tiny_mlp", "--seq-len", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "test_one_command:tiny_mlp: the model names no vocabulary" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["nowhere"],
+            "`MODEL`: 'nowhere' is neither a file or directory (a Hugging Face config.json) nor module:factory",
+        ),
+        (["no_such_module:f"], "`MODEL`: 'no_such_module:f': cannot import it"),
+        (["TINY", "--gpu", "L4"], "`--gpu`: no memory size known for 'L4'; give it with --device-memory"),
+        (["TINY", "--batch-size", "0"], "`--batch-size`: got '0'; give N, N,M,... or auto"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tiny, capsys, args, message):
+    rc = main(["estimate", *[str(tiny) if a == "TINY" else a for a in args]])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_the_gpu_table_names_the_variant():
+    assert device_memory("NVIDIA H100 80GB HBM3").total == int(79.11 * 2**30)
+    assert device_memory("H200").total == 150_109_880_320  # tests/fixtures/gpu_oom_run's record
+
+
+def _linear(base: int, per_row: int, step: int = 2 * 2**20):
+    """Estimates whose peak is ``base + per_row x rows``, rounded up to the allocator's ``step``."""
+    calls: list[int] = []
+
+    def one(rows: int) -> MemoryEstimate:
+        calls.append(rows)
+        v = -(-(base + per_row * rows) // step) * step
+        return MemoryEstimate(peak_bytes=v, tensor_peak_bytes=v, batch_size=rows)
+
+    return one, calls
+
+
+def test_the_search_predicts_then_confirms_in_four_estimates():
+    # GIVEN 12.31 GiB fixed and 3.44 GiB a row on 79.11 GiB less 512 MiB: (79.11 - 0.5 - 12.31) / 3.44 = 19.27
+    gib = 2**30
+    one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
+    found = search(one, int(79.11 * gib), CUDA_CONTEXT)
+    # THEN 19 rows, from rows 1 and 2, the prediction 19 and its neighbour 20 (doubling and
+    # bisecting takes 1, 2, 4, 8, 16, 32, 24, 20, 18, 19: ten)
+    assert found.largest == 19 and calls == [1, 2, 19, 20]
+
+
+@pytest.mark.parametrize("memory", [0, 300, 1_000, 4_096, 65_536, 1_000_003])
+@pytest.mark.parametrize(("base", "per_row", "step"), [(100, 3, 1), (1000, 7, 512), (0, 1000, 64)])
+def test_the_search_agrees_with_trying_every_batch(memory, base, per_row, step):
+    one, _ = _linear(base, per_row, step)
+    brute = 0
+    while one(brute + 1).headroom(memory) >= 0:
+        brute += 1
+    assert search(_linear(base, per_row, step)[0], memory).largest == brute
+
+
+def test_largest_batch_from_python_agrees_with_each_estimate():
+    # GIVEN a small MLP estimated as tensor bytes (device cpu), with room for a few rows
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512))
+    opts = {"optimizer": lambda ps: torch.optim.SGD(ps, lr=0.1), "device": "cpu"}
+    found = largest_batch(model, lambda n: torch.randn(n, 512), device_memory=22 * 2**20, reserve=0, **opts)
+    # THEN the answer fits and one more row does not, by the estimates the search made
+    assert found.largest > 1
+    assert found.tried[found.largest].fits(22 * 2**20)
+    assert not found.tried[found.largest + 1].fits(22 * 2**20)
+    assert len(found.tried) <= 8  # doubling to 512 then bisecting to 393 takes 18

@@ -38,7 +38,7 @@ def advice() -> Any:
 
 
 def test_the_base_row_is_the_plain_estimate(advice):
-    assert (advice.base.peak_bytes, advice.base.reserved_bytes) == _est()
+    assert (advice.base.peak_bytes, advice.base.reserved_bytes) == _est(device_memory=advice.budget)
     assert not advice.base.fits
 
 
@@ -53,14 +53,16 @@ def test_the_base_row_is_the_plain_estimate(advice):
 def test_checkpointing_equals_the_wrapped_model_estimated(advice, name, blocks, kwargs):
     row = _row(advice, name)
     model = wrap_by_hand(meta_stack(), "blocks", blocks, **kwargs)
-    assert (row.peak_bytes, row.reserved_bytes) == _est(model)
+    assert (row.peak_bytes, row.reserved_bytes) == _est(model, device_memory=advice.budget)
     assert row.cost.recompute_flops > 0
 
 
 def test_checkpoint_blocks_are_the_fewest_that_fit_and_each_is_estimated(advice):
     row = _row(advice, "checkpoint-blocks")
     n = int(row.change.split("first ")[1].split(" ")[0])
-    assert (row.peak_bytes, row.reserved_bytes) == _est(wrap_by_hand(meta_stack(), "blocks", list(range(n))))
+    assert (row.peak_bytes, row.reserved_bytes) == _est(
+        wrap_by_hand(meta_stack(), "blocks", list(range(n))), device_memory=advice.budget
+    )
     if row.fits and n > 1:  # one block fewer does not fit
         fewer = estimate_memory(
             wrap_by_hand(meta_stack(), "blocks", list(range(n - 1))),
@@ -75,7 +77,7 @@ def test_checkpoint_blocks_are_the_fewest_that_fit_and_each_is_estimated(advice)
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_precision_equals_the_estimate_at_that_precision(advice, precision):
     row = _row(advice, precision)
-    assert (row.peak_bytes, row.reserved_bytes) == _est(precision=precision)
+    assert (row.peak_bytes, row.reserved_bytes) == _est(precision=precision, device_memory=advice.budget)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +90,7 @@ def test_precision_equals_the_estimate_at_that_precision(advice, precision):
 )
 def test_optimizer_changes_equal_the_estimate_with_that_optimizer(advice, name, factory):
     row = _row(advice, name)
-    assert (row.peak_bytes, row.reserved_bytes) == _est(optimizer=factory)
+    assert (row.peak_bytes, row.reserved_bytes) == _est(optimizer=factory, device_memory=advice.budget)
 
 
 def test_micro_batch_with_accumulation_equals_accumulating_by_hand(advice):
@@ -104,6 +106,7 @@ def test_micro_batch_with_accumulation_equals_accumulating_by_hand(advice):
         optimizer=lambda ps: EverySecondStep(ps, lr=1e-3),
         loss_fn=square_mean,
         steps=4 if k > 1 else 2,
+        device_memory=advice.budget,
     )
     assert (row.peak_bytes, row.reserved_bytes) == (by_hand.peak_bytes, by_hand.reserved_peak_bytes)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from models import EverySecondStep, adamw, meta_stack, square_mean, wrap_by_hand
+from advice_models import EverySecondStep, adamw, meta_stack, square_mean, wrap_by_hand
 
 from memprofiler import advise, estimate_memory
 from memprofiler.advice.checkpointing import selective_context

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from models import adamw, meta_stack, square_mean
+from advice_models import adamw, meta_stack, square_mean
 
 from memprofiler import advise
 from memprofiler.estimate import EstimatePlan, estimate_plan

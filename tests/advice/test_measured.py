@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from models import EverySecondStep, Stack, adamw, meta_stack, square_mean, wrap_by_hand
+from advice_models import EverySecondStep, Stack, adamw, meta_stack, square_mean, wrap_by_hand
 
 from census import census_peak
 from memprofiler import advise, estimate_memory

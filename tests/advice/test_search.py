@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from models import adamw, meta_stack, square_mean
+from advice_models import adamw, meta_stack, square_mean
 
 from memprofiler import advise
 from memprofiler.advice import search

@@ -286,7 +286,7 @@ class _TwoInputs(nn.Module):
 
 
 def test_the_window_holds_no_gradient_the_unprofiled_step_frees(tmp_path):
-    from estimate.models import census_peak
+    from census import census_peak
 
     torch.manual_seed(0)
     net = _TwoInputs()

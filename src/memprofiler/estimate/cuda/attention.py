@@ -232,13 +232,6 @@ def saved_stats_bytes(c: Call) -> int:
     return int(c.q.shape[0] * c.q.shape[1] * c.q.shape[-2]) * 4
 
 
-def math_saved_bytes(c: Call) -> int:
-    """The attention matrix the math path keeps (one, plus the dropout mask and result with dropout)."""
-    elems = int(c.q.shape[0] * c.q.shape[1] * c.q.shape[-2] * c.k.shape[-2])
-    size = 4 if c.q.dtype in HALF else c.q.element_size()
-    return elems * size * (1 if c.dropout == 0 else 2) + (elems if c.dropout else 0)
-
-
 @dataclass
 class AttentionLog:
     """Per (backend, reason): calls and what one call saves, for the estimate's notes."""

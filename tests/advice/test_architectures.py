@@ -258,7 +258,10 @@ def test_a_two_rank_fsdp_plan_and_ddp_to_fsdp():
     assert (
         row.cost.comm_bytes == params * 4 // 2
     )  # one more all-gather of fp32 parameters, (2-1)/2 of them sent
-    assert row.saved_bytes > 0
+    # the shards hold fewer tensor bytes, but on a model this small FSDP2's all-gather and
+    # reduce-scatter stream pools take one 2 MiB segment more than DDP reserves: the row says so
+    assert row.peak_bytes < ddp.base.peak_bytes
+    assert row.saved_bytes == ddp.base.reserved_bytes - row.reserved_bytes
 
 
 def test_a_change_the_estimate_refuses_is_reported_not_raised():

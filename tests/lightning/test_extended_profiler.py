@@ -495,4 +495,5 @@ def test_memprofilers_own_work_stays_out_of_the_summary_and_its_cost_is_said_at_
     # AND the model's operators the tracker dispatched are still there, with what was left out said
     assert any(n.startswith("aten::addmm") for n in names)
     assert re.search(r"memprofiler's own work is left out of this table: [\d,]+ events, [\d,.]+ ms", summary)
-    assert "(and 1 thread of its own)" in summary
+    # the sampler's thread at least (a profiler cycle may see it under more than one thread id)
+    assert re.search(r"\(and \d+ threads? of its own\)", summary)

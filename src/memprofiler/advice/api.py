@@ -14,10 +14,11 @@ from memprofiler.advice import candidates as cands
 from memprofiler.advice import search
 from memprofiler.advice.checkpointing import need_blocks
 from memprofiler.advice.flops import ForwardFlops, recording
-from memprofiler.advice.plan import Plan, default_loss
+from memprofiler.advice.plan import Plan
 from memprofiler.advice.progress import Progress
 from memprofiler.advice.result import Advice
 from memprofiler.errors import ConfigError
+from memprofiler.estimate import default_loss
 
 
 def advise(

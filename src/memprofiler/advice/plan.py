@@ -14,8 +14,7 @@ from torch import nn
 
 from memprofiler.advice import checkpointing
 from memprofiler.advice.optimizers import OptimizerSpec
-from memprofiler.errors import ConfigError
-from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_memory, estimate_plan
+from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_plan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -131,26 +130,6 @@ def micro_batch(batch: Any, rows: int) -> Any:
     return tree_map_only(torch.Tensor, cut, batch)
 
 
-def default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The estimate's default loss: forward the batch (a tuple/list is unpacked), then :func:`as_loss`."""
-    return as_loss(model(*batch) if isinstance(batch, (tuple, list)) else model(batch))
-
-
-def as_loss(out: Any) -> torch.Tensor:
-    """The loss in an output: ``out["loss"]``, ``out.loss``, its first tensor, itself; summed if not scalar."""
-    if isinstance(out, dict) and "loss" in out:
-        out = out["loss"]
-    elif not isinstance(out, torch.Tensor) and isinstance(getattr(out, "loss", None), torch.Tensor):
-        out = out.loss
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        out = out[0]
-    if not isinstance(out, torch.Tensor):
-        raise ConfigError(
-            "loss_fn", f"the model returned {type(out).__name__}; pass `loss_fn` that returns the loss"
-        )
-    return out if out.dim() == 0 else out.sum()
-
-
 #: Micro-batches an accumulation estimate runs per optimizer step: from the second on, each one
 #: starts with the gradients of the ones before resident, so the second's peak is every later one's.
 ACCUMULATION_RUN = 2
@@ -222,58 +201,35 @@ def estimate(plan: Plan) -> MemoryEstimate:
     runs = min(plan.accumulation, ACCUMULATION_RUN)
     if runs > 1:
         optimizer = functools.partial(_accumulating, optimizer, runs)
-    if plan.parallelize is not None:
-        shape, names = plan.mesh_shape_of_parallelize or (None, None)
-        return estimate_plan(
-            build_model(plan),
-            build_batch(plan),
-            EstimatePlan(
-                optimizer=optimizer,
-                loss_fn=plan.loss_fn,
-                strategy=plan.strategy,
-                world_size=plan.world_size,
-                precision=plan.precision,
-                device=plan.device,
-                steps=plan.steps * runs,
-                gpu=plan.gpu,
-                torch_version=plan.torch_version,
-                device_memory=plan.device_memory,
-                parallelize=plan.parallelize,
-                mesh_shape=shape,
-                mesh_dim_names=names,
-            ),
-        )
-    if sharded_as_planned(plan):
-        return estimate_plan(
-            build_model(plan),
-            build_batch(plan),
-            EstimatePlan(
-                optimizer=optimizer,
-                loss_fn=plan.loss_fn,
-                strategy=plan.strategy,
-                world_size=plan.world_size,
-                precision=plan.precision,
-                device=plan.device,
-                steps=plan.steps * runs,
-                gpu=plan.gpu,
-                torch_version=plan.torch_version,
-                device_memory=plan.device_memory,
-                parallelize=functools.partial(_fully_shard, plan),
-                mesh_shape=plan.mesh_shape,
-                mesh_dim_names=("replicate", "shard") if plan.mesh_shape is not None else None,
-            ),
-        )
-    return estimate_memory(
+    parallelize, mesh_shape, mesh_dim_names = _parallelisation(plan)
+    return estimate_plan(
         build_model(plan),
         build_batch(plan),
-        optimizer=optimizer,
-        loss_fn=plan.loss_fn,
-        world_size=plan.world_size,
-        strategy=plan.strategy,
-        precision=plan.precision,
-        device=plan.device,
-        steps=plan.steps * runs,
-        gpu=plan.gpu,
-        torch_version=plan.torch_version,
-        device_memory=plan.device_memory,
+        EstimatePlan(
+            optimizer=optimizer,
+            loss_fn=plan.loss_fn,
+            strategy=plan.strategy,
+            world_size=plan.world_size,
+            precision=plan.precision,
+            device=plan.device,
+            steps=plan.steps * runs,
+            gpu=plan.gpu,
+            torch_version=plan.torch_version,
+            device_memory=plan.device_memory,
+            parallelize=parallelize,
+            mesh_shape=mesh_shape,
+            mesh_dim_names=mesh_dim_names,
+        ),
     )
+
+
+def _parallelisation(plan: Plan) -> tuple[Callable[..., Any] | None, Any, Any]:
+    """The plan's ``parallelize``, mesh shape and dimension names: the user's own, FSDP2 as a
+    script applies it (mixed precision, resharding, HSDP), or none (the strategy's default)."""
+    if plan.parallelize is not None:
+        shape, names = plan.mesh_shape_of_parallelize or (None, None)
+        return plan.parallelize, shape, names
+    if sharded_as_planned(plan):
+        names = ("replicate", "shard") if plan.mesh_shape is not None else None
+        return functools.partial(_fully_shard, plan), plan.mesh_shape, names
+    return None, None, None

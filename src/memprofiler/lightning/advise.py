@@ -21,9 +21,10 @@ from memprofiler.advice.api import advise_plan
 from memprofiler.advice.budget import parse_budget
 from memprofiler.advice.candidates import check_names
 from memprofiler.advice.optimizers import inspect_factory
-from memprofiler.advice.plan import Plan, as_loss
+from memprofiler.advice.plan import Plan
 from memprofiler.advice.table import render
 from memprofiler.errors import ConfigError
+from memprofiler.estimate import as_loss
 from memprofiler.lightning import estimate as est
 from memprofiler.units import parse_size
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from memprofiler.__main__ import main
 from memprofiler.analysis.runs.artifacts import RunArtifacts, load_run
+from memprofiler.reporters.make_it_fit import advice_html
 from memprofiler.reporters.model.report import ReportModel, build_model, call_rows
 from memprofiler.reporters.where import where_html
 from memprofiler.units import format_bytes
@@ -55,6 +56,10 @@ def test_a_real_cpu_run_labels_its_rise_and_its_saved_bytes_with_their_true_valu
     assert "activations (saved for backward)" not in text
     # AND the bars in numbers carry every call's saved bytes in a column of their own
     assert "saved for backward (not in the bar)" in text
+    # AND "make it fit" gives the same two figures under the same names
+    fit = _text(advice_html(model))
+    rise = format_bytes(call.rss_peak - call.rss_start)
+    assert f"of it {rise} the RSS rise during the call; {format_bytes(saved)} saved for backward" in fit
     # AND `memprofiler advise` says the same two figures under the same names
     assert main(["advise", str(real_runs["a"])]) == 0
     first = capsys.readouterr().out.splitlines()[0]

@@ -51,6 +51,50 @@ class RunAdvice:
     rise: int | None = None
     """On a host RSS peak: the RSS rise during the call (the peak above the process before it)."""
 
+    def enough(self, budget: int) -> int | None:
+        """How many proposals bring the peak under ``budget`` (0: it is under already; None: all
+        of them do not)."""
+        if self.peak <= budget:
+            return 0
+        return next((i + 1 for i, p in enumerate(self.proposals) if p.peak_after <= budget), None)
+
+    def patch(self, count: int | None = None) -> list[str]:
+        """The Python lines that checkpoint the first ``count`` proposals (all by default), on the
+        module that was profiled (``root``; in a LightningModule's ``configure_model``, ``self``).
+        Each line says the peak it leads to at best, so the first ``k`` lines are row ``k``."""
+        chosen = self.proposals if count is None else self.proposals[:count]
+        if not chosen:
+            return []
+        lines = [
+            "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper",
+            "# root: the module profiled (in a LightningModule's configure_model: self)",
+        ]
+        for p in chosen:
+            ref = reference("root", p.module)
+            lines.append(f"{ref} = checkpoint_wrapper({ref})  # peak at least {format_bytes(p.peak_after)}")
+        return lines
+
+
+def reference(root: str, module: str) -> str:
+    """Python that names submodule ``module`` of ``root`` and can be assigned to
+    (``root.model.blocks[3]``; ``root.get_submodule('a-b')[0]`` where a name is no identifier).
+
+    Example:
+        >>> reference("root", "model.blocks.3")
+        'root.model.blocks[3]'
+    """
+    parts = module.split(".")
+    container, last = parts[:-1], parts[-1]
+    if all(p.isidentifier() for p in container):
+        base = ".".join([root, *container])
+    else:
+        base = f"{root}.get_submodule({'.'.join(container)!r})"
+    if last.isdigit():
+        return f"{base}[{last}]"
+    if last.isidentifier():
+        return f"{base}.{last}"
+    return f"{base}._modules[{last!r}]"
+
 
 def inclusive(by_module: Mapping[str, int]) -> dict[str, int]:
     """Each module's saved bytes with its submodules' (``by_module`` holds each one's own share)."""
@@ -120,16 +164,16 @@ def render_lines(advice: RunAdvice, budget: int | None = None) -> list[str]:
     lines = [
         head,
         f"checkpoint the {what} that saved the most, in this order (each row: with the ones above):",
-        f"  {'module':<40} {'saved':>12} {'off the peak (at most)':>24} {'peak after':>12}",
+        f"  {'module':<40} {'saved':>12} {'off the peak (at most)':>24} {'peak after (at least)':>23}",
     ]
     for p in advice.proposals:
         lines.append(
             f"  {p.module:<40} {format_bytes(p.saved):>12} {format_bytes(p.at_peak):>24} "
-            f"{format_bytes(p.peak_after):>12}"
+            f"{format_bytes(p.peak_after):>23}"
         )
     if budget is not None:
-        enough = next((i for i, p in enumerate(advice.proposals) if p.peak_after <= budget), None)
-        if advice.peak <= budget:
+        enough = advice.enough(budget)
+        if enough == 0:
             lines.append(f"the peak is within {format_bytes(budget)} already")
         elif enough is None:
             lines.append(
@@ -137,7 +181,8 @@ def render_lines(advice: RunAdvice, budget: int | None = None) -> list[str]:
                 "from Python or the Lightning config"
             )
         else:
-            lines.append(f"under {format_bytes(budget)}: checkpoint at least the first {enough + 1}")
+            lines.append(f"under {format_bytes(budget)}: checkpoint at least the first {enough}")
+            lines += ["  " + line for line in advice.patch(enough)]
     lines.append(
         "figures are upper bounds: a checkpointed block keeps its input; estimate the change with "
         "`advise` for exact ones"

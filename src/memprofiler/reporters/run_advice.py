@@ -5,7 +5,9 @@ The call with the highest peak is split as "where memory goes" splits it; its sa
 per module are summed over each module's submodules. The blocks (items of a container, a name
 ending in an index: ``model.layers.3``) that saved the most come first. Checkpointing the first
 ``k`` of them takes at most their saved bytes off the peak, and never more than the activations
-held at the peak: a checkpointed block still keeps its input, so each figure is an upper bound.
+held at the peak (on a host RSS peak, never more than the call's RSS rise: the peak cannot fall
+below the process before the call): a checkpointed block still keeps its input, so each figure is
+an upper bound.
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ class RunAdvice:
     peak: int
     peak_name: str
     activations: int
-    """Saved-tensor bytes at the peak, as the split counts them."""
+    """Saved-tensor bytes at the peak, as the split counts them; on a host RSS peak the call's
+    bytes saved for backward, which are no part of it (:attr:`rise` bounds the saving there)."""
     proposals: list[Proposal]
     blocks: bool
     """Whether the proposals are blocks (else the modules that saved the most, at any depth)."""
+    rise: int | None = None
+    """On a host RSS peak: the RSS rise during the call (the peak above the process before it)."""
 
     def enough(self, budget: int) -> int | None:
         """How many proposals bring the peak under ``budget`` (0: it is under already; None: all
@@ -123,7 +128,13 @@ def advise_run(model: ReportModel, top: int = 8) -> RunAdvice | None:
     row = best[1]
     split = split_call(row)
     assert split is not None
-    activations = dict(split.parts).get("activations", 0)
+    parts = dict(split.parts)
+    activations = parts.get("activations", 0)
+    rise = None
+    if split.saved_apart:  # a host peak: the saved bytes beside it, the saving at most its rise
+        activations = split.saved_apart
+        rise = split.peak - parts.get("process", 0)
+    bound = activations if rise is None else min(activations, rise)
     saved = inclusive(row.by_module)
     blocks = _outermost_blocks(saved)
     pool = blocks or {m: n for m, n in row.by_module.items() if not m.startswith("(")}
@@ -131,17 +142,27 @@ def advise_run(model: ReportModel, top: int = 8) -> RunAdvice | None:
     out, total = [], 0
     for name, n in ranked:
         total += n
-        at_peak = min(total, activations)
+        at_peak = min(total, bound)
         out.append(Proposal(name, n, at_peak, split.peak - at_peak))
-    return RunAdvice(row.label, split.peak, split.peak_name, activations, out, bool(blocks))
+    return RunAdvice(row.label, split.peak, split.peak_name, activations, out, bool(blocks), rise)
 
 
 def render_lines(advice: RunAdvice, budget: int | None = None) -> list[str]:
     """The advice as lines of text (a table and the answer for ``budget``)."""
     what = "blocks" if advice.blocks else "modules"
-    lines = [
+    head = (
         f"{advice.call}: {advice.peak_name} {format_bytes(advice.peak)}, of it "
-        f"{format_bytes(advice.activations)} saved for backward (activations)",
+        f"{format_bytes(advice.activations)} saved for backward (activations)"
+    )
+    if advice.rise is not None:
+        head = (
+            f"{advice.call}: {advice.peak_name} {format_bytes(advice.peak)}, of it "
+            f"{format_bytes(advice.rise)} the RSS rise during the call; "
+            f"{format_bytes(advice.activations)} saved for backward in the call (a figure apart: the "
+            "process may hold them in memory it had before the call)"
+        )
+    lines = [
+        head,
         f"checkpoint the {what} that saved the most, in this order (each row: with the ones above):",
         f"  {'module':<40} {'saved':>12} {'off the peak (at most)':>24} {'peak after (at least)':>23}",
     ]

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from msgspec import Raw
 
 from memprofiler.analysis.traces.events import (
     DEVICE_CATS,
@@ -56,6 +57,7 @@ from memprofiler.analysis.traces.events import (
     Event,
     EventArgs,
     checked_header,
+    dims_list,
     int_or,
     iter_events,
     memory_device,
@@ -381,6 +383,7 @@ _UNREADABLE = {
     "Total Allocated": "read as 0",
     "Total Reserved": "read as 0",
     "cat": "the event skipped",
+    "Input Dims": "its shapes left out",
 }
 
 
@@ -408,7 +411,7 @@ class _Fields:
         out = []
         for key in _UNREADABLE:
             if n := self.unreadable[key]:
-                what = "a string" if key == "cat" else "a finite number"
+                what = {"cat": "a string", "Input Dims": "a list of shapes"}.get(key, "a finite number")
                 out.append(
                     f"{path.name}: {n:,} event(s) with a `{key}` that is not {what} "
                     f"(first: {self.example[key]}): {_UNREADABLE[key]}"
@@ -436,7 +439,7 @@ class _Reader:
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
-        self.shape_ids: dict[str, int] = {}
+        self.shape_ids: dict[str | bytes, int] = {}
         self.calls = _Spill(2, "d")  # (time, name) of each operator call
         self.stack_ids: dict[tuple[int, ...], int] = {}
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
@@ -537,18 +540,87 @@ class _Reader:
         return k
 
     def _attribute(self) -> None:
-        """The ordered pass: every record in sort order through :meth:`_sweep`."""
-        threads, sweep, close = self.thread_list, self._sweep, self._close
+        """The ordered pass: every record in sort order, per thread through the stack of its
+        open spans (as ``profiler_ops.nest``, one record at a time).
+
+        One loop with the per-record work written out in it: this pass runs once per operator,
+        module span and memory event, and a method call per record was a third of its time."""
+        threads, close = self.thread_list, self._close
         lightning = self.lightning
-        self.kernels = self.kernel_ext.written() > 0  # operators' External ids are needed only then
+        self.kernels = kernels = self.kernel_ext.written() > 0  # operators' External ids are needed then
+        chains, ext_add, devices, where_of = self.chains, self.ext.add, self.devices, self._where
+        places: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, tuple[int, tuple[int, ...]]]]
+        places = {}
         for win in self.records.ordered():
             for k in range(0, len(win), 8192):
-                for rec in win[k : k + 8192].tolist():
-                    if rec[1] == 0 and rec[5] == _TORCH_MOD:
+                for t, what, negdur, seq, thread, kind, n, ext, b, allocated, reserved in win[
+                    k : k + 8192
+                ].tolist():
+                    if what == 0 and kind == _TORCH_MOD:
                         if lightning:
                             continue
-                        rec = (*rec[:5], _MOD, *rec[6:])
-                    sweep(threads[rec[4]], rec)
+                        kind = _MOD
+                    th = threads[thread]
+                    stack = th.stack
+                    if stack and stack[-1][3] <= t:
+                        close(th, t, what)
+                    if what == 0:
+                        dur = -negdur
+                        if stack:
+                            top = stack[-1]
+                            ops, kmods, op_parent, mod_parent, mods = top[5], top[6], top[7], top[8], top[9]
+                        else:
+                            ops, kmods, op_parent, mod_parent, mods = (), (), None, None, ()
+                        entry: list[Any] = [kind, n, dur, t + dur, 0.0]
+                        if kind == _OP:
+                            if op_parent is not None:
+                                op_parent[4] += dur
+                            ops = (n, *ops)
+                            if ext >= 0 and kernels:
+                                c = chains.get((ops, kmods))
+                                if c is None:
+                                    c = chains[ops, kmods] = len(chains)
+                                ext_add(ext, seq, c)
+                            entry += (ops, kmods, entry, mod_parent, mods, None)
+                        elif kind == _WRAPPER:
+                            # Transparent: the operator around it does not count its time as its
+                            # own, the operators inside keep their call path; their time is its
+                            # "child" time.
+                            if op_parent is not None:
+                                op_parent[4] += dur
+                            entry += (ops, kmods, entry, mod_parent, mods, None)
+                        else:
+                            if mod_parent is not None:
+                                mod_parent[4] += dur
+                            entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
+                        stack.append(entry)
+                        continue
+                    # A memory event: seq is its index, n its device, ext its address.
+                    if stack:
+                        inner = stack[-1]
+                        where = inner[10]
+                        if where is None:
+                            key = (inner[5], inner[9])
+                            where = places.get(key)
+                            if where is None:
+                                where = places[key] = where_of(*key)
+                            inner[10] = where
+                    else:
+                        where = places.get(((), ()))
+                        if where is None:
+                            where = places[(), ()] = where_of((), ())
+                    sid, label, key_ = where
+                    d = devices[n]
+                    # Summed per call path and module chain; spread over the operators and
+                    # modules at the end.
+                    acc = d.acc.get(key_)
+                    if acc is None:
+                        acc = d.acc[key_] = [0, 0, 0]
+                    acc[0] += b
+                    if b > 0:
+                        acc[1] += 1
+                        acc[2] += b
+                    self._device_event(d, t, seq, b, ext, allocated, reserved, label, sid)
         for th in threads:
             close(th, float("inf"), 0)
         self._spread()
@@ -631,15 +703,26 @@ class _Reader:
         ext = -1
         if args is not None:
             dims = args.dims
-            if dims.__class__ is list:
-                c = self.shapes.get(n)
-                if c is None:
-                    c = self.shapes[n] = Counter()
-                raw = repr(dims)  # the same dims give the same text: convert each once
-                sid = self.shape_ids.get(raw)
+            # the same dims give the same text: convert each once
+            key = bytes(dims) if dims.__class__ is Raw else repr(dims) if dims.__class__ is list else None
+            if key:
+                sid = self.shape_ids.get(key)
                 if sid is None:
-                    sid = self.shape_ids[raw] = self.intern(shapes_text(dims))
-                c[sid] += 1
+                    try:
+                        listed = dims_list(dims)
+                        sid = -1 if listed is None else self.intern(shapes_text(listed))
+                    except ValueError:
+                        sid = -2
+                    self.shape_ids[key] = sid
+                if sid == -2:
+                    self.fields.seen(
+                        "Input Dims", key.decode("utf-8", "replace") if isinstance(key, bytes) else key, False
+                    )
+                elif sid >= 0:
+                    c = self.shapes.get(n)
+                    if c is None:
+                        c = self.shapes[n] = Counter()
+                    c[sid] += 1
             ext = args.ext
             ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.calls.add(ts, n)
@@ -704,62 +787,6 @@ class _Reader:
             r.calls += 1
             r.host_total_us += dur
             r.host_self_us += max(0.0, dur - child)
-
-    def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        t, what = item[0], item[1]
-        stack = th.stack
-        if stack and stack[-1][3] <= t:
-            self._close(th, t, what)
-        if what == 0:
-            _, _, negdur, seq, _, kind, n, ext, _, _, _ = item
-            dur = -negdur
-            if stack:
-                top = stack[-1]
-                ops, kmods, op_parent, mod_parent, mods = top[5], top[6], top[7], top[8], top[9]
-            else:
-                ops, kmods, op_parent, mod_parent, mods = (), (), None, None, ()
-            entry: list[Any] = [kind, n, dur, t + dur, 0.0]
-            if kind == _OP:
-                if op_parent is not None:
-                    op_parent[4] += dur
-                ops = (n, *ops)
-                if ext >= 0 and self.kernels:
-                    c = self.chains.get((ops, kmods))
-                    if c is None:
-                        c = self.chains[ops, kmods] = len(self.chains)
-                    self.ext.add(ext, seq, c)
-                entry += (ops, kmods, entry, mod_parent, mods, None)
-            elif kind == _WRAPPER:
-                # Transparent: the operator around it does not count its time as its own, the
-                # operators inside keep their call path; their time is its "child" time.
-                if op_parent is not None:
-                    op_parent[4] += dur
-                entry += (ops, kmods, entry, mod_parent, mods, None)
-            else:
-                if mod_parent is not None:
-                    mod_parent[4] += dur
-                entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
-            stack.append(entry)
-            return
-        _, _, _, j, _, _, dev, addr, b, allocated, reserved = item
-        if stack:
-            inner = stack[-1]
-            where = inner[10]
-            if where is None:
-                where = inner[10] = self._where(inner[5], inner[9])
-        else:
-            where = self._where((), ())
-        sid, label, key = where
-        d = self.devices[dev]
-        # Summed per call path and module chain; spread over the operators and modules at the end.
-        acc = d.acc.get(key)
-        if acc is None:
-            acc = d.acc[key] = [0, 0, 0]
-        acc[0] += b
-        if b > 0:
-            acc[1] += 1
-            acc[2] += b
-        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
 
     def _where(
         self, ops: tuple[int, ...], mods: tuple[int, ...]

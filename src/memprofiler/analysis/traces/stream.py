@@ -220,6 +220,13 @@ class _Spill:
             _spill_write(self.buf, self.file)
             del self.buf[:]
 
+    def add_array(self, a: Any) -> None:
+        """Append the values of numpy array ``a`` (flat, of this spill's type), after those added."""
+        if self.buf:
+            _spill_write(self.buf, self.file)
+            del self.buf[:]
+        _spill_write(a, self.file)
+
     def written(self) -> int:
         """Values added so far."""
         return self.file.tell() // self.buf.itemsize + len(self.buf)
@@ -312,6 +319,56 @@ class _Runs:
         self.pending = []
         if self.file is not None:
             self.file.close()
+
+
+class _Closed:
+    """The closed operator and module spans, summed per row in numpy: each span's row key
+    (``2 * name + 1`` for a module, ``2 * name`` for an operator), duration and child time,
+    held in arrays until :data:`_CHUNK` and then added, in the order they closed, to the
+    rows' running sums (``np.add.at`` adds one value at a time, as ``+=`` in a loop would:
+    the same sums to the bit)."""
+
+    def __init__(self) -> None:
+        self.key: array[int] = array("q")
+        self.dur: array[float] = array("d")
+        self.child: array[float] = array("d")
+        self.calls = np.zeros(0, dtype=np.int64)
+        self.total = np.zeros(0)
+        self.own = np.zeros(0)
+        self.order: list[int] = []
+        """Row keys in the order their first span closed (the rows' order)."""
+
+    def fold(self) -> None:
+        if not self.key:
+            return
+        key = np.frombuffer(self.key, dtype=np.int64)
+        dur = np.frombuffer(self.dur, dtype=np.float64)
+        own = dur - np.frombuffer(self.child, dtype=np.float64)
+        own = np.where(own > 0.0, own, 0.0)  # max(0.0, own), NaN included
+        size = int(key.max()) + 1
+        if size > len(self.calls):
+            grow = size - len(self.calls)
+            self.calls = np.concatenate([self.calls, np.zeros(grow, dtype=np.int64)])
+            self.total = np.concatenate([self.total, np.zeros(grow)])
+            self.own = np.concatenate([self.own, np.zeros(grow)])
+        new = self.calls[key] == 0
+        if new.any():
+            u, first = np.unique(key[new], return_index=True)
+            self.order += u[np.argsort(first)].tolist()
+        np.add.at(self.calls, key, 1)
+        np.add.at(self.total, key, dur)
+        np.add.at(self.own, key, own)
+        del key, dur
+        self.key, self.dur, self.child = array("q"), array("d"), array("d")
+
+    def rows(self, r: _Reader) -> None:
+        """The operator and module rows of ``r``, in the order their first span closed."""
+        calls, total, own = self.calls.tolist(), self.total.tolist(), self.own.tolist()
+        for key in self.order:
+            n, module = divmod(key, 2)
+            label = r.names[n]
+            row = OpRow(module_name(label) if module else label, calls[key], own[key], total[key])
+            (r.mods if module else r.ops)[n] = row
 
 
 @dataclass
@@ -463,6 +520,7 @@ class _Reader:
         self.wrapper_calls = 0
         self.wrapper_self_us = 0.0
         self.fields = _Fields()
+        self.closed = _Closed()
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
@@ -543,19 +601,27 @@ class _Reader:
         """The ordered pass: every record in sort order, per thread through the stack of its
         open spans (as ``profiler_ops.nest``, one record at a time).
 
-        One loop with the per-record work written out in it: this pass runs once per operator,
-        module span and memory event, and a method call per record was a third of its time."""
+        One loop with the per-record work written out in it (this pass runs once per operator,
+        module span and memory event); what needs no stack is done per window in numpy
+        (:meth:`_window`): each device's curve, peak and first events, the operators' call
+        times; the closed spans' sums are folded in numpy (:class:`_Closed`)."""
         threads, close = self.thread_list, self._close
         lightning = self.lightning
         self.kernels = kernels = self.kernel_ext.written() > 0  # operators' External ids are needed then
-        chains, ext_add, devices, where_of = self.chains, self.ext.add, self.devices, self._where
+        chains, ext_add, devices, where_of, pair = (
+            self.chains,
+            self.ext.add,
+            self.devices,
+            self._where,
+            self._pair,
+        )
         places: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, tuple[int, tuple[int, ...]]]]
         places = {}
         for win in self.records.ordered():
+            sids: array[int] = array("q")
+            sid_add = sids.append
             for k in range(0, len(win), 8192):
-                for t, what, negdur, seq, thread, kind, n, ext, b, allocated, reserved in win[
-                    k : k + 8192
-                ].tolist():
+                for t, what, negdur, seq, thread, kind, n, ext, b, _, _ in win[k : k + 8192].tolist():
                     if what == 0 and kind == _TORCH_MOD:
                         if lightning:
                             continue
@@ -595,7 +661,7 @@ class _Reader:
                             entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
                         stack.append(entry)
                         continue
-                    # A memory event: seq is its index, n its device, ext its address.
+                    # A memory event: n is its device, ext its address.
                     if stack:
                         inner = stack[-1]
                         where = inner[10]
@@ -610,6 +676,7 @@ class _Reader:
                         if where is None:
                             where = places[(), ()] = where_of((), ())
                     sid, label, key_ = where
+                    sid_add(sid)
                     d = devices[n]
                     # Summed per call path and module chain; spread over the operators and
                     # modules at the end.
@@ -617,13 +684,57 @@ class _Reader:
                     if acc is None:
                         acc = d.acc[key_] = [0, 0, 0]
                     acc[0] += b
+                    # Allocation / release pairs by address.
                     if b > 0:
                         acc[1] += 1
                         acc[2] += b
-                    self._device_event(d, t, seq, b, ext, allocated, reserved, label, sid)
+                        got = d.open.pop(ext, None)
+                        if got is not None:
+                            pair(d, got[0], got[1], got[2], None)
+                        d.open[ext] = (label, b, t)
+                    else:
+                        got = d.open.pop(ext, None)
+                        if got is None:
+                            pair(d, label, -b, None, t)
+                        else:
+                            pair(d, got[0], got[1], got[2], t)
+            self._window(win, sids)
         for th in threads:
             close(th, float("inf"), 0)
+        self.closed.fold()
+        self.closed.rows(self)
         self._spread()
+
+    def _window(self, win: Any, sids: array[int]) -> None:
+        """What a window of records gives without the stack, in numpy: each device's curve,
+        times, peak and first events (``sids``: the call path of each memory event, in order),
+        the operators' call times."""
+        what = win["what"]
+        op = win[(what == 0) & (win["kind"] == _OP)]
+        if len(op):
+            self.calls.add_array(np.column_stack((op["ts"], op["name"].astype(np.float64))).ravel())
+        if not sids:
+            return
+        mem = win[what == 1]
+        path = np.frombuffer(sids, dtype=np.int64)
+        devs = mem["name"]
+        for dev in np.unique(devs).tolist():
+            sel = devs == dev
+            m, sid = (mem, path) if sel.all() else (mem[sel], path[sel])
+            d = self.devices[dev]
+            ts, nbytes, allocated, reserved = m["ts"], m["nbytes"], m["allocated"], m["reserved"]
+            d.curve.add_array(np.column_stack((allocated, reserved, nbytes, sid)).ravel())
+            d.times.add_array(ts)
+            d.count += len(m)
+            top = int(np.argmax(allocated))  # the first event at the highest point
+            if allocated[top] > d.peak[0]:
+                d.peak = (int(allocated[top]), float(ts[top]))
+            d.peak_reserved = max(d.peak_reserved, int(reserved.max()))
+            if d.kept is not None:
+                if len(d.kept) + len(m) > RANGE_KEPT:
+                    d.kept = None
+                else:
+                    d.kept += zip(ts.tolist(), nbytes.tolist(), m["idx"].tolist(), sid.tolist(), strict=True)
 
     def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
         name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
@@ -725,7 +836,6 @@ class _Reader:
                     c[sid] += 1
             ext = args.ext
             ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
-        self.calls.add(ts, n)
         (th.comm if self.comm_names[n] else th.ops).add(ts, end)
         pending = self.records.pending
         pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
@@ -773,20 +883,19 @@ class _Reader:
 
     def _close(self, th: _Thread, t: float, what: int) -> None:
         stack = th.stack
+        closed = self.closed
         while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
-            kind, n, dur, _, child, *_ = stack.pop()
+            e = stack.pop()
+            kind = e[0]
             if kind == _WRAPPER:
                 self.wrapper_calls += 1
-                self.wrapper_self_us += max(0.0, dur - child)
+                self.wrapper_self_us += max(0.0, e[2] - e[4])
                 continue
-            rows = self.ops if kind == _OP else self.mods
-            r = rows.get(n)
-            if r is None:
-                label = self.names[n]
-                r = rows[n] = OpRow(label if kind == _OP else module_name(label))
-            r.calls += 1
-            r.host_total_us += dur
-            r.host_self_us += max(0.0, dur - child)
+            closed.key.append(2 * e[1] + (kind != _OP))
+            closed.dur.append(e[2])
+            closed.child.append(e[4])
+        if len(closed.key) >= _CHUNK:
+            closed.fold()
 
     def _where(
         self, ops: tuple[int, ...], mods: tuple[int, ...]
@@ -844,41 +953,14 @@ class _Reader:
 
     # -- per device, in time order ----------------------------------------------------------
 
-    def _device_event(
-        self,
-        d: _Device,
-        t: float,
-        j: int,
-        b: int,
-        addr: int,
-        allocated: int,
-        reserved: int,
-        label: int,
-        sid: int,
-    ) -> None:
-        d.curve.add(allocated, reserved, b, sid)
-        d.times.add(t)
-        d.count += 1
-        if allocated > d.peak[0]:
-            d.peak = (allocated, t)
-        d.peak_reserved = max(d.peak_reserved, reserved)
-        if d.kept is not None:
-            d.kept.append((t, b, j, sid))
-            if len(d.kept) > RANGE_KEPT:
-                d.kept = None
-        if b > 0:
-            if addr in d.open:
-                lab, size, a = d.open.pop(addr)
-                self._pair(d, lab, size, a, None)
-            d.open[addr] = (label, b, t)
-        else:
-            got = d.open.pop(addr, None)
-            if got is None:
-                self._pair(d, label, -b, None, t)
-            else:
-                self._pair(d, got[0], got[1], got[2], t)
-
     def _pair(self, d: _Device, label: int, size: int, alloc: float | None, release: float | None) -> None:
+        emitted = d.emitted
+        d.emitted = emitted + 1
+        d.pair_count += 1
+        pairs = d.pairs
+        full = len(pairs) >= PAIRS_KEPT
+        if full and size < pairs[0][0]:  # smaller than every kept pair: not kept
+            return
         # The pair's place in the table's order (by allocation time, unpaired releases last,
         # then in the order the pairs were made), negated so that the heap's root is the
         # pair shown last.
@@ -886,15 +968,13 @@ class _Reader:
             -(alloc is None),
             -(alloc or 0.0),
             -(float("-inf") if release is None else release),
-            -d.emitted,
+            -emitted,
         )
-        d.emitted += 1
-        d.pair_count += 1
         entry = (size, order, label, alloc, release)
-        if len(d.pairs) < PAIRS_KEPT:
-            heapq.heappush(d.pairs, entry)
-        elif entry > d.pairs[0]:
-            heapq.heapreplace(d.pairs, entry)
+        if not full:
+            heapq.heappush(pairs, entry)
+        elif entry > pairs[0]:
+            heapq.heapreplace(pairs, entry)
 
 
 def summarise(path: str | Path, probes: dict[str, list[float]] | None = None) -> Summary:

@@ -546,10 +546,24 @@ class _Reader:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self) -> None:
+        """The scan (file order): each event folded or turned into a record.
+
+        Operators and memory events, most of a trace, are read in the loop itself when their
+        fields are what torch writes (a float time and duration, whole numbers in range); any
+        other event, or field, goes through :meth:`_span` / :meth:`_memory`."""
         seq = events = 0
-        start = self.start
-        span, memory = self._span, self._memory
+        start, last_end = self.start, self.end
+        span, memory, op_name, op_dims, op_args = (
+            self._span,
+            self._memory,
+            self._op_name,
+            self._op_dims,
+            self._op_args,
+        )
         wanted = _WANTED
+        records = self.records
+        threads, thread_list, dev_of = self.threads, self.thread_list, self.dev_of
+        comm_names = self.comm_names
         for ev in iter_events(self.path):
             events += 1
             if ev is None:
@@ -568,6 +582,49 @@ class _Reader:
                     start = ts
                 seq += 1
                 cat = ev.cat
+                if cat == "cpu_op":
+                    # An operator, folded here: most of a trace's spans.
+                    name = ev.name
+                    dur = ev.dur
+                    if dur.__class__ is not float:
+                        dur = self._dur(dur)
+                    end = ts + dur
+                    if end > last_end:
+                        last_end = end
+                    n = (
+                        op_name(name)
+                        if name.__class__ is not str or name in DISPATCH_WRAPPERS
+                        else self.ix.get(name)
+                    )
+                    if n is None:
+                        n = op_name(name)
+                    try:
+                        t = threads[ev.pid, ev.tid]
+                    except (KeyError, TypeError):
+                        t = self._thread(ev)
+                    if n < 0:  # a dispatch-mode wrapper
+                        records.add((ts, 0, -dur, seq, t, _WRAPPER, -1 - n, -1, 0, 0, 0))
+                        continue
+                    args = ev.args
+                    ext = -1
+                    if args is not None:
+                        if args.dims:
+                            op_dims(n, args.dims)
+                        ext = args.ext
+                        if ext.__class__ is not int or not -_I64 <= ext < _I64:
+                            ext = op_args(ext)
+                    th = thread_list[t]
+                    u = th.comm if comm_names[n] else th.ops
+                    if u.cs <= ts <= u.ce:  # inside the busy period so far (most operators)
+                        if end > u.ce:
+                            u.ce = end
+                    else:
+                        u.add(ts, end)
+                    pending = records.pending
+                    pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
+                    if len(pending) >= RUN:
+                        records.flush()
+                    continue
                 if cat.__class__ is not str:  # a list or an object: no category the views read
                     self.fields.seen("cat", cat, False)
                     continue
@@ -580,10 +637,87 @@ class _Reader:
             elif ph != "M":
                 if ts < start:
                     start = ts
-                if ph == "i" and ev.name == "[memory]" and ev.args is not None:
-                    memory(ev, ev.args, ts)
+                if ph == "i" and ev.name == "[memory]" and (args := ev.args) is not None:
+                    b, addr, allocated, reserved = args.nbytes, args.addr, args.allocated, args.reserved
+                    if not (
+                        b.__class__ is int
+                        and addr.__class__ is int
+                        and allocated.__class__ is int
+                        and reserved.__class__ is int
+                        and -_I64 <= b < _I64
+                        and -_I64 <= allocated < _I64
+                        and -_I64 <= reserved < _I64
+                    ):
+                        memory(ev, args, ts)
+                        continue
+                    if not b:
+                        continue
+                    try:
+                        dev = dev_of[args.device_type, args.device_id]
+                    except (KeyError, TypeError):
+                        dev = self._device(args)
+                    try:
+                        t = threads[ev.pid, ev.tid]
+                    except (KeyError, TypeError):
+                        t = self._thread(ev)
+                    j = self.mem_index
+                    self.mem_index = j + 1
+                    pending = records.pending
+                    pending.append((ts, 1, 0.0, j, t, 0, dev, addr % (1 << 63), b, allocated, reserved))
+                    if len(pending) >= RUN:
+                        records.flush()
         self.events, self.start = events, start
+        if last_end > self.end:
+            self.end = last_end
         self._attribute()
+
+    def _dur(self, d: Any) -> float:
+        """A span's ``dur`` that is not a float: its number, noted; 0 when it has none."""
+        f = _float(d)
+        if d.__class__ is not int or f is None:
+            self.fields.seen("dur", d, f is not None)
+        return f or 0.0
+
+    def _op_name(self, raw: Any) -> int:
+        """The name index of an operator named ``raw`` (interned); ``-1 - index`` for a
+        dispatch-mode wrapper's."""
+        name = raw if raw.__class__ is str else "" if raw is None else str(raw)
+        if name in DISPATCH_WRAPPERS:
+            return -1 - self.intern(name)
+        n = self.ix.get(name)
+        if n is None:
+            n = self.intern(name)
+            self.comm_names[n] = name.startswith(COMM_OPS)
+        return n
+
+    def _op_dims(self, n: int, dims: Any) -> None:
+        """Count the shapes ``dims`` (an operator's ``Input Dims``) for operator ``n``."""
+        # the same dims give the same text: convert each once
+        key = bytes(dims) if dims.__class__ is Raw else repr(dims) if dims.__class__ is list else None
+        if not key:
+            return
+        sid = self.shape_ids.get(key)
+        if sid is None:
+            try:
+                listed = dims_list(dims)
+                sid = -1 if listed is None else self.intern(shapes_text(listed))
+            except ValueError:
+                sid = -2
+            self.shape_ids[key] = sid
+        if sid == -2:
+            self.fields.seen(
+                "Input Dims", key.decode("utf-8", "replace") if isinstance(key, bytes) else key, False
+            )
+        elif sid >= 0:
+            c = self.shapes.get(n)
+            if c is None:
+                c = self.shapes[n] = Counter()
+            c[sid] += 1
+
+    @staticmethod
+    def _op_args(ext: Any) -> int:
+        """An ``External id`` that is not an int in int64's range: -1 past it, else its number clamped."""
+        return -1 if ext.__class__ is int else _clamp(int_or(ext))
 
     def _thread(self, ev: Event) -> int:
         try:
@@ -621,7 +755,15 @@ class _Reader:
             sids: array[int] = array("q")
             sid_add = sids.append
             for k in range(0, len(win), 8192):
-                for t, what, negdur, seq, thread, kind, n, ext, b, _, _ in win[k : k + 8192].tolist():
+                part = win[k : k + 8192]
+                # column by column: a structured array's tolist() costs twice as much
+                for t, what, negdur, seq, thread, kind, n, ext, b in zip(
+                    *(
+                        part[f].tolist()
+                        for f in ("ts", "what", "negdur", "idx", "thread", "kind", "name", "ext", "nbytes")
+                    ),
+                    strict=True,
+                ):
                     if what == 0 and kind == _TORCH_MOD:
                         if lightning:
                             continue
@@ -739,17 +881,8 @@ class _Reader:
     def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
         name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
         d = ev.dur
-        if d.__class__ is float:
-            dur = d
-        else:
-            f = _float(d)
-            if d.__class__ is not int or f is None:
-                self.fields.seen("dur", d, f is not None)
-            dur = f or 0.0
+        dur = d if d.__class__ is float else self._dur(d)
         end = ts + dur
-        if cat == "cpu_op":
-            self._op(ev, name, ts, dur, end, seq)
-            return
         if cat in DEVICE_CATS:
             self.any_device = True
             if end > self.end:
@@ -796,51 +929,6 @@ class _Reader:
         ext = args.ext
         ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
-
-    def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
-        """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
-        if end > self.end:
-            self.end = end
-        if name in DISPATCH_WRAPPERS:
-            self.records.add((ts, 0, -dur, seq, self._thread(ev), _WRAPPER, self.intern(name), -1, 0, 0, 0))
-            return
-        n = self.ix.get(name)
-        if n is None:
-            n = self.intern(name)
-            self.comm_names[n] = name.startswith(COMM_OPS)
-        t = self._thread(ev)
-        th = self.thread_list[t]
-        args = ev.args
-        ext = -1
-        if args is not None:
-            dims = args.dims
-            # the same dims give the same text: convert each once
-            key = bytes(dims) if dims.__class__ is Raw else repr(dims) if dims.__class__ is list else None
-            if key:
-                sid = self.shape_ids.get(key)
-                if sid is None:
-                    try:
-                        listed = dims_list(dims)
-                        sid = -1 if listed is None else self.intern(shapes_text(listed))
-                    except ValueError:
-                        sid = -2
-                    self.shape_ids[key] = sid
-                if sid == -2:
-                    self.fields.seen(
-                        "Input Dims", key.decode("utf-8", "replace") if isinstance(key, bytes) else key, False
-                    )
-                elif sid >= 0:
-                    c = self.shapes.get(n)
-                    if c is None:
-                        c = self.shapes[n] = Counter()
-                    c[sid] += 1
-            ext = args.ext
-            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
-        (th.comm if self.comm_names[n] else th.ops).add(ts, end)
-        pending = self.records.pending
-        pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
-        if len(pending) >= RUN:
-            self.records.flush()
 
     def _device(self, args: EventArgs) -> int:
         label = memory_device(args)
@@ -1148,10 +1236,9 @@ def _device_view(
     if d.kept is not None and d.pair_count == len(pairs):
         out = {"events": [[_ms(start, t), b, stack(sid)] for t, b, _, sid in d.kept]}
         times: dict[int, list[float]] = {names[n]: [] for n in names}
-        for ts, n in _calls(r):
-            k = names.get(n)
-            if k is not None:
-                times[k].append(_ms(start, ts))
+        for ts, k in _calls(r, names):
+            for key, at in zip(k.tolist(), _ms_list(start, ts), strict=True):
+                times[key].append(at)
         out["calls"] = [sorted(times[k]) for k in range(len(names))]
     elif groups is not None:
         out = {
@@ -1171,12 +1258,23 @@ def _device_view(
     return dm, pairs, d.pair_count, stats, rdata
 
 
-def _calls(r: _Reader) -> Any:
-    """``(ts, name)`` of every operator call, back from the temporary files."""
+def _calls(r: _Reader, names: dict[int, int]) -> Iterator[tuple[Any, Any]]:
+    """Per chunk of operator calls, back from the temporary file: the times (µs, numpy) of the
+    calls of the operators in ``names`` and their index there."""
+    index = np.full(len(r.names), -1, dtype=np.int64)
+    if names:
+        index[list(names)] = list(names.values())
     for chunk in r.calls.read():
-        it = iter(chunk)
-        for ts, n in zip(it, it, strict=True):
-            yield ts, int(n)
+        a = np.frombuffer(chunk, dtype=np.float64)
+        k = index[a[1::2].astype(np.int64)]
+        keep = k >= 0
+        yield a[0::2][keep], k[keep]
+
+
+def _ms_list(start: float, ts: Any) -> list[float]:
+    """:func:`_ms` of each time of numpy array ``ts`` (Python's correctly rounded ``round``,
+    which numpy's does not match to the bit)."""
+    return [round(x, 6) for x in ((ts - start) / 1000.0).tolist()]
 
 
 def _call_slots(
@@ -1184,19 +1282,20 @@ def _call_slots(
 ) -> list[list[list[int]]]:
     """Per page name: ``[slot, calls]``; slot ``2i`` is inside bin ``i`` (between its first and
     last event), ``2i + 1`` between bins ``i`` and ``i + 1``, -1 before the first bin."""
-    firsts = [b[0] for b in bins]
-    counts: dict[tuple[int, int], int] = {}
-    for ts, n in _calls(r):
-        k = names.get(n)
-        if k is None:
-            continue
-        t = _ms(start, ts)
-        i = bisect_right(firsts, t) - 1
-        slot = -1 if i < 0 else 2 * i if t <= bins[i][1] else 2 * i + 1
-        counts[k, slot] = counts.get((k, slot), 0) + 1
+    firsts = np.array([b[0] for b in bins], dtype=np.float64)
+    lasts = np.array([b[1] for b in bins], dtype=np.float64)
+    counts: Counter[tuple[int, int]] = Counter()
+    for ts, k in _calls(r, names):
+        t = np.array(_ms_list(start, ts), dtype=np.float64)
+        i = np.searchsorted(firsts, t, side="right") - 1
+        inside = t <= lasts[np.maximum(i, 0)]
+        slot = np.where(i < 0, -1, np.where(inside, 2 * i, 2 * i + 1))
+        pairs, n = np.unique(np.stack([k, slot], axis=1), axis=0, return_counts=True)
+        for (key, at), c in zip(pairs.tolist(), n.tolist(), strict=True):
+            counts[key, at] += c
     out: list[list[list[int]]] = [[] for _ in names]
-    for (k, slot), c in sorted(counts.items()):
-        out[k].append([slot, c])
+    for (name, at), c in sorted(counts.items()):
+        out[name].append([at, c])
     return out
 
 

@@ -298,6 +298,11 @@ def main() -> None:
     ap.add_argument("--variants", default="load,load_aa,load_nogc,convert")
     ap.add_argument("--base", default=None, help="revision whose sources the convert_base variant runs")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="the record's benchmark name (a variant: explorer_scale-1M)",
+    )
     ap.add_argument("--generate", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.generate:
@@ -382,7 +387,7 @@ def main() -> None:
         }
         if html.exists() and args.sessions:
             result["browser"] = browser_times(html, args.sessions)
-    emit(result, args.out)
+    emit(result, args.out, benchmark=args.name)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ CONTEXT_AND_NCCL = "CUDA context and NCCL buffers (use `reserve`; a distributed 
 NOT_MODELLED = (
     CONTEXT_AND_NCCL,
     "FSDP2's CPUOffloadPolicy (refused)",
-    "pipeline and context parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses "
+    "context parallelism; pipeline schedules other than GPipe, 1F1B and Interleaved1F1B, and a pipeline "
+    "beside data or tensor parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses "
     "on fake tensors)",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
@@ -36,6 +37,21 @@ def context_counted(not_modelled: list[str], context: str) -> list[str]:
         f"kept back in the budget ({context})"
     )
     return [counted if item == CONTEXT_AND_NCCL else item for item in not_modelled]
+
+
+@dataclass
+class StagePeak:
+    """One pipeline rank's peak (:attr:`MemoryEstimate.stages`)."""
+
+    rank: int
+    stages: list[int]
+    """The pipeline stages the rank holds."""
+    peak_bytes: int
+    tensor_peak_bytes: int
+    reserved_peak_bytes: int
+    margin_bytes: int
+    peak_at: str
+    peak_phase: str
 
 
 @dataclass
@@ -93,6 +109,11 @@ class MemoryEstimate:
     """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
     added to the "fits" decision."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
+    pipeline: str = ""
+    """The pipeline (``1F1B, 2 stages on 2 ranks, 4 micro-batches``); empty without one. The
+    figures above are then those of the rank whose peak is highest, ``stages`` each rank's."""
+    stages: list[StagePeak] = field(default_factory=list)
+    """Each pipeline rank's peak, by rank."""
 
     @property
     def peak_at(self) -> str:
@@ -115,6 +136,19 @@ class MemoryEstimate:
     def headroom(self, device_memory: int, reserve: int = 0) -> int:
         """``device_memory`` minus the modelled reserved peak (or the peak), the margins and ``reserve``."""
         return device_memory - max(self.reserved_peak_bytes, self.peak_bytes) - self.margin_bytes - reserve
+
+    def stage_peak(self, rank: int, stages: list[int]) -> StagePeak:
+        """This estimate as rank ``rank`` of a pipeline, holding ``stages``."""
+        return StagePeak(
+            rank=rank,
+            stages=stages,
+            peak_bytes=self.peak_bytes,
+            tensor_peak_bytes=self.tensor_peak_bytes,
+            reserved_peak_bytes=self.reserved_peak_bytes,
+            margin_bytes=self.margin_bytes,
+            peak_at=self.peak_at,
+            peak_phase=self.peak_phase,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so ``yaml.safe_load`` reads it back."""

@@ -214,7 +214,8 @@ def _plan(schedule: str, device: str = "cpu", kind: str = "mlp", **options: Any)
         device=device,
         steps=STEPS,
         pipeline=PipelinePlan(
-            split=split, microbatches=MICROBATCHES, loss_fn=MODELS[kind][1], schedule=schedule, **options
+            **{"split": split, "microbatches": MICROBATCHES, "loss_fn": MODELS[kind][1], "schedule": schedule}
+            | options
         ),
     )
 
@@ -345,6 +346,25 @@ def test_a_batch_that_is_no_input_and_target_pair_is_one_line():
         ConfigError, match=r"^`pipeline.microbatches`: the batch's tensor of shape \(130, 24\)"
     ):
         estimate_plan(model, (torch.randn(130, IN), torch.randn(130, OUT)), _plan("1F1B"))
+
+
+def test_a_plan_torch_or_the_stages_refuse_is_one_line():
+    from memprofiler.errors import ConfigError
+    from memprofiler.estimate import estimate_plan
+
+    with torch.device("meta"):
+        model = Net()
+    # torch's 1F1B needs a micro-batch per stage at least
+    with pytest.raises(
+        ConfigError, match=r"^`pipeline.microbatches`: 1F1B refuses the plan: Number of micro"
+    ):
+        estimate_plan(model, batch(), _plan("1F1B", microbatches=1))
+    # a split that hands every stage the whole model: the second stage gets the first one's output
+    whole = {"split": lambda m, s, n: m}
+    with pytest.raises(
+        ConfigError, match=r"^`pipeline.split`: stage 1 of 2 failed on its micro-batch input \(\(32, 10\)\): "
+    ):
+        estimate_plan(model, batch(), _plan("1F1B", **whole))
 
 
 @pytest.mark.slow

@@ -315,13 +315,14 @@ class _Stages:
             return None
         plan = self.plan
         inputs, target = pipeline.check_batch(fake_batch, plan.microbatches)
-        io = pipeline.stage_io(
-            self._fake_stage,
-            inputs,
-            self.count,
-            plan.microbatches,
-            lambda: strategies.autocast(self.precision, self.where),
-        )
+        with quiet_meta_failures():
+            io = pipeline.stage_io(
+                self._fake_stage,
+                inputs,
+                self.count,
+                plan.microbatches,
+                lambda: strategies.autocast(self.precision, self.where),
+            )
         schedule = pipeline.new_schedule(
             plan, self.modules, self.ids, self.count, io, self.where, around_backward
         )

@@ -169,14 +169,28 @@ def stage_io(
     out: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
     for stage in range(stages):
         module = make_stage(stage)
-        with torch.enable_grad(), context():
-            y = module(*x)
+        try:
+            with torch.enable_grad(), context():
+                y = module(*x)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            shapes = ", ".join(str(tuple(t.shape)) for t in x if isinstance(t, torch.Tensor))
+            raise ConfigError(
+                "pipeline.split",
+                f"stage {stage} of {stages} failed on its micro-batch input ({shapes}): "
+                f"{_first_line(err)}; `split(model, stage, stages)` "
+                "must give the module that takes the previous stage's output",
+            ) from None
         ys = tuple(y) if isinstance(y, (tuple, list)) else (y,)
         given = tuple(_like(t, stage > 0 and t.is_floating_point()) for t in x)
         outs = tuple(_like(t, t.requires_grad) for t in ys)
         out.append((given, outs))
         x = tuple(_like(t, t.is_floating_point()) for t in outs)
     return out
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(err).__name__
 
 
 def _like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:

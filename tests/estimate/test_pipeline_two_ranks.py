@@ -263,6 +263,31 @@ def test_without_the_outputs_the_last_rank_keeps_none():
     assert kept.stages[0].tensor_peak_bytes == dropped.stages[0].tensor_peak_bytes
 
 
+def test_gradients_merged_in_a_stages_backward_are_counted_in_place():
+    from memprofiler.estimate import estimate_plan
+    from memprofiler.estimate.probe import Probe
+
+    class Merges(Probe):
+        """Each rank's count of gradient merges the estimate took in place (accumulation.py)."""
+
+        def __init__(self) -> None:
+            self.trackers: list[Any] = []
+
+        def steps_start(self, model: nn.Module, optimizer: torch.optim.Optimizer, tracker: Any) -> None:
+            self.trackers.append(tracker)
+
+    # GIVEN the residual blocks: each block's input gets two gradients (the skip and the MLP)
+    probe = Merges()
+    with torch.device("meta"):
+        model = Net()
+    est = estimate_plan(model, batch(), _plan("1F1B"), probe=probe)
+    # THEN each rank's backward merged some in place, as torch does without a dispatch mode, and
+    # none of those merges is at a peak: the figures stay the measured ones (the census, itself a
+    # dispatch mode, sums them out of place)
+    assert [t.ledger.merged_in_place > 0 for t in probe.trackers] == [True, True]
+    assert [s.tensor_peak_bytes for s in est.stages] == MEASURED["mlp", "1F1B"]
+
+
 def test_a_cuda_estimate_of_a_pipeline_gets_the_nccl_margin():
     from memprofiler.estimate.cuda.margins import NCCL_CHANNELS, NCCL_DEFAULT_BUFFSIZE
 

@@ -192,7 +192,8 @@ def _estimate_rank(
             _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
             opt = _optimizer(model, plan)
-            train = stages.train(fake_batch)
+            # the tracker is made below; a stage's backward runs only inside the steps
+            train = stages.train(fake_batch, lambda outputs: routing_hooks(tracker, outputs))
             alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, plan.device_memory))
@@ -305,7 +306,9 @@ class _Stages:
         _materialize(module, self.where, tied)
         return module
 
-    def train(self, fake_batch: Any) -> Callable[[], None] | None:
+    def train(
+        self, fake_batch: Any, around_backward: Callable[[list[torch.Tensor]], Any]
+    ) -> Callable[[], None] | None:
         """The step's forward and backward as torch's schedule runs them; None without a pipeline.
         Call inside the fake mode, after the rank's modules are materialised."""
         if self.plan is None:
@@ -319,7 +322,9 @@ class _Stages:
             plan.microbatches,
             lambda: strategies.autocast(self.precision, self.where),
         )
-        schedule = pipeline.new_schedule(plan, self.modules, self.ids, self.count, io, self.where)
+        schedule = pipeline.new_schedule(
+            plan, self.modules, self.ids, self.count, io, self.where, around_backward
+        )
         first, last = 0 in self.ids, self.count - 1 in self.ids
         return lambda: pipeline.step(schedule, plan, first, last, inputs, target)
 

@@ -190,8 +190,11 @@ def new_schedule(
     stages: int,
     io: Sequence[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
     device: str,
+    around_backward: Callable[[list[torch.Tensor]], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """torch's schedule over this rank's stages, their metadata static (see the module's note)."""
+    """torch's schedule over this rank's stages, their metadata static (see the module's note);
+    ``around_backward(outputs)`` is entered around each stage backward, given the outputs it starts
+    from (the estimate's gradient-merge hooks)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -207,7 +210,26 @@ def new_schedule(
     except ValueError as err:  # torch's own rule on micro-batches per stage
         raise ConfigError("pipeline.microbatches", f"{plan.schedule} refuses the plan: {err}") from None
     _vote_static(schedule)
+    if around_backward is not None:
+        for stage in built:
+            _wrap_backward(stage, around_backward)
     return schedule
+
+
+def _wrap_backward(
+    stage: Any, around: Callable[[list[torch.Tensor]], contextlib.AbstractContextManager[Any]]
+) -> None:
+    """``stage.backward_maybe_with_nosync`` (torch's one entry of a stage's backward) inside ``around``."""
+    from torch.utils._pytree import tree_leaves
+
+    inner = stage.backward_maybe_with_nosync
+
+    def backward(backward_type: Any, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+        outputs = [t for t in tree_leaves(bwd_kwargs.get("stage_output")) if isinstance(t, torch.Tensor)]
+        with around(outputs):
+            return inner(backward_type, bwd_kwargs, last_backward)
+
+    stage.backward_maybe_with_nosync = backward
 
 
 def _vote_static(schedule: Any) -> None:
@@ -282,7 +304,6 @@ def worst_rank(per_rank: Sequence[MemoryEstimate], plan: PipelinePlan) -> Memory
     held = ", ".join(str(s) for s in plan.stages_of(worst, ranks))
     out.notes.append(
         f"pipeline ({out.pipeline}): the figures are rank {worst}'s (stage {held}), the highest peak; "
-        "`stages` gives every rank's. Gradients merged inside a stage's backward are counted out of "
-        "place (torch merges some in place)"
+        "`stages` gives every rank's"
     )
     return out

@@ -27,7 +27,7 @@ tokens) and ``modules600`` (600 modules: 99 blocks of layer norm, two linears, G
 dropout, width 1,024, bf16, a batch of 8,192 rows). ``--dry-run`` runs every part on CPU with tiny
 sizes and the test suite's fake allocator (``tests/fake_cuda.py``) in place of CUDA's: the
 code paths are the GPU run's, the figures are not (``tests/test_gpu_call_cost.py``
-runs it). The result is written through ``benchmarks/_emit.py`` (``gpu_call_cost_<hw>_<date>.json``).
+runs it). The result is written through ``benchmarks/_emit.py`` (``gpu_call_cost_<hardware>_<yyyymmdd>.json``).
 
     PYTHONPATH=src:tests python tools/gpu_call_cost.py --out benchmarks/results        # on a GPU
     PYTHONPATH=src:tests python tools/gpu_call_cost.py --dry-run --out /tmp            # anywhere

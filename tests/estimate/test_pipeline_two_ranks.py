@@ -256,6 +256,19 @@ def test_the_first_rank_holds_its_stage_and_the_one_f_one_b_schedule_peaks_lower
     assert one_f_one_b.peak_phase == "backward"
 
 
+def test_the_results_plain_data_holds_every_rank():
+    import yaml
+
+    est = _estimate("Interleaved1F1B")
+    data = yaml.safe_load(yaml.safe_dump(est.to_dict()))
+    assert data["pipeline"] == "Interleaved1F1B, 4 stages on 2 ranks, 4 micro-batches"
+    assert [(r["rank"], r["stages"], r["tensor_peak_bytes"]) for r in data["stages"]] == [
+        (0, [0, 2], 1_362_216),
+        (1, [1, 3], 1_229_276),
+    ]
+    assert any(n.startswith("pipeline (Interleaved1F1B, 4 stages on 2 ranks") for n in data["notes"])
+
+
 def test_without_the_outputs_the_last_rank_keeps_none():
     kept, dropped = _estimate("GPipe"), _estimate("GPipe", return_outputs=False)
     # the stage keeps each micro-batch's output (32 x 10 float32) for its backward anyway; at the peak,

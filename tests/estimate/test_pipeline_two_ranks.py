@@ -256,6 +256,17 @@ def test_the_first_rank_holds_its_stage_and_the_one_f_one_b_schedule_peaks_lower
     assert one_f_one_b.peak_phase == "backward"
 
 
+def test_on_real_cpu_tensors_the_figures_are_the_same():
+    from dataclasses import replace
+
+    from memprofiler.estimate import estimate_plan
+
+    # GIVEN the pipeline run on real CPU tensors (fake=False: the memory is allocated)
+    est = estimate_plan(Net(), batch(), replace(_plan("1F1B"), fake=False))
+    # THEN fake tensors allocated what real ones do
+    assert [s.tensor_peak_bytes for s in est.stages] == MEASURED["mlp", "1F1B"]
+
+
 def test_the_results_plain_data_holds_every_rank():
     import yaml
 

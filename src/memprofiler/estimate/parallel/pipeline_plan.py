@@ -91,7 +91,8 @@ class PipelinePlan:
 
     def describe(self, ranks: int) -> str:
         """``1F1B, 2 stages on 2 ranks, 4 micro-batches``."""
-        return f"{self.schedule}, {ranks * self.per_rank} stages on {ranks} ranks, {self.microbatches} micro-batches"
+        stages = ranks * self.per_rank
+        return f"{self.schedule}, {stages} stages on {ranks} ranks, {self.microbatches} micro-batches"
 
 
 def _positive(key: str, value: Any) -> None:

@@ -11,8 +11,8 @@ model per size and device serves every variant, in both loops:
 Variants, one step each, interleaved in a fresh random order every round:
 
 * ``baseline`` and ``baseline_again``: nothing attached (their ratio is the noise floor);
-* ``bare_hooks``: saved-tensor hooks that keep a holder of each tensor and unpack it in C,
-  counting nothing: the floor any saved-tensor collection pays;
+* ``bare_hooks``: saved-tensor hooks that only return the tensor, in pack and in unpack: the
+  floor any saved-tensor collection in Python pays (calling Python twice per saved tensor);
 * ``outside_window``: a memprofiler profiler attached whose schedule has finished;
 * ``inside_window``: memprofiler collecting every call (host RSS and its peak, saved tensors
   with per-module attribution; on CUDA also the allocator's statistics);
@@ -54,7 +54,6 @@ from _emit import emit
 from torch import nn
 
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
-from memprofiler.collectors.saved_tensors import _Saved, _unpack
 
 
 class ResBlock(nn.Module):
@@ -116,15 +115,15 @@ OUTSIDE = {"schedule": {"warmup": 0, "active": 1}, "dump_memory_trace": False}
 SMOKE = {"depths": [2, 4], "base_width": 16, "batch": 4, "steps": 2, "warmup": 1, "repeats": 1}
 
 
-def _pack_holder(t: torch.Tensor) -> _Saved:
-    h = _Saved()
-    h.t = t
-    return h
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _bare_hooks() -> AbstractContextManager[Any]:
-    """What the collector's hooks store and unpack, without anything counted."""
-    return torch.autograd.graph.saved_tensors_hooks(_pack_holder, _unpack)
+    """Hooks that only return the tensor. (A Python holder per save is no floor: thousands of
+    objects the cyclic garbage collector tracks, living through the step, cost it more than
+    what the compiled collector does; `saved_tensor_floor.py` times holders apart.)"""
+    return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
 
 class Variants:

@@ -134,7 +134,7 @@ def test_the_search_predicts_then_confirms_in_four_estimates():
     # GIVEN 12.31 GiB fixed and 3.44 GiB a row on 79.11 GiB less 512 MiB: (79.11 - 0.5 - 12.31) / 3.44 = 19.27
     gib = 2**30
     one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
-    found = search(one, int(79.11 * gib), CUDA_CONTEXT)
+    found = search(one, int(79.11 * gib), CUDA_CONTEXT, jobs=1)
     # THEN 19 rows, from rows 1 and 2, the prediction 19 and its neighbour 20 (doubling and
     # bisecting takes 1, 2, 4, 8, 16, 32, 24, 20, 18, 19: ten)
     assert found.largest == 19 and calls == [1, 2, 19, 20]
@@ -147,7 +147,18 @@ def test_the_search_agrees_with_trying_every_batch(memory, base, per_row, step):
     brute = 0
     while one(brute + 1).headroom(memory) >= 0:
         brute += 1
-    assert search(_linear(base, per_row, step)[0], memory).largest == brute
+    assert search(_linear(base, per_row, step)[0], memory, jobs=1).largest == brute
+
+
+def test_side_by_side_the_search_confirms_each_guess_with_its_neighbour_at_once():
+    # GIVEN the 7B-like line above, searched with two estimates at a time (forked processes)
+    gib = 2**30
+    one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
+    found = search(one, int(79.11 * gib), CUDA_CONTEXT, jobs=2)
+    # THEN the same answer from the same four estimates, made in two rounds by the children
+    # (the parent's own list of calls stays empty: nothing was rerun in process)
+    assert found.largest == 19 and sorted(found.tried) == [1, 2, 19, 20] and calls == []
+    assert found.tried[19].peak_bytes == one(19).peak_bytes
 
 
 def test_largest_batch_from_python_agrees_with_each_estimate():

@@ -1,18 +1,35 @@
 """Read a large profiler trace: events per second, peak RSS, HTML page size; and the JSON scan alone.
 
 Traces: ``--source torch`` writes one with torch's own profiler (an MLP trained with shapes,
-memory, stacks and modules recorded; every ``[memory]`` event after the last operator, as
-torch 2.13 writes them; :func:`write_torch_trace`), ``synthetic`` a Kineto-shaped one
-(operators, memory events interleaved in time, Python frames, CUDA kernels;
-:func:`write_trace`). ``--trace PATH`` reads a trace written before instead (kept: write big
-ones once and reuse them; never commit them).
+memory and modules recorded; every ``[memory]`` event after the last operator, as torch 2.13
+writes them; :func:`write_torch_trace`), ``synthetic`` a Kineto-shaped one (operators, memory
+events interleaved in time, Python frames, CUDA kernels; :func:`write_trace`). ``--trace
+PATH`` reads a trace written before instead (kept: write big ones once and reuse them; never
+commit them).
+
+The torch traces come in mixes (``--mix``, one or several, comma-separated; :data:`MIXES`),
+since what an event costs the reader depends on its kind: an operator costs more than a
+Python frame, a memory event more than either:
+
+- ``sgd``: an 8-module MLP, SGD, with stacks (a third of the events are Python frames, a
+  tenth memory events);
+- ``adam``: a 12-module MLP, Adam (one kernel per parameter), shapes, no stacks: two thirds
+  operators, a third memory events (the densest mix);
+- ``adam_foreach``: the same with Adam's ``foreach`` step (fewer, larger operators);
+- ``adam_stack``: ``adam`` with stacks (Python frames among them).
 
 Each variant runs as its own process (``MALLOC_ARENA_MAX=1``; one torch thread is moot: no
-torch is imported), variants interleaved in random order; the JSON printed has per variant
-the median wall time, events per wall second and per CPU second (user + system: the fair
-figure on a shared machine), and peak RSS (the process's own ``VmHWM``). Variants:
+torch is imported), variants (and mixes) interleaved in random order; the JSON printed has per
+mix and variant the median wall time, events per wall second and per CPU second (the
+process's CPU time, user + system, from the start of the work, as the wall time: the fair
+figure on a shared machine), peak RSS (the process's own ``VmHWM``), and the load average
+seen at each run's start. Variants:
 
 - ``views`` / ``views_again``: the A/A pair; memprofiler's trace reader, every view, the page;
+- ``views_base``: the same with the reader of revision ``--base`` (its ``src/`` from ``git
+  archive``), for a before / after side by side;
+- ``report``: ``memprofiler report TRACE -o PAGE`` as a user runs it (the terminal summary and
+  the HTML report);
 - ``scan_msgspec``: the reader's JSON scan alone (msgspec on blocks of events);
 - ``scan_stdlib``: the same scan on its exact path only (the standard library's scanner, one
   event at a time);
@@ -20,8 +37,9 @@ figure on a shared machine), and peak RSS (the process's own ``VmHWM``). Variant
 - ``scan_orjson``: ``orjson.loads`` on the same blocks (dicts of every key);
 - ``json_load``: ``json.load`` of the whole file (the memory it would take without streaming).
 
-Usage: ``python benchmarks/profiler_trace_scale.py [--source torch|synthetic] [--events N]
-[--trace PATH] [--repeats 2] [--variants views,views_again,scan_msgspec,...] [--tmp DIR] [--out FILE]``
+Usage: ``python benchmarks/profiler_trace_scale.py [--source torch|synthetic] [--mix sgd,adam,...]
+[--events N] [--trace PATH] [--repeats 2] [--variants views,views_again,scan_msgspec,...]
+[--base REV] [--tmp DIR] [--keep DIR] [--out FILE]``
 """
 
 from __future__ import annotations
@@ -43,10 +61,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _emit import emit  # noqa: E402
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 variant, path, page = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 t = time.perf_counter()
+c = time.process_time()
 size = 0
 if variant == "json_load":
     with open(path) as f:
@@ -79,6 +98,13 @@ elif variant.startswith("scan_"):
                 n += len(orjson.loads(b"[" + buf[:cut + 1] + b"]"))
                 pos = buf.index(b"{", cut + 1)
             n += len(orjson.loads(b"[" + buf[pos:buf.rindex(b"]")] + b"]"))
+elif variant == "report":
+    import contextlib, io
+    from memprofiler.__main__ import main
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["report", str(path), "-o", str(page)]) == 0
+    n = int(sys.argv[4])
+    size = page.stat().st_size
 else:
     from memprofiler.analysis.traces.views import build_views
     from memprofiler.reporters.traces.html import profiler_page
@@ -88,9 +114,8 @@ else:
     page.write_text(text)
     size = len(text.encode())
 wall = time.perf_counter() - t
-ru = resource.getrusage(resource.RUSAGE_SELF)
+cpu = time.process_time() - c
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) * 1024
-cpu = ru.ru_utime + ru.ru_stime
 print(json.dumps({"events": n, "wall_s": wall, "cpu_s": cpu, "peak_rss": hwm, "page_bytes": size}))
 """
 
@@ -137,25 +162,32 @@ def write_trace(path: Path, events: int) -> int:
 _TORCH_CHUNK = r"""
 import sys, torch
 from torch.profiler import ProfilerActivity, profile
+path, steps, mix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 torch.manual_seed(0)
 torch.set_num_threads(1)
-model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())])
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+layers = 4 if mix == "sgd" else 6
+model = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(64, 64), torch.nn.ReLU())])
+if mix == "sgd":
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+else:
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=mix == "adam_foreach")
 x = torch.randn(32, 64)
 with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True,
-             with_stack=True, with_modules=True) as p:
-    for _ in range(int(sys.argv[2])):
+             with_stack=mix in ("sgd", "adam_stack"), with_modules=True) as p:
+    for _ in range(steps):
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
         p.step()
-p.export_chrome_trace(sys.argv[1])
+p.export_chrome_trace(path)
 """
-#: Training steps profiled per torch profiler session (about 530 events each; one session of
-#: 400 steps peaks near 1.5 GiB while torch holds its events).
-_STEPS_PER_CHUNK = 400
-#: Events torch writes per profiled step of that MLP (measured: 530).
-_EVENTS_PER_STEP = 530
+#: The torch traces' mixes (see the module): each a model, optimizer and recorded fields.
+MIXES = ("sgd", "adam", "adam_foreach", "adam_stack")
+#: Events torch writes per profiled session of a mix at most (one session of 400 SGD steps,
+#: 212,000 events, peaks near 1.5 GiB while torch holds its events).
+_EVENTS_PER_CHUNK = 200_000
+#: Events per profiled step of each mix (measured; the first session's own count is used after it).
+_EVENTS_PER_STEP = {"sgd": 530, "adam": 970, "adam_foreach": 800, "adam_stack": 1530}
 _EVENT_SEP = "\n  },\n  {"
 
 
@@ -168,26 +200,28 @@ def _torch_events(text: str) -> tuple[str, list[str], str]:
     return head + '"traceEvents": [', ["{" + e + "\n  }" for e in events], "\n  ]" + tail
 
 
-def write_torch_trace(path: Path, events: int, tmp: Path) -> int:
-    """A trace of about ``events`` events written by torch's own profiler (an 8-layer MLP
-    trained with shapes, memory, stacks and modules recorded), in torch's own text, every
-    ``[memory]`` event after the last operator as torch 2.13 writes them. Longer than one
-    profiler session holds comfortably, it is profiled in sessions of :data:`_STEPS_PER_CHUNK`
-    steps, one after the other in time, and their events joined: operators of every session,
-    then the memory events of every session. Whole sessions are kept, so the count is about
-    ``events`` (within a few hundred). Returns the exact event count."""
+def write_torch_trace(path: Path, events: int, tmp: Path, mix: str = "sgd") -> int:
+    """A trace of about ``events`` events written by torch's own profiler (the MLP of ``mix``,
+    :data:`MIXES`), in torch's own text, every ``[memory]`` event after the last operator as
+    torch 2.13 writes them. Longer than one profiler session holds comfortably, it is profiled
+    in sessions of at most :data:`_EVENTS_PER_CHUNK` events, one after the other in time, and
+    their events joined: operators of every session, then the memory events of every session.
+    Whole sessions are kept, so the count is about ``events`` (within a few hundred). Returns
+    the exact event count."""
     mem_path = tmp / "memory_events.part"
     n = 0
     head = tail = ""
     written = {"out": 0, "mem": 0}
+    per_step = _EVENTS_PER_STEP[mix]
     with open(path, "w") as out, open(mem_path, "w") as mem:
         while n < events:
             chunk = tmp / "chunk.json"
-            steps = min(_STEPS_PER_CHUNK, max(1, -(-(events - n) // _EVENTS_PER_STEP)))
-            subprocess.run([sys.executable, "-c", _TORCH_CHUNK, str(chunk), str(steps)], check=True,
+            steps = max(1, min(_EVENTS_PER_CHUNK // per_step, -(-(events - n) // per_step)))
+            subprocess.run([sys.executable, "-c", _TORCH_CHUNK, str(chunk), str(steps), mix], check=True,
                            capture_output=True)  # fmt: skip
             h, evs, t = _torch_events(chunk.read_text())
             chunk.unlink()
+            per_step = max(1, len(evs) // steps)
             if not head:
                 head, tail = h, t
                 out.write(head)
@@ -206,64 +240,138 @@ def write_torch_trace(path: Path, events: int, tmp: Path) -> int:
     return n
 
 
+def _kinds(path: Path) -> dict[str, int]:
+    """How many events of each kind a torch trace holds (operators, memory events, Python frames,
+    other; torch writes every key of an event on a line of its own)."""
+    out = {"cpu_op": 0, "memory": 0, "python_function": 0, "other": 0}
+    events = 0
+    with open(path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith(b'"ph"'):
+                events += 1
+            elif line == b'"name": "[memory]",':
+                out["memory"] += 1
+            elif line == b'"cat": "cpu_op",':
+                out["cpu_op"] += 1
+            elif line == b'"cat": "python_function",':
+                out["python_function"] += 1
+    out["other"] = events - out["cpu_op"] - out["memory"] - out["python_function"]
+    return out
+
+
+def _base_src(rev: str, tmp: Path) -> Path:
+    """``src/`` of revision ``rev``, extracted under ``tmp``."""
+    dest = tmp / "base"
+    dest.mkdir()
+    archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", choices=("torch", "synthetic"), default="torch")
+    parser.add_argument(
+        "--mix", default="sgd", help=f"torch traces' mixes, comma-separated: {', '.join(MIXES)}"
+    )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--trace", type=Path, default=None, help="read this trace instead of writing one")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
         "--variants", default="views,views_again,scan_msgspec,scan_stdlib,scan_ijson,scan_orjson"
     )
+    parser.add_argument("--base", default=None, help="revision whose reader the views_base variant runs")
     parser.add_argument("--tmp", default=None, help="directory for the trace (default: the system's)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="write the mixes' traces here, or read them when already there",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    mixes = args.mix.split(",")
+    if unknown := [m for m in mixes if m not in MIXES]:
+        parser.error(f"--mix {','.join(unknown)}: not a mix; choose among {', '.join(MIXES)}")
+    variants = args.variants.split(",")
+    if "views_base" in variants and args.base is None:
+        parser.error("--variants views_base needs --base REV (the revision whose reader it runs)")
     env = {**os.environ, "MALLOC_ARENA_MAX": "1", "PYTHONPATH": str(ROOT / "src")}
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        base_env = env
+        if args.base is not None:
+            base_env = {**env, "PYTHONPATH": str(_base_src(args.base, Path(tmp)))}
+        traces: dict[str, tuple[Path, str]] = {}
         if args.trace is not None:
-            trace = args.trace
-            source = "given"
+            mixes = ["given"]
+            traces["given"] = (args.trace, "given")
+        elif args.source == "synthetic":
+            mixes = ["synthetic"]
+            traces["synthetic"] = (Path(tmp) / "synthetic_rank_0.1.pt.trace.json", "synthetic")
+            write_trace(traces["synthetic"][0], args.events)
         else:
-            trace = Path(tmp) / "big_rank_0.1.pt.trace.json"
-            source = args.source
-            if source == "torch":
-                write_torch_trace(trace, args.events, Path(tmp))
-            else:
-                write_trace(trace, args.events)
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants.split(",")}
-        order = [v for _ in range(args.repeats) for v in runs]
+            for mix in mixes:
+                where = args.keep or Path(tmp)
+                where.mkdir(parents=True, exist_ok=True)
+                traces[mix] = (where / f"{mix}_{args.events}_rank_0.1.pt.trace.json", "torch")
+                if not traces[mix][0].exists():
+                    write_torch_trace(traces[mix][0], args.events, Path(tmp), mix)
+        kinds = {mix: _kinds(path) for mix, (path, _) in traces.items()}
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {(m, v): [] for m in mixes for v in variants}
+        order = [key for _ in range(args.repeats) for key in runs]
         random.Random(1).shuffle(order)
-        for variant in order:
+        for mix, variant in order:
+            trace = traces[mix][0]
+            load = os.getloadavg()[0]
             out = subprocess.run(
-                [sys.executable, "-c", _CHILD, variant, str(trace), str(Path(tmp) / "page.html")],
-                env=env, capture_output=True, text=True, check=True,
+                [sys.executable, "-c", _CHILD, variant, str(trace), str(Path(tmp) / "page.html"),
+                 str(sum(kinds[mix].values()))],
+                env=base_env if variant == "views_base" else env, capture_output=True, text=True, check=True,
             )  # fmt: skip
-            runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        n = max(r["events"] for rs in runs.values() for r in rs)
+            runs[mix, variant].append({**json.loads(out.stdout.strip().splitlines()[-1]), "load": load})
+        loads = [r["load"] for rs in runs.values() for r in rs]
         result: dict[str, Any] = {
             "benchmark": "profiler_trace_scale",
-            "machine_note": f"{os.cpu_count()}-CPU machine, no GPU, load average "
-            f"{os.getloadavg()[0]:.1f} at the end (on a loaded machine compare variants by CPU seconds)",
-            "source": source,
-            "trace": str(trace.name),
-            "events": n,
-            "trace_bytes": trace.stat().st_size,
-            "variants": {},
+            "machine_note": f"{os.cpu_count()}-CPU machine, no GPU, shared; load average (1 min) at each run's "
+            f"start: min {min(loads):.1f}, median {statistics.median(loads):.1f}, max {max(loads):.1f} "
+            "(on a loaded machine compare variants by CPU seconds)",
+            "base": args.base,
+            "mixes": {},
         }
-        for variant, rs in runs.items():
-            wall = statistics.median(r["wall_s"] for r in rs)
-            cpu = statistics.median(r["cpu_s"] for r in rs)
-            result["variants"][variant] = {
-                "median_wall_s": round(wall, 3),
-                "median_cpu_s": round(cpu, 3),
-                "events_per_s": round(n / wall),
-                "events_per_cpu_s": round(n / cpu),
-                "peak_rss_mib": round(max(r["peak_rss"] for r in rs) / 2**20, 1),
-                "page_bytes": max(r["page_bytes"] for r in rs),
+        for mix, (trace, source) in traces.items():
+            n = (
+                max(r["events"] for v in variants for r in runs[mix, v] if v != "report")
+                if any(v != "report" for v in variants)
+                else sum(kinds[mix].values())
+            )
+            entry: dict[str, Any] = {
+                "source": source,
+                "trace": trace.name,
+                "events": n,
+                "kinds": kinds[mix],
+                "trace_bytes": trace.stat().st_size,
+                "variants": {},
             }
-        if "views" in runs and "views_again" in runs:
-            a, b = (result["variants"][v]["median_cpu_s"] for v in ("views", "views_again"))
-            result["aa_ratio_cpu"] = round(b / a, 3)
+            for variant in variants:
+                rs = runs[mix, variant]
+                wall = statistics.median(r["wall_s"] for r in rs)
+                cpu = statistics.median(r["cpu_s"] for r in rs)
+                entry["variants"][variant] = {
+                    "median_wall_s": round(wall, 3),
+                    "median_cpu_s": round(cpu, 3),
+                    "events_per_s": round(n / wall),
+                    "events_per_cpu_s": round(n / cpu),
+                    "peak_rss_mib": round(max(r["peak_rss"] for r in rs) / 2**20, 1),
+                    "page_bytes": max(r["page_bytes"] for r in rs),
+                    "cpu_s_each": [round(r["cpu_s"], 3) for r in rs],
+                }
+            cpu_of = {v: entry["variants"][v]["median_cpu_s"] for v in variants}
+            if "views" in cpu_of and "views_again" in cpu_of:
+                entry["aa_ratio_cpu"] = round(cpu_of["views_again"] / cpu_of["views"], 3)
+            if "views" in cpu_of and "views_base" in cpu_of:
+                entry["views_over_base_cpu"] = round(cpu_of["views"] / cpu_of["views_base"], 3)
+            result["mixes"][mix] = entry
     emit(result, args.out)
 
 

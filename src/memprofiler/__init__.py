@@ -18,7 +18,13 @@ from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 if TYPE_CHECKING:
     from memprofiler.advice import Advice, advise
     from memprofiler.core.profiler import MemProfiler
-    from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_memory, estimate_plan
+    from memprofiler.estimate import (
+        EstimatePlan,
+        MemoryEstimate,
+        PipelinePlan,
+        estimate_memory,
+        estimate_plan,
+    )
     from memprofiler.lightning.callback import MemProfilerCallback
     from memprofiler.lightning.cli import MemProfilerCLI
     from memprofiler.lightning.extended_profiler import ExtendedPyTorchProfiler
@@ -37,6 +43,7 @@ _LAZY = {
     "estimate_plan": "memprofiler.estimate",
     "EstimatePlan": "memprofiler.estimate",
     "MemoryEstimate": "memprofiler.estimate",
+    "PipelinePlan": "memprofiler.estimate",
 }
 
 
@@ -60,6 +67,7 @@ __all__ = [
     "MemProfilerConfig",
     "MemProfilerError",
     "MemoryEstimate",
+    "PipelinePlan",
     "ProfilerHooksMixin",
     "__version__",
     "advise",

@@ -70,6 +70,7 @@ DTENSOR = "estimate: DTensor sharding propagation on fake tensors (estimate/trac
 TRACKER = "estimate: the memory tracker's ledger (estimate/tracker.py)"
 KNOWN = "estimate: real values beside the fake step (estimate/fake/known_data.py, fake/grouped_mm.py)"
 NOTES = "estimate: notes on convolutions (estimate/notes.py)"
+PIPE = "estimate: pipeline parallelism through torch's schedules (estimate/parallel/pipeline.py)"
 
 #: Private torch names, by dotted path.
 PINNED: dict[str, Pin] = {
@@ -194,6 +195,11 @@ PINNED: dict[str, Pin] = {
     "torch.ops.aten._grouped_mm": Pin(KNOWN, members=("default",)),
     "torch.ops.aten._local_scalar_dense": Pin(KNOWN, members=("default",)),
     "torch.nn.modules.conv._ConvNd": Pin(NOTES),
+    "torch.distributed.pipelining._utils.InferenceMode": Pin(PIPE, members=("STATIC",)),
+    "torch.distributed.pipelining.schedules._batch_p2p": Pin(PIPE, params=("p2p_ops", "desc")),
+    "torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p": Pin(
+        PIPE, params=("self", "stages", "has_backward", "p2p_done")
+    ),
 }
 
 #: Private attributes read from torch objects, by the class that sets them, with the feature.
@@ -202,6 +208,7 @@ PINNED_ATTRIBUTES: dict[str, tuple[tuple[str, ...], str]] = {
         ("_mod_tracker", "_in_opt", "_param_to_grad_hook_handles"),
         TRACKER,
     ),
+    "torch.distributed.pipelining.stage.PipelineStage": (("_inference_mode",), PIPE),
 }
 
 

@@ -331,3 +331,27 @@ def test_a_category_that_is_not_a_string_is_counted_not_a_traceback(tmp_path, ca
     out = " ".join(capsys.readouterr().out.split())
     assert "2 event(s) with a `cat` that is not a string (first: ['cpu_op']): the event skipped" in out
     assert [(r.name, r.calls) for r in trace_view(path).ops] == [("aten::add", 1)]
+
+
+def test_input_dims_that_do_not_decode_are_named_and_the_rest_is_read(tmp_path):
+    # GIVEN operators whose Input Dims hold a number past float's range (the scan skips over
+    # Input Dims: they are decoded once per distinct text, afterwards) beside good ones
+    text = json.dumps(
+        {"traceEvents": [
+            {**_op(10), "args": {"Input Dims": [[2, 3]]}},
+            {**_op(20), "args": {"Input Dims": [[2, 3]]}},
+            {**_op(30), "args": {"Input Dims": "BAD"}},
+            {**_op(40), "args": {"Input Dims": "BAD"}},
+            {**_op(50), "args": {"Input Dims": 5}},
+        ]}
+    ).replace('"BAD"', "[[1e999]]")  # fmt: skip
+    path = tmp_path / "dims_rank_0.1.pt.trace.json"
+    path.write_text(text)
+    view = trace_view(path)
+    # THEN every operator is counted, the good shapes twice, and the bad ones named in one line
+    (row,) = view.ops
+    assert (row.calls, row.shapes) == (5, [("[[2, 3]]", 2)])
+    assert view.notes == [
+        "dims_rank_0.1.pt.trace.json: 2 event(s) with a `Input Dims` that is not a list of shapes "
+        "(first: '[[1e999]]'): its shapes left out"
+    ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,20 @@ def test_blocks_are_proposed_by_saved_bytes_with_their_saving_at_the_peak(capsys
     assert f"{block / MiB:.2f}" == lines[0][1]
     assert f"{(peak - 2 * block) / MiB:.2f}" == lines[1][-2]
     assert "checkpoint at least the first 2" in out
+    # AND the lines that checkpoint those two, on the module profiled
+    wraps = [line.split()[0] for line in out.splitlines() if "= checkpoint_wrapper(" in line]
+    assert wraps == ["root.model.blocks[0]", "root.model.blocks[1]"]
+
+
+def test_it_estimates_nothing_so_a_terminal_gets_no_status_line(monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    err = Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(["advise", str(RUN)]) == 0
+    assert err.getvalue() == "" and "model.blocks.0" in capsys.readouterr().out
 
 
 def test_a_run_without_saved_tensors_per_module_is_one_line(tmp_path, capsys):

@@ -100,13 +100,13 @@ def test_non_finite_value_fails_the_budget(tmp_path, capsys, bad):
     # WHEN checked against a generous limit
     rc = main(["check", str(tmp_path), "--max", "rss_peak=1GiB"])
     captured = capsys.readouterr()
-    # THEN the gate fails closed: exit 1 and one line naming the key and the value
+    # THEN the gate fails closed: exit 1 and one line naming the file, the key and the value
     assert rc == 1
     assert captured.out.splitlines() == [
-        f"0.training_step.2.end rss_peak = {float(bad[1:])} is not a finite number (edited or corrupted "
-        "file?); limit 1.00 GiB (1,073,741,824) set by --max rss_peak"
+        f"{tmp_path / 'rank_0_memory_stats.yaml'}: rss_peak = {float(bad[1:])} at 0.training_step.2.end is "
+        "not a finite number, which no run writes (an edited or corrupted file?); the check fails on it"
     ]
-    assert "1 of 2 values over budget" in captured.err
+    assert "1 value(s) no run writes, left out of the figures; the check fails" in captured.err
 
 
 @pytest.mark.parametrize(

@@ -172,3 +172,29 @@ def test_largest_batch_from_python_agrees_with_each_estimate():
     assert found.tried[found.largest].fits(22 * 2**20)
     assert not found.tried[found.largest + 1].fits(22 * 2**20)
     assert len(found.tried) <= 8  # doubling to 512 then bisecting to 393 takes 18
+
+
+@pytest.mark.parametrize(("context", "counted"), [(None, "512.00 MiB"), ("1GiB", "1.00 GiB"), ("0", None)])
+def test_not_modelled_says_whether_the_budget_counted_the_cuda_context(
+    tiny, tmp_path, capsys, context, counted
+):
+    # GIVEN the CUDA context kept back by default, a bigger one, or left out with --context 0
+    out = tmp_path / "out"
+    args = ["estimate", str(tiny), "--seq-len", "8", "--batch-size", "1", "--save-dir", str(out)]
+    assert main(args + (["--context", context] if context is not None else [])) == 0
+    printed = capsys.readouterr().out
+    [line] = [ln for ln in printed.splitlines() if ln.startswith("not modelled: ")]
+    [est] = _estimates(out)
+    if counted is None:
+        # THEN left out, the context is not modelled and nothing keeps it back: the line says to
+        assert "CUDA context counted" not in printed
+        assert line.startswith("not modelled: CUDA context and NCCL buffers (use `reserve`")
+    else:
+        # THEN counted, the budget line and "not modelled" say the same bytes, and neither
+        # asks for a reserve the budget already holds
+        assert f"budget: CUDA context counted: {counted} kept back" in printed
+        assert "use `reserve`" not in line
+        assert f"the CUDA context is not modelled but kept back in the budget ({counted})" in line
+        assert line.startswith("not modelled: NCCL buffers (a distributed run adds a stated margin); ")
+    # AND the estimate's YAML holds the line as printed
+    assert line == "not modelled: " + "; ".join(est["not_modelled"])

@@ -72,7 +72,7 @@ def test_fsdp_shards_are_the_padded_dim0_chunks(ws):
 
 def test_unsupported_strategy_says_so_in_one_line():
     with pytest.raises(
-        ConfigError, match=r"^`strategy`: got 'pp'; .*pipeline and context parallelism are not modelled"
+        ConfigError, match=r"^`strategy`: got 'pp'; .*pipeline parallelism is `EstimatePlan\(pipeline=...\)`"
     ):
         estimate_memory(meta_net(), torch.randn(4, 10), optimizer=ADAM, strategy="pp")
     # tensor parallelism needs the model's own plan, which estimate_plan takes

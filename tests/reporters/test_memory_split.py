@@ -80,16 +80,18 @@ def test_the_trackers_categories_split_the_peak_and_the_cuda_excess_is_other():
     }
 
 
-def test_a_host_call_counts_activations_only_up_to_the_rise():
+def test_a_host_call_is_the_process_before_it_and_its_rss_rise_with_the_saved_bytes_apart():
     # GIVEN a CPU call whose RSS rose 2 MiB although it saved 5 MiB (reused memory)
     c = CallRow(0, "training_step", 2, rss_start=490 * MIB, rss_peak=492 * MIB, saved_unique=5 * MIB)
     s = split_call(c)
+    # THEN the bar is the RSS peak: the process before the call and the RSS rise, nothing named
+    # activations; the 5 MiB saved stand beside it whole, not capped at the rise
     assert s.peak_name == "host RSS peak" and s.peak == 492 * MIB
-    assert s.parts == (("process", 490 * MIB), ("activations", 2 * MIB))
-    assert s.capped == 3 * MIB
-    # without a figure at its start, all but the activations is other
+    assert s.parts == (("process", 490 * MIB), ("rise", 2 * MIB))
+    assert s.saved_apart == 5 * MIB and s.capped == 0
+    # without a figure at its start, all of the peak is other
     s2 = split_call(CallRow(0, "f", 1, rss_peak=10 * MIB, saved_unique=4 * MIB))
-    assert s2.parts == (("activations", 4 * MIB), ("other", 6 * MIB))
+    assert s2.parts == (("other", 10 * MIB),) and s2.saved_apart == 4 * MIB
     # and a call with no peak at all has no bar
     assert split_call(CallRow(0, "f", 1, saved_unique=4)) is None
 
@@ -135,8 +137,9 @@ def test_a_real_cpu_run_splits_its_rss_peak_into_the_process_and_the_call(real_r
         parts = dict(s.parts)
         assert parts["process"] == c.rss_start
         assert c.saved_unique == expected_saved_bytes(256)
-        # activations are the saved bytes, up to the rise (the rest reused memory already held)
-        assert parts.get("activations", 0) + s.capped == expected_saved_bytes(256)
+        # the rest of the bar is the RSS rise during the call; the saved bytes stand beside it, whole
+        assert parts.get("rise", 0) == c.rss_peak - c.rss_start
+        assert "activations" not in parts and s.saved_apart == expected_saved_bytes(256)
         assert sum(parts.values()) == c.rss_peak
 
 

@@ -61,7 +61,8 @@ def advise(
         fsdp_mixed_precision: FSDP2 ``MixedPrecisionPolicy`` of bf16 parameters and fp32 reduction.
         offload: FSDP2 ``CPUOffloadPolicy`` (fake tensors cannot pin memory: it cannot be estimated).
         mesh_shape: an HSDP mesh ``(replicate, shard)``; None shards over all ranks.
-        progress: a status line on stderr while estimating (default: when stderr is a terminal).
+        progress: a status line on stderr while estimating (default: when stderr is a terminal;
+            asked for where stderr is no terminal, one plain line per estimate).
         jobs: estimates run at once, one process each (default: one per core, or
             ``MEMPROFILER_JOBS``; 1: one after another in this process).
 

@@ -85,12 +85,13 @@ NAMES = (
     "set-to-none",
     "sgd-momentum",
     "adafactor",
+    "8bit-optimizer",
     "micro-batch",
 )
-#: Why Adafactor is not tried: its step cannot run on fake tensors.
-ADAFACTOR = (
-    "torch's Adafactor reads its step count with `.item()` in every step, which fake tensors cannot answer"
-)
+#: The optimizers whose state the lighter ones replace: two moments per parameter.
+_ADAM = (torch.optim.Adam, torch.optim.AdamW)
+#: 8-bit AdamW of each library that has one, by the module that must be importable: (module, class).
+EIGHT_BIT = (("torchao", "torchao.optim", "AdamW8bit"), ("bitsandbytes", "bitsandbytes.optim", "AdamW8bit"))
 #: Why FSDP2's CPU offload is not tried: it cannot run on fake tensors.
 OFFLOAD = "FSDP2's CPUOffloadPolicy pins host memory (aten._pin_memory), which fake tensors cannot do"
 _CHECKPOINTS = {n for n in NAMES if n.startswith("checkpoint-")}
@@ -465,6 +466,9 @@ def _optimizers(ctx: Context) -> list[Candidate]:
                 ),
             )
         )
+    if spec.cls in _ADAM:
+        out.append(_adafactor(spec))
+        out += _eight_bit(spec, lr)
     if spec.cls is not torch.optim.SGD:
         sgd = OptimizerSpec(torch.optim.SGD, {"lr": lr, "momentum": 0.9})
         out.append(
@@ -483,6 +487,68 @@ def _optimizers(ctx: Context) -> list[Candidate]:
             )
         )
     return out
+
+
+def _adafactor(spec: OptimizerSpec) -> Candidate:
+    # Adafactor's own learning rate: its update is scaled by the parameter's norm, not Adam's
+    lr = 1e-2
+    factored = OptimizerSpec(torch.optim.Adafactor, {"lr": lr}, scalar_reads=True)
+    return _one(
+        "adafactor",
+        OPTIMIZER,
+        _with_spec(
+            factored,
+            "adafactor",
+            f"Adafactor instead of {spec.cls.__name__}: a row and a column of second moments per "
+            "matrix, no first moment",
+            Cost(
+                "another optimizer: factored second moments, no momentum; retune the learning rate", TRAINING
+            ),
+            {"lr": lr},
+        ),
+    )
+
+
+def eight_bit_class() -> tuple[str, type[torch.optim.Optimizer] | None, str]:
+    """``(library, its 8-bit AdamW class, why not)``: the first of :data:`EIGHT_BIT` installed,
+    else ``("", None, why)``."""
+    import importlib
+    import importlib.util
+
+    for lib, module, name in EIGHT_BIT:
+        if importlib.util.find_spec(lib) is None:
+            continue
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as err:  # installed, but broken or another version
+            return lib, None, f"{module}.{name} could not be imported: {' '.join(str(err).split())[:200]}"
+        return lib, cls, ""
+    return (
+        "",
+        None,
+        "neither torchao nor bitsandbytes is installed (either has an 8-bit AdamW: pip install torchao)",
+    )
+
+
+def _eight_bit(spec: OptimizerSpec, lr: float) -> list[Candidate]:
+    _, cls, _ = eight_bit_class()
+    if cls is None:
+        return []
+    quantized = OptimizerSpec(cls, {"lr": lr})
+    return [
+        _one(
+            "8bit-optimizer",
+            OPTIMIZER,
+            _with_spec(
+                quantized,
+                "8bit-optimizer",
+                f"{cls.__module__.split('.')[0]}'s {cls.__name__} instead of {spec.cls.__name__}: "
+                "both moments in 8 bits, block-wise scaled",
+                Cost("optimizer state quantized to 8 bits (its updates differ slightly)", THROUGHPUT),
+                {"lr": lr},
+            ),
+        )
+    ]
 
 
 def _batch(ctx: Context) -> list[Candidate]:
@@ -537,8 +603,6 @@ def candidates(ctx: Context, names: list[str] | None = None) -> tuple[list[Candi
         else:
             found += _checkpoints(ctx)
     found += _precisions(ctx) + _sharding(ctx) + _optimizers(ctx) + _batch(ctx)
-    if "adafactor" in wanted:
-        skipped["adafactor"] = ADAFACTOR
     if "cpu-offload" in wanted:
         skipped["cpu-offload"] = OFFLOAD
     kept = [c for c in found if c.name in wanted]
@@ -546,7 +610,8 @@ def candidates(ctx: Context, names: list[str] | None = None) -> tuple[list[Candi
     for n in wanted:
         if n not in have and n not in skipped:
             skipped[n] = _why_not(n, ctx)
-    return sorted(kept, key=lambda c: NAMES.index(c.name)), skipped
+    in_order = {n: skipped[n] for n in sorted(skipped, key=NAMES.index)}  # as the table lists them
+    return sorted(kept, key=lambda c: NAMES.index(c.name)), in_order
 
 
 def _why_not(name: str, ctx: Context) -> str:
@@ -559,6 +624,22 @@ def _why_not(name: str, ctx: Context) -> str:
             if plan.strategy != "fsdp"
             else "the plan shards with FSDP already"
         )
+    if name == "hsdp":
+        return "applies to a DDP plan over 16 or more ranks, a multiple of 8"
+    if name in ("fsdp-mixed-precision", "reshard-after-forward", "larger-shard-group"):
+        if plan.strategy != "fsdp" or plan.world_size < 2:
+            return "applies to an FSDP plan over 2 or more ranks"
+        if plan.parallelize is not None:
+            return "the model's own parallelize decides its sharding"
+        if name == "fsdp-mixed-precision":
+            return (
+                "the plan has it already"
+                if plan.fsdp_mixed_precision
+                else f"the plan runs {plan.precision}, not float32"
+            )
+        if name == "reshard-after-forward":
+            return "the plan reshards after forward already"
+        return "applies to an HSDP plan (mesh_shape with 2 or more replicas)"
     if name == "set-to-none":
         return "zero_grad sets gradients to None already"
     if name == "micro-batch":
@@ -569,6 +650,10 @@ def _why_not(name: str, ctx: Context) -> str:
         return "fewer than 2 blocks"
     if ctx.spec is None:
         return "the optimizer factory did not build a torch.optim.Optimizer over a meta parameter"
+    if name in ("adafactor", "8bit-optimizer") and ctx.spec.cls not in _ADAM:
+        return f"replaces Adam or AdamW; the plan's optimizer is {ctx.spec.cls.__name__}"
+    if name == "8bit-optimizer":
+        return eight_bit_class()[2]
     return f"the plan's optimizer is {ctx.spec.cls.__name__} ({steps_with(ctx.spec)}) already"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from types import TracebackType
 from typing import Any
 
@@ -10,16 +11,26 @@ from memprofiler.advice.result import Row
 
 
 class Progress:
-    """A rich status line on stderr: the change being estimated, and how many are done."""
+    """A rich status line on stderr: the change being estimated, and how many are done.
+
+    ``enabled=None`` shows it only where stderr is a terminal, so logs and pipes stay quiet.
+    Asked for (``True``) where stderr is no terminal (a CI log), it writes one plain line per
+    estimate instead of redrawing one.
+    """
 
     def __init__(self, enabled: bool | None = None) -> None:
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        tty = sys.stderr.isatty()
+        self.enabled = tty if enabled is None else enabled
+        self.lines = self.enabled and not tty
+        """One line per estimate (stderr is no terminal)."""
         self.done = 0
         self._progress: Any = None
         self._task: Any = None
+        self._started = time.monotonic()
 
     def __enter__(self) -> Progress:
-        if self.enabled:
+        self._started = time.monotonic()
+        if self.enabled and not self.lines:
             from rich.console import Console
             from rich.progress import Progress as RichProgress
             from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -45,7 +56,10 @@ class Progress:
     def __call__(self, change: str, row: Row | None) -> None:
         if row is not None:
             self.done += 1
+        words = change if len(change) <= 70 else change[:67] + "..."
+        if self.lines and row is not None:
+            took = time.monotonic() - self._started
+            print(f"advise: {self.done} estimated ({took:.0f} s): {words}", file=sys.stderr, flush=True)
         if self._progress is None or self._task is None:
             return
-        words = change if len(change) <= 70 else change[:67] + "..."
         self._progress.update(self._task, completed=self.done, description=words if row is None else "")

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memprofiler.analysis.impossible import ImpossibleValues, possible
 from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
 from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.units import format_value, looks_like_bytes, parse_size
@@ -81,11 +82,16 @@ class Violation:
 
 
 def check_budget(
-    run: RunArtifacts, limits: Sequence[Limit], keys: Sequence[str] = ()
+    run: RunArtifacts,
+    limits: Sequence[Limit],
+    keys: Sequence[str] = (),
+    impossible: ImpossibleValues | None = None,
 ) -> tuple[list[Violation], int]:
     """Return the violations and how many values were checked.
 
     A value that is not a finite number (NaN, inf) is a violation: a gate must fail closed.
+    With ``impossible``, such values and negative byte counts go there instead, named by file
+    (:mod:`~memprofiler.analysis.impossible`), for the caller to fail on.
 
     Raises:
         ConfigError: a ``--key`` pattern or a limit matches nothing: a typo would otherwise
@@ -115,8 +121,16 @@ def check_budget(
                 which = limits_of[metric] = [
                     i for i, lim in enumerate(limits) if match_any(metric, [lim.metric])
                 ]
+            noted = False
             for i in which:
                 matched[i] += 1
+                if 0 <= value <= limits[i].value:  # the common case: one comparison more
+                    continue
+                if impossible is not None and (noted or not possible(metric, value)):
+                    if not noted:  # once, however many limits match it
+                        impossible.add(run.stats_file(int(key.partition(".")[0])), key, metric, value)
+                        noted = True
+                    continue
                 if not value <= limits[i].value:  # NaN compares false both ways: over budget
                     found.append((i, key, Violation(key, metric, value, limits[i])))
     if not seen and run.collected_nothing():

@@ -16,7 +16,9 @@ from typing import Any
 
 from memprofiler import layout, metrics
 from memprofiler.analysis.files.gc_pause import gc_paused
+from memprofiler.analysis.impossible import ImpossibleValues, possible
 from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
+from memprofiler.units import looks_like_bytes
 
 _np: Any
 try:  # numpy comes with torch and lightning; without it, medians sort
@@ -57,6 +59,7 @@ def diff_runs(
     min_change: float = 0.0,
     include_unchanged: bool = False,
     include_missing: bool = True,
+    impossible: ImpossibleValues | None = None,
 ) -> list[DiffRow]:
     """Every (key, metric) in either run, largest absolute change first, then one-sided rows.
 
@@ -68,6 +71,8 @@ def diff_runs(
         min_change: drop rows whose absolute change is smaller.
         include_unchanged: keep rows with no change.
         include_missing: keep rows present in only one run.
+        impossible: where values no run writes (NaN, a negative byte count) are noted, each
+            left out of its row (that side shows as missing); ``None`` compares them as read.
 
     Example:
         >>> rows = diff_runs(load_run("run_a"), load_run("run_b"), metrics=["rss_peak"])  # doctest: +SKIP
@@ -76,6 +81,10 @@ def diff_runs(
 
     def compare(key: str, ma: Mapping[str, Any], mb: Mapping[str, Any]) -> None:
         fa, fb = flatten_metrics(ma), flatten_metrics(mb)
+        if impossible is not None:
+            rank = int(key.partition(".")[0])
+            fa = _screened(fa, a.stats_file(rank), key, impossible)
+            fb = _screened(fb, b.stats_file(rank), key, impossible)
         for metric in set(fa) | set(fb):
             if not match_any(metric, metrics):
                 continue
@@ -98,6 +107,53 @@ def diff_runs(
         compare(key, {}, mb)
     rows.sort(key=lambda r: (r.change is None, -abs(r.change or 0), r.key, r.metric))
     return rows
+
+
+def _screened(flat: dict[str, float], file: str, key: str, sink: ImpossibleValues) -> dict[str, float]:
+    """``flat`` without the values no run writes, each noted in ``sink``."""
+    bad = [m for m, v in flat.items() if not possible(m, v)]
+    for metric in bad:
+        sink.add(file, key, metric, flat.pop(metric))
+    return flat
+
+
+def _bad_calls(column: _Values, metric: str) -> list[int]:
+    """Indexes of the values in ``column`` no run writes; an int64 column holds no NaN, and
+    its minimum says at C speed whether it holds a negative."""
+    if isinstance(column, array):
+        if not column:
+            return []
+        if len(column) >= _NUMPY_FROM and _np is not None:
+            lowest = int(_np.frombuffer(column, _np.int64).min())
+        else:
+            lowest = min(column)
+        if lowest >= 0 or not looks_like_bytes(metric):
+            return []
+        return [i for i, v in enumerate(column) if v < 0]
+    return [i for i, v in enumerate(column) if not possible(metric, v)]
+
+
+def _screen(
+    pairs: dict[tuple[str, str], list[_Values]], a: RunArtifacts, b: RunArtifacts, sink: ImpossibleValues
+) -> None:
+    """Leave out of ``pairs`` each call whose value, in either run, no run writes (noted in ``sink``)."""
+    for (group, metric), pair in list(pairs.items()):
+        bad = [_bad_calls(pair[0], metric), _bad_calls(pair[1], metric)]
+        if not bad[0] and not bad[1]:
+            continue
+        prefix, _, phase = group.rpartition(".")
+        where, rank = f"{prefix}.*.{phase}", int(group.partition(".")[0])
+        for side, run in ((0, a), (1, b)):
+            for i in bad[side]:  # one by one: NaN and a negative are two reasons
+                sink.add(run.stats_file(rank), where, metric, pair[side][i])
+        drop = set(bad[0]) | set(bad[1])
+        kept = [[v for i, v in enumerate(col) if i not in drop] for col in pair]
+        if not kept[0]:
+            del pairs[(group, metric)]
+            continue
+        pairs[(group, metric)] = [
+            array("q", k) if isinstance(col, array) else k for k, col in zip(kept, pair, strict=True)
+        ]
 
 
 #: Host metrics whose change is compared with the run-to-run noise.
@@ -355,10 +411,13 @@ def diff_functions(
     keys: Sequence[str] = (),
     min_change: float = 0.0,
     include_unchanged: bool = False,
+    impossible: ImpossibleValues | None = None,
 ) -> tuple[list[FunctionDiffRow], Unmatched]:
     """Per function, phase and metric: the medians over the calls both runs collected.
 
-    Keys found in one run only are not compared; they come back as :class:`Unmatched`.
+    Keys found in one run only are not compared; they come back as :class:`Unmatched`. With
+    ``impossible``, a call whose value in either run no run writes (NaN, a negative byte count)
+    is left out of that metric's medians and noted there, by file.
 
     Args:
         a: the baseline run.
@@ -375,6 +434,8 @@ def diff_functions(
     rows = []
     with gc_paused():  # millions of values appended: nothing cyclic
         pairs = _pairs(_paired(a, b, keys, only), metrics)
+    if impossible is not None:
+        _screen(pairs, a, b, impossible)
     for (group, metric), (xa, xb) in sorted(pairs.items()):
         noisy = metric.startswith(NOISY_PREFIXES)
         (med_a, spread_a), (med_b, spread_b) = _median_spread(xa, noisy), _median_spread(xb, noisy)

@@ -26,7 +26,7 @@ Nothing here imports Lightning.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memprofiler.config import MEM_UNITS
@@ -61,18 +61,56 @@ def _natural_key(s: str) -> list[int | str]:
     return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", s)]
 
 
+def wrapper_chains(fqns: Iterable[str]) -> dict[str, str]:
+    """Each top-level name whose modules begin with a chain of wrappers, and the chain's end.
+
+    A wrapper holds one module and nothing else that ran (a LightningModule around
+    ``self.model``, a Hugging Face model around its base model): the names below it all go
+    through that one child. The chain ends at the first name with more than one child, the
+    model whose parts the depth is about.
+
+    Example:
+        >>> wrapper_chains(["Lit", "Lit.model", "Lit.model.embed", "Lit.model.encoder", "Loss"])
+        {'Lit': 'Lit.model'}
+    """
+    children: dict[str, set[str]] = {}
+    tops: list[str] = []
+    for fqn in fqns:
+        parts = fqn.split(".")
+        if parts[0] not in tops:
+            tops.append(parts[0])
+        for i in range(1, len(parts)):
+            children.setdefault(".".join(parts[:i]), set()).add(".".join(parts[: i + 1]))
+    out: dict[str, str] = {}
+    for top in tops:
+        end = top
+        while len(kids := children.get(end, ())) == 1:
+            end = next(iter(kids))
+        if end != top:
+            out[top] = end
+    return out
+
+
 def modulewise(memory_tracking: Mapping[Any, Any], depth: int) -> dict[str, dict[str, list[Snapshot]]]:
     """Module name -> state -> snapshots, for modules no deeper than ``depth``, naturally sorted.
+
+    Levels are counted from the end of a chain of wrappers (:func:`wrapper_chains`), so the
+    default depth shows the parts of the model a LightningModule wraps, not two rows of the
+    same figures.
 
     Args:
         memory_tracking: the tracker's ``memory_tracking`` (module -> stats with ``mod_fqn``
             and ``snapshots``).
-        depth: deepest module level kept; the root is level 1.
+        depth: deepest module level kept below the wrappers; the root is level 1.
     """
     out: dict[str, dict[str, list[Snapshot]]] = {}
     stats = sorted(memory_tracking.values(), key=lambda m: _natural_key(m.mod_fqn))
+    chains = wrapper_chains(m.mod_fqn for m in stats)
     for mod_stats in stats:
-        if module_depth(mod_stats.mod_fqn) > depth:
+        fqn = mod_stats.mod_fqn
+        end = chains.get(fqn.split(".")[0])
+        below = module_depth(end) - 1 if end is not None else 0
+        if depth < 1 or module_depth(fqn) - below > depth:
             continue
         out[mod_stats.mod_fqn] = {
             _label(state): [plain_snapshot(s) for s in snaps] for state, snaps in mod_stats.snapshots.items()
@@ -131,7 +169,9 @@ def render_log(report: Mapping[str, Any], units: str = "MiB", tabulate: bool = F
     if "final" in report:
         lines += ["", "Snapshot at the end of the window"]
         lines += _render_snapshot(report["final"], units, tabulate)
-    lines += ["", f"Module-wise snapshots (depth <= {report['module_depth']})"]
+    below = ", ".join(report.get("module_depth_from", []))
+    counted = f" counted from {below}, which its wrappers hold" if below else ""
+    lines += ["", f"Module-wise snapshots (depth <= {report['module_depth']}{counted})"]
     for fqn, states in report["modules"].items():
         lines += ["", f"Module:  {fqn}"]
         if tabulate:

@@ -197,6 +197,7 @@ class TrackerCollector(BaseCollector):
             self._warn(f"{self.name}: {REPEATED_FORWARD_NOTE}")
         if failed:
             notes.append(f"`{ctx.fn_name}` raised; the report covers the call up to the error")
+        chains = mem_report.wrapper_chains(m.mod_fqn for m in tracker.memory_tracking.values())
         report = {
             "tracker": self.tracker_name,
             "rank": ctx.rank,
@@ -205,6 +206,8 @@ class TrackerCollector(BaseCollector):
             "window": WINDOW_TEXT.format(fn=ctx.fn_name),
             "units": "B",
             "module_depth": self.depth,
+            # where a chain of wrappers ends: the depth counts from there (mem_report.modulewise)
+            **({"module_depth_from": sorted(chains.values())} if chains else {}),
             "notes": notes,
             "peak": mem_report.plain_snapshot(tracker.get_tracker_snapshot("peak")),
             "final": mem_report.plain_snapshot(tracker.get_tracker_snapshot("current")),

@@ -11,6 +11,7 @@ from memprofiler.commands._shared import add_run_dir, load, refuse_cuts, refuse_
 
 if TYPE_CHECKING:
     from memprofiler.analysis.growth import Growth, GrowthViolation
+    from memprofiler.analysis.impossible import ImpossibleValues
     from memprofiler.analysis.runs.artifacts import RunArtifacts
 
 
@@ -56,6 +57,7 @@ class CheckCommand:
         from memprofiler.analysis.budget import Limit, check_budget
         from memprofiler.analysis.files.fs import named_as_given
         from memprofiler.analysis.growth import is_growth, parse_growth
+        from memprofiler.analysis.impossible import ImpossibleValues
         from memprofiler.errors import ConfigError
 
         absolute: list[Limit] = []
@@ -74,26 +76,35 @@ class CheckCommand:
         run = load(self.name, args.run_dir, partial_ok=False, streamed=True)
         lines: list[str] = []
         checked = 0
+        # NaN or a negative byte count is no figure to pass a gate on: named by file, it fails it
+        impossible = ImpossibleValues()
         if absolute:
             with named_as_given():  # stats files are read here, a block at a time
-                violations, checked = check_budget(run, absolute, keys=args.key)
+                violations, checked = check_budget(run, absolute, keys=args.key, impossible=impossible)
                 refuse_cuts(run)
             lines += [v.line() for v in violations]
         if growth:
-            over, compared = _growth(args, run, growth)
+            over, compared = _growth(args, run, growth, impossible)
             lines += [v.line() for v in over]
             checked += compared
-        for line in lines:
+        for line in [*impossible.lines("the check fails on it"), *lines]:
             print(line, file=sys.stdout)
+        if impossible:
+            print(
+                f"memprofiler check: {impossible.count:,} value(s) no run writes, left out of the "
+                "figures; the check fails",
+                file=sys.stderr,
+            )
         if lines:
             print(f"memprofiler check: {len(lines)} of {checked} values over budget", file=sys.stderr)
+        if lines or impossible:
             return 1
         print(f"memprofiler check: all {checked} values within budget")
         return 0
 
 
 def _growth(
-    args: argparse.Namespace, run: RunArtifacts, limits: list[Growth]
+    args: argparse.Namespace, run: RunArtifacts, limits: list[Growth], impossible: ImpossibleValues
 ) -> tuple[list[GrowthViolation], int]:
     """Compare each function's medians with the baseline's; print what was not compared."""
     from memprofiler.analysis.diff import diff_functions
@@ -105,7 +116,9 @@ def _growth(
     refuse_empty((args.baseline, base), (args.run_dir, run))
     warn_crashed("check", (args.baseline, base), (args.run_dir, run))
     with named_as_given():
-        rows, unmatched = diff_functions(base, run, keys=args.key, include_unchanged=True)
+        rows, unmatched = diff_functions(
+            base, run, keys=args.key, include_unchanged=True, impossible=impossible
+        )
         refuse_cuts(base)
         refuse_cuts(run)
     if not rows:

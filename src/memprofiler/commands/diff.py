@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from memprofiler.commands._shared import add_run_dir, add_top, load, refuse_empty, warn_crashed, warn_cuts
@@ -10,6 +11,7 @@ from memprofiler.commands._shared import add_run_dir, add_top, load, refuse_empt
 if TYPE_CHECKING:
     from memprofiler.analysis.diff import FunctionDiffRow
     from memprofiler.analysis.growth import Growth
+    from memprofiler.analysis.impossible import ImpossibleValues
 
 
 class DiffCommand:
@@ -69,6 +71,7 @@ class DiffCommand:
         from memprofiler.analysis.diff import diff_functions, diff_runs
         from memprofiler.analysis.estimate import diff_line
         from memprofiler.analysis.files.fs import named_as_given
+        from memprofiler.analysis.impossible import ImpossibleValues
         from memprofiler.analysis.traces.events import is_trace_file
         from memprofiler.reporters.terminal import make_console, render_diff, render_function_diff
         from memprofiler.units import parse_size
@@ -89,6 +92,7 @@ class DiffCommand:
         warn_crashed(self.name, (args.run_a, a), (args.run_b, b))
         found = (len(a.cuts), len(b.cuts))
         console = make_console()
+        impossible = ImpossibleValues()  # NaN, a negative byte count: named, left out
         if args.per_call:
             with named_as_given():  # the stats files are read here
                 rows = diff_runs(
@@ -99,21 +103,30 @@ class DiffCommand:
                     min_change=min_change,
                     include_unchanged=args.all,
                     include_missing=not args.no_missing,
+                    impossible=impossible,
                 )
             warn_cuts(self.name, a.cuts[found[0] :] + b.cuts[found[1] :])
+            _warn_impossible(impossible, "left out of the comparison (shown as missing)")
             render_diff(rows[: args.top] if args.top > 0 else rows, console, total=len(rows))
             return 0
         with named_as_given():  # the stats files are read here, side by side, a block at a time
             every, unmatched = diff_functions(
-                a, b, metrics=args.metric, keys=args.key, include_unchanged=True
+                a, b, metrics=args.metric, keys=args.key, include_unchanged=True, impossible=impossible
             )
         frows = [r for r in every if (r.change != 0 or args.all) and abs(r.change) >= min_change]
         warn_cuts(self.name, a.cuts[found[0] :] + b.cuts[found[1] :])
+        _warn_impossible(impossible, "left out of the medians")
         shown = frows[: args.top] if args.top > 0 else frows
         render_function_diff(shown, unmatched, console, total=len(frows))
         if not gates:
             return 0
-        return _gate(every, gates, f"{args.run_a} and {args.run_b}")
+        return _gate(every, gates, f"{args.run_a} and {args.run_b}", bool(impossible))
+
+
+def _warn_impossible(impossible: ImpossibleValues, outcome: str) -> None:
+    """One warning line on stderr per file and metric holding values no run writes."""
+    for line in impossible.lines(outcome):
+        print(f"memprofiler diff: warning: {line}", file=sys.stderr)
 
 
 def _gates(args: argparse.Namespace) -> list[Growth]:
@@ -149,10 +162,9 @@ def _no_gate(gates: list[Growth], what: str) -> None:
         )
 
 
-def _gate(rows: list[FunctionDiffRow], gates: list[Growth], where: str) -> int:
-    """Exit 1 with one line per row over its ``--fail-on`` limit (stdout), else 0."""
-    import sys
-
+def _gate(rows: list[FunctionDiffRow], gates: list[Growth], where: str, impossible: bool = False) -> int:
+    """Exit 1 with one line per row over its ``--fail-on`` limit (stdout), or when the stats
+    files hold values no run writes (``impossible``: a gate fails closed), else 0."""
     from memprofiler.analysis.growth import check_growth
 
     over, compared = check_growth(rows, gates, "--fail-on", where)
@@ -163,6 +175,12 @@ def _gate(rows: list[FunctionDiffRow], gates: list[Growth], where: str) -> int:
             f"memprofiler diff: {len(over)} of {compared} compared values rose over --fail-on",
             file=sys.stderr,
         )
+    if impossible:
+        print(
+            "memprofiler diff: --fail-on fails: the stats files hold values no run writes (see the warnings)",
+            file=sys.stderr,
+        )
+    if over or impossible:
         return 1
     print(f"memprofiler diff: all {compared} compared values within --fail-on")
     return 0

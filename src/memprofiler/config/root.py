@@ -93,7 +93,10 @@ class MemProfilerConfig:
     to track; ``""`` means the profiled module itself."""
     module_mem_depth: int = 2
     """Deepest module level shown in the module-wise snapshots. Levels count from the profiled
-    module (the LightningModule is 1, ``model`` under it 2, ``model.blocks.0`` 4)."""
+    module (level 1), below any wrappers: a module that runs one module and nothing else (a
+    LightningModule around ``self.model``) shares its level with it, so the default shows the
+    parts of the model it holds (``DemoGPT`` and ``DemoGPT.model`` are 1, ``DemoGPT.model.blocks.0``
+    3). Each report names the module counting starts from (``module_depth_from``)."""
     module_mem_units: str = "MiB"
     """Units of the human-readable ``.log`` reports: ``B``, ``KiB``, ``MiB`` or ``GiB``. The ``.yaml``
     reports and snapshot keys are always in bytes."""

@@ -83,8 +83,8 @@ def estimate_memory(
         strategy: ``single``, ``ddp`` (full replica plus gradient buckets) or ``fsdp``
             (FSDP2 ``fully_shard`` on every ``nn.ModuleList`` item and the root, or on the
             modules ``shard_policy`` picks); ``tp`` (tensor parallelism) needs the model's plan,
-            which :func:`estimate_plan` takes (``parallelize``). Pipeline parallelism is not
-            modelled.
+            which :func:`estimate_plan` takes (``parallelize``), as it takes a pipeline
+            (``pipeline``).
         precision: Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ...
         device: ``cuda`` reports the caching allocator's view; ``cpu`` the tensors' bytes.
             Either way the steps run on CPU tensors, on every machine, so a GPU node and a

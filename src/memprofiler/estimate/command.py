@@ -21,7 +21,7 @@ from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
 from memprofiler.estimate.named import NamedModel, load_model
 from memprofiler.estimate.output import render_table, write_estimates
 from memprofiler.estimate.plan import EstimatePlan
-from memprofiler.estimate.result import MemoryEstimate
+from memprofiler.estimate.result import MemoryEstimate, context_counted
 from memprofiler.units import format_bytes, parse_size
 
 #: Optimizers by the name ``--optimizer`` takes, with the learning rate irrelevant to memory.
@@ -43,6 +43,8 @@ class Budget:
     memory: int | None
     reserve: int
     lines: list[str]
+    context: int = 0
+    """Bytes kept back for the CUDA context (0: none, or no device memory to keep them from)."""
 
 
 def budget(args: argparse.Namespace) -> Budget:
@@ -72,7 +74,9 @@ def budget(args: argparse.Namespace) -> Budget:
             )
         if extra:
             lines.append(f"reserve {format_bytes(extra)} kept back (--reserve)")
-    return Budget(memory, context + extra if memory is not None else extra, lines)
+    if memory is None:
+        return Budget(memory, extra, lines)
+    return Budget(memory, context + extra, lines, context)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         )
         est.batch_size = rows
         est.notes = [*notes, *est.notes]
+        if plan.context:  # the budget line says it is counted: so does "not modelled"
+            est.not_modelled = context_counted(est.not_modelled, format_bytes(plan.context))
         return est
 
     auto = args.batch_size == "auto"

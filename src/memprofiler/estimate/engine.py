@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from memprofiler.estimate.failures import (
 from memprofiler.estimate.fake import ties
 from memprofiler.estimate.fake.known_data import KnownValues
 from memprofiler.estimate.notes import model_notes
-from memprofiler.estimate.parallel import strategies
+from memprofiler.estimate.parallel import pipeline, strategies
 from memprofiler.estimate.part import Part
 from memprofiler.estimate.plan import EstimatePlan, LossFn, OptimizerFn
 from memprofiler.estimate.probe import Probe
@@ -148,9 +148,21 @@ def _to_fake(
 
 
 def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | None = None) -> MemoryEstimate:
-    """Run ``plan.steps`` training steps of one rank and return the estimate (see ``estimate_plan``)."""
+    """Run ``plan.steps`` training steps of one rank and return the estimate (see ``estimate_plan``);
+    with a pipeline, of every rank, the highest peak first."""
     probe = probe if probe is not None else Probe()
     check_batch(batch)
+    if plan.pipeline is None:
+        return _estimate_rank(model, batch, plan, probe, 0)
+    pipeline.check_batch(batch, plan.pipeline.microbatches)
+    ranks = [_estimate_rank(model, batch, plan, probe, r) for r in range(plan.world_size)]
+    return pipeline.worst_rank(ranks, plan.pipeline)
+
+
+def _estimate_rank(
+    model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe, rank: int
+) -> MemoryEstimate:
+    """One rank's estimate: rank ``rank`` of the fake process group (a pipeline's stages differ by rank)."""
     cuda = plan.device.startswith("cuda")
     target: CudaTarget | None = resolve_target(plan.gpu, plan.torch_version) if cuda else None
     # The environment is read (and refused where torch would refuse it) before anything runs.
@@ -161,14 +173,15 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
         notes += target_notes(target)
     notes += model_notes(model)
     user_model = model
-    distributed = plan.strategy in strategies.DISTRIBUTED
+    distributed = plan.strategy in strategies.DISTRIBUTED or plan.pipeline is not None
     loss_fn = plan.loss_fn or default_loss
-    pg = strategies.fake_process_group(plan.world_size) if distributed else contextlib.nullcontext()
+    pg = strategies.fake_process_group(plan.world_size, rank) if distributed else contextlib.nullcontext()
     with pg:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True) if plan.fake else None
-        model = meta_copy(model)  # never touch the caller's module
+        stages = _Stages(user_model, plan, rank, where)
+        model = stages.model if stages.plan is not None else meta_copy(model)  # never the caller's module
         _parallelize(model, plan, distributed)
         fsdp = strategies.has_fsdp(
             model
@@ -180,12 +193,14 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
             _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
             opt = _optimizer(model, plan)
+            train = stages.train(fake_batch)
             alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, plan.device_memory))
             led: Ledger = tracker.ledger
             tracker.host_data_in_opt = target is not None
             tracker.host_rng = target is not None
+            tracker.repeated_forwards = train is not None
             if fsdp:
                 tracker.track_inputs((fake_batch,))
             else:
@@ -216,7 +231,7 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
                     probe.step_start(step)
                     before = led.peak
                     resident = _one_step(
-                        model, fake_batch, opt, loss_fn, tracker, saved, plan.precision, where
+                        model, fake_batch, opt, loss_fn, tracker, saved, plan.precision, where, train
                     )
                     if led.peak > before:
                         peak_step = step
@@ -228,7 +243,8 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     if float8:
         notes.append(FLOAT8_NOTE.format(names=", ".join(float8)))
     models = [user_model, model]
-    extra = device.margins(models, peak, plan.strategy, plan.world_size) if device is not None else []
+    strategy = "pipeline" if plan.pipeline is not None else plan.strategy
+    extra = device.margins(models, peak, strategy, plan.world_size) if device is not None else []
     notes += [m.line() for m in extra]
     cast = led.peak_by_category.get(CAST_CACHE, 0)
     if cast:
@@ -263,10 +279,61 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     )
 
 
+class _Stages:
+    """A pipeline rank's stage modules (a meta copy each, cut by ``pipeline.split``) and, once
+    materialised, torch's schedule over them (:mod:`memprofiler.estimate.parallel.pipeline`)."""
+
+    def __init__(self, user_model: nn.Module, plan: EstimatePlan, rank: int, where: str) -> None:
+        self.plan = plan.pipeline
+        self.user_model = user_model
+        self.precision = plan.precision
+        self.where = where
+        self.count = plan.world_size * self.plan.per_rank if self.plan is not None else 1
+        self.ids = self.plan.stages_of(rank, plan.world_size) if self.plan is not None else [0]
+        self.modules = [self.cut(s) for s in self.ids] if self.plan is not None else []
+        self.model = pipeline.rank_model(self.modules) if self.modules else user_model
+        # Every stage once more, for the shapes a stage takes and gives; cut and cast before fake
+        # mode, as the rank's own (see _cast_meta).
+        dtype = strategies.param_dtype(plan.precision)
+        self.shape_runs = [
+            (m, _cast_meta(m, dtype)) for m in map(self.cut, range(len(self.modules) and self.count))
+        ]
+
+    def cut(self, stage: int) -> nn.Module:
+        assert self.plan is not None
+        with torch.device("meta"):
+            return self.plan.split(meta_copy(self.user_model), stage, self.count)
+
+    def _fake_stage(self, stage: int) -> nn.Module:
+        module, tied = self.shape_runs[stage]
+        _materialize(module, self.where, tied)
+        return module
+
+    def train(self, fake_batch: Any) -> Callable[[], None] | None:
+        """The step's forward and backward as torch's schedule runs them; None without a pipeline.
+        Call inside the fake mode, after the rank's modules are materialised."""
+        if self.plan is None:
+            return None
+        plan = self.plan
+        inputs, target = pipeline.check_batch(fake_batch, plan.microbatches)
+        io = pipeline.stage_io(
+            self._fake_stage,
+            inputs,
+            self.count,
+            plan.microbatches,
+            lambda: strategies.autocast(self.precision, self.where),
+        )
+        schedule = pipeline.new_schedule(plan, self.modules, self.ids, self.count, io, self.where)
+        first, last = 0 in self.ids, self.count - 1 in self.ids
+        return lambda: pipeline.step(schedule, plan, first, last, inputs, target)
+
+
 def _parallelize(model: nn.Module, plan: EstimatePlan, distributed: bool) -> None:
     """The plan's parallelisation of the meta copy, outside fake mode (the device mesh needs real
     ranks): the user's ``parallelize`` with the plan's mesh, then, under ``fsdp``, FSDP2 on what
     it left unsharded (``tp`` shards only what ``parallelize`` shards)."""
+    if plan.pipeline is not None:  # each stage is the plan's split; nothing else is parallel
+        return
     if not distributed:
         if plan.parallelize is not None:
             with torch.device("meta"):
@@ -327,7 +394,10 @@ def _one_step(
     saved: SavedBytes,
     precision: str,
     where: str,
+    train: Callable[[], None] | None = None,
 ) -> dict[str, int]:
+    """One training step; ``train``: a pipeline schedule's forward and backward instead of
+    ``loss_fn`` and ``backward()``."""
     tracker.reset_mod_stats()
     saved.reset()
     tracker.phase = "forward"
@@ -336,11 +406,14 @@ def _one_step(
             tracker.autocast_dtype = strategies.PRECISIONS[precision][0]
             try:
                 with saved, strategies.autocast(precision, where):
-                    loss = loss_fn(model, batch)
+                    loss = loss_fn(model, batch) if train is None else None
+                    if train is not None:
+                        train()
             finally:
                 tracker.autocast_dtype = None
-            with routing_hooks(tracker, loss):
-                loss.backward()
+            if loss is not None:
+                with routing_hooks(tracker, loss):
+                    loss.backward()
             tracker.optimizer = opt
             try:
                 opt.step()

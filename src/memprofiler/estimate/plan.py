@@ -11,6 +11,7 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate.parallel import strategies
+from memprofiler.estimate.parallel.pipeline import PipelinePlan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]
@@ -43,7 +44,7 @@ class EstimatePlan:
     (tensor / sequence parallelism: ``parallelize`` shards the model with DTensor on the fake
     mesh, and nothing else is sharded)."""
     world_size: int = 1
-    """Ranks; ``ddp``, ``fsdp`` and ``tp`` only."""
+    """Ranks; ``ddp``, ``fsdp`` and ``tp``, or the pipeline's ranks."""
     precision: str = "32-true"
     """Lightning's names: ``32-true``, ``bf16-mixed`` (autocast), ``bf16-true``, ..."""
     device: str = "cuda"
@@ -86,9 +87,18 @@ class EstimatePlan:
     """``fsdp``: ``fully_shard``'s argument; None: FSDP2's default (True, the root False)."""
     cpu_offload: bool = False
     """``fsdp``: ``CPUOffloadPolicy()``: not modelled; a plan with it is refused."""
+    pipeline: PipelinePlan | None = None
+    """Pipeline parallelism over ``world_size`` ranks (strategy ``single``: no data or tensor
+    parallelism beside it): the stage split, torch's schedule, the micro-batches. The batch is then
+    ``(inputs, target)``; every rank is estimated, the result is the rank with the highest peak and
+    ``MemoryEstimate.stages`` gives each."""
 
     def __post_init__(self) -> None:
-        strategies.check(self.strategy, self.world_size, self.precision, self.steps)
+        if self.pipeline is not None:
+            self._check_pipeline()
+        strategies.check(
+            self.strategy, self.world_size, self.precision, self.steps, pipeline=self.pipeline is not None
+        )
         strategies.check_mesh(self.mesh_shape, self.mesh_dim_names, self.world_size)
         if self.strategy == "tp" and self.parallelize is None:
             raise ConfigError(
@@ -120,6 +130,26 @@ class EstimatePlan:
                 "FSDP2's CPUOffloadPolicy is not modelled (sharded parameters, gradients and optimizer "
                 "state would move to the host); estimate without it for an upper bound",
             )
+
+    def _check_pipeline(self) -> None:
+        if not isinstance(self.pipeline, PipelinePlan):
+            raise ConfigError("pipeline", f"got {type(self.pipeline).__name__}; pass a PipelinePlan(...)")
+        if self.strategy != "single":
+            raise ConfigError(
+                "pipeline",
+                f"got strategy {self.strategy!r}; a pipeline is modelled alone (strategy 'single', each "
+                "rank one stage's process)",
+            )
+        if not isinstance(self.world_size, int) or isinstance(self.world_size, bool) or self.world_size < 2:
+            raise ConfigError("world_size", f"got {self.world_size!r}; a pipeline needs its ranks: 2 or more")
+        given = {"loss_fn": self.loss_fn, "parallelize": self.parallelize, "shard_policy": self.shard_policy}
+        for name, value in given.items():
+            if value is not None:
+                raise ConfigError(
+                    name,
+                    "does not apply with a pipeline: `pipeline.split` gives each stage's module and "
+                    "`pipeline.loss_fn(output, target)` the loss",
+                )
 
     def fsdp_options(self) -> dict[str, Any]:
         """``fully_shard``'s keyword arguments this plan gives (its mixed precision, resharding).

@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+#: The first of :data:`NOT_MODELLED`, where nothing kept the CUDA context back (from Python; see
+#: :func:`context_counted` for a budget that did).
+CONTEXT_AND_NCCL = "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)"
+
 #: What no estimate models; printed with every estimate and written into its YAML.
 NOT_MODELLED = (
-    "CUDA context and NCCL buffers (use `reserve`; a distributed run adds a stated margin)",
+    CONTEXT_AND_NCCL,
     "FSDP2's CPUOffloadPolicy (refused)",
-    "pipeline and context parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses "
+    "context parallelism; pipeline schedules other than GPipe, 1F1B and Interleaved1F1B, and a pipeline "
+    "beside data or tensor parallelism; loss parallelism (loss_parallel(), whose backward DTensor refuses "
     "on fake tensors)",
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
@@ -17,6 +22,36 @@ NOT_MODELLED = (
     "for a CUDA target, the attention, layer norm, reduction and embedding backward scratch "
     "replayed from torch's source",
 )
+
+
+def context_counted(not_modelled: list[str], context: str) -> list[str]:
+    """``not_modelled`` as it reads where a budget kept ``context`` (bytes, in words) back for the
+    CUDA context: the context is still not modelled, but no longer left to the reader.
+
+    Example:
+        >>> context_counted(list(NOT_MODELLED[:2]), "512.00 MiB")[0].split("; ")[1]
+        'the CUDA context is not modelled but kept back in the budget (512.00 MiB)'
+    """
+    counted = (
+        "NCCL buffers (a distributed run adds a stated margin); the CUDA context is not modelled but "
+        f"kept back in the budget ({context})"
+    )
+    return [counted if item == CONTEXT_AND_NCCL else item for item in not_modelled]
+
+
+@dataclass
+class StagePeak:
+    """One pipeline rank's peak (:attr:`MemoryEstimate.stages`)."""
+
+    rank: int
+    stages: list[int]
+    """The pipeline stages the rank holds."""
+    peak_bytes: int
+    tensor_peak_bytes: int
+    reserved_peak_bytes: int
+    margin_bytes: int
+    peak_at: str
+    peak_phase: str
 
 
 @dataclass
@@ -74,6 +109,11 @@ class MemoryEstimate:
     """Stated margins for what is not modelled (custom ops, torch.compile, NCCL; see ``notes``),
     added to the "fits" decision."""
     not_modelled: list[str] = field(default_factory=lambda: list(NOT_MODELLED))
+    pipeline: str = ""
+    """The pipeline (``1F1B, 2 stages on 2 ranks, 4 micro-batches``); empty without one. The
+    figures above are then those of the rank whose peak is highest, ``stages`` each rank's."""
+    stages: list[StagePeak] = field(default_factory=list)
+    """Each pipeline rank's peak, by rank."""
 
     @property
     def peak_at(self) -> str:
@@ -96,6 +136,19 @@ class MemoryEstimate:
     def headroom(self, device_memory: int, reserve: int = 0) -> int:
         """``device_memory`` minus the modelled reserved peak (or the peak), the margins and ``reserve``."""
         return device_memory - max(self.reserved_peak_bytes, self.peak_bytes) - self.margin_bytes - reserve
+
+    def stage_peak(self, rank: int, stages: list[int]) -> StagePeak:
+        """This estimate as rank ``rank`` of a pipeline, holding ``stages``."""
+        return StagePeak(
+            rank=rank,
+            stages=stages,
+            peak_bytes=self.peak_bytes,
+            tensor_peak_bytes=self.tensor_peak_bytes,
+            reserved_peak_bytes=self.reserved_peak_bytes,
+            margin_bytes=self.margin_bytes,
+            peak_at=self.peak_at,
+            peak_phase=self.peak_phase,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so ``yaml.safe_load`` reads it back."""

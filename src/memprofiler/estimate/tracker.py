@@ -181,6 +181,8 @@ class LedgerMixin(MemTracker):
     #: The autocast dtype while the forward runs under autocast (its state is not visible from
     #: inside a dispatch mode); ``None`` otherwise.
     autocast_dtype: torch.dtype | None = None
+    #: A pipeline's step: each stage module runs one forward per micro-batch.
+    repeated_forwards = False
 
     def __enter__(self) -> Any:
         self._quiet_metadata = _quiet_during_metadata_propagation(self)
@@ -381,6 +383,13 @@ class LedgerMixin(MemTracker):
                 hooks[p] = _NO_HOOKS
         counted: tuple[int, int] = super()._track_module_params_and_buffers(module, install_grad_hooks)
         return counted
+
+    def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        # torch's tracker refuses a root module's second forward in one iteration; a pipeline
+        # stage runs one per micro-batch. Its per-module stats start afresh (the ledger keeps none).
+        if self.repeated_forwards and module in self.memory_tracking and not self._mod_tracker.is_bw:
+            del self.memory_tracking[module]
+        super()._pre_fw_hook(module, inputs)
 
     def _update_peak_stats(self, peak_state: Any) -> None:
         # The ledger keeps the peak; torch's per-module peaks deep-copy a snapshot for

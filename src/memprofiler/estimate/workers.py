@@ -88,6 +88,12 @@ def _start(task: Callable[[], Any]) -> tuple[int, int]:
         code = 1
         try:
             os.close(read)
+            # GNU OpenMP's thread team does not survive a fork: a parallel region the parent ran
+            # leaves the child waiting at its barrier for threads that are not there. One thread
+            # keeps torch's CPU kernels (the real values some fake ops compute) off OpenMP.
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.set_num_threads(1)
             # fresh streams: a lock the parent's threads held at the fork would never be released here
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115
             sys.stderr = os.fdopen(os.dup(2), "w")

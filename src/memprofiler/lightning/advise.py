@@ -52,6 +52,8 @@ class AdviseConfig:
     """The CUDA target (``H100``, ``A100``, ...); default this machine's GPU, else H100."""
     torch_version: str | None = None
     """The torch release the job will run, e.g. ``2.11`` (default: the installed one)."""
+    progress: bool | None = None
+    """A status line on stderr while the estimates run (default: when stderr is a terminal)."""
 
 
 def _training_step_loss(model: nn.Module, batch: Any) -> Any:
@@ -96,5 +98,5 @@ def run_advise(cli: Any) -> None:
             ((opts.world_size, 1), ("data_parallel", "tensor_parallel")) if strategy == "fsdp" else None
         ),
     )
-    advice = advise_plan(plan, budget, reserve, opts.candidates)
+    advice = advise_plan(plan, budget, reserve, opts.candidates, opts.progress)
     print(render(advice, yaml=True))

@@ -17,6 +17,7 @@ from memprofiler.analysis.runs.artifacts import is_number
 from memprofiler.analysis.traces.memory_categories import CategoryTimeline
 from memprofiler.reporters.explorer.oom import when_text
 from memprofiler.reporters.explorer.page import explorer_relpath
+from memprofiler.reporters.make_it_fit import advice_html
 from memprofiler.reporters.model.figures import BANDED, CALL_FIGURES, table_figures
 from memprofiler.reporters.model.memory_split import top_with_other
 from memprofiler.reporters.model.report import (
@@ -124,6 +125,7 @@ class HtmlReporter:
         sections = [
             self._header(),
             where_html(self.model, self.categories, self.allocator),
+            advice_html(self.model, self.top),
             self._calls_section(),
             self._across_calls_section(),
             self._saved_section(),

@@ -13,6 +13,7 @@ from memprofiler.analysis.snapshot.summary import SnapshotAnalysis
 from memprofiler.reporters.model.figures import BANDED, table_figures
 from memprofiler.reporters.model.module_groups import SavedRollup, top_groups
 from memprofiler.reporters.model.report import TRACKERS, CallRow, ReportModel, tracker_title
+from memprofiler.reporters.run_advice import advise_run
 from memprofiler.units import format_bytes, format_value
 
 
@@ -58,6 +59,7 @@ class TerminalReporter:
         else:
             self._calls(console)
         self._modules(console)
+        self._advice(console)
         self._tracker_peaks(console)
         self._summary(console)
         self._reports(console)
@@ -133,6 +135,27 @@ class TerminalReporter:
                 share = f"{g.bytes / r.total:.1%}" if r.total else "-"
                 t.add_row(escape(g.name), format_bytes(g.bytes), share, f"{n:,}" if n else "-")
             console.print(t)
+
+    def _advice(self, console: Console) -> None:
+        """Make it fit: the blocks to checkpoint first, each with what it takes off the peak at most."""
+        advice = advise_run(self.model, top=self.top)
+        if advice is None or not advice.proposals:
+            return
+        what = "blocks" if advice.blocks else "modules"
+        t = Table(
+            title=f"Make it fit: checkpoint the {what} that saved the most in {escape(advice.call)} "
+            f"({escape(advice.peak_name)} {format_bytes(advice.peak)}), each row with the ones above"
+        )
+        for col in (what[:-1], "saved", "off the peak (at most)", "peak after (at least)"):
+            t.add_column(col, justify="left" if col == what[:-1] else "right")
+        for p in advice.proposals:
+            t.add_row(
+                escape(p.module), format_bytes(p.saved), format_bytes(p.at_peak), format_bytes(p.peak_after)
+            )
+        console.print(t)
+        console.print("the change (the first k lines for row k):")
+        for line in advice.patch():
+            console.print(f"    {line}", markup=False, highlight=False)
 
     def _tracker_peaks(self, console: Console) -> None:
         cats, rows = self.model.tracker_rows()

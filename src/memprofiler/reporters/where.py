@@ -206,17 +206,48 @@ def _group(
             f"{_modules(model, worst) if lead else ''}</div>",
             f"<p class='muted'>Each bar is a {per}'s "
             f"{escape(kind)}, split from {sources}. The parts add "
-            f"up to the peak; what no figure explains is “other”.{note}{_capped(group)}</p>",
+            f"up to the peak; what no figure explains is “other”.{note}{_capped(group)}{_apart(group)}</p>",
             _numbers(group, present),
         ]
     )
 
 
 def _headline(s: CallSplit) -> str:
-    parts = ", ".join(f"{b(v)} {escape(LABELS[k])}" for k, v in sorted(s.parts, key=lambda kv: -kv[1]))
+    shown = sorted(s.parts, key=lambda kv: -kv[1])
+    if s.peak_name == RSS_PEAK and not any(k in ("rise", "other") for k, _ in shown):
+        shown.append(("rise", 0))  # a call that did not raise RSS says so, beside its saved bytes
+    parts = ", ".join(f"{b(v)} {escape(LABELS[k])}" for k, v in shown)
     rank = f" (rank {s.rank})" if s.rank >= 0 else ""
+    beside = f" Saved for backward in the call: {b(s.saved_apart)}, {_NOT_IN_BAR}." if s.saved_apart else ""
     return (
-        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> ({escape(s.peak_name)}): {parts}."
+        f"<b>{escape(s.label)}</b>{rank} peaked highest: <b>{b(s.peak)}</b> ({escape(s.peak_name)}): "
+        f"{parts}.{beside}"
+    )
+
+
+#: Why a host bar's saved-tensor bytes stand beside it.
+_NOT_IN_BAR = "tensors inside the process's memory, not a part of the bar"
+
+
+def _apart(shown: list[CallSplit]) -> str:
+    """The note on saved-tensor bytes beside host RSS bars: why they are not a part of them."""
+    apart = [s for s in shown if s.saved_apart > 0]
+    if not apart:
+        return ""
+    gaps = [
+        (s.saved_apart - rise, s, rise)
+        for s in apart
+        if "other" not in dict(s.parts)  # a rise is known only from a figure at the call's start
+        and (rise := dict(s.parts).get("rise", 0)) < s.saved_apart
+    ]
+    pair = ""
+    if gaps:  # the call where the two figures differ most, as the example
+        _, worst, rise = max(gaps, key=lambda g: g[0])
+        pair = f" ({b(worst.saved_apart)} saved, {b(rise)} RSS rise in {escape(worst.label)})"
+    return (
+        " The bytes saved for backward are given beside the host RSS bars, not as a part of them: "
+        "the host allocator serves tensors from memory the process already holds, so the RSS rise "
+        f"during a call says nothing of which bytes are activations and can be smaller than them{pair}."
     )
 
 
@@ -283,4 +314,8 @@ def _numbers(shown: list[CallSplit], present: list[str]) -> str:
         for s in shown
     ]
     head = ["call", "rank", "peak", *[LABELS[k] for k in present]]
+    if any(s.saved_apart for s in shown):  # host bars: the saved bytes beside them, named apart
+        head.append("saved for backward (not in the bar)")
+        for row, s in zip(body, shown, strict=True):
+            row.append(bytes_cell(s.saved_apart))
     return f"<details><summary>The bars in numbers</summary>{table(head, body)}</details>"

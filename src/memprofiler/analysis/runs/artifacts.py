@@ -193,6 +193,9 @@ class RunArtifacts:
     stats_files: dict[int, Path] = field(default_factory=dict)
     """rank -> stats YAML not loaded (``load_run(streamed=True)``): :meth:`iter_snapshots`
     reads it a block at a time."""
+    stats_paths: dict[int, Path] = field(default_factory=dict)
+    """rank -> the stats file its snapshots come from, loaded or streamed (what a line about a
+    value in it names: :meth:`stats_file`)."""
     warnings: list[str] = field(default_factory=list)
     """What reading found that does not hold together, one line each, shown before the
     report's other lines: a run that ended without finishing, a window index without its
@@ -206,6 +209,11 @@ class RunArtifacts:
     @property
     def ranks(self) -> list[int]:
         return sorted(set(self.stats) | set(self.stats_files))
+
+    def stats_file(self, rank: int) -> str:
+        """The stats file of ``rank``, as a line names it (the run and the rank where none was read)."""
+        path = self.stats_paths.get(rank)
+        return str(path) if path is not None else f"{self.root} (rank {rank})"
 
     def iter_snapshots(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """``(key, metrics)`` of every rank, in file order; a streamed file is read a block at
@@ -446,7 +454,7 @@ def _add(
         if kind == "stats_yaml":
             run.run_ids[str(path)] = stats_run_id(path)
         if streamed and kind == "stats_yaml":
-            run.stats_files[rank] = path
+            run.stats_files[rank] = run.stats_paths[rank] = path
             return
         if kind == "stats_pickle":
             yaml_twin = path.with_name(layout.MEMORY_STATS_YAML.format(rank=rank))
@@ -456,6 +464,7 @@ def _add(
         else:
             data = read_yaml(path, run.cuts)
         run.stats[rank] = _check_stats(data, path)
+        run.stats_paths[rank] = path
     elif kind == "summary":
         run.summary = _mapping(read_yaml(path, run.cuts), path)
     elif kind in ("fsdp_yaml", "fsdp_log", "module_yaml", "module_log"):

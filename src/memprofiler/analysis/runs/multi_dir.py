@@ -64,6 +64,7 @@ def merge_runs(runs: Sequence[tuple[str, RunArtifacts]]) -> RunArtifacts:
     merge_rank_maps([(name, dict.fromkeys(run.ranks)) for name, run in runs])  # each rank once
     merged.stats = merge_rank_maps([(name, run.stats) for name, run in runs])
     merged.stats_files = merge_rank_maps([(name, run.stats_files) for name, run in runs])
+    merged.stats_paths = merge_rank_maps([(name, run.stats_paths) for name, run in runs])
     merged.cuts = [cut for _, run in runs for cut in run.cuts]
     summaries = [(name, run.summary) for name, run in runs if run.summary is not None]
     if len(summaries) > 1:

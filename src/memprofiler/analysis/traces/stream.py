@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from msgspec import Raw
 
 from memprofiler.analysis.traces.events import (
     DEVICE_CATS,
@@ -56,6 +57,7 @@ from memprofiler.analysis.traces.events import (
     Event,
     EventArgs,
     checked_header,
+    dims_list,
     int_or,
     iter_events,
     memory_device,
@@ -218,6 +220,13 @@ class _Spill:
             _spill_write(self.buf, self.file)
             del self.buf[:]
 
+    def add_array(self, a: Any) -> None:
+        """Append the values of numpy array ``a`` (flat, of this spill's type), after those added."""
+        if self.buf:
+            _spill_write(self.buf, self.file)
+            del self.buf[:]
+        _spill_write(a, self.file)
+
     def written(self) -> int:
         """Values added so far."""
         return self.file.tell() // self.buf.itemsize + len(self.buf)
@@ -312,6 +321,56 @@ class _Runs:
             self.file.close()
 
 
+class _Closed:
+    """The closed operator and module spans, summed per row in numpy: each span's row key
+    (``2 * name + 1`` for a module, ``2 * name`` for an operator), duration and child time,
+    held in arrays until :data:`_CHUNK` and then added, in the order they closed, to the
+    rows' running sums (``np.add.at`` adds one value at a time, as ``+=`` in a loop would:
+    the same sums to the bit)."""
+
+    def __init__(self) -> None:
+        self.key: array[int] = array("q")
+        self.dur: array[float] = array("d")
+        self.child: array[float] = array("d")
+        self.calls = np.zeros(0, dtype=np.int64)
+        self.total = np.zeros(0)
+        self.own = np.zeros(0)
+        self.order: list[int] = []
+        """Row keys in the order their first span closed (the rows' order)."""
+
+    def fold(self) -> None:
+        if not self.key:
+            return
+        key = np.frombuffer(self.key, dtype=np.int64)
+        dur = np.frombuffer(self.dur, dtype=np.float64)
+        own = dur - np.frombuffer(self.child, dtype=np.float64)
+        own = np.where(own > 0.0, own, 0.0)  # max(0.0, own), NaN included
+        size = int(key.max()) + 1
+        if size > len(self.calls):
+            grow = size - len(self.calls)
+            self.calls = np.concatenate([self.calls, np.zeros(grow, dtype=np.int64)])
+            self.total = np.concatenate([self.total, np.zeros(grow)])
+            self.own = np.concatenate([self.own, np.zeros(grow)])
+        new = self.calls[key] == 0
+        if new.any():
+            u, first = np.unique(key[new], return_index=True)
+            self.order += u[np.argsort(first)].tolist()
+        np.add.at(self.calls, key, 1)
+        np.add.at(self.total, key, dur)
+        np.add.at(self.own, key, own)
+        del key, dur
+        self.key, self.dur, self.child = array("q"), array("d"), array("d")
+
+    def rows(self, r: _Reader) -> None:
+        """The operator and module rows of ``r``, in the order their first span closed."""
+        calls, total, own = self.calls.tolist(), self.total.tolist(), self.own.tolist()
+        for key in self.order:
+            n, module = divmod(key, 2)
+            label = r.names[n]
+            row = OpRow(module_name(label) if module else label, calls[key], own[key], total[key])
+            (r.mods if module else r.ops)[n] = row
+
+
 @dataclass
 class _Device:
     label: str
@@ -381,6 +440,7 @@ _UNREADABLE = {
     "Total Allocated": "read as 0",
     "Total Reserved": "read as 0",
     "cat": "the event skipped",
+    "Input Dims": "its shapes left out",
 }
 
 
@@ -408,7 +468,7 @@ class _Fields:
         out = []
         for key in _UNREADABLE:
             if n := self.unreadable[key]:
-                what = "a string" if key == "cat" else "a finite number"
+                what = {"cat": "a string", "Input Dims": "a list of shapes"}.get(key, "a finite number")
                 out.append(
                     f"{path.name}: {n:,} event(s) with a `{key}` that is not {what} "
                     f"(first: {self.example[key]}): {_UNREADABLE[key]}"
@@ -436,7 +496,7 @@ class _Reader:
         self.ops: dict[int, OpRow] = {}
         self.mods: dict[int, OpRow] = {}
         self.shapes: dict[int, Counter[int]] = {}
-        self.shape_ids: dict[str, int] = {}
+        self.shape_ids: dict[str | bytes, int] = {}
         self.calls = _Spill(2, "d")  # (time, name) of each operator call
         self.stack_ids: dict[tuple[int, ...], int] = {}
         self.chains: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
@@ -460,6 +520,7 @@ class _Reader:
         self.wrapper_calls = 0
         self.wrapper_self_us = 0.0
         self.fields = _Fields()
+        self.closed = _Closed()
 
     def close(self) -> None:
         """Close every temporary file (each is already unlinked: closing frees its space)."""
@@ -485,10 +546,24 @@ class _Reader:
     # -- reading ---------------------------------------------------------------------------
 
     def read(self) -> None:
+        """The scan (file order): each event folded or turned into a record.
+
+        Operators and memory events, most of a trace, are read in the loop itself when their
+        fields are what torch writes (a float time and duration, whole numbers in range); any
+        other event, or field, goes through :meth:`_span` / :meth:`_memory`."""
         seq = events = 0
-        start = self.start
-        span, memory = self._span, self._memory
+        start, last_end = self.start, self.end
+        span, memory, op_name, op_dims, op_args = (
+            self._span,
+            self._memory,
+            self._op_name,
+            self._op_dims,
+            self._op_args,
+        )
         wanted = _WANTED
+        records = self.records
+        threads, thread_list, dev_of = self.threads, self.thread_list, self.dev_of
+        comm_names = self.comm_names
         for ev in iter_events(self.path):
             events += 1
             if ev is None:
@@ -507,6 +582,49 @@ class _Reader:
                     start = ts
                 seq += 1
                 cat = ev.cat
+                if cat == "cpu_op":
+                    # An operator, folded here: most of a trace's spans.
+                    name = ev.name
+                    dur = ev.dur
+                    if dur.__class__ is not float:
+                        dur = self._dur(dur)
+                    end = ts + dur
+                    if end > last_end:
+                        last_end = end
+                    n = (
+                        op_name(name)
+                        if name.__class__ is not str or name in DISPATCH_WRAPPERS
+                        else self.ix.get(name)
+                    )
+                    if n is None:
+                        n = op_name(name)
+                    try:
+                        t = threads[ev.pid, ev.tid]
+                    except (KeyError, TypeError):
+                        t = self._thread(ev)
+                    if n < 0:  # a dispatch-mode wrapper
+                        records.add((ts, 0, -dur, seq, t, _WRAPPER, -1 - n, -1, 0, 0, 0))
+                        continue
+                    args = ev.args
+                    ext = -1
+                    if args is not None:
+                        if args.dims:
+                            op_dims(n, args.dims)
+                        ext = args.ext
+                        if ext.__class__ is not int or not -_I64 <= ext < _I64:
+                            ext = op_args(ext)
+                    th = thread_list[t]
+                    u = th.comm if comm_names[n] else th.ops
+                    if u.cs <= ts <= u.ce:  # inside the busy period so far (most operators)
+                        if end > u.ce:
+                            u.ce = end
+                    else:
+                        u.add(ts, end)
+                    pending = records.pending
+                    pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
+                    if len(pending) >= RUN:
+                        records.flush()
+                    continue
                 if cat.__class__ is not str:  # a list or an object: no category the views read
                     self.fields.seen("cat", cat, False)
                     continue
@@ -519,10 +637,87 @@ class _Reader:
             elif ph != "M":
                 if ts < start:
                     start = ts
-                if ph == "i" and ev.name == "[memory]" and ev.args is not None:
-                    memory(ev, ev.args, ts)
+                if ph == "i" and ev.name == "[memory]" and (args := ev.args) is not None:
+                    b, addr, allocated, reserved = args.nbytes, args.addr, args.allocated, args.reserved
+                    if not (
+                        b.__class__ is int
+                        and addr.__class__ is int
+                        and allocated.__class__ is int
+                        and reserved.__class__ is int
+                        and -_I64 <= b < _I64
+                        and -_I64 <= allocated < _I64
+                        and -_I64 <= reserved < _I64
+                    ):
+                        memory(ev, args, ts)
+                        continue
+                    if not b:
+                        continue
+                    try:
+                        dev = dev_of[args.device_type, args.device_id]
+                    except (KeyError, TypeError):
+                        dev = self._device(args)
+                    try:
+                        t = threads[ev.pid, ev.tid]
+                    except (KeyError, TypeError):
+                        t = self._thread(ev)
+                    j = self.mem_index
+                    self.mem_index = j + 1
+                    pending = records.pending
+                    pending.append((ts, 1, 0.0, j, t, 0, dev, addr % (1 << 63), b, allocated, reserved))
+                    if len(pending) >= RUN:
+                        records.flush()
         self.events, self.start = events, start
+        if last_end > self.end:
+            self.end = last_end
         self._attribute()
+
+    def _dur(self, d: Any) -> float:
+        """A span's ``dur`` that is not a float: its number, noted; 0 when it has none."""
+        f = _float(d)
+        if d.__class__ is not int or f is None:
+            self.fields.seen("dur", d, f is not None)
+        return f or 0.0
+
+    def _op_name(self, raw: Any) -> int:
+        """The name index of an operator named ``raw`` (interned); ``-1 - index`` for a
+        dispatch-mode wrapper's."""
+        name = raw if raw.__class__ is str else "" if raw is None else str(raw)
+        if name in DISPATCH_WRAPPERS:
+            return -1 - self.intern(name)
+        n = self.ix.get(name)
+        if n is None:
+            n = self.intern(name)
+            self.comm_names[n] = name.startswith(COMM_OPS)
+        return n
+
+    def _op_dims(self, n: int, dims: Any) -> None:
+        """Count the shapes ``dims`` (an operator's ``Input Dims``) for operator ``n``."""
+        # the same dims give the same text: convert each once
+        key = bytes(dims) if dims.__class__ is Raw else repr(dims) if dims.__class__ is list else None
+        if not key:
+            return
+        sid = self.shape_ids.get(key)
+        if sid is None:
+            try:
+                listed = dims_list(dims)
+                sid = -1 if listed is None else self.intern(shapes_text(listed))
+            except ValueError:
+                sid = -2
+            self.shape_ids[key] = sid
+        if sid == -2:
+            self.fields.seen(
+                "Input Dims", key.decode("utf-8", "replace") if isinstance(key, bytes) else key, False
+            )
+        elif sid >= 0:
+            c = self.shapes.get(n)
+            if c is None:
+                c = self.shapes[n] = Counter()
+            c[sid] += 1
+
+    @staticmethod
+    def _op_args(ext: Any) -> int:
+        """An ``External id`` that is not an int in int64's range: -1 past it, else its number clamped."""
+        return -1 if ext.__class__ is int else _clamp(int_or(ext))
 
     def _thread(self, ev: Event) -> int:
         try:
@@ -537,36 +732,157 @@ class _Reader:
         return k
 
     def _attribute(self) -> None:
-        """The ordered pass: every record in sort order through :meth:`_sweep`."""
-        threads, sweep, close = self.thread_list, self._sweep, self._close
+        """The ordered pass: every record in sort order, per thread through the stack of its
+        open spans (as ``profiler_ops.nest``, one record at a time).
+
+        One loop with the per-record work written out in it (this pass runs once per operator,
+        module span and memory event); what needs no stack is done per window in numpy
+        (:meth:`_window`): each device's curve, peak and first events, the operators' call
+        times; the closed spans' sums are folded in numpy (:class:`_Closed`)."""
+        threads, close = self.thread_list, self._close
         lightning = self.lightning
-        self.kernels = self.kernel_ext.written() > 0  # operators' External ids are needed only then
+        self.kernels = kernels = self.kernel_ext.written() > 0  # operators' External ids are needed then
+        chains, ext_add, devices, where_of, pair = (
+            self.chains,
+            self.ext.add,
+            self.devices,
+            self._where,
+            self._pair,
+        )
+        places: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, tuple[int, tuple[int, ...]]]]
+        places = {}
         for win in self.records.ordered():
+            sids: array[int] = array("q")
+            sid_add = sids.append
             for k in range(0, len(win), 8192):
-                for rec in win[k : k + 8192].tolist():
-                    if rec[1] == 0 and rec[5] == _TORCH_MOD:
+                part = win[k : k + 8192]
+                # column by column: a structured array's tolist() costs twice as much
+                for t, what, negdur, seq, thread, kind, n, ext, b in zip(
+                    *(
+                        part[f].tolist()
+                        for f in ("ts", "what", "negdur", "idx", "thread", "kind", "name", "ext", "nbytes")
+                    ),
+                    strict=True,
+                ):
+                    if what == 0 and kind == _TORCH_MOD:
                         if lightning:
                             continue
-                        rec = (*rec[:5], _MOD, *rec[6:])
-                    sweep(threads[rec[4]], rec)
+                        kind = _MOD
+                    th = threads[thread]
+                    stack = th.stack
+                    if stack and stack[-1][3] <= t:
+                        close(th, t, what)
+                    if what == 0:
+                        dur = -negdur
+                        if stack:
+                            top = stack[-1]
+                            ops, kmods, op_parent, mod_parent, mods = top[5], top[6], top[7], top[8], top[9]
+                        else:
+                            ops, kmods, op_parent, mod_parent, mods = (), (), None, None, ()
+                        entry: list[Any] = [kind, n, dur, t + dur, 0.0]
+                        if kind == _OP:
+                            if op_parent is not None:
+                                op_parent[4] += dur
+                            ops = (n, *ops)
+                            if ext >= 0 and kernels:
+                                c = chains.get((ops, kmods))
+                                if c is None:
+                                    c = chains[ops, kmods] = len(chains)
+                                ext_add(ext, seq, c)
+                            entry += (ops, kmods, entry, mod_parent, mods, None)
+                        elif kind == _WRAPPER:
+                            # Transparent: the operator around it does not count its time as its
+                            # own, the operators inside keep their call path; their time is its
+                            # "child" time.
+                            if op_parent is not None:
+                                op_parent[4] += dur
+                            entry += (ops, kmods, entry, mod_parent, mods, None)
+                        else:
+                            if mod_parent is not None:
+                                mod_parent[4] += dur
+                            entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
+                        stack.append(entry)
+                        continue
+                    # A memory event: n is its device, ext its address.
+                    if stack:
+                        inner = stack[-1]
+                        where = inner[10]
+                        if where is None:
+                            key = (inner[5], inner[9])
+                            where = places.get(key)
+                            if where is None:
+                                where = places[key] = where_of(*key)
+                            inner[10] = where
+                    else:
+                        where = places.get(((), ()))
+                        if where is None:
+                            where = places[(), ()] = where_of((), ())
+                    sid, label, key_ = where
+                    sid_add(sid)
+                    d = devices[n]
+                    # Summed per call path and module chain; spread over the operators and
+                    # modules at the end.
+                    acc = d.acc.get(key_)
+                    if acc is None:
+                        acc = d.acc[key_] = [0, 0, 0]
+                    acc[0] += b
+                    # Allocation / release pairs by address.
+                    if b > 0:
+                        acc[1] += 1
+                        acc[2] += b
+                        got = d.open.pop(ext, None)
+                        if got is not None:
+                            pair(d, got[0], got[1], got[2], None)
+                        d.open[ext] = (label, b, t)
+                    else:
+                        got = d.open.pop(ext, None)
+                        if got is None:
+                            pair(d, label, -b, None, t)
+                        else:
+                            pair(d, got[0], got[1], got[2], t)
+            self._window(win, sids)
         for th in threads:
             close(th, float("inf"), 0)
+        self.closed.fold()
+        self.closed.rows(self)
         self._spread()
+
+    def _window(self, win: Any, sids: array[int]) -> None:
+        """What a window of records gives without the stack, in numpy: each device's curve,
+        times, peak and first events (``sids``: the call path of each memory event, in order),
+        the operators' call times."""
+        what = win["what"]
+        op = win[(what == 0) & (win["kind"] == _OP)]
+        if len(op):
+            self.calls.add_array(np.column_stack((op["ts"], op["name"].astype(np.float64))).ravel())
+        if not sids:
+            return
+        mem = win[what == 1]
+        path = np.frombuffer(sids, dtype=np.int64)
+        devs = mem["name"]
+        for dev in np.unique(devs).tolist():
+            sel = devs == dev
+            m, sid = (mem, path) if sel.all() else (mem[sel], path[sel])
+            d = self.devices[dev]
+            ts, nbytes, allocated, reserved = m["ts"], m["nbytes"], m["allocated"], m["reserved"]
+            d.curve.add_array(np.column_stack((allocated, reserved, nbytes, sid)).ravel())
+            d.times.add_array(ts)
+            d.count += len(m)
+            top = int(np.argmax(allocated))  # the first event at the highest point
+            if allocated[top] > d.peak[0]:
+                d.peak = (int(allocated[top]), float(ts[top]))
+            d.peak_reserved = max(d.peak_reserved, int(reserved.max()))
+            if d.kept is not None:
+                if len(d.kept) + len(m) > RANGE_KEPT:
+                    d.kept = None
+                else:
+                    d.kept += zip(ts.tolist(), nbytes.tolist(), m["idx"].tolist(), sid.tolist(), strict=True)
 
     def _span(self, ev: Event, cat: Any, ts: float, seq: int) -> None:
         name = ev.name if ev.name.__class__ is str else "" if ev.name is None else str(ev.name)
         d = ev.dur
-        if d.__class__ is float:
-            dur = d
-        else:
-            f = _float(d)
-            if d.__class__ is not int or f is None:
-                self.fields.seen("dur", d, f is not None)
-            dur = f or 0.0
+        dur = d if d.__class__ is float else self._dur(d)
         end = ts + dur
-        if cat == "cpu_op":
-            self._op(ev, name, ts, dur, end, seq)
-            return
         if cat in DEVICE_CATS:
             self.any_device = True
             if end > self.end:
@@ -614,41 +930,6 @@ class _Reader:
         ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
         self.records.add((ts, 0, -dur, seq, self._thread(ev), kind, n, ext, 0, 0, 0))
 
-    def _op(self, ev: Event, name: str, ts: float, dur: float, end: float, seq: int) -> None:
-        """An operator (``cpu_op``): most of a trace's spans, so folded on its own path."""
-        if end > self.end:
-            self.end = end
-        if name in DISPATCH_WRAPPERS:
-            self.records.add((ts, 0, -dur, seq, self._thread(ev), _WRAPPER, self.intern(name), -1, 0, 0, 0))
-            return
-        n = self.ix.get(name)
-        if n is None:
-            n = self.intern(name)
-            self.comm_names[n] = name.startswith(COMM_OPS)
-        t = self._thread(ev)
-        th = self.thread_list[t]
-        args = ev.args
-        ext = -1
-        if args is not None:
-            dims = args.dims
-            if dims.__class__ is list:
-                c = self.shapes.get(n)
-                if c is None:
-                    c = self.shapes[n] = Counter()
-                raw = repr(dims)  # the same dims give the same text: convert each once
-                sid = self.shape_ids.get(raw)
-                if sid is None:
-                    sid = self.shape_ids[raw] = self.intern(shapes_text(dims))
-                c[sid] += 1
-            ext = args.ext
-            ext = (ext if -_I64 <= ext < _I64 else -1) if ext.__class__ is int else _clamp(int_or(ext))
-        self.calls.add(ts, n)
-        (th.comm if self.comm_names[n] else th.ops).add(ts, end)
-        pending = self.records.pending
-        pending.append((ts, 0, -dur, seq, t, _OP, n, ext, 0, 0, 0))
-        if len(pending) >= RUN:
-            self.records.flush()
-
     def _device(self, args: EventArgs) -> int:
         label = memory_device(args)
         dev = self.dev_ix.get(label)
@@ -690,76 +971,19 @@ class _Reader:
 
     def _close(self, th: _Thread, t: float, what: int) -> None:
         stack = th.stack
+        closed = self.closed
         while stack and stack[-1][3] <= t and not (what == 1 and stack[-1][3] == t):
-            kind, n, dur, _, child, *_ = stack.pop()
+            e = stack.pop()
+            kind = e[0]
             if kind == _WRAPPER:
                 self.wrapper_calls += 1
-                self.wrapper_self_us += max(0.0, dur - child)
+                self.wrapper_self_us += max(0.0, e[2] - e[4])
                 continue
-            rows = self.ops if kind == _OP else self.mods
-            r = rows.get(n)
-            if r is None:
-                label = self.names[n]
-                r = rows[n] = OpRow(label if kind == _OP else module_name(label))
-            r.calls += 1
-            r.host_total_us += dur
-            r.host_self_us += max(0.0, dur - child)
-
-    def _sweep(self, th: _Thread, item: tuple[Any, ...]) -> None:
-        t, what = item[0], item[1]
-        stack = th.stack
-        if stack and stack[-1][3] <= t:
-            self._close(th, t, what)
-        if what == 0:
-            _, _, negdur, seq, _, kind, n, ext, _, _, _ = item
-            dur = -negdur
-            if stack:
-                top = stack[-1]
-                ops, kmods, op_parent, mod_parent, mods = top[5], top[6], top[7], top[8], top[9]
-            else:
-                ops, kmods, op_parent, mod_parent, mods = (), (), None, None, ()
-            entry: list[Any] = [kind, n, dur, t + dur, 0.0]
-            if kind == _OP:
-                if op_parent is not None:
-                    op_parent[4] += dur
-                ops = (n, *ops)
-                if ext >= 0 and self.kernels:
-                    c = self.chains.get((ops, kmods))
-                    if c is None:
-                        c = self.chains[ops, kmods] = len(self.chains)
-                    self.ext.add(ext, seq, c)
-                entry += (ops, kmods, entry, mod_parent, mods, None)
-            elif kind == _WRAPPER:
-                # Transparent: the operator around it does not count its time as its own, the
-                # operators inside keep their call path; their time is its "child" time.
-                if op_parent is not None:
-                    op_parent[4] += dur
-                entry += (ops, kmods, entry, mod_parent, mods, None)
-            else:
-                if mod_parent is not None:
-                    mod_parent[4] += dur
-                entry += (ops, kmods if ops else (*kmods, n), op_parent, entry, (n, *mods), None)
-            stack.append(entry)
-            return
-        _, _, _, j, _, _, dev, addr, b, allocated, reserved = item
-        if stack:
-            inner = stack[-1]
-            where = inner[10]
-            if where is None:
-                where = inner[10] = self._where(inner[5], inner[9])
-        else:
-            where = self._where((), ())
-        sid, label, key = where
-        d = self.devices[dev]
-        # Summed per call path and module chain; spread over the operators and modules at the end.
-        acc = d.acc.get(key)
-        if acc is None:
-            acc = d.acc[key] = [0, 0, 0]
-        acc[0] += b
-        if b > 0:
-            acc[1] += 1
-            acc[2] += b
-        self._device_event(d, t, j, b, addr, allocated, reserved, label, sid)
+            closed.key.append(2 * e[1] + (kind != _OP))
+            closed.dur.append(e[2])
+            closed.child.append(e[4])
+        if len(closed.key) >= _CHUNK:
+            closed.fold()
 
     def _where(
         self, ops: tuple[int, ...], mods: tuple[int, ...]
@@ -817,41 +1041,14 @@ class _Reader:
 
     # -- per device, in time order ----------------------------------------------------------
 
-    def _device_event(
-        self,
-        d: _Device,
-        t: float,
-        j: int,
-        b: int,
-        addr: int,
-        allocated: int,
-        reserved: int,
-        label: int,
-        sid: int,
-    ) -> None:
-        d.curve.add(allocated, reserved, b, sid)
-        d.times.add(t)
-        d.count += 1
-        if allocated > d.peak[0]:
-            d.peak = (allocated, t)
-        d.peak_reserved = max(d.peak_reserved, reserved)
-        if d.kept is not None:
-            d.kept.append((t, b, j, sid))
-            if len(d.kept) > RANGE_KEPT:
-                d.kept = None
-        if b > 0:
-            if addr in d.open:
-                lab, size, a = d.open.pop(addr)
-                self._pair(d, lab, size, a, None)
-            d.open[addr] = (label, b, t)
-        else:
-            got = d.open.pop(addr, None)
-            if got is None:
-                self._pair(d, label, -b, None, t)
-            else:
-                self._pair(d, got[0], got[1], got[2], t)
-
     def _pair(self, d: _Device, label: int, size: int, alloc: float | None, release: float | None) -> None:
+        emitted = d.emitted
+        d.emitted = emitted + 1
+        d.pair_count += 1
+        pairs = d.pairs
+        full = len(pairs) >= PAIRS_KEPT
+        if full and size < pairs[0][0]:  # smaller than every kept pair: not kept
+            return
         # The pair's place in the table's order (by allocation time, unpaired releases last,
         # then in the order the pairs were made), negated so that the heap's root is the
         # pair shown last.
@@ -859,15 +1056,13 @@ class _Reader:
             -(alloc is None),
             -(alloc or 0.0),
             -(float("-inf") if release is None else release),
-            -d.emitted,
+            -emitted,
         )
-        d.emitted += 1
-        d.pair_count += 1
         entry = (size, order, label, alloc, release)
-        if len(d.pairs) < PAIRS_KEPT:
-            heapq.heappush(d.pairs, entry)
-        elif entry > d.pairs[0]:
-            heapq.heapreplace(d.pairs, entry)
+        if not full:
+            heapq.heappush(pairs, entry)
+        elif entry > pairs[0]:
+            heapq.heapreplace(pairs, entry)
 
 
 def summarise(path: str | Path, probes: dict[str, list[float]] | None = None) -> Summary:
@@ -1041,10 +1236,9 @@ def _device_view(
     if d.kept is not None and d.pair_count == len(pairs):
         out = {"events": [[_ms(start, t), b, stack(sid)] for t, b, _, sid in d.kept]}
         times: dict[int, list[float]] = {names[n]: [] for n in names}
-        for ts, n in _calls(r):
-            k = names.get(n)
-            if k is not None:
-                times[k].append(_ms(start, ts))
+        for ts, k in _calls(r, names):
+            for key, at in zip(k.tolist(), _ms_list(start, ts), strict=True):
+                times[key].append(at)
         out["calls"] = [sorted(times[k]) for k in range(len(names))]
     elif groups is not None:
         out = {
@@ -1064,12 +1258,23 @@ def _device_view(
     return dm, pairs, d.pair_count, stats, rdata
 
 
-def _calls(r: _Reader) -> Any:
-    """``(ts, name)`` of every operator call, back from the temporary files."""
+def _calls(r: _Reader, names: dict[int, int]) -> Iterator[tuple[Any, Any]]:
+    """Per chunk of operator calls, back from the temporary file: the times (µs, numpy) of the
+    calls of the operators in ``names`` and their index there."""
+    index = np.full(len(r.names), -1, dtype=np.int64)
+    if names:
+        index[list(names)] = list(names.values())
     for chunk in r.calls.read():
-        it = iter(chunk)
-        for ts, n in zip(it, it, strict=True):
-            yield ts, int(n)
+        a = np.frombuffer(chunk, dtype=np.float64)
+        k = index[a[1::2].astype(np.int64)]
+        keep = k >= 0
+        yield a[0::2][keep], k[keep]
+
+
+def _ms_list(start: float, ts: Any) -> list[float]:
+    """:func:`_ms` of each time of numpy array ``ts`` (Python's correctly rounded ``round``,
+    which numpy's does not match to the bit)."""
+    return [round(x, 6) for x in ((ts - start) / 1000.0).tolist()]
 
 
 def _call_slots(
@@ -1077,19 +1282,20 @@ def _call_slots(
 ) -> list[list[list[int]]]:
     """Per page name: ``[slot, calls]``; slot ``2i`` is inside bin ``i`` (between its first and
     last event), ``2i + 1`` between bins ``i`` and ``i + 1``, -1 before the first bin."""
-    firsts = [b[0] for b in bins]
-    counts: dict[tuple[int, int], int] = {}
-    for ts, n in _calls(r):
-        k = names.get(n)
-        if k is None:
-            continue
-        t = _ms(start, ts)
-        i = bisect_right(firsts, t) - 1
-        slot = -1 if i < 0 else 2 * i if t <= bins[i][1] else 2 * i + 1
-        counts[k, slot] = counts.get((k, slot), 0) + 1
+    firsts = np.array([b[0] for b in bins], dtype=np.float64)
+    lasts = np.array([b[1] for b in bins], dtype=np.float64)
+    counts: Counter[tuple[int, int]] = Counter()
+    for ts, k in _calls(r, names):
+        t = np.array(_ms_list(start, ts), dtype=np.float64)
+        i = np.searchsorted(firsts, t, side="right") - 1
+        inside = t <= lasts[np.maximum(i, 0)]
+        slot = np.where(i < 0, -1, np.where(inside, 2 * i, 2 * i + 1))
+        pairs, n = np.unique(np.stack([k, slot], axis=1), axis=0, return_counts=True)
+        for (key, at), c in zip(pairs.tolist(), n.tolist(), strict=True):
+            counts[key, at] += c
     out: list[list[list[int]]] = [[] for _ in names]
-    for (k, slot), c in sorted(counts.items()):
-        out[k].append([slot, c])
+    for (name, at), c in sorted(counts.items()):
+        out[name].append([at, c])
     return out
 
 

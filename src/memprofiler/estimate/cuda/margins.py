@@ -8,7 +8,7 @@ the "fits" decision (``MemoryEstimate.margin_bytes``):
 - ``torch.compile`` (a compiled module anywhere in the model): Inductor fuses ops and keeps other
   intermediates, and ``mode="reduce-overhead"`` records CUDA graphs with a private memory pool;
   margin :data:`COMPILE_FRACTION` of the modelled peak;
-- NCCL buffers (``ddp`` / ``fsdp`` over more than one rank): NCCL allocates its own buffers with
+- NCCL buffers (``ddp``, ``fsdp``, ``tp`` or a pipeline over more than one rank): NCCL allocates its own buffers with
   ``cudaMalloc``, outside the caching allocator; margin ``NCCL_BUFFSIZE`` (4 MiB by default) x 2
   directions x :data:`NCCL_CHANNELS` channels x 2 algorithms (ring, tree) = 512 MiB by default;
 - cuDNN's reserve spaces (batch norm, recurrent layers) for a CUDA target: the allowances of
@@ -173,7 +173,7 @@ def margins(
             )
         )
     out += [Margin(reason, n) for reason, n in cudnn or [] if n > 0]
-    if strategy in ("ddp", "fsdp", "tp") and world_size > 1:
+    if strategy in ("ddp", "fsdp", "tp", "pipeline") and world_size > 1:
         buff, bad = nccl_buffsize(env)
         out.append(
             Margin(

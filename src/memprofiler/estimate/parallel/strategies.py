@@ -17,9 +17,7 @@ from memprofiler.errors import ConfigError
 STRATEGIES = ("single", "ddp", "fsdp", "tp")
 #: Strategies that run on a fake process group of ``world_size`` ranks.
 DISTRIBUTED = ("fsdp", "tp")
-NOT_SUPPORTED = (
-    "pipeline and context parallelism are not modelled: estimate one stage's data- and tensor-parallel part"
-)
+NOT_SUPPORTED = "pipeline parallelism is `EstimatePlan(pipeline=...)`; context parallelism is not modelled"
 #: Lightning's precision names to (autocast dtype, parameter dtype).
 PRECISIONS: dict[str, tuple[torch.dtype | None, torch.dtype]] = {
     "32-true": (None, torch.float32),
@@ -41,8 +39,9 @@ DDP_BUCKET_CAP_MB = 25
 RUN_DEVICE = "cpu"
 
 
-def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
-    """Raise :class:`ConfigError` naming the argument for a value no estimate can use."""
+def check(strategy: str, world_size: int, precision: str, steps: int, pipeline: bool = False) -> None:
+    """Raise :class:`ConfigError` naming the argument for a value no estimate can use; ``pipeline``:
+    the ranks are a pipeline's (strategy ``single`` over ``world_size`` ranks)."""
     if strategy not in STRATEGIES:
         raise ConfigError(
             "strategy", f"got {strategy!r}; use one of {', '.join(STRATEGIES)} ({NOT_SUPPORTED})"
@@ -50,8 +49,10 @@ def check(strategy: str, world_size: int, precision: str, steps: int) -> None:
     # bool is an int to Python: `world_size=True` would be estimated as 1 rank
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError("world_size", f"got {world_size!r}; use an integer >= 1")
-    if strategy == "single" and world_size != 1:
-        raise ConfigError("world_size", f"got {world_size} with strategy 'single'; use 'ddp', 'fsdp' or 'tp'")
+    if strategy == "single" and world_size != 1 and not pipeline:
+        raise ConfigError(
+            "world_size", f"got {world_size} with strategy 'single'; use 'ddp', 'fsdp', 'tp' or a pipeline"
+        )
     if precision not in PRECISIONS:
         raise ConfigError("precision", f"got {precision!r}; use one of {', '.join(PRECISIONS)}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -76,8 +77,8 @@ def check_mesh(shape: tuple[int, ...] | None, names: tuple[str, ...] | None, wor
 
 
 @contextlib.contextmanager
-def fake_process_group(world_size: int) -> Iterator[None]:
-    """Initialise torch's fake process group (rank 0 of ``world_size``) for the block."""
+def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """Initialise torch's fake process group (rank ``rank`` of ``world_size``) for the block."""
     if dist.is_initialized():
         raise ConfigError(
             "strategy",
@@ -85,7 +86,7 @@ def fake_process_group(world_size: int) -> Iterator[None]:
         )
     import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the "fake" backend
 
-    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=world_size)
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:

@@ -13,13 +13,17 @@ dropped. The figures, best first:
   saved-tensor bytes (activations) another, and the rest of the peak is what the call made and
   freed around them (temporaries, and gradients made in the call).
 * the host only (CPU runs): the RSS peak is the bar; the process before the call is one part,
-  the saved-tensor bytes (activations) and the rest of the rise the others.
+  the RSS rise during the call the other. The call's saved-tensor bytes are no part of that bar
+  but a figure beside it (:attr:`CallSplit.saved_apart`): the host allocator serves tensors from
+  memory the process already holds, so RSS says nothing of which bytes are activations, and a
+  rise of 4 KiB beside 34 MiB saved is a true pair of figures, not 4 KiB of activations.
 
 Where the profiler ran with memory categories, each device's timeline adds one bar: the bytes
 of each category at the timeline's peak (``unknown``, ``input`` and ``autograd_detail`` are other).
 
-Saved-tensor bytes are capped at the rise above the call's start: an allocator that reuses
-memory it already holds serves activations without growing, and a bar must not exceed the peak.
+On a CUDA bar saved-tensor bytes are capped at the rise above the call's start: the caching
+allocator serves activations from blocks it already holds without growing, and a bar must not
+exceed the peak.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("activations", "activations (saved for backward)", "#E69F00"),
     ("temporaries", "temporaries", "#D55E00"),
     ("in_call", "temporaries and the rest made in the call", "#D55E00"),
+    ("rise", "RSS rise during the call", "#D55E00"),
     ("other", "other", "#CC79A7"),
 )
 LABELS: dict[str, str] = {k: label for k, label, _ in PARTS}
@@ -91,7 +96,10 @@ class CallSplit:
     source: str
     """One sentence: which figures made the split."""
     capped: int = 0
-    """Saved-tensor bytes left out because the call's rise above its start was smaller."""
+    """Saved-tensor bytes left out of a CUDA bar because the call's rise above its start was smaller."""
+    saved_apart: int = 0
+    """The call's bytes saved for backward where they are no part of the bar (a host RSS peak):
+    a figure shown beside it."""
 
     def __post_init__(self) -> None:
         if sum(b for _, b in self.parts) != self.peak:
@@ -190,14 +198,26 @@ def _tracker_split(c: CallRow, peaks: Mapping[str, int], name: str, peak: int) -
 def _rise_split(c: CallRow, peak: int, start: int | None, name: str, before: str) -> CallSplit:
     held = min(max(start, 0), peak) if start is not None else 0
     saved = max(c.saved_unique or 0, 0)
+    if before == "process":
+        return _host_split(c, peak, start, held, saved)
     acts = min(saved, peak - held)
     rest = "in_call" if start is not None else "other"
     sums = {before: held, "activations": acts, rest: peak - held - acts}
-    what = "the CUDA statistics" if before == "resident" else "host RSS"
-    source = f"{what} at the call's start and peak" + (", and its saved-tensor bytes" if saved else "")
+    source = "the CUDA statistics at the call's start and peak" + (
+        ", and its saved-tensor bytes" if saved else ""
+    )
     if start is None:
         source += " (no figure at the call's start: all of the peak but the activations is other)"
     return CallSplit(c.rank, c.label, peak, name, _parts(sums), source + ".", capped=saved - acts)
+
+
+def _host_split(c: CallRow, peak: int, start: int | None, held: int, saved: int) -> CallSplit:
+    """The RSS peak as the process before the call and the rise during it; the saved bytes apart."""
+    sums = {"process": held, "rise" if start is not None else "other": peak - held}
+    source = "host RSS at the call's start and peak"
+    if start is None:
+        source += " (no figure at the call's start: all of the peak is other)"
+    return CallSplit(c.rank, c.label, peak, RSS_PEAK, _parts(sums), source + ".", saved_apart=saved)
 
 
 def _parts(sums: Mapping[str, int]) -> tuple[tuple[str, int], ...]:

@@ -184,14 +184,45 @@ def module_deltas(data: Any) -> ReportTable | None:
     if not _is_modulewise(mods):
         return None
     assert isinstance(mods, Mapping)
-    rows: list[list[Any]] = []
+    per_module: dict[str, list[list[Any]]] = {}
     for mod, phases in mods.items():
         devices = [str(d) for ss in phases.values() for s in ss[:1] for d in s]
         for dev in dict.fromkeys(devices):
-            cells: list[Any] = [str(mod), dev]
+            cells: list[Any] = [dev]
             for _, later, earlier in MODULE_DELTAS:
                 a, b = _total(_phase(phases, later), dev), _total(_phase(phases, earlier), dev)
                 cells.append(a - b if a is not None and b is not None else None)
-            rows.append(cells)
+            per_module.setdefault(str(mod), []).append(cells)
+    rows = [[name, *cells] for name, group in fold_wrappers(per_module) for cells in group]
     cols = ["module", "device", *(c for c, _, _ in MODULE_DELTAS)]
     return ReportTable("what each module added", cols, rows, frozenset(range(2, len(cols))))
+
+
+#: Between the names of a folded chain of wrappers: ``DemoGPT`` then ``model``, a single
+#: right-pointing angle quotation mark between them (written escaped: ruff flags the character).
+CHAIN = " \u203a "
+
+
+def fold_wrappers(rows: Mapping[str, list[list[Any]]]) -> list[tuple[str, list[list[Any]]]]:
+    """Module rows with each wrapper folded into its one child: a module whose only child in
+    ``rows`` has the same figures (a LightningModule around ``self.model``) is one row, named
+    by the parent and the child's last name joined by :data:`CHAIN`. A wrapper that added
+    anything of its own keeps its row.
+
+    Example:
+        >>> rows = fold_wrappers({"Lit": [[5]], "Lit.model": [[5]], "Lit.model.a": [[2]], "Lit.model.b": [[3]]})
+        >>> rows == [("Lit" + CHAIN + "model", [[5]]), ("Lit.model.a", [[2]]), ("Lit.model.b", [[3]])]
+        True
+    """
+    names = list(rows)
+    folded: dict[str, str] = {}  # a module whose row is its wrappers' too -> the row's name
+    for name in names:
+        kids = [n for n in names if n.startswith(name + ".")]
+        child = kids[0] if kids else None
+        if child is None or child.count(".") != name.count(".") + 1 or rows[child] != rows[name]:
+            continue
+        if any(not k.startswith(child + ".") and k != child for k in kids):
+            continue  # more than one child: not a wrapper
+        folded[child] = folded.pop(name, name) + CHAIN + child.rsplit(".", 1)[1]
+        folded[name] = ""  # its row is its child's
+    return [(folded.get(n) or n, rows[n]) for n in names if folded.get(n, n) != ""]

@@ -150,7 +150,7 @@ def _worker(out: str, name: str, reduce_scatter: str = "gloo") -> None:  # pragm
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
     if reduce_scatter == "nccl":
-        _fsdp_collectives.DefaultReduceScatter.__call__ = _nccl_like_reduce_scatter  # type: ignore[method-assign]
+        _fsdp_collectives.DefaultReduceScatter.__call__ = _nccl_like_reduce_scatter
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = Stack()

@@ -214,7 +214,8 @@ def _plan(schedule: str, device: str = "cpu", kind: str = "mlp", **options: Any)
         device=device,
         steps=STEPS,
         pipeline=PipelinePlan(
-            split=split, microbatches=MICROBATCHES, loss_fn=MODELS[kind][1], schedule=schedule, **options
+            **{"split": split, "microbatches": MICROBATCHES, "loss_fn": MODELS[kind][1], "schedule": schedule}
+            | options
         ),
     )
 
@@ -253,6 +254,30 @@ def test_the_first_rank_holds_its_stage_and_the_one_f_one_b_schedule_peaks_lower
     # GPipe runs every forward before the first backward; 1F1B starts backward after two
     assert gpipe.stages[0].tensor_peak_bytes - one_f_one_b.stages[0].tensor_peak_bytes == 122_880
     assert one_f_one_b.peak_phase == "backward"
+
+
+def test_on_real_cpu_tensors_the_figures_are_the_same():
+    from dataclasses import replace
+
+    from memprofiler.estimate import estimate_plan
+
+    # GIVEN the pipeline run on real CPU tensors (fake=False: the memory is allocated)
+    est = estimate_plan(Net(), batch(), replace(_plan("1F1B"), fake=False))
+    # THEN fake tensors allocated what real ones do
+    assert [s.tensor_peak_bytes for s in est.stages] == MEASURED["mlp", "1F1B"]
+
+
+def test_the_results_plain_data_holds_every_rank():
+    import yaml
+
+    est = _estimate("Interleaved1F1B")
+    data = yaml.safe_load(yaml.safe_dump(est.to_dict()))
+    assert data["pipeline"] == "Interleaved1F1B, 4 stages on 2 ranks, 4 micro-batches"
+    assert [(r["rank"], r["stages"], r["tensor_peak_bytes"]) for r in data["stages"]] == [
+        (0, [0, 2], 1_362_216),
+        (1, [1, 3], 1_229_276),
+    ]
+    assert any(n.startswith("pipeline (Interleaved1F1B, 4 stages on 2 ranks") for n in data["notes"])
 
 
 def test_without_the_outputs_the_last_rank_keeps_none():
@@ -345,6 +370,25 @@ def test_a_batch_that_is_no_input_and_target_pair_is_one_line():
         ConfigError, match=r"^`pipeline.microbatches`: the batch's tensor of shape \(130, 24\)"
     ):
         estimate_plan(model, (torch.randn(130, IN), torch.randn(130, OUT)), _plan("1F1B"))
+
+
+def test_a_plan_torch_or_the_stages_refuse_is_one_line():
+    from memprofiler.errors import ConfigError
+    from memprofiler.estimate import estimate_plan
+
+    with torch.device("meta"):
+        model = Net()
+    # torch's 1F1B needs a micro-batch per stage at least
+    with pytest.raises(
+        ConfigError, match=r"^`pipeline.microbatches`: 1F1B refuses the plan: Number of micro"
+    ):
+        estimate_plan(model, batch(), _plan("1F1B", microbatches=1))
+    # a split that hands every stage the whole model: the second stage gets the first one's output
+    whole = {"split": lambda m, s, n: m}
+    with pytest.raises(
+        ConfigError, match=r"^`pipeline.split`: stage 1 of 2 failed on its micro-batch input \(\(32, 10\)\): "
+    ):
+        estimate_plan(model, batch(), _plan("1F1B", **whole))
 
 
 @pytest.mark.slow

@@ -15,6 +15,11 @@ A/A pair of the bare load as the noise floor::
         --out benchmarks/results/explorer_scale-1M_cpu_YYYYMMDD.json
     # peak RSS of a bare load and of the conversion of an existing (5M-entry) trace:
     python benchmarks/explorer_scale.py --pickle /tmp/t5M.pickle --rounds 1 --variants load,convert
+    # against the conversion of an earlier revision (its src/ from git archive), side by side:
+    python benchmarks/explorer_scale.py --variants load,load_aa,load_nogc,convert,convert_base --base REV
+
+Each child reports wall and CPU seconds (its own, from the same start); on a shared machine
+compare by CPU seconds, and read the load average recorded at each run.
 """
 
 from __future__ import annotations
@@ -200,16 +205,33 @@ CHILD = {
 }
 
 
-def run_child(kind: str, pickle_path: Path, html: Path) -> tuple[float, float]:
+def base_src(rev: str, tmp: Path) -> Path:
+    """``src/`` of revision ``rev`` (``git archive``), extracted under ``tmp``."""
+    root = Path(__file__).resolve().parents[1]
+    dest = tmp / "base"
+    dest.mkdir()
+    archive = subprocess.run(["git", "archive", rev, "src"], cwd=root, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
+def run_child(
+    kind: str, pickle_path: Path, html: Path, src: Path | None = None
+) -> tuple[float, float, float]:
+    """Wall seconds, peak RSS (MiB) and CPU seconds (the process's, from the same start) of one
+    run; ``src``: the package's sources to import (default: as this process finds them)."""
     code = (
-        "import resource,time,sys,io,contextlib; t=time.perf_counter()\n"
+        "import resource,time,sys,io,contextlib; t=time.perf_counter(); c=time.process_time()\n"
         f"with contextlib.redirect_stdout(io.StringIO()):\n    exec({CHILD[kind]!r})\n"
-        "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)"
+        "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, "
+        "time.process_time()-c)"
     )
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
     out = subprocess.run(
-        [sys.executable, "-c", code, str(pickle_path), str(html)], check=True, capture_output=True, text=True
-    ).stdout.split()
-    return float(out[-2]), float(out[-1])
+        [sys.executable, "-c", code, str(pickle_path), str(html)],
+        check=True, capture_output=True, text=True, env=env,
+    ).stdout.split()  # fmt: skip
+    return float(out[-3]), float(out[-2]), float(out[-1])
 
 
 # 30 zoom steps (a view 1 to 2**11 times narrower than the trace, at a pseudo-random place),
@@ -274,7 +296,13 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=3, help="browser sessions (0: none)")
     ap.add_argument("--pickle", type=Path, default=None, help="an existing trace (default: generate one)")
     ap.add_argument("--variants", default="load,load_aa,load_nogc,convert")
+    ap.add_argument("--base", default=None, help="revision whose sources the convert_base variant runs")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="the record's benchmark name (a variant: explorer_scale-1M)",
+    )
     ap.add_argument("--generate", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.generate:
@@ -293,19 +321,26 @@ def main() -> None:
                 [sys.executable, __file__, "--generate", str(src), "--entries", str(args.entries)], check=True
             )
             made = round(time.perf_counter() - t, 1)
+        base = base_src(args.base, Path(tmp)) if args.base else None
         load_before = os.getloadavg()
         names = args.variants.split(",")
         times: dict[str, list[float]] = {v: [] for v in names}
+        cpu: dict[str, list[float]] = {v: [] for v in names}
         rss: dict[str, list[float]] = {v: [] for v in names}
+        loads: list[float] = []
         rng = random.Random(1)
         for _ in range(args.rounds):  # every round runs each variant once, in a fresh order
             order = list(names)
             rng.shuffle(order)
             for v in order:
-                secs, mib = run_child("load" if v == "load_aa" else v, src, html)
+                loads.append(os.getloadavg()[0])
+                kind = {"load_aa": "load", "convert_base": "convert"}.get(v, v)
+                secs, mib, cpu_s = run_child(kind, src, html, base if v == "convert_base" else None)
                 times[v].append(secs)
+                cpu[v].append(cpu_s)
                 rss[v].append(mib)
         med = {k: statistics.median(v) for k, v in times.items()}
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
         result: dict[str, Any] = {
             "benchmark": "explorer_scale",
             "host": (
@@ -313,11 +348,18 @@ def main() -> None:
                 "variants interleaved in a fresh random order each round; figures are medians"
             ),
             "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "load_average_at_runs": {
+                "min": round(min(loads), 2),
+                "median": round(statistics.median(loads), 2),
+                "max": round(max(loads), 2),
+            },
             "entries": args.entries,
             "pickle_mb": round(src.stat().st_size / 1e6, 1),
             "generate_s": made,
             "seconds": {k: [round(x, 2) for x in v] for k, v in times.items()},
             "median_s": {k: round(v, 2) for k, v in med.items()},
+            "cpu_seconds": {k: [round(x, 2) for x in v] for k, v in cpu.items()},
+            "median_cpu_s": {k: round(v, 2) for k, v in med_cpu.items()},
             "peak_rss_mib": {k: round(max(v)) for k, v in rss.items()},
         }
         if "load" in med and "load_aa" in med:
@@ -328,6 +370,12 @@ def main() -> None:
             result["convert_over_load_paired_median"] = round(statistics.median(paired), 3)
         if "load_nogc" in med and "convert" in med:
             result["convert_over_load_nogc"] = round(med["convert"] / med["load_nogc"], 3)
+            result["convert_over_load_nogc_cpu"] = round(med_cpu["convert"] / med_cpu["load_nogc"], 3)
+            paired = [c / b for c, b in zip(times["convert"], times["load_nogc"], strict=True)]
+            result["convert_over_load_nogc_paired_median"] = round(statistics.median(paired), 3)
+        if "convert_base" in med and "convert" in med:
+            result["base"] = args.base
+            result["convert_over_base_cpu"] = round(med_cpu["convert"] / med_cpu["convert_base"], 3)
         if html.exists():
             result["html_mb"] = round(html.stat().st_size / 1e6, 2)
         result["targets"] = {
@@ -339,7 +387,7 @@ def main() -> None:
         }
         if html.exists() and args.sessions:
             result["browser"] = browser_times(html, args.sessions)
-    emit(result, args.out)
+    emit(result, args.out, benchmark=args.name)
 
 
 if __name__ == "__main__":

@@ -290,6 +290,11 @@ def main() -> None:
         help="write the mixes' traces here, or read them when already there",
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="the record's benchmark name (a variant: profiler_trace_scale-mixes_400k)",
+    )
     args = parser.parse_args()
     mixes = args.mix.split(",")
     if unknown := [m for m in mixes if m not in MIXES]:
@@ -372,7 +377,7 @@ def main() -> None:
             if "views" in cpu_of and "views_base" in cpu_of:
                 entry["views_over_base_cpu"] = round(cpu_of["views"] / cpu_of["views_base"], 3)
             result["mixes"][mix] = entry
-    emit(result, args.out)
+    emit(result, args.out, benchmark=args.name)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,32 @@ def test_prints_peaks_stacks_fragmentation_and_oom(snap_file, capsys):
     assert "33.3%" in out
 
 
+def test_the_gc_is_paused_from_the_load_to_the_page_and_resumes_after(snap_file, tmp_path, monkeypatch):
+    # GIVEN the cyclic GC on, and the load, the analysis and the page watched
+    import gc
+
+    from memprofiler.analysis.snapshot import summary
+    from memprofiler.reporters.explorer import page
+
+    seen = []
+
+    def watched(f):
+        def run(*args, **kwargs):
+            seen.append((f.__name__, gc.isenabled()))
+            return f(*args, **kwargs)
+
+        return run
+
+    for module, name in ((summary, "load_snapshot"), (summary, "analyze"), (page, "build_explorer")):
+        monkeypatch.setattr(module, name, watched(getattr(module, name)))
+    assert gc.isenabled()
+    # WHEN the snapshot command writes the explorer
+    assert main(["snapshot", str(snap_file), "--html", str(tmp_path / "p.html")]) == 0
+    # THEN each ran with the GC off (a collection would rescan every loaded entry), and it is on again
+    assert seen == [("load_snapshot", False), ("analyze", False), ("build_explorer", False)]
+    assert gc.isenabled()
+
+
 def test_html_page(snap_file, tmp_path, capsys):
     out = tmp_path / "snap.html"
     assert main(["snapshot", str(snap_file), "--html", str(out), "--top", "2"]) == 0

@@ -128,8 +128,9 @@ def _checkpoint_variant(ctx: Context, ck: checkpointing.Checkpoint, words: str) 
     containers = sorted({name.rsplit(".", 1)[0] for name in ctx.block_names})
     picked = [ctx.block_names[i] for i in ck.blocks]
     python = ["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
-    if checkpointing._caches(ctx.plan.model):
-        python.append("model.config.use_cache = False  # recomputation must not see a filled cache")
+    for owner, _ in checkpointing.caching_configs(ctx.plan.model):
+        where = f"model.{owner}" if owner else "model"
+        python.append(f"{where}.config.use_cache = False  # recomputation must not see a filled cache")
     if ck.selective:
         python.append(
             "# context_fn: torchtitan's per-op policy (memprofiler.advice.checkpointing.selective_context)"

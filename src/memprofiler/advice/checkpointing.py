@@ -62,9 +62,25 @@ def checkpointed_already(model: nn.Module) -> bool:
     return any(_wrapped(m) or getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def _caches(model: nn.Module) -> bool:
-    """A transformers model that fills a key/value cache in forward (``config.use_cache``)."""
-    return bool(getattr(getattr(model, "config", None), "use_cache", False))
+def caching_configs(model: nn.Module) -> list[tuple[str, Any]]:
+    """``(module name, config)`` of each distinct config in ``model`` that fills a key/value cache
+    in forward (a transformers ``config.use_cache``), the first module holding it named.
+
+    An encoder-decoder keeps a copy of the config per stack: T5's decoder fills its cache by its
+    own ``decoder.config.use_cache`` whatever the model's ``config.use_cache`` says, and the cross
+    attention of a recomputed block then reads its keys and values from the cache where the
+    forward computed them (4 tensors fewer saved in a 2-layer T5: torch's checkpoint refuses).
+    """
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for name, mod in model.named_modules():
+        config = getattr(mod, "config", None)
+        if config is None or id(config) in seen:
+            continue
+        seen.add(id(config))
+        if getattr(config, "use_cache", False) is True:
+            found.append((name, config))
+    return found
 
 
 def need_blocks(model: nn.Module, key: str) -> int:
@@ -117,10 +133,9 @@ def apply(model: nn.Module, plan: Checkpoint) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     found = blocks(model)
-    if _caches(
-        model
-    ):  # a cache filled in forward differs in the recomputation: transformers turns it off too
-        model.config.use_cache = False  # type: ignore[union-attr]
+    # a cache filled in forward differs in the recomputation: transformers turns it off too
+    for _, config in caching_configs(model):
+        config.use_cache = False
     kwargs: dict[str, Any] = {"context_fn": selective_context} if plan.selective else {}
     for i in plan.blocks:
         _, container, index = found[i]

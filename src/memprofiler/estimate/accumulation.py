@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -97,13 +97,13 @@ def inplace_candidate(routing: frozenset[int], args: Any, kwargs: Any) -> torch.
     return old if old_t <= new_t and old_s <= lone_s else None
 
 
-def _graph(root: Any) -> tuple[list[Any], list[Any]]:
-    """Every node of the graph below ``root``, and those that send a gradient to an input that
+def _graph(*roots: Any) -> tuple[list[Any], list[Any]]:
+    """Every node of the graph below ``roots``, and those that send a gradient to an input that
     another edge also reaches (the merges' producers: only their outputs are ever accumulated)."""
     nodes: list[Any] = []
     seen: set[Any] = set()
     edges: dict[tuple[Any, int], list[Any]] = {}
-    stack = [root]
+    stack = list(roots)
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -119,10 +119,12 @@ def _graph(root: Any) -> tuple[list[Any], list[Any]]:
 
 
 @contextlib.contextmanager
-def routing_hooks(tracker: Any, loss: torch.Tensor) -> Iterator[None]:
+def routing_hooks(tracker: Any, loss: torch.Tensor | Sequence[torch.Tensor]) -> Iterator[None]:
     """While the block runs ``loss.backward()``, ``tracker.routing`` holds the storages of the
-    gradients the engine is routing into input buffers; the hooks are gone afterwards."""
-    root = loss.grad_fn
+    gradients the engine is routing into input buffers; the hooks are gone afterwards. ``loss`` may
+    be several outputs a backward starts from (a pipeline stage's)."""
+    outputs = [loss] if isinstance(loss, torch.Tensor) else list(loss)
+    roots = [t.grad_fn for t in outputs if isinstance(t, torch.Tensor) and t.grad_fn is not None]
     handles: list[Any] = []
 
     def routed(grad_inputs: Any, grad_outputs: Any) -> None:
@@ -138,8 +140,8 @@ def routing_hooks(tracker: Any, loss: torch.Tensor) -> Iterator[None]:
             tracker.routing = frozenset()
 
     try:
-        if root is not None:
-            nodes, feeders = _graph(root)
+        if roots:
+            nodes, feeders = _graph(*roots)
             handles.extend(node.register_hook(routed) for node in feeders)
             handles.extend(node.register_prehook(applying) for node in nodes)
         yield

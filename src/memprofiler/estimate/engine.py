@@ -39,7 +39,7 @@ from memprofiler.estimate.failures import (
 from memprofiler.estimate.fake import ties
 from memprofiler.estimate.fake.known_data import KnownValues
 from memprofiler.estimate.notes import model_notes
-from memprofiler.estimate.parallel import pipeline, strategies
+from memprofiler.estimate.parallel import pipeline, pipeline_plan, strategies
 from memprofiler.estimate.part import Part
 from memprofiler.estimate.plan import EstimatePlan, LossFn, OptimizerFn
 from memprofiler.estimate.probe import Probe
@@ -154,9 +154,9 @@ def estimate(model: nn.Module, batch: Any, plan: EstimatePlan, probe: Probe | No
     check_batch(batch)
     if plan.pipeline is None:
         return _estimate_rank(model, batch, plan, probe, 0)
-    pipeline.check_batch(batch, plan.pipeline.microbatches)
+    pipeline_plan.check_batch(batch, plan.pipeline.microbatches)
     ranks = [_estimate_rank(model, batch, plan, probe, r) for r in range(plan.world_size)]
-    return pipeline.worst_rank(ranks, plan.pipeline)
+    return pipeline_plan.worst_rank(ranks, plan.pipeline)
 
 
 def _estimate_rank(
@@ -193,7 +193,8 @@ def _estimate_rank(
             _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
             opt = _optimizer(model, plan)
-            train = stages.train(fake_batch)
+            # the tracker is made below; a stage's backward runs only inside the steps
+            train = stages.train(fake_batch, lambda outputs: routing_hooks(tracker, outputs))
             alloc_conf = AllocatorConfig.from_conf(env_conf) if env_conf is not None else AllocatorConfig()
             lone_counts()  # measured once per process, before a tracker's module hooks exist
             tracker = new_tracker(fsdp, model, opt, MirroredReplay(alloc_conf, plan.device_memory))
@@ -295,9 +296,8 @@ class _Stages:
         # Every stage once more, for the shapes a stage takes and gives; cut and cast before fake
         # mode, as the rank's own (see _cast_meta).
         dtype = strategies.param_dtype(plan.precision)
-        self.shape_runs = [
-            (m, _cast_meta(m, dtype)) for m in map(self.cut, range(len(self.modules) and self.count))
-        ]
+        every = [self.cut(s) for s in range(self.count)] if self.plan is not None else []
+        self.shape_runs = [(m, _cast_meta(m, dtype)) for m in every]
 
     def cut(self, stage: int) -> nn.Module:
         assert self.plan is not None
@@ -309,21 +309,26 @@ class _Stages:
         _materialize(module, self.where, tied)
         return module
 
-    def train(self, fake_batch: Any) -> Callable[[], None] | None:
+    def train(
+        self, fake_batch: Any, around_backward: Callable[[list[torch.Tensor]], Any]
+    ) -> Callable[[], None] | None:
         """The step's forward and backward as torch's schedule runs them; None without a pipeline.
         Call inside the fake mode, after the rank's modules are materialised."""
         if self.plan is None:
             return None
         plan = self.plan
-        inputs, target = pipeline.check_batch(fake_batch, plan.microbatches)
-        io = pipeline.stage_io(
-            self._fake_stage,
-            inputs,
-            self.count,
-            plan.microbatches,
-            lambda: strategies.autocast(self.precision, self.where),
+        inputs, target = pipeline_plan.check_batch(fake_batch, plan.microbatches)
+        with quiet_meta_failures():
+            io = pipeline.stage_io(
+                self._fake_stage,
+                inputs,
+                self.count,
+                plan.microbatches,
+                lambda: strategies.autocast(self.precision, self.where),
+            )
+        schedule = pipeline.new_schedule(
+            plan, self.modules, self.ids, self.count, io, self.where, around_backward
         )
-        schedule = pipeline.new_schedule(plan, self.modules, self.ids, self.count, io, self.where)
         first, last = 0 in self.ids, self.count - 1 in self.ids
         return lambda: pipeline.step(schedule, plan, first, last, inputs, target)
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate.parallel import strategies
-from memprofiler.estimate.parallel.pipeline import PipelinePlan
+from memprofiler.estimate.parallel.pipeline_plan import PipelinePlan
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]

@@ -29,120 +29,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate.result import MemoryEstimate
-
-#: ``split(model, stage, stages)``: the module of pipeline stage ``stage`` (0-based) of
-#: ``stages``, cut from ``model`` (a meta copy of its own, which it may trim in place).
-SplitFn = Callable[[nn.Module, int, int], nn.Module]
-#: ``loss_fn(output, target)``: the loss of one micro-batch on the last stage, as torch's schedules take it.
-StageLossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-#: The schedules modelled, by the name torch's ``get_schedule_class`` takes, to whether a rank
-#: holds several stages (torch's ``PipelineScheduleMulti`` family).
-SCHEDULES = {"GPipe": False, "1F1B": False, "Interleaved1F1B": True}
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """How the model is cut into pipeline stages and scheduled (``EstimatePlan(pipeline=...)``).
-
-    The plan's ``world_size`` is the number of pipeline ranks; rank ``r`` holds stages
-    ``r, r + world_size, ...`` (``stages_per_rank`` of them), as torch's interleaved schedules
-    place them.
-
-    Example:
-        >>> import torch
-        >>> plan = PipelinePlan(split=lambda m, s, n: m, microbatches=4,
-        ...                     loss_fn=torch.nn.functional.mse_loss, schedule="1f1b")
-        >>> plan.schedule, plan.per_rank, plan.stages_of(1, ranks=2)
-        ('1F1B', 1, [1])
-    """
-
-    split: SplitFn
-    """``split(model, stage, stages) -> nn.Module``: the stage's module, cut from a copy of the
-    model (trimmed in place, as a training script cuts its own), e.g. deleting the other stages'
-    blocks from an ``nn.ModuleDict`` so names stay those of the whole model."""
-    microbatches: int
-    """Micro-batches per step (torch's ``n_microbatches``); the batch's first dimension splits
-    into that many equal parts."""
-    loss_fn: StageLossFn
-    """``loss_fn(output, target)`` of one micro-batch, on the last stage (torch's ``loss_fn``)."""
-    schedule: str = "1F1B"
-    """``GPipe``, ``1F1B`` or ``Interleaved1F1B`` (torch's names, any case)."""
-    stages_per_rank: int | None = None
-    """Stages each rank holds; None: 1, or 2 for ``Interleaved1F1B``."""
-    return_outputs: bool = True
-    """``schedule.step(return_outputs=...)``: the last stage keeps every micro-batch's output and
-    concatenates them (torch's default); False keeps none."""
-
-    def __post_init__(self) -> None:
-        names = {name.lower(): name for name in SCHEDULES}
-        name = names.get(str(self.schedule).lower())
-        if name is None:
-            raise ConfigError(
-                "pipeline.schedule", f"got {self.schedule!r}; use one of {', '.join(SCHEDULES)}"
-            )
-        object.__setattr__(self, "schedule", name)
-        if not callable(self.split):
-            raise ConfigError("pipeline.split", "pass `split(model, stage, stages) -> nn.Module`")
-        if not callable(self.loss_fn):
-            raise ConfigError("pipeline.loss_fn", "pass `loss_fn(output, target) -> loss`")
-        _positive("pipeline.microbatches", self.microbatches)
-        if self.stages_per_rank is not None:
-            _positive("pipeline.stages_per_rank", self.stages_per_rank)
-            if self.stages_per_rank > 1 and not SCHEDULES[name]:
-                raise ConfigError(
-                    "pipeline.stages_per_rank",
-                    f"got {self.stages_per_rank} with {name}, which runs one stage per rank; use "
-                    "Interleaved1F1B",
-                )
-
-    @property
-    def per_rank(self) -> int:
-        """Stages on each rank."""
-        if self.stages_per_rank is not None:
-            return self.stages_per_rank
-        return 2 if SCHEDULES[self.schedule] else 1
-
-    def stages_of(self, rank: int, ranks: int) -> list[int]:
-        """The stages rank ``rank`` of ``ranks`` holds (torch's loop placement)."""
-        return [rank + k * ranks for k in range(self.per_rank)]
-
-    def describe(self, ranks: int) -> str:
-        """``1F1B, 2 stages on 2 ranks, 4 micro-batches``."""
-        return f"{self.schedule}, {ranks * self.per_rank} stages on {ranks} ranks, {self.microbatches} micro-batches"
-
-
-def _positive(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(key, f"got {value!r}; use an integer >= 1")
-
-
-def check_batch(batch: Any, microbatches: int) -> tuple[tuple[Any, ...], torch.Tensor]:
-    """The first stage's inputs and the last stage's target from a pipeline's batch
-    ``(inputs, target)``; one line naming ``batch`` otherwise."""
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], torch.Tensor)):
-        raise ConfigError(
-            "batch",
-            "with a pipeline the batch is `(inputs, target)`: the first stage's input (a tensor or a "
-            "tuple of them) and the last stage's loss target",
-        )
-    inputs = tuple(batch[0]) if isinstance(batch[0], (tuple, list)) else (batch[0],)
-    target = batch[1]
-    for t in (*inputs, target):
-        if isinstance(t, torch.Tensor) and (t.dim() == 0 or t.shape[0] % microbatches):
-            raise ConfigError(
-                "pipeline.microbatches",
-                f"the batch's tensor of shape {tuple(t.shape)} does not split into {microbatches} equal "
-                "micro-batches along its first dimension",
-            )
-    return inputs, target
+from memprofiler.estimate.parallel.pipeline_plan import SCHEDULES, PipelinePlan
 
 
 def rank_model(stage_modules: Sequence[nn.Module]) -> nn.Module:
@@ -169,14 +62,28 @@ def stage_io(
     out: list[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]] = []
     for stage in range(stages):
         module = make_stage(stage)
-        with torch.enable_grad(), context():
-            y = module(*x)
+        try:
+            with torch.enable_grad(), context():
+                y = module(*x)
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            shapes = ", ".join(str(tuple(t.shape)) for t in x if isinstance(t, torch.Tensor))
+            raise ConfigError(
+                "pipeline.split",
+                f"stage {stage} of {stages} failed on its micro-batch input ({shapes}): "
+                f"{_first_line(err)}; `split(model, stage, stages)` "
+                "must give the module that takes the previous stage's output",
+            ) from None
         ys = tuple(y) if isinstance(y, (tuple, list)) else (y,)
         given = tuple(_like(t, stage > 0 and t.is_floating_point()) for t in x)
         outs = tuple(_like(t, t.requires_grad) for t in ys)
         out.append((given, outs))
         x = tuple(_like(t, t.is_floating_point()) for t in outs)
     return out
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(err).__name__
 
 
 def _like(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
@@ -190,8 +97,11 @@ def new_schedule(
     stages: int,
     io: Sequence[tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]],
     device: str,
+    around_backward: Callable[[list[torch.Tensor]], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> Any:
-    """torch's schedule over this rank's stages, their metadata static (see the module's note)."""
+    """torch's schedule over this rank's stages, their metadata static (see the module's note);
+    ``around_backward(outputs)`` is entered around each stage backward, given the outputs it starts
+    from (the estimate's gradient-merge hooks)."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
 
@@ -207,7 +117,26 @@ def new_schedule(
     except ValueError as err:  # torch's own rule on micro-batches per stage
         raise ConfigError("pipeline.microbatches", f"{plan.schedule} refuses the plan: {err}") from None
     _vote_static(schedule)
+    if around_backward is not None:
+        for stage in built:
+            _wrap_backward(stage, around_backward)
     return schedule
+
+
+def _wrap_backward(
+    stage: Any, around: Callable[[list[torch.Tensor]], contextlib.AbstractContextManager[Any]]
+) -> None:
+    """``stage.backward_maybe_with_nosync`` (torch's one entry of a stage's backward) inside ``around``."""
+    from torch.utils._pytree import tree_leaves
+
+    inner = stage.backward_maybe_with_nosync
+
+    def backward(backward_type: Any, bwd_kwargs: dict[str, Any], last_backward: bool = False) -> Any:
+        outputs = [t for t in tree_leaves(bwd_kwargs.get("stage_output")) if isinstance(t, torch.Tensor)]
+        with around(outputs):
+            return inner(backward_type, bwd_kwargs, last_backward)
+
+    stage.backward_maybe_with_nosync = backward
 
 
 def _vote_static(schedule: Any) -> None:
@@ -269,20 +198,3 @@ def works_hold_tensors() -> Iterator[None]:
         yield
     finally:
         schedules._batch_p2p = batch
-
-
-def worst_rank(per_rank: Sequence[MemoryEstimate], plan: PipelinePlan) -> MemoryEstimate:
-    """The estimate of the rank whose peak is highest (the lower rank on a tie), with every rank's
-    peak in ``stages`` and the pipeline named."""
-    ranks = len(per_rank)
-    worst = max(range(ranks), key=lambda r: (per_rank[r].peak_bytes, -r))
-    out = per_rank[worst]
-    out.stages = [est.stage_peak(r, plan.stages_of(r, ranks)) for r, est in enumerate(per_rank)]
-    out.pipeline = plan.describe(ranks)
-    held = ", ".join(str(s) for s in plan.stages_of(worst, ranks))
-    out.notes.append(
-        f"pipeline ({out.pipeline}): the figures are rank {worst}'s (stage {held}), the highest peak; "
-        "`stages` gives every rank's. Gradients merged inside a stage's backward are counted out of "
-        "place (torch merges some in place)"
-    )
-    return out

@@ -216,7 +216,12 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
         ArtifactError: a pickle became unreadable since the model was built.
     """
     for k, entry in enumerate(model.snapshots):
-        data = load_snapshot(entry.path)
-        index, _ = checked_index(entry.path, data)  # a foreign index was named in the report
-        page = build_explorer(data, entry.path, entry.analysis, top, entry.record, index)
+        with gc_paused():  # as the snapshot command: the loaded objects are freed before it resumes
+            page = _explorer_page(entry, top)
         yield explorer_relpath(k, entry.path), page
+
+
+def _explorer_page(entry: SnapshotEntry, top: int) -> str:
+    data = load_snapshot(entry.path)
+    index, _ = checked_index(entry.path, data)  # a foreign index was named in the report
+    return build_explorer(data, entry.path, entry.analysis, top, entry.record, index)

@@ -2,16 +2,18 @@
 
 The plan (FSDP2 over 8 ranks, ``bf16-mixed``, AdamW, 2 x 4,096 tokens per rank, an H100 target)
 does not fit; every candidate change is estimated, and sets of them when no single one fits.
-Prints JSON: wall time, process CPU time, peak host RSS, the number of estimates, the answer.
-The process CPU time is what a quiet two-core laptop takes (the estimate runs on one thread);
-wall time also counts whatever else the machine was running.
+Prints JSON: wall time, CPU time (this process and the forked processes that ran estimates side
+by side), peak host RSS (this process, and the largest child), the number of estimates, the
+answer, and the load average before and after. ``--jobs`` sets how many estimates run at once
+(default: one per core); wall time also counts whatever else the machine was running.
 
-Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/advise.py --out benchmarks/results/advise_cpu_20261128.json``
+Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/advise.py --name advise-side_by_side``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -36,11 +38,12 @@ SEQ, MICRO_BATCH, RANKS, BUDGET = 4096, 2, 8, "80GiB"
 TARGETS = {"wall_s": 180, "peak_rss_bytes": 2 << 30}
 
 
-def run(candidates: list[str] | None) -> dict[str, Any]:
+def run(candidates: list[str] | None, jobs: int | None) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from memprofiler import advise
+    from memprofiler.estimate import workers
 
     torch.set_num_threads(1)
     # transformers imports modules lazily in the first forward: do that on a tiny config first.
@@ -61,6 +64,8 @@ def run(candidates: list[str] | None) -> dict[str, Any]:
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**LLAMA_8B, attn_implementation="sdpa"))
     ids = torch.randint(0, LLAMA_8B["vocab_size"], (MICRO_BATCH, SEQ))
+    load0 = os.getloadavg()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     advice = advise(
         model,
@@ -74,8 +79,11 @@ def run(candidates: list[str] | None) -> dict[str, Any]:
         budget=BUDGET,
         candidates=candidates,
         progress=True,
+        jobs=jobs,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    kids_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
     best = advice.best or advice.closest
     return {
         "model": "Llama-3-8B shape (transformers LlamaConfig), meta device",
@@ -93,9 +101,13 @@ def run(candidates: list[str] | None) -> dict[str, Any]:
         "candidates": candidates or "all",
         "estimates": advice.estimates,
         "wall_s": round(wall, 1),
+        "jobs": jobs or workers.default_jobs(),
         "process_cpu_s": round(cpu, 1),
-        "per_estimate_cpu_s": round(cpu / max(advice.estimates, 1), 1),
+        "children_cpu_s": round(kids_cpu, 1),
+        "per_estimate_cpu_s": round((cpu + kids_cpu) / max(advice.estimates, 1), 1),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "largest_child_rss_bytes": kids.ru_maxrss * 1024,
+        "loadavg_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
         "base_reserved_bytes": advice.base.reserved_bytes,
         "answer": None
         if best is None
@@ -113,7 +125,8 @@ def run(candidates: list[str] | None) -> dict[str, Any]:
             for r in advice.combinations
         ],
         "targets": TARGETS,
-        "note": "wall time includes the load of other jobs on the machine; the process CPU time is this run's own",
+        "note": "wall time includes the load of other jobs on the machine (the load average says how much); "
+        "the CPU times are this run's own, the children's being the estimates run side by side",
     }
 
 
@@ -121,8 +134,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--candidates", nargs="*", default=None)
+    ap.add_argument("--jobs", type=int, default=None, help="estimates at once (default: one per core)")
+    ap.add_argument("--name", default=None, help="the result's benchmark name (a variant: advise-...)")
     args = ap.parse_args()
-    emit(run(args.candidates), args.out)
+    out = args.out if args.out is not None or not args.name else Path(__file__).parent / "results"
+    emit(run(args.candidates, args.jobs), out, args.name)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_call_cost.py"
 
 
@@ -42,6 +44,8 @@ def test_the_dry_run_times_each_part_and_every_variant_on_both_models(tmp_path):
     block = 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + 2 * w + (w * 4 * w + 4 * w) + (4 * w * w + w)
     gpt2 = result["models"]["gpt2"]
     assert gpt2["parameters"] == v * w + ctx * w + s.gpt2_layers * block + 2 * w
+    with torch.device("meta"):  # and GPT-2 small at the GPU run's sizes, as transformers' GPT2LMHeadModel
+        assert sum(p.numel() for p in tool.GPT2(tool.REAL).parameters()) == 124_439_808
     wide = result["models"]["modules600"]
     assert wide["modules"] == 600
     assert wide["parameters"] == 99 * (2 * s.width + 2 * (s.width**2 + s.width)) + 5 * (s.width**2 + s.width)

@@ -22,8 +22,8 @@ trace's rows, flushed every ``flush_every`` calls. This probe times
   the device's idle gap between a step's last queued work and the next step's first (CUDA
   events: a gap is the host falling behind the device).
 
-Models: ``gpt2`` (GPT-2 124M in bf16 from ``transformers``' own config, batch 8 x 1,024
-tokens) and ``modules600`` (600 modules: 99 blocks of layer norm, two linears, GELU and
+Models: ``gpt2`` (GPT-2 124M in bf16, written in plain torch so the GPU node needs nothing
+more, batch 8 x 1,024 tokens) and ``modules600`` (600 modules: 99 blocks of layer norm, two linears, GELU and
 dropout, width 1,024, bf16, a batch of 8,192 rows). ``--dry-run`` runs every part on CPU with tiny
 sizes and the test suite's fake allocator (``tests/fake_cuda.py``) in place of CUDA's: the
 code paths are the GPU run's, the figures are not (``tests/test_gpu_call_cost.py``
@@ -123,15 +123,54 @@ REAL = Sizes(12, 768, 12, 50257, (8, 1024), 1024, 8192)
 TINY = Sizes(2, 32, 2, 128, (2, 16), 8, 4)
 
 
-def gpt2(s: Sizes, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    """GPT-2 (124M at the real sizes) in bf16, and its loss on a fixed token batch."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+class _Block(nn.Module):
+    """A GPT-2 block: layer norm, causal self-attention, layer norm, a 4x MLP."""
 
-    cfg = GPT2Config(n_layer=s.gpt2_layers, n_embd=s.gpt2_width, n_head=s.gpt2_heads, vocab_size=s.gpt2_vocab)
-    model: nn.Module = GPT2LMHeadModel(cfg)
-    model = model.to(device=device, dtype=torch.bfloat16)
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (y.view(b, t, self.heads, c // self.heads).transpose(1, 2) for y in (q, k, v))
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2(nn.Module):
+    """GPT-2 in plain torch (no dependency on the GPU node): token and position embeddings,
+    the blocks, a final layer norm, the head tied to the token embedding; 124,439,808
+    parameters at GPT-2 small's sizes, as ``transformers``' ``GPT2LMHeadModel``."""
+
+    def __init__(self, s: Sizes) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(s.gpt2_vocab, s.gpt2_width)
+        self.wpe = nn.Embedding(1024, s.gpt2_width)
+        self.blocks = nn.ModuleList(_Block(s.gpt2_width, s.gpt2_heads) for _ in range(s.gpt2_layers))
+        self.ln_f = nn.LayerNorm(s.gpt2_width)
+        self.head = nn.Linear(s.gpt2_width, s.gpt2_vocab, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def gpt2(s: Sizes, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """GPT-2 (124M at the real sizes) in bf16, and its next-token loss on a fixed token batch."""
+    model = GPT2(s).to(device=device, dtype=torch.bfloat16)
     tokens = torch.randint(0, s.gpt2_vocab, s.gpt2_batch, device=device)
-    return model, lambda m: m(input_ids=tokens, labels=tokens).loss
+    return model, lambda m: m(tokens)
 
 
 def modules600(s: Sizes, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:

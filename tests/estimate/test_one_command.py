@@ -134,7 +134,7 @@ def test_the_search_predicts_then_confirms_in_four_estimates():
     # GIVEN 12.31 GiB fixed and 3.44 GiB a row on 79.11 GiB less 512 MiB: (79.11 - 0.5 - 12.31) / 3.44 = 19.27
     gib = 2**30
     one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
-    found = search(one, int(79.11 * gib), CUDA_CONTEXT)
+    found = search(one, int(79.11 * gib), CUDA_CONTEXT, jobs=1)
     # THEN 19 rows, from rows 1 and 2, the prediction 19 and its neighbour 20 (doubling and
     # bisecting takes 1, 2, 4, 8, 16, 32, 24, 20, 18, 19: ten)
     assert found.largest == 19 and calls == [1, 2, 19, 20]
@@ -147,7 +147,18 @@ def test_the_search_agrees_with_trying_every_batch(memory, base, per_row, step):
     brute = 0
     while one(brute + 1).headroom(memory) >= 0:
         brute += 1
-    assert search(_linear(base, per_row, step)[0], memory).largest == brute
+    assert search(_linear(base, per_row, step)[0], memory, jobs=1).largest == brute
+
+
+def test_side_by_side_the_search_confirms_each_guess_with_its_neighbour_at_once():
+    # GIVEN the 7B-like line above, searched with two estimates at a time (forked processes)
+    gib = 2**30
+    one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
+    found = search(one, int(79.11 * gib), CUDA_CONTEXT, jobs=2)
+    # THEN the same answer from the same four estimates, made in two rounds by the children
+    # (the parent's own list of calls stays empty: nothing was rerun in process)
+    assert found.largest == 19 and sorted(found.tried) == [1, 2, 19, 20] and calls == []
+    assert found.tried[19].peak_bytes == one(19).peak_bytes
 
 
 def test_largest_batch_from_python_agrees_with_each_estimate():
@@ -187,3 +198,56 @@ def test_not_modelled_says_whether_the_budget_counted_the_cuda_context(
         assert line.startswith("not modelled: NCCL buffers (a distributed run adds a stated margin); ")
     # AND the estimate's YAML holds the line as printed
     assert line == "not modelled: " + "; ".join(est["not_modelled"])
+
+
+def test_both_checkpointing_rows_in_one_command_equal_each_alone(tiny, tmp_path, capsys):
+    # WHEN the tiny LLaMA is estimated without and with checkpointing in one command
+    common = ["estimate", str(tiny), "--world-size", "2", "--seq-len", "64", "--batch-size", "1,2"]
+    assert main([*common, "--checkpointing", "both", "--save-dir", str(tmp_path / "both")]) == 0
+    printed = capsys.readouterr().out
+    both = _estimates(tmp_path / "both")
+    # THEN four rows, without then with, each equal to the same row estimated on its own
+    assert [(e["checkpointing"], e["batch_size"]) for e in both] == [
+        (False, 1),
+        (False, 2),
+        (True, 1),
+        (True, 2),
+    ]
+    assert "┃ checkpointing ┃" in printed
+    assert main([*common, "--checkpointing", "--jobs", "1", "--save-dir", str(tmp_path / "on")]) == 0
+    on = _estimates(tmp_path / "on")
+    fields = ("peak_bytes", "reserved_peak_bytes", "by_category", "peak_op", "notes")
+    assert [[e[f] for f in fields] for e in both[2:]] == [[e[f] for f in fields] for e in on]
+    # AND checkpointing keeps less: the blocks' activations are recomputed in backward
+    assert both[2]["by_category"]["activations"] < both[0]["by_category"]["activations"]
+
+
+def test_fsdp2_mixed_precision_from_the_command_line_equals_the_plan(tiny, tmp_path, capsys):
+    from memprofiler.estimate import EstimatePlan, estimate_plan
+    from memprofiler.estimate.command import OPTIMIZERS
+    from memprofiler.estimate.named import load_model
+
+    # WHEN FSDP2 gathers bf16 and reduces fp32, said on the command line
+    args = ["estimate", str(tiny), "--world-size", "2", "--seq-len", "64", "--precision", "32-true"]
+    mp = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--no-reshard-after-forward"]
+    assert main([*args, *mp, "--save-dir", str(tmp_path)]) == 0
+    [est] = _estimates(tmp_path)
+    # THEN it is the plan written in Python, and the shards stay float32
+    named = load_model(str(tiny))
+    plan = EstimatePlan(
+        optimizer=OPTIMIZERS["adamw"], loss_fn=named.loss_fn(), strategy="fsdp", world_size=2,
+        precision="32-true", param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+        reshard_after_forward=False, gpu="H100", device_memory=device_memory("H100").total,
+    )  # fmt: skip
+    by_hand = estimate_plan(named.model, named.batch(1, 64), plan)
+    assert (est["peak_bytes"], est["reserved_peak_bytes"]) == (
+        by_hand.peak_bytes,
+        by_hand.reserved_peak_bytes,
+    )
+    assert est["resident"]["parameters"] == 4 * PARAMS // 2
+
+
+def test_fsdp2_mixed_precision_without_fsdp_is_one_line(tiny, capsys):
+    assert main(["estimate", str(tiny), "--param-dtype", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "`--param-dtype`: FSDP2's mixed precision needs --strategy fsdp" in err

@@ -94,7 +94,7 @@ class EstimateLog(Probe):
     def installed(self) -> Iterator[EstimateLog]:
         from memprofiler.estimate import tracker as trk
         from memprofiler.estimate.allocator import caching as al
-        from memprofiler.estimate.cuda import workspaces as ws
+        from memprofiler.estimate.cuda import ops
 
         log = self
         saved: list[tuple[Any, str, Any]] = []
@@ -151,7 +151,7 @@ class EstimateLog(Probe):
             return wrapped
 
         patch(trk.LedgerMixin, "__torch_dispatch__", dispatch(True))
-        patch(ws.BlasWorkspaces, "__torch_dispatch__", dispatch(False))
+        patch(ops.OpHooks, "__torch_dispatch__", dispatch(False))  # the workspaces are held inside it
         patch(trk.LedgerMixin, "hold", kind("workspace"))
         patch(trk.LedgerMixin, "transient", kind("scratch"))
         patch(al.AllocatorReplay, "alloc", alloc)

@@ -43,6 +43,7 @@ def advise(
     mesh_shape: tuple[int, int] | None = None,
     steps: int = 2,
     progress: bool | None = None,
+    jobs: int | None = None,
 ) -> Advice:
     """Estimate the step as given and with each change that applies; rank the changes that fit.
 
@@ -62,6 +63,8 @@ def advise(
         mesh_shape: an HSDP mesh ``(replicate, shard)``; None shards over all ranks.
         progress: a status line on stderr while estimating (default: when stderr is a terminal;
             asked for where stderr is no terminal, one plain line per estimate).
+        jobs: estimates run at once, one process each (default: one per core, or
+            ``MEMPROFILER_JOBS``; 1: one after another in this process).
 
     Raises:
         ConfigError: a budget of 0 or above the target GPU's memory, an unknown candidate, a
@@ -101,7 +104,7 @@ def advise(
         offload=offload,
         mesh_shape=mesh_shape,
     )
-    return advise_plan(base, limit, keep, candidates, progress)
+    return advise_plan(base, limit, keep, candidates, progress, jobs)
 
 
 def _gpu_key(gpu: str | None) -> str | None:
@@ -112,7 +115,12 @@ def _gpu_key(gpu: str | None) -> str | None:
 
 
 def advise_plan(
-    base: Plan, budget: int, reserve: int, names: list[str] | None = None, progress: bool | None = None
+    base: Plan,
+    budget: int,
+    reserve: int,
+    names: list[str] | None = None,
+    progress: bool | None = None,
+    jobs: int | None = None,
 ) -> Advice:
     """:func:`advise` on a :class:`Plan` (the Lightning subcommand builds one from its config)."""
     cands.check_names(names)
@@ -121,7 +129,7 @@ def advise_plan(
     flops = ForwardFlops()
     recorded = dataclasses.replace(base, loss_fn=recording(base.loss_fn or default_loss, flops))
     with Progress(progress) as bar:
-        est = search.Estimator(recorded, budget, reserve, bar)
+        est = search.Estimator(recorded, budget, reserve, bar, jobs)
         base_row = est.base()
         target = est.target
         if base.gpu is None:  # the default target's memory bounds the budget too

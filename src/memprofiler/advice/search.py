@@ -9,6 +9,7 @@ its cheapest variant that still fits with the rest of the set, by bisection over
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from memprofiler.advice.costs import Cost, combined
 from memprofiler.advice.plan import Plan
 from memprofiler.advice.result import Row
 from memprofiler.errors import MemProfilerError
-from memprofiler.estimate import MemoryEstimate
+from memprofiler.estimate import MemoryEstimate, workers
 
 Listener = Callable[[str, "Row | None"], None]
 
@@ -39,8 +40,16 @@ class Pick:
 class Estimator:
     """Runs the estimates, once per distinct plan, and turns each into a :class:`Row`."""
 
-    def __init__(self, base: Plan, budget: int, reserve: int, listener: Listener | None = None) -> None:
+    def __init__(
+        self,
+        base: Plan,
+        budget: int,
+        reserve: int,
+        listener: Listener | None = None,
+        jobs: int | None = None,
+    ) -> None:
         self.base_plan = base
+        self.jobs = jobs
         self.budget = budget
         self.reserve = reserve
         self.listener = listener
@@ -60,8 +69,8 @@ class Estimator:
         self.base_row = row
         return row
 
-    def estimate(self, plan: Plan) -> MemoryEstimate:
-        key = repr(
+    def _key(self, plan: Plan) -> str:
+        return repr(
             (
                 plan.checkpoint,
                 plan.precision,
@@ -78,11 +87,38 @@ class Estimator:
                 sorted(plan.labels),
             )
         )
+
+    def estimate(self, plan: Plan) -> MemoryEstimate:
+        key = self._key(plan)
         if key not in self._cache:
             self._cache[key] = plans.estimate(plan)
             self.target = self._cache[key].target
             self.runs += 1
         return self._cache[key]
+
+    def prefetch(self, picks: list[tuple[Pick, ...]]) -> None:
+        """Estimate the plans of these sets of changes side by side (one process each, as many at
+        once as ``jobs``), ahead of :meth:`row` asking for them one by one; a plan whose estimate
+        failed there is estimated again in process when asked for, and raises there."""
+        todo: dict[str, Plan] = {}
+        for set_ in picks:
+            plan = self.base_plan
+            try:
+                for p in set_:
+                    plan = p.variant.apply(plan)
+            except (MemProfilerError, RuntimeError):  # raised again, and recorded, by row()
+                continue
+            key = self._key(plan)
+            if key not in self._cache:
+                todo.setdefault(key, plan)
+        if len(todo) > 1 and self.listener is not None:
+            self.listener(f"{len(todo)} plans side by side", None)
+        found = workers.prefetch([functools.partial(plans.estimate, p) for p in todo.values()], self.jobs)
+        for key, est in zip(todo, found, strict=True):
+            if est is not None:
+                self._cache[key] = est
+                self.target = est.target
+                self.runs += 1
 
     def row(self, picks: tuple[Pick, ...], base: Row | None = None) -> Row:
         plan = self.base_plan
@@ -161,6 +197,7 @@ def rank(rows: list[Row]) -> list[Row]:
 def singles(est: Estimator, cands: list[Candidate]) -> list[tuple[Pick, Row]]:
     """Each candidate estimated on its own (a family at its cheapest fitting variant); one whose
     step cannot be estimated goes to ``est.failed`` with the estimate's one-line reason."""
+    est.prefetch([(Pick(c, len(c.variants) - 1),) for c in cands])
     out = []
     for c in cands:
         try:
@@ -190,6 +227,7 @@ def combinations(
     frontier: list[tuple[Pick, ...]] = [(p,) for p in top]
     for _size in range(2, max_size + 1):
         grown: list[tuple[Pick, ...]] = []
+        est.prefetch(_grown(frontier, top))
         for base in frontier:
             for p in top:
                 if p.candidate.kind in {q.candidate.kind for q in base}:
@@ -220,6 +258,17 @@ def combinations(
         if not frontier:
             break
     return [r for _, r in tried.values()]
+
+
+def _grown(frontier: list[tuple[Pick, ...]], top: list[Pick]) -> list[tuple[Pick, ...]]:
+    """The sets :func:`combinations` grows from ``frontier`` at its next size, in its order."""
+    out: dict[frozenset[str], tuple[Pick, ...]] = {}
+    for base in frontier:
+        for p in top:
+            if p.candidate.kind not in {q.candidate.kind for q in base}:
+                picks = tuple(sorted((*base, p), key=lambda q: top.index(q)))
+                out.setdefault(frozenset(q.candidate.name for q in picks), picks)
+    return list(out.values())
 
 
 def _narrowed(est: Estimator, fitting: list[tuple[tuple[Pick, ...], Row]]) -> list[Row]:

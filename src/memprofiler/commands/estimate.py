@@ -39,8 +39,35 @@ class EstimateCommand:
         parser.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "sgd-plain"), default="adamw")
         parser.add_argument(
             "--checkpointing",
-            action="store_true",
-            help="activation checkpointing on every block (non-reentrant)",
+            nargs="?",
+            const="on",
+            default="off",
+            choices=("off", "on", "both"),
+            help="activation checkpointing on every block (non-reentrant); `both`: rows without and with it",
+        )
+        parser.add_argument(
+            "--param-dtype",
+            choices=("bf16", "fp16", "fp32"),
+            default=None,
+            help="FSDP2 MixedPrecisionPolicy(param_dtype=...): the dtype blocks gather and compute in",
+        )
+        parser.add_argument(
+            "--reduce-dtype",
+            choices=("bf16", "fp16", "fp32"),
+            default=None,
+            help="FSDP2 MixedPrecisionPolicy(reduce_dtype=...): the dtype gradients are reduced in",
+        )
+        parser.add_argument(
+            "--no-reshard-after-forward",
+            dest="reshard_after_forward",
+            action="store_false",
+            help="FSDP2 fully_shard(reshard_after_forward=False): blocks stay gathered from forward to backward",
+        )
+        parser.add_argument(
+            "--jobs",
+            type=int,
+            default=None,
+            help="estimates run at once, one process each (default: one per core; 1: one after another)",
         )
         parser.add_argument(
             "--batch-size",
@@ -79,4 +106,12 @@ class EstimateCommand:
             p.strip().isdigit() and int(p) > 0 for p in args.batch_size.split(",")
         ):
             raise ConfigError("--batch-size", f"got {args.batch_size!r}; give N, N,M,... or auto")
+        if args.jobs is not None and args.jobs < 1:
+            raise ConfigError("--jobs", f"got {args.jobs}; give 1 or more")
+        if args.strategy != "fsdp":
+            for flag, value in (("--param-dtype", args.param_dtype), ("--reduce-dtype", args.reduce_dtype)):
+                if value is not None:
+                    raise ConfigError(
+                        flag, f"FSDP2's mixed precision needs --strategy fsdp (got {args.strategy})"
+                    )
         return run(args)

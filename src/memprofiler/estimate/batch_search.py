@@ -8,9 +8,11 @@ model's 19 rows. Each estimate is a full fake step (a minute for a 7B model on a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from memprofiler.estimate import workers
 from memprofiler.estimate.result import MemoryEstimate
 
 #: The largest batch the search tries (an answer beyond it is refused, not guessed).
@@ -33,7 +35,11 @@ class BatchSearch:
 
 
 def search(
-    one: Callable[[int], MemoryEstimate], device_memory: int, reserve: int = 0, start: int = 1
+    one: Callable[[int], MemoryEstimate],
+    device_memory: int,
+    reserve: int = 0,
+    start: int = 1,
+    jobs: int | None = None,
 ) -> BatchSearch:
     """Find the largest batch ``b`` whose estimate fits and whose ``b + 1`` does not.
 
@@ -47,6 +53,9 @@ def search(
         device_memory: bytes of one device.
         reserve: bytes kept back (the CUDA context, what is not modelled).
         start: the first batch size tried.
+        jobs: estimates run at once (default: one per core, :mod:`memprofiler.estimate.workers`):
+            with two or more, each batch tried is estimated together with the next one, the
+            neighbour the search confirms an answer with (an estimate it may not need).
 
     Example:
         >>> def one(b):  # 10 + 3 bytes a row: 29 rows fit in 100 bytes
@@ -56,10 +65,15 @@ def search(
         (30, [1, 2, 30, 31])
     """
     tried: dict[int, MemoryEstimate] = {}
+    side_by_side = (workers.default_jobs() if jobs is None else jobs) > 1
 
     def room(b: int) -> int:
         if b not in tried:
-            tried[b] = one(b)
+            ahead = side_by_side and b + 1 <= MAX_ROWS and b + 1 not in tried
+            sizes = [b, b + 1] if ahead else [b]
+            found = workers.prefetch([functools.partial(one, n) for n in sizes], jobs)
+            for n, est in zip(sizes, found, strict=True):
+                tried[n] = est if est is not None else one(n)
         return tried[b].headroom(device_memory, reserve)
 
     lo, hi = 0, None  # the largest batch known to fit, the smallest known not to
@@ -73,10 +87,12 @@ def search(
     lo = a
     b = a + 1
     while hi is None or hi - lo > 1:
-        if room(b) >= 0:
-            lo = max(lo, b)
-        else:
-            hi = b if hi is None else min(hi, b)
+        room(b)
+        for k in list(tried):  # b, and the neighbour estimated beside it
+            if room(k) >= 0:
+                lo = max(lo, k)
+            else:
+                hi = k if hi is None else min(hi, k)
         if hi is not None and hi - lo <= 1:
             break
         # the secant through the two nearest estimates; the bracket keeps it honest

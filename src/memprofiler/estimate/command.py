@@ -5,6 +5,8 @@ GPU named by its kind, and the largest batch that fits. The parser is
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +15,12 @@ from typing import Any
 import torch
 
 from memprofiler.errors import ConfigError
-from memprofiler.estimate import batch_search
-from memprofiler.estimate.api import estimate_memory
+from memprofiler.estimate import batch_search, workers
+from memprofiler.estimate.api import estimate_plan
 from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
-from memprofiler.estimate.named import load_model
+from memprofiler.estimate.named import NamedModel, load_model
 from memprofiler.estimate.output import render_table, write_estimates
+from memprofiler.estimate.plan import EstimatePlan
 from memprofiler.estimate.result import MemoryEstimate, context_counted
 from memprofiler.units import format_bytes, parse_size
 
@@ -28,6 +31,9 @@ OPTIMIZERS: dict[str, Any] = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
     "sgd-plain": lambda ps: torch.optim.SGD(ps, lr=1e-2),
 }
+
+#: ``--param-dtype`` / ``--reduce-dtype`` names.
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
@@ -76,30 +82,29 @@ def budget(args: argparse.Namespace) -> Budget:
 def run(args: argparse.Namespace) -> int:
     """Estimate, print the table and the budget lines, write ``memory_estimate.yaml``."""
     t0 = time.perf_counter()
-    named = load_model(args.model)
     plan = budget(args)
-    notes: list[str] = []
-    if args.checkpointing:
-        notes.append(named.checkpoint())
-    loss_fn = named.loss_fn()
-    if named.takes_labels:
-        notes.append("loss: the model's own, from `labels` (the input ids)")
-    optimizer = OPTIMIZERS[args.optimizer]
+    both = args.checkpointing == "both"
+    variants = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+    models = {ckpt: _model(args, ckpt) for ckpt in variants}
+    base = EstimatePlan(
+        optimizer=OPTIMIZERS[args.optimizer],
+        strategy=args.strategy,
+        world_size=args.world_size,
+        precision=args.precision,
+        device=args.device,
+        steps=args.steps,
+        gpu=args.gpu if args.device == "cuda" else None,
+        torch_version=args.torch_version,
+        device_memory=plan.memory,
+        param_dtype=DTYPES.get(args.param_dtype or ""),
+        reduce_dtype=DTYPES.get(args.reduce_dtype or ""),
+        reshard_after_forward=None if args.reshard_after_forward else False,
+    )
 
-    def one(rows: int) -> MemoryEstimate:
-        est = estimate_memory(
-            named.model,
-            named.batch(rows, args.seq_len),
-            optimizer=optimizer,
-            loss_fn=loss_fn,
-            strategy=args.strategy,
-            world_size=args.world_size,
-            precision=args.precision,
-            device=args.device,
-            steps=args.steps,
-            gpu=args.gpu if args.device == "cuda" else None,
-            torch_version=args.torch_version,
-            device_memory=plan.memory,
+    def one(ckpt: bool, rows: int) -> MemoryEstimate:
+        named, notes = models[ckpt]
+        est = estimate_plan(
+            named.model, named.batch(rows, args.seq_len), dataclasses.replace(base, loss_fn=named.loss_fn())
         )
         est.batch_size = rows
         est.notes = [*notes, *est.notes]
@@ -108,29 +113,51 @@ def run(args: argparse.Namespace) -> int:
         return est
 
     auto = args.batch_size == "auto"
+    rows: list[tuple[bool, MemoryEstimate]] = []
+    searches: dict[bool, batch_search.BatchSearch] = {}
     if auto:
         if plan.memory is None:
             raise ConfigError(
                 "--batch-size", "`auto` needs the device's memory: --gpu H100 or --device-memory 80GiB"
             )
-        found = batch_search.search(one, plan.memory, plan.reserve)
-        results = [found.tried[k] for k in sorted(found.tried)]
-        if not results:
+        for ckpt in variants:
+            found = searches[ckpt] = batch_search.search(
+                functools.partial(one, ckpt), plan.memory, plan.reserve, jobs=args.jobs
+            )
+            rows += [(ckpt, found.tried[k]) for k in sorted(found.tried)]
+        if not rows:
             raise ConfigError("--batch-size", "no batch size was estimated")
     else:
-        results = [one(int(b)) for b in args.batch_size.split(",")]
-    print(render_table(results, plan.memory, plan.reserve))
+        wanted = [(ckpt, int(b)) for ckpt in variants for b in args.batch_size.split(",")]
+        ahead = workers.prefetch([functools.partial(one, c, b) for c, b in wanted], args.jobs)
+        rows = [(c, est if est is not None else one(c, b)) for (c, b), est in zip(wanted, ahead, strict=True)]
+    results = [est for _, est in rows]
+    labels = ("checkpointing", ["on" if c else "off" for c, _ in rows]) if both else None
+    print(render_table(results, plan.memory, plan.reserve, labels))
     for line in plan.lines:
         print(f"budget: {line}")
-    if auto:
+    for ckpt, found in searches.items():
         best = found.estimate
         print(
-            f"largest batch that fits: {found.largest} x {args.seq_len} per rank "
+            ("with checkpointing, " if ckpt else "without checkpointing, " if both else "")
+            + f"largest batch that fits: {found.largest} x {args.seq_len} per rank "
             f"({len(found.tried)} estimates)"
             + (f", peak {format_bytes(best.peak_bytes)}" if best is not None else "")
         )
     out = Path(args.save_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    path = write_estimates(out, results, plan.memory, plan.reserve, auto=auto)
+    extra = [{"checkpointing": c} for c, _ in rows]
+    path = write_estimates(out, results, plan.memory, plan.reserve, auto=auto, extra=extra)
     print(f"written: {path} ({time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+def _model(args: argparse.Namespace, checkpointing: bool) -> tuple[NamedModel, list[str]]:
+    """The named model (with checkpointing on every block when asked) and its notes."""
+    named = load_model(args.model)
+    notes: list[str] = []
+    if checkpointing:
+        notes.append(named.checkpoint())
+    if named.takes_labels:
+        notes.append("loss: the model's own, from `labels` (the input ids)")
+    return named, notes

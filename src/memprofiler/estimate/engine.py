@@ -23,6 +23,7 @@ from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredRepl
 from memprofiler.estimate.allocator.conf import read as read_alloc_conf
 from memprofiler.estimate.cuda.margins import FLOAT8_NOTE, float8_modules
 from memprofiler.estimate.cuda.model import CudaModel
+from memprofiler.estimate.cuda.ops import OpHooks
 from memprofiler.estimate.cuda.target import CudaTarget, resolve_target, target_notes, torch_rules
 from memprofiler.estimate.cuda.workspaces import WorkspacePlan
 from memprofiler.estimate.failures import (
@@ -221,6 +222,9 @@ def _estimate_rank(
             with contextlib.ExitStack() as stack:
                 stack.enter_context(gradient_free_module_hooks())
                 stack.enter_context(tracker)
+                hooks = [h for h in (part.hook() for part in parts) if h is not None]
+                if hooks:
+                    stack.enter_context(OpHooks(hooks))
                 for part in parts:
                     stack.enter_context(part.mode())
                 probe.steps_start(model, opt, tracker)

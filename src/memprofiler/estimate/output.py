@@ -12,8 +12,14 @@ from memprofiler.output.writers import write_yaml
 from memprofiler.units import format_bytes
 
 
-def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int) -> str:
-    """One row per batch size: peak, allocator view, top categories, module at peak, verdict."""
+def render_table(
+    results: list[MemoryEstimate],
+    memory: int | None,
+    reserve: int,
+    labels: tuple[str, list[str]] | None = None,
+) -> str:
+    """One row per batch size: peak, allocator view, top categories, module at peak, verdict;
+    ``labels``: a first column (its title, a value per row) saying what each row's plan changes."""
     from rich.console import Console
     from rich.table import Table
 
@@ -22,6 +28,8 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
         title=f"memory estimate per rank: {first.strategy}, world_size {first.world_size}, {first.precision}, "
         f"{first.target or first.device}"
     )
+    if labels is not None:
+        table.add_column(labels[0])
     for col in (
         "batch",
         "peak (allocated)",
@@ -36,9 +44,10 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
         table.add_column(col, justify="left" if col == "peak at" else "right")
     if memory is not None:
         table.add_column("fits " + format_bytes(memory), justify="right")
-    for est in results:
+    for i, est in enumerate(results):
         cat = est.by_category
-        row = [
+        row = [labels[1][i]] if labels is not None else []
+        row += [
             str(est.batch_size),
             format_bytes(est.peak_bytes),
             format_bytes(est.reserved_peak_bytes),
@@ -63,15 +72,21 @@ def render_table(results: list[MemoryEstimate], memory: int | None, reserve: int
 
 
 def write_estimates(
-    save_dir: Path, results: list[MemoryEstimate], memory: int | None, reserve: int, auto: bool = False
+    save_dir: Path,
+    results: list[MemoryEstimate],
+    memory: int | None,
+    reserve: int,
+    auto: bool = False,
+    extra: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write ``memory_estimate.yaml`` (YAML integrity lines included)."""
+    """Write ``memory_estimate.yaml`` (YAML integrity lines included); ``extra``: more keys for
+    each estimate (what its plan changed)."""
 
     data: dict[str, Any] = {
         "kind": "memory_estimate",
         "device_memory_bytes": memory,
         "reserve_bytes": reserve,
-        "estimates": [r.to_dict() for r in results],
+        "estimates": [{**r.to_dict(), **(extra[i] if extra else {})} for i, r in enumerate(results)],
     }
     if memory is not None:
         fitting = [r.batch_size for r in results if r.fits(memory, reserve) and r.batch_size is not None]

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memprofiler.estimate.cuda.ops import OpHook
 
 
 class Part:
     """A piece of the model of what the device does beyond the ops' outputs.
 
-    The engine enters every part's :meth:`mode` around the steps, in order (a dispatch mode
-    entered later sees each op first), then asks each for its notes and stated margins.
+    The engine enters one dispatch mode that runs every part's :meth:`hook` around each op (in
+    the parts' order: the first sees the op's outputs first), then every part's :meth:`mode`, in
+    order (a dispatch mode entered later sees each op first), and after the steps asks each for
+    its notes and stated margins.
     """
+
+    def hook(self) -> OpHook | None:
+        """What looks at each op (:class:`~memprofiler.estimate.cuda.ops.OpHook`); none by default."""
+        return None
 
     def mode(self) -> contextlib.AbstractContextManager[Any]:
         """What runs around the steps (a dispatch mode); nothing by default."""

@@ -358,8 +358,8 @@ class _Closed:
         np.add.at(self.calls, key, 1)
         np.add.at(self.total, key, dur)
         np.add.at(self.own, key, own)
-        del key, dur
-        self.key, self.dur, self.child = array("q"), array("d"), array("d")
+        del key, dur  # the views of the arrays, which are emptied in place (their appends stay bound)
+        del self.key[:], self.dur[:], self.child[:]
 
     def rows(self, r: _Reader) -> None:
         """The operator and module rows of ``r``, in the order their first span closed."""
@@ -563,7 +563,7 @@ class _Reader:
         wanted = _WANTED
         records = self.records
         threads, thread_list, dev_of = self.threads, self.thread_list, self.dev_of
-        comm_names = self.comm_names
+        comm_names, shape_ids, shapes = self.comm_names, self.shape_ids, self.shapes
         for ev in iter_events(self.path):
             events += 1
             if ev is None:
@@ -608,8 +608,14 @@ class _Reader:
                     args = ev.args
                     ext = -1
                     if args is not None:
-                        if args.dims:
-                            op_dims(n, args.dims)
+                        dims = args.dims
+                        if dims:
+                            # the shapes of a known text, counted here (most operators)
+                            sid = shape_ids.get(bytes(dims)) if dims.__class__ is Raw else None
+                            if sid is not None and sid >= 0 and (c := shapes.get(n)) is not None:
+                                c[sid] += 1
+                            else:
+                                op_dims(n, dims)
                         ext = args.ext
                         if ext.__class__ is not int or not -_I64 <= ext < _I64:
                             ext = op_args(ext)
@@ -751,6 +757,8 @@ class _Reader:
         )
         places: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int, tuple[int, tuple[int, ...]]]]
         places = {}
+        closed = self.closed
+        closed_key, closed_dur, closed_child = closed.key.append, closed.dur.append, closed.child.append
         for win in self.records.ordered():
             sids: array[int] = array("q")
             sid_add = sids.append
@@ -770,8 +778,18 @@ class _Reader:
                         kind = _MOD
                     th = threads[thread]
                     stack = th.stack
-                    if stack and stack[-1][3] <= t:
-                        close(th, t, what)
+                    # Close the spans that end by t (a memory event at a span's end is inside it).
+                    while stack and (top := stack[-1])[3] <= t and not (what == 1 and top[3] == t):
+                        stack.pop()
+                        if top[0] == _WRAPPER:
+                            self.wrapper_calls += 1
+                            self.wrapper_self_us += max(0.0, top[2] - top[4])
+                            continue
+                        closed_key(2 * top[1] + (top[0] != _OP))
+                        closed_dur(top[2])
+                        closed_child(top[4])
+                    if len(closed.key) >= _CHUNK:
+                        closed.fold()
                     if what == 0:
                         dur = -negdur
                         if stack:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import os
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -201,6 +202,11 @@ class _Segment:
     """Where the segment starts: best fit breaks size ties by address (creation order in an estimate)."""
 
 
+#: A free block in its pool's index: (size, segment address, offset, segment, block); the first
+#: three order it as ``get_free_block`` does and are unique within a pool.
+_FreeEntry = tuple[int, int, int, _Segment, _Block]
+
+
 @dataclass
 class AllocatorReplay:
     """Replays ``alloc`` / ``free`` calls and keeps the allocator's peaks.
@@ -228,6 +234,8 @@ class AllocatorReplay:
     """Where ``cudaMalloc`` puts the next segment of n bytes; None: its creation order."""
     _pools: dict[tuple[int, bool], list[_Segment]] = field(default_factory=dict)
     _live: dict[int, tuple[tuple[int, bool], _Segment, _Block]] = field(default_factory=dict)
+    _free: dict[tuple[int, bool], list[_FreeEntry]] = field(default_factory=dict)
+    """Each pool's free blocks sorted by (size, address, offset): best fit by bisection."""
     _requests: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     """Requests per pool kind (small: True) so far: the garbage collector's clock."""
     what_if: bool = False
@@ -253,7 +261,9 @@ class AllocatorReplay:
                 blk = _Block(seg.ident, seg.size, b.size, b.key is None)
                 seg.blocks.append(blk)
                 seg.size += b.size
-                if b.key is not None:
+                if b.key is None:
+                    r._index((seed.stream, seed.small), seg, blk)
+                else:
                     r._live[b.key] = ((seed.stream, seed.small), seg, blk)
                     r.allocated += b.size
                     r._stream(seed.stream).allocate(b.size)
@@ -279,13 +289,15 @@ class AllocatorReplay:
         pool_key = (stream, size <= SMALL_SIZE)
         pool = self._pools.setdefault(pool_key, [])
         self._requests[pool_key[1]] += 1
-        found = self._best_fit(pool, size)
-        if found is None:
+        found = self._best_fit(pool_key, size)
+        if found is not None:
+            self._unindex(pool_key, *found)
+        else:
             if self._gc_active():
                 self._garbage_collect()
             found = self._grow(pool, pool_key, size)
         seg, blk = found
-        self._split(seg, blk, size, pool_key[1])
+        self._split(pool_key, seg, blk, size)
         blk.free = False
         self._live[key] = (pool_key, seg, blk)
         self.allocated += blk.size
@@ -303,11 +315,14 @@ class AllocatorReplay:
         blk.free = True
         i = seg.blocks.index(blk)
         if i + 1 < len(seg.blocks) and seg.blocks[i + 1].free:
+            self._unindex((stream, small), seg, seg.blocks[i + 1])
             blk.size += seg.blocks.pop(i + 1).size
         if i > 0 and seg.blocks[i - 1].free:
+            self._unindex((stream, small), seg, seg.blocks[i - 1])
             seg.blocks[i - 1].size += seg.blocks.pop(i).size
             blk = seg.blocks[i - 1]
         blk.gc_base = self._requests[small]
+        self._index((stream, small), seg, blk)
 
     def layout(self) -> list[tuple[int, int, bool]]:
         """Every block of every segment: (address, size, free), by address."""
@@ -318,22 +333,23 @@ class AllocatorReplay:
             for blk in seg.blocks
         )
 
-    def _best_fit(self, pool: list[_Segment], size: int) -> tuple[_Segment, _Block] | None:
+    def _best_fit(self, pool_key: tuple[int, bool], size: int) -> tuple[_Segment, _Block] | None:
         """The smallest free block that fits, by (size, address); with expandable segments a free
         tail (which could grow into the unmapped space after it) only when no other block fits.
         Like ``get_free_block``, the limits of ``max_split_size_mb`` are checked on that one block:
         a block it refuses is not replaced by another."""
         expandable = self.config.expandable_segments
-        best: tuple[bool, int, int, int] | None = None
+        index = self._free.get(pool_key, [])
         found: tuple[_Segment, _Block] | None = None
-        for seg in pool:
-            for blk in seg.blocks:
-                if not blk.free or blk.size < size:
-                    continue
-                tail = expandable and blk is seg.blocks[-1]
-                rank = (tail, blk.size, seg.address, blk.offset)
-                if best is None or rank < best:
-                    best, found = rank, (seg, blk)
+        tail: tuple[_Segment, _Block] | None = None
+        for i in range(bisect_left(index, (size,)), len(index)):
+            seg, blk = index[i][3], index[i][4]
+            if expandable and blk is seg.blocks[-1]:
+                tail = tail or (seg, blk)
+                continue
+            found = (seg, blk)
+            break
+        found = found or tail
         if found is None:
             return None
         limit, got = self.config.max_split_size, found[1].size
@@ -343,8 +359,9 @@ class AllocatorReplay:
             return None
         return found
 
-    def _split(self, seg: _Segment, blk: _Block, size: int, small: bool) -> None:
+    def _split(self, pool_key: tuple[int, bool], seg: _Segment, blk: _Block, size: int) -> None:
         rest = blk.size - size
+        small = pool_key[1]
         if small or self.config.expandable_segments:
             keep = rest >= MIN_BLOCK
         else:
@@ -353,6 +370,19 @@ class AllocatorReplay:
             rest_blk = _Block(seg.ident, blk.offset + size, rest, gc_base=self._requests[small])
             seg.blocks.insert(seg.blocks.index(blk) + 1, rest_blk)
             blk.size = size
+            self._index(pool_key, seg, rest_blk)
+
+    def _index(self, pool_key: tuple[int, bool], seg: _Segment, blk: _Block) -> None:
+        """Put free ``blk`` into its pool's free index."""
+        insort(self._free.setdefault(pool_key, []), (blk.size, seg.address, blk.offset, seg, blk))
+
+    def _unindex(self, pool_key: tuple[int, bool], seg: _Segment, blk: _Block) -> None:
+        """Take free ``blk`` out of its pool's free index (before its size changes)."""
+        index = self._free[pool_key]
+        i = bisect_left(index, (blk.size, seg.address, blk.offset))
+        if i == len(index) or index[i][4] is not blk:
+            raise AssertionError(f"free block at {seg.address}+{blk.offset} is not in its pool's index")
+        del index[i]
 
     def _grow(self, pool: list[_Segment], pool_key: tuple[int, bool], size: int) -> tuple[_Segment, _Block]:
         if self.config.expandable_segments:
@@ -376,6 +406,8 @@ class AllocatorReplay:
             pool.append(_Segment(self.segments, 0, [], self._address(0)))
         seg = pool[0]
         tail = seg.blocks[-1] if seg.blocks and seg.blocks[-1].free else None
+        if tail is not None:
+            self._unindex(pool_key, seg, tail)
         need = size - (tail.size if tail is not None else 0)
         grow = -(-need // page) * page
         self._make_room(grow, pool_key, size)
@@ -425,6 +457,8 @@ class AllocatorReplay:
         return sorted(segs, key=lambda g: (g.size, g.address))
 
     def _release(self, pool_key: tuple[int, bool], seg: _Segment) -> None:
+        for blk in seg.blocks:
+            self._unindex(pool_key, seg, blk)  # a released segment is wholly free
         self._pools[pool_key].remove(seg)
         self.reserved -= seg.size
         self._stream(pool_key[0]).reserved -= seg.size
@@ -536,6 +570,7 @@ _REPLAY_STATE = (
     "released",
     "_pools",
     "_live",
+    "_free",
     "_requests",
     "by_stream",
 )

@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from memprofiler.estimate.cuda import embedding_scratch, reduce_scratch
+from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.target import CudaTarget
 
 _aten = torch.ops.aten
@@ -271,25 +271,21 @@ _RULES: dict[Any, _Rule] = {
 _REDUCTION = _Rule("", "reduction", _reduction)
 
 
-class KernelScratch(TorchDispatchMode):
+class KernelScratch(OpHook):
     """Calls ``phases(category, [[bytes, ...], ...])`` for each op whose CUDA kernel on ``target``
     takes scratch (:data:`_RULES`), and logs it for the notes."""
 
     def __init__(self, phases: Callable[[str, list[list[int]]], None], target: CudaTarget) -> None:
-        super().__init__()
         self.phases = phases
         self.log = ScratchLog()
         self.target = target
         self.device = reduce_scratch.Device(target.sms, target.threads_per_sm)
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
+    def after(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         rule = _REDUCTION if func in reduce_scratch.OPS else _RULES.get(func)
         if rule is None:
             return out
-        found = rule.phases(_Call(func, args, kwargs or {}, self.target, self.device))
+        found = rule.phases(_Call(func, args, kwargs, self.target, self.device))
         if found:
             self.log.add(rule.label or f"CUDA reduction {func.__name__}", max(sum(p) for p in found))
             self.phases(rule.category, found)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.units import format_bytes
 
 CUSTOM_OP_FRACTION = 0.05
@@ -59,19 +59,15 @@ class Margin:
         return f"margin {format_bytes(self.nbytes)} added to the fits decision: {self.reason}"
 
 
-class CustomOps(TorchDispatchMode):
+class CustomOps(OpHook):
     """Collects the operators from outside torch's namespaces that a step runs."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.names: set[str] = set()
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
+    def before(self, func: Any) -> None:
         if func.namespace not in TORCH_NAMESPACES:
             self.names.add(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def compiled_modules(*models: nn.Module) -> list[str]:

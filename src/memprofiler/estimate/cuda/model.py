@@ -20,6 +20,7 @@ from memprofiler.estimate.cuda.dispatch import CudaDispatch
 from memprofiler.estimate.cuda.environment import allocator_note, workspace_notes
 from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
 from memprofiler.estimate.cuda.margins import CustomOps, Margin, margins
+from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
 from memprofiler.estimate.cuda.stats import FloatStats
 from memprofiler.estimate.cuda.target import CudaTarget
@@ -29,14 +30,14 @@ from memprofiler.estimate.parallel.fsdp_streams import stream_names
 from memprofiler.estimate.part import Part
 
 
-class _Mode(Part):
-    """A part that is a dispatch mode and says nothing afterwards."""
+class _Hook(Part):
+    """A part that looks at each op and says nothing afterwards."""
 
-    def __init__(self, mode: Any) -> None:
-        self._mode = mode
+    def __init__(self, hook: OpHook) -> None:
+        self._hook = hook
 
-    def mode(self) -> contextlib.AbstractContextManager[Any]:
-        return self._mode
+    def hook(self) -> OpHook | None:
+        return self._hook
 
 
 class Workspaces(Part):
@@ -49,7 +50,7 @@ class Workspaces(Part):
         self.blas = BlasWorkspaces(self.plan, tracker.hold, tracker.transient)
         self._allocator = tracker.ledger.allocator
 
-    def mode(self) -> contextlib.AbstractContextManager[Any]:
+    def hook(self) -> OpHook | None:
         return self.blas
 
     def notes(self, notes: list[str]) -> list[str]:
@@ -89,7 +90,7 @@ class Scratch(Part):
         self.scratch = KernelScratch(tracker.phases, target)
         self._tracker = tracker
 
-    def mode(self) -> contextlib.AbstractContextManager[Any]:
+    def hook(self) -> OpHook | None:
         return self.scratch
 
     def notes(self, notes: list[str]) -> list[str]:
@@ -103,7 +104,7 @@ class Stats(Part):
     def __init__(self) -> None:
         self.stats = FloatStats()
 
-    def mode(self) -> contextlib.AbstractContextManager[Any]:
+    def hook(self) -> OpHook | None:
         return self.stats
 
     def notes(self, notes: list[str]) -> list[str]:
@@ -201,7 +202,7 @@ class CudaModel:
         self.workspaces = Workspaces(target, workspaces, tracker)
         self.parts: list[Part] = [
             Optimizer(optimizer, tracker),
-            _Mode(self.custom),
+            _Hook(self.custom),
             self.workspaces,
             Scratch(target, tracker),
             Stats(),

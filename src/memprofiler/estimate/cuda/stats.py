@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from memprofiler.estimate.cuda.ops import OpHook
 
 _aten = torch.ops.aten
 HALF = (torch.float16, torch.bfloat16)
@@ -33,18 +34,14 @@ STATS = {
 }
 
 
-class FloatStats(TorchDispatchMode):
+class FloatStats(OpHook):
     """Returns float32 statistics from the normalization ops above for half-precision inputs."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.calls = 0
         self.extra = 0
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
+    def after(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         where = STATS.get(func)
         if where is None or not isinstance(args[0], torch.Tensor) or args[0].dtype not in HALF:
             return out

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from memprofiler.errors import ConfigError
+from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.target import CudaTarget
 
 KiB = 1024
@@ -276,24 +276,19 @@ def conv_workspace_envelope(func: Any, args: tuple[Any, ...], out: Any) -> int:
     return int(largest * CONV_ENVELOPE[kind])
 
 
-class BlasWorkspaces(TorchDispatchMode):
+class BlasWorkspaces(OpHook):
     """Sees every matrix product and convolution: ``hold(name, nbytes)`` for each new cuBLAS
     workspace, ``transient(name, nbytes, what_if)`` for each convolution's cuDNN scratch, with
     the envelope it might take instead (the margin's figure)."""
 
     def __init__(self, plan: WorkspacePlan, hold: Any, transient: Any = None) -> None:
-        super().__init__()
         self.plan = plan
         self.hold = hold
         self.transient = transient
         self.convs = 0
         self.conv_max = 0
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+    def after(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         if func in BLAS_OPS:
             for name, n in self.plan.needed(current_thread(), uses_lt(func, args, kwargs)):
                 self.hold(name, n)

@@ -36,8 +36,6 @@ Run as ``MALLOC_ARENA_MAX=1 python benchmarks/saved_tensor_floor.py [--out FILE]
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import os
 import random
 import statistics
@@ -49,10 +47,10 @@ from typing import Any
 
 import torch
 from _emit import emit
+from _packer_builds import PreviousCollector, previous_packer
 from overhead import ResMLP
 from scaling import _saved_count, width_for
 
-from memprofiler.collectors import saved_tensors
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
 
@@ -73,31 +71,6 @@ VARIANTS = (
 class _NoWalk(SavedTensorsCollector):
     def _owner(self, frame: Any) -> str:
         return OUTSIDE_NAME
-
-
-def previous_packer(path: Path) -> type[Any]:
-    """The ``Packer`` of another build of ``memprofiler._packer`` (loaded beside this one)."""
-    loader = importlib.machinery.ExtensionFileLoader("memprofiler._packer", str(path))
-    spec = importlib.util.spec_from_loader("memprofiler._packer", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    packer: type[Any] = module.Packer
-    if packer is saved_tensors._CPacker:
-        raise SystemExit(f"--previous {path}: this is the build already loaded; give another one")
-    return packer
-
-
-class _Previous(SavedTensorsCollector):
-    packer: type[Any]
-
-    def _new_packer(self) -> Any:
-        current = saved_tensors._CPacker
-        saved_tensors._CPacker = self.packer
-        try:
-            return super()._new_packer()
-        finally:
-            saved_tensors._CPacker = current
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -134,8 +107,8 @@ def one_depth(
         "collector_no_walk": _NoWalk(compiled=False),
     }
     if previous is not None:
-        _Previous.packer = previous
-        colls["collector_previous"] = _Previous()
+        PreviousCollector.packer = previous
+        colls["collector_previous"] = PreviousCollector()
     off = SavedTensorsCollector()._p  # a packer not started: switched off
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
 

@@ -1,0 +1,171 @@
+"""Instructions per saved tensor: the saved-tensor collector against bare hooks, counted, not timed.
+
+On a shared machine step times move by several percent between runs; instruction counts do
+not. This runs the 1,002-module residual MLP of ``saved_tensor_floor.py`` (narrow: 200 blocks of
+width 16, batch 4, so that the matrix products are small beside the per-tensor work) under
+valgrind's callgrind, one process for every variant, forward and backward ``--steps`` times each:
+
+* ``baseline``: no hooks;
+* ``identity_hooks``: pack and unpack return the tensor;
+* ``holder_hooks``: a ``_Saved`` holder per tensor, unpacked in C (what the collector stores);
+* ``collector``: ``SavedTensorsCollector`` with per-module attribution, as a collected call runs it;
+* ``collector_previous`` (with ``--previous FILE``): another build of the compiled pack hook.
+
+Callgrind dumps its counters each time the process calls ``getppid`` (``--dump-before``), which
+the child calls between the variants, so each variant's steps are counted alone. Prints, and
+with ``--out`` saves, the instructions per step and per saved tensor over ``baseline`` and over
+``holder_hooks``. Needs ``valgrind``; about five minutes. Run as ``python
+benchmarks/saved_tensor_instructions.py [--previous OLD.so] [--out benchmarks/results]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+VARIANTS = ("baseline", "identity_hooks", "holder_hooks", "collector", "collector_previous")
+
+
+def child(variants: list[str], depth: int, width: int, batch: int, steps: int, previous: str | None) -> None:
+    import torch
+    from _packer_builds import PreviousCollector, previous_packer
+    from overhead import ResMLP
+
+    from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = ResMLP(width, depth)
+    x = torch.randn(batch, width)
+    ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
+    colls: dict[str, Any] = {"collector": SavedTensorsCollector()}
+    if previous:
+        PreviousCollector.packer = previous_packer(Path(previous))
+        colls["collector_previous"] = PreviousCollector()
+
+    def holder(t: torch.Tensor) -> _Saved:
+        h = _Saved()
+        h.t = t
+        return h
+
+    def same(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def step(name: str) -> None:
+        if name in colls:
+            colls[name].start(ctx)
+            try:
+                loss = model(x).pow(2).mean()
+            finally:
+                colls[name].end(ctx, True)
+        elif name == "baseline":
+            loss = model(x).pow(2).mean()
+        else:
+            pack, unpack = (holder, _unpack) if name == "holder_hooks" else (same, same)
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                loss = model(x).pow(2).mean()
+        loss.backward()
+
+    for name in variants:
+        step(name)  # warm: lazy set-up is not counted
+        step(name)
+        os.getppid()  # a dump: what follows is this variant's steps alone
+        for _ in range(steps):
+            step(name)
+        os.getppid()
+
+
+def _totals(files: list[Path]) -> list[int]:
+    """Instructions of each dump, in the order the dumps were made."""
+
+    def part(p: Path) -> int:
+        m = re.search(r"\.(\d+)$", p.name)
+        return int(m.group(1)) if m else 0
+
+    out = []
+    for f in sorted(files, key=part):
+        m = re.search(r"^(?:totals|summary):\s+(\d+)", f.read_text(errors="replace"), re.M)
+        out.append(int(m.group(1)) if m else 0)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depth", type=int, default=200)
+    parser.add_argument("--width", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--previous", type=Path, default=None, help="another build of memprofiler/_packer*.so"
+    )
+    parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    previous = str(args.previous.resolve()) if args.previous else None
+    if args.child:
+        child(args.child, args.depth, args.width, args.batch, args.steps, previous)
+        return
+    if shutil.which("valgrind") is None:
+        raise SystemExit("saved_tensor_instructions.py: valgrind is not installed (apt-get install valgrind)")
+    variants = [v for v in VARIANTS if v != "collector_previous" or previous]
+    work = Path(tempfile.mkdtemp(prefix="memprofiler-callgrind-"))
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--dump-before=getppid",
+        f"--callgrind-out-file={work}/cg.out",
+        sys.executable,
+        __file__,
+        "--depth",
+        str(args.depth),
+        "--width",
+        str(args.width),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--child",
+        *variants,
+    ]
+    if previous:
+        cmd += ["--previous", previous]
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "MALLOC_ARENA_MAX": "1"})
+    totals = _totals(list(work.glob("cg.out*")))
+    # dumps: [set-up], then per variant [its warm steps, its counted steps]
+    counted = {name: totals[2 + 2 * i] for i, name in enumerate(variants)}
+    sys.path.insert(0, str(Path(__file__).parent))
+    import torch
+    from overhead import ResMLP, saved_per_call
+
+    saved = saved_per_call(ResMLP(args.width, args.depth), torch.randn(args.batch, args.width))
+    per_step = {k: v / args.steps for k, v in counted.items()}
+    result = {
+        "benchmark": "saved_tensor_instructions",
+        "model": f"{args.depth} residual MLP blocks, width {args.width}, batch {args.batch}",
+        "saved_tensors_per_step": saved,
+        "steps": args.steps,
+        "instructions_per_step": {k: round(v) for k, v in per_step.items()},
+        "per_saved_tensor_over_baseline": {
+            k: round((v - per_step["baseline"]) / saved) for k, v in per_step.items() if k != "baseline"
+        },
+        "per_saved_tensor_over_holder_hooks": {
+            k: round((v - per_step["holder_hooks"]) / saved)
+            for k, v in per_step.items()
+            if k.startswith("collector")
+        },
+    }
+    from _emit import emit
+
+    emit(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

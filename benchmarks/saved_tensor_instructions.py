@@ -86,9 +86,9 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
 def _totals(files: list[Path]) -> list[int]:
     """Instructions of each dump, in the order the dumps were made."""
 
-    def part(p: Path) -> int:
+    def part(p: Path) -> int:  # `cg.out.N`: the N-th dump; `cg.out`: the one at exit, last
         m = re.search(r"\.(\d+)$", p.name)
-        return int(m.group(1)) if m else 0
+        return int(m.group(1)) if m else 1 << 30
 
     out = []
     for f in sorted(files, key=part):
@@ -139,8 +139,9 @@ def main() -> None:
         cmd += ["--previous", previous]
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "MALLOC_ARENA_MAX": "1"})
     totals = _totals(list(work.glob("cg.out*")))
-    # dumps: [set-up], then per variant [its warm steps, its counted steps]
-    counted = {name: totals[2 + 2 * i] for i, name in enumerate(variants)}
+    # dumps: [set-up and the first variant's warm steps], its counted steps, [the next one's warm
+    # steps], its counted steps, ..., [exit]
+    counted = {name: totals[1 + 2 * i] for i, name in enumerate(variants)}
     sys.path.insert(0, str(Path(__file__).parent))
     import torch
     from overhead import ResMLP, saved_per_call

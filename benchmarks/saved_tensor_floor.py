@@ -22,7 +22,9 @@ one shared model per depth:
 * ``collector_python``: the same collector with its pure-Python pack hook (what runs where
   ``memprofiler._packer`` could not be compiled, and what ``collector`` ran before it existed);
 * ``collector_no_walk``: the Python collector with its stack walk to the running module replaced
-  by a constant label: what attribution costs is the difference.
+  by a constant label: what attribution costs is the difference;
+* ``collector_previous`` (with ``--previous FILE``): the collector with another build of the
+  compiled pack hook (``_packer*.so`` of an earlier commit), side by side with this one.
 
 Besides the step, the forward alone is timed (``median_forward_cpu_ms``): the pack hooks run
 there, the unpack in backward.
@@ -34,6 +36,9 @@ Run as ``MALLOC_ARENA_MAX=1 python benchmarks/saved_tensor_floor.py [--out FILE]
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
+import os
 import random
 import statistics
 import time
@@ -47,6 +52,7 @@ from _emit import emit
 from overhead import ResMLP
 from scaling import _saved_count, width_for
 
+from memprofiler.collectors import saved_tensors
 from memprofiler.collectors.module_tracker import OUTSIDE_NAME
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
 
@@ -60,12 +66,38 @@ VARIANTS = (
     "collector",
     "collector_python",
     "collector_no_walk",
+    "collector_previous",
 )
 
 
 class _NoWalk(SavedTensorsCollector):
     def _owner(self, frame: Any) -> str:
         return OUTSIDE_NAME
+
+
+def previous_packer(path: Path) -> type[Any]:
+    """The ``Packer`` of another build of ``memprofiler._packer`` (loaded beside this one)."""
+    loader = importlib.machinery.ExtensionFileLoader("memprofiler._packer", str(path))
+    spec = importlib.util.spec_from_loader("memprofiler._packer", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    packer: type[Any] = module.Packer
+    if packer is saved_tensors._CPacker:
+        raise SystemExit(f"--previous {path}: this is the build already loaded; give another one")
+    return packer
+
+
+class _Previous(SavedTensorsCollector):
+    packer: type[Any]
+
+    def _new_packer(self) -> Any:
+        current = saved_tensors._CPacker
+        saved_tensors._CPacker = self.packer
+        try:
+            return super()._new_packer()
+        finally:
+            saved_tensors._CPacker = current
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +115,13 @@ def _holder(t: torch.Tensor) -> _Saved:
 
 
 def one_depth(
-    depth: int, base_width: int, batch: int, rounds: int, warmup: int, variants: tuple[str, ...] = VARIANTS
+    depth: int,
+    base_width: int,
+    batch: int,
+    rounds: int,
+    warmup: int,
+    variants: tuple[str, ...] = VARIANTS,
+    previous: type[Any] | None = None,
 ) -> dict[str, Any]:
     torch.manual_seed(0)
     width = width_for(depth, base_width)
@@ -95,6 +133,9 @@ def one_depth(
         "collector_python": SavedTensorsCollector(compiled=False),
         "collector_no_walk": _NoWalk(compiled=False),
     }
+    if previous is not None:
+        _Previous.packer = previous
+        colls["collector_previous"] = _Previous()
     off = SavedTensorsCollector()._p  # a packer not started: switched off
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
 
@@ -147,6 +188,11 @@ def one_depth(
         # The 10th percentile: steps a busy host slowed least (this VM's steal time moves medians).
         "ratio_p10": {k: round(v / p10["baseline"], 4) for k, v in p10.items() if k != "baseline"},
     }
+    if "holder_hooks" in med:
+        # The goal's figure: a collector's step over the bare hooks' step (the floor).
+        out["ratio_to_holder_hooks"] = {
+            k: round(v / med["holder_hooks"], 4) for k, v in med.items() if k.startswith("collector")
+        }
     # Per saved tensor, over the baseline: what each collector variant costs.
     out["us_per_saved_tensor"] = {
         k: round((med[k] - med["baseline"]) * 1e6 / saved, 2) for k in med if k.startswith("collector")
@@ -168,14 +214,33 @@ def main() -> None:
         default=list(VARIANTS),
         help="fewer variants make shorter rounds: less host noise between them (baseline is always in)",
     )
+    parser.add_argument(
+        "--previous",
+        type=Path,
+        default=None,
+        help="another build of memprofiler/_packer*.so, timed as `collector_previous`",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    variants = tuple(dict.fromkeys(["baseline", *args.variants]))
+    previous = previous_packer(args.previous) if args.previous is not None else None
+    chosen = [v for v in args.variants if v != "collector_previous" or previous is not None]
+    variants = tuple(dict.fromkeys(["baseline", *chosen]))
+    load = [os.getloadavg()]
     sizes = [
-        one_depth(d, args.base_width, args.batch, args.rounds, args.warmup, variants) for d in args.depths
+        one_depth(d, args.base_width, args.batch, args.rounds, args.warmup, variants, previous)
+        for d in args.depths
     ]
-    emit({"benchmark": "saved_tensor_floor", "sizes": sizes, "threads": torch.get_num_threads()}, args.out)
+    load.append(os.getloadavg())
+    emit(
+        {
+            "benchmark": "saved_tensor_floor",
+            "sizes": sizes,
+            "threads": torch.get_num_threads(),
+            "loadavg_1_5_15_before_after": [[round(x, 2) for x in la] for la in load],
+        },
+        args.out,
+    )
 
 
 if __name__ == "__main__":

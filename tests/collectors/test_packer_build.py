@@ -72,3 +72,59 @@ def test_a_graph_kept_past_the_call_and_the_collector_is_still_exact():
     assert torch.equal(torch.autograd.grad(loss, mlp[2].weight)[0], expected)
     del loss
     gc.collect()
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x))
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Inner()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner.forward(x).exp()  # `forward` called directly: no `inner.__call__` on the stack
+        y = torch.utils.checkpoint.checkpoint(self.inner, y, use_reentrant=False)
+        return self.head(self.inner(y).sigmoid())
+
+
+def _figures(compiled: bool) -> list[object]:
+    torch.manual_seed(0)
+    model, x = _Outer(), torch.randn(3, 8)
+    ctx = SimpleNamespace(module=model, closes_window=False, fn_name="step", scratch={})
+    coll = SavedTensorsCollector(compiled=compiled)
+    out: list[object] = []
+    for _ in range(2):
+        coll.start(ctx)
+        loss = model(x).pow(2).mean()
+        out.append(list(coll.end(ctx, True).items()))
+        loss.backward()
+    return out
+
+
+def test_the_compiled_walk_names_the_modules_the_python_walk_names():
+    # GIVEN nested modules, a forward called directly, a checkpointed call and a save outside forward
+    if saved_tensors._CPacker is None:
+        pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
+    # WHEN the compiled hook (which reads the interpreter's frames) and the Python one count them
+    compiled, python = _figures(compiled=True), _figures(compiled=False)
+    # THEN the same figures, the same modules in the same order, on every call
+    assert compiled == python
+    # and the analytic ones (one activation: 3 x 8 floats): `inner.forward` called directly runs
+    # under the root's `__call__` (its tanh output, then exp's and sigmoid's: the root's), its
+    # Linear under `inner.fc`'s; the checkpoint keeps its input (exp's output, counted once);
+    # `inner` called normally saves its tanh output; `head` saves sigmoid's output (the root's).
+    act = 3 * 8 * F32
+    assert dict(compiled[0])["saved_tensors.by_module"] == {  # type: ignore[call-overload]
+        "(root)": 3 * act,
+        "inner.fc": 2 * act,
+        "inner": act,
+        "(outside forward)": 3 * 4 * F32,
+    }

@@ -1,0 +1,68 @@
+"""benchmarks/overhead.py at its smoke size: every variant timed in both loops, with the right counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_VARIANTS = {
+    "baseline",
+    "baseline_again",
+    "bare_hooks",
+    "outside_window",
+    "inside_window",
+    "torch_profiler",
+}
+
+
+def test_overhead_smoke_times_every_variant_in_a_loop_and_a_trainer(tmp_path):
+    # GIVEN a machine without CUDA (hidden, whatever the machine has)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
+    env.pop("MALLOC_ARENA_MAX", None)
+    # WHEN the benchmark runs at its smoke size
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--smoke", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    # THEN it says the CUDA part is skipped, and writes one CPU record
+    assert "CUDA is not available: the CUDA rows and `memory_history` are skipped" in done.stderr
+    (written,) = tmp_path.iterdir()
+    assert written.name.startswith("overhead_cpu_") and written.suffix == ".json"
+    result = json.loads(written.read_text())["result"]
+    assert result["skipped"] == ["cuda: not available"]
+    assert result["malloc_arena_max"] == "1"  # it started itself again with one arena
+    assert result["threads"] == 1
+    (repeat,) = result["repeats"]
+    assert len(repeat["loadavg_before"]) == 3 and len(repeat["loadavg_after"]) == 3
+    assert [(r["device"], r["blocks"], r["modules"]) for r in repeat["rows"]] == [
+        ("cpu", 2, 12),
+        ("cpu", 4, 22),
+    ]
+    for row in repeat["rows"]:
+        # 10 saves per block (LayerNorm: input, mean, rstd, weight, bias; each Linear: input and
+        # weight; GELU: input) and pow's input
+        assert row["saved_tensors_per_call"] == 10 * row["blocks"] + 1
+        for mode in ("plain", "trainer"):
+            timed = row[mode]
+            assert timed["timed_steps_per_variant"] == 2
+            # 1 warm-up round and 2 timed: one collected call per round, the window never closes
+            assert timed["collected_calls_inside"] == 3
+            for clock in ("wall", "cpu"):
+                figures = timed[clock]
+                assert set(figures["median_step_ms"]) == CPU_VARIANTS
+                assert all(v > 0 for v in figures["median_step_ms"].values())
+                assert set(figures["ratio"]) == CPU_VARIANTS - {"baseline"}
+                assert set(figures["paired_ratio"]) == CPU_VARIANTS - {"baseline"}
+                med = figures["median_step_ms"]
+                expected = round(med["inside_window"] / med["bare_hooks"], 4)
+                assert abs(figures["ratio_to_bare_hooks"]["inside_window"] - expected) < 2e-3
+            # the profiler's start and stop are timed apart from its steps
+            assert timed["setup_teardown_ms"]["torch_profiler"] > 0

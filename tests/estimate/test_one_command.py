@@ -17,7 +17,7 @@ import yaml
 from torch import nn
 
 from memprofiler.__main__ import main
-from memprofiler.estimate import largest_batch
+from memprofiler.estimate import largest_batch, workers
 from memprofiler.estimate.batch_search import search
 from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
 from memprofiler.estimate.result import MemoryEstimate
@@ -150,8 +150,10 @@ def test_the_search_agrees_with_trying_every_batch(memory, base, per_row, step):
     assert search(_linear(base, per_row, step)[0], memory, jobs=1).largest == brute
 
 
-def test_side_by_side_the_search_confirms_each_guess_with_its_neighbour_at_once():
-    # GIVEN the 7B-like line above, searched with two estimates at a time (forked processes)
+def test_side_by_side_the_search_confirms_each_guess_with_its_neighbour_at_once(monkeypatch):
+    # GIVEN the 7B-like line above, searched with two estimates at a time (forked processes) by a
+    # process that has run an estimate before (its caches are warm: nothing runs here first)
+    monkeypatch.setattr(workers, "_warm", True)
     gib = 2**30
     one, calls = _linear(int(12.31 * gib), int(3.44 * gib))
     found = search(one, int(79.11 * gib), CUDA_CONTEXT, jobs=2)

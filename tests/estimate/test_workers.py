@@ -18,7 +18,21 @@ def _real_parallel_kernel() -> int:
     return int(x.tril().sum().item())
 
 
-def test_children_run_parallel_kernels_after_the_parent_did():
+def test_the_first_task_runs_here_until_this_process_has_run_an_estimate(monkeypatch):
+    # GIVEN a process that has not run an estimate: its torch caches are cold
+    monkeypatch.setattr(workers, "_warm", False)
+    here = os.getpid()
+    # WHEN two tasks are run side by side
+    pids = workers.prefetch([os.getpid, os.getpid], jobs=2)
+    # THEN the first ran here (to fill the caches the child then inherits), the second in a child
+    assert pids[0] == here and pids[1] not in (None, here)
+    # AND once an estimate has run here, every task goes to a child
+    monkeypatch.setattr(workers, "_warm", True)
+    assert here not in workers.prefetch([os.getpid, os.getpid], jobs=2)
+
+
+def test_children_run_parallel_kernels_after_the_parent_did(monkeypatch):
+    monkeypatch.setattr(workers, "_warm", True)
     # GIVEN a parent that ran an OpenMP parallel region (its thread team exists)
     torch.set_num_threads(max(2, torch.get_num_threads()))
     expected = _real_parallel_kernel()
@@ -29,10 +43,13 @@ def test_children_run_parallel_kernels_after_the_parent_did():
     assert got == [expected, expected] == [2048 * 2049 // 2] * 2
 
 
-def test_a_failing_child_leaves_its_task_to_the_caller():
+def test_a_failing_task_leaves_it_to_the_caller_here_or_in_a_child(monkeypatch):
+    monkeypatch.setattr(workers, "_warm", False)
     def boom() -> int:
         raise RuntimeError("refused")
 
+    assert workers.prefetch([boom, lambda: 7], jobs=2) == [None, 7]
+    monkeypatch.setattr(workers, "_warm", True)
     assert workers.prefetch([boom, lambda: 7], jobs=2) == [None, 7]
 
 

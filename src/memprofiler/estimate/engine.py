@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
+from memprofiler.estimate import workers
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
 from memprofiler.estimate.allocator.conf import read as read_alloc_conf
@@ -255,6 +256,7 @@ def _estimate_rank(
             f"`{CAST_CACHE}`, not activations; FSDP2's mixed precision (MixedPrecisionPolicy(param_dtype=...)) "
             "gathers the weights in that dtype instead and keeps no such copy"
         )
+    workers.warmed()
     return MemoryEstimate(
         peak_bytes=peak,
         tensor_peak_bytes=led.peak - led.peak_held,

@@ -9,7 +9,10 @@ valgrind's callgrind, one process for every variant, forward and backward ``--st
 * ``identity_hooks``: pack and unpack return the tensor;
 * ``holder_hooks``: a ``_Saved`` holder per tensor, unpacked in C (what the collector stores);
 * ``collector``: ``SavedTensorsCollector`` with per-module attribution, as a collected call runs it;
-* ``collector_previous`` (with ``--previous FILE``): another build of the compiled pack hook.
+* ``collector_previous`` (with ``--previous FILE``): another build of the compiled pack hook;
+* ``window`` and ``window_without_saved_tensors`` (``--variants``): the forward in a
+  ``@memprofilable`` call of a ``MemProfiler`` collecting every call, with and without saved
+  tensors: what the rest of a collected call adds.
 
 Callgrind dumps its counters each time the process calls ``getppid`` (``--dump-before``), which
 the child calls between the variants, so each variant's steps are counted alone. Prints, and
@@ -32,13 +35,17 @@ from types import SimpleNamespace
 from typing import Any
 
 VARIANTS = ("baseline", "identity_hooks", "holder_hooks", "collector", "collector_previous")
+WINDOWS = ("window", "window_without_saved_tensors")
 
 
 def child(variants: list[str], depth: int, width: int, batch: int, steps: int, previous: str | None) -> None:
+    import tempfile
+
     import torch
     from _packer_builds import PreviousCollector, previous_packer
-    from overhead import ResMLP
+    from overhead import INSIDE, ResMLP
 
+    from memprofiler import MemProfiler, memprofilable
     from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
 
     torch.set_num_threads(1)
@@ -59,8 +66,24 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
     def same(t: torch.Tensor) -> torch.Tensor:
         return t
 
+    class Call:
+        @memprofilable
+        def training_step(self, xb: torch.Tensor) -> torch.Tensor:
+            return model(xb).pow(2).mean()
+
+    call = Call()
+    profs = {}
+    for name, saved in (("window", True), ("window_without_saved_tensors", False)):
+        if name in variants:
+            cfg = {**INSIDE, "enable_saved_tensors_hooks": saved}
+            profs[name] = MemProfiler(cfg, save_dir=Path(tempfile.mkdtemp()), rank=0).setup(model)
+
     def step(name: str) -> None:
-        if name in colls:
+        MemProfiler.detach(call)
+        if name in profs:
+            profs[name].attach(call)
+            loss = call.training_step(x)
+        elif name in colls:
             colls[name].start(ctx)
             try:
                 loss = model(x).pow(2).mean()
@@ -106,6 +129,9 @@ def main() -> None:
     parser.add_argument(
         "--previous", type=Path, default=None, help="another build of memprofiler/_packer*.so"
     )
+    parser.add_argument(
+        "--variants", nargs="+", choices=VARIANTS + WINDOWS, default=None, help="default: all but the windows"
+    )
     parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -115,7 +141,10 @@ def main() -> None:
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("saved_tensor_instructions.py: valgrind is not installed (apt-get install valgrind)")
-    variants = [v for v in VARIANTS if v != "collector_previous" or previous]
+    chosen = [
+        v for v in args.variants or VARIANTS if v != "baseline" and (v != "collector_previous" or previous)
+    ]
+    variants = ["baseline", *chosen]
     work = Path(tempfile.mkdtemp(prefix="memprofiler-callgrind-"))
     cmd = [
         "valgrind",
@@ -160,12 +189,14 @@ def main() -> None:
         "per_saved_tensor_over_holder_hooks": {
             k: round((v - per_step["holder_hooks"]) / saved)
             for k, v in per_step.items()
-            if k.startswith("collector")
+            if k.startswith(("collector", "window")) and "holder_hooks" in per_step
         },
     }
     from _emit import emit
 
-    emit(result, args.out)
+    # with the windows, a record of its own: `saved_tensor_instructions-window_<hardware>_<date>`
+    windows = any(v in WINDOWS for v in variants)
+    emit(result, args.out, benchmark="saved_tensor_instructions" + ("-window" if windows else ""))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ the saved-tensor collector aims to keep within 1.02. The load average is recorde
 after every repeat (``--repeats``): an A/A pair far from 1 says the machine was too busy.
 
 Run as ``python benchmarks/overhead.py [--out benchmarks/results]`` (it sets
-``MALLOC_ARENA_MAX=1`` by starting itself again where it is not set): one file per hardware,
+``MALLOC_ARENA_MAX=1`` and fixes glibc's mmap and trim thresholds, ``MALLOC_ENV``, by starting
+itself again where they are not set): one file per hardware,
 ``overhead_cpu_<date>.json``, or ``overhead_h200_<date>.json`` on an H200. ``--smoke`` runs tiny
 sizes in seconds (the test suite does).
 """
@@ -111,6 +112,15 @@ INSIDE = {
     "dump_memory_trace": False,
 }
 OUTSIDE = {"schedule": {"warmup": 0, "active": 1}, "dump_memory_trace": False}
+#: glibc's allocator, fixed for every variant: one arena; and blocks of up to 32 MiB served from
+#: the heap and never given back to the kernel. With glibc's defaults each step mapped, faulted
+#: in and unmapped its activations (about 5,400 page faults per step at 122 modules): 6-12 ms of
+#: kernel time per 55 ms step that moved from step to step by more than the effects measured.
+MALLOC_ENV = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_THRESHOLD_": "33554432",
+    "MALLOC_TRIM_THRESHOLD_": "17179869184",
+}
 #: ``--smoke``: sizes and counts that run in seconds.
 SMOKE = {"depths": [2, 4], "base_width": 16, "batch": 4, "steps": 2, "warmup": 1, "repeats": 1}
 
@@ -439,9 +449,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps: seconds")
     parser.add_argument("--out", type=Path, default=None, help="a results folder or a .json file")
     args = parser.parse_args()
-    if os.environ.get("MALLOC_ARENA_MAX") != "1":
-        # glibc reads it at start-up: one arena keeps the allocator's work alike for every variant
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "MALLOC_ARENA_MAX": "1"})
+    if any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
+        # glibc reads these at start-up (see MALLOC_ENV)
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
@@ -465,7 +475,7 @@ def main() -> None:
         "warmup_rounds": args.warmup,
         "smoke": args.smoke,
         "threads": torch.get_num_threads(),
-        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
+        "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
         "variants": list(VARIANTS),
         "skipped": skipped,
         "targets": {"inside_window ratio_to_bare_hooks": 1.02, "A/A": "within 0.01 of 1"},

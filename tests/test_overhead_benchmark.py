@@ -22,7 +22,8 @@ CPU_VARIANTS = {
 def test_overhead_smoke_times_every_variant_in_a_loop_and_a_trainer(tmp_path):
     # GIVEN a machine without CUDA (hidden, whatever the machine has)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT / "src")}
-    env.pop("MALLOC_ARENA_MAX", None)
+    for key in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        env.pop(key, None)
     # WHEN the benchmark runs at its smoke size
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--smoke", "--out", str(tmp_path)],
@@ -38,7 +39,12 @@ def test_overhead_smoke_times_every_variant_in_a_loop_and_a_trainer(tmp_path):
     assert written.name.startswith("overhead_cpu_") and written.suffix == ".json"
     result = json.loads(written.read_text())["result"]
     assert result["skipped"] == ["cuda: not available"]
-    assert result["malloc_arena_max"] == "1"  # it started itself again with one arena
+    # it started itself again with one arena and fixed mmap and trim thresholds
+    assert result["malloc_env"] == {
+        "MALLOC_ARENA_MAX": "1",
+        "MALLOC_MMAP_THRESHOLD_": "33554432",
+        "MALLOC_TRIM_THRESHOLD_": "17179869184",
+    }
     assert result["threads"] == 1
     (repeat,) = result["repeats"]
     assert len(repeat["loadavg_before"]) == 3 and len(repeat["loadavg_after"]) == 3

@@ -322,9 +322,9 @@ static int Packer_init(Packer *self, PyObject *args, PyObject *kwds) {
 #ifdef FRAME_INTERNALS
     if (PyCode_Check(call_code)) {
         PyCodeObject *co = (PyCodeObject *)call_code;
-        self->self_first = co->co_argcount >= 1 && co->co_ncellvars == 0 && co->co_nlocalsplus > 0 &&
-                           PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(co->co_localsplusnames, 0),
-                                                            "self") == 0;
+        self->self_first =
+            co->co_argcount >= 1 && co->co_ncellvars == 0 && co->co_nlocalsplus > 0 &&
+            PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(co->co_localsplusnames, 0), "self") == 0;
     }
 #endif
     return 0;

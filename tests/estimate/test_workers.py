@@ -45,6 +45,7 @@ def test_children_run_parallel_kernels_after_the_parent_did(monkeypatch):
 
 def test_a_failing_task_leaves_it_to_the_caller_here_or_in_a_child(monkeypatch):
     monkeypatch.setattr(workers, "_warm", False)
+
     def boom() -> int:
         raise RuntimeError("refused")
 

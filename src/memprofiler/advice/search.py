@@ -227,23 +227,18 @@ def combinations(
     frontier: list[tuple[Pick, ...]] = [(p,) for p in top]
     for _size in range(2, max_size + 1):
         grown: list[tuple[Pick, ...]] = []
-        est.prefetch(_grown(frontier, top))
-        for base in frontier:
-            for p in top:
-                if p.candidate.kind in {q.candidate.kind for q in base}:
-                    continue
-                picks = tuple(sorted((*base, p), key=lambda q: top.index(q)))
-                key = frozenset(q.candidate.name for q in picks)
-                if key in tried:
-                    continue
-                try:
-                    tried[key] = (picks, est.row(picks))
-                except (MemProfilerError, RuntimeError) as err:
-                    est.failed[" + ".join(sorted(key))] = (
-                        "could not be estimated: " + " ".join(str(err).split())[:300]
-                    )
-                    continue
-                grown.append(picks)
+        sets = [g for g in _grown(frontier, top) if frozenset(q.candidate.name for q in g) not in tried]
+        est.prefetch(sets)
+        for picks in sets:
+            key = frozenset(q.candidate.name for q in picks)
+            try:
+                tried[key] = (picks, est.row(picks))
+            except (MemProfilerError, RuntimeError) as err:
+                est.failed[" + ".join(sorted(key))] = (
+                    "could not be estimated: " + " ".join(str(err).split())[:300]
+                )
+                continue
+            grown.append(picks)
         fitting = [
             (picks, row)
             for picks, row in (tried[frozenset(q.candidate.name for q in g)] for g in grown)
@@ -261,7 +256,7 @@ def combinations(
 
 
 def _grown(frontier: list[tuple[Pick, ...]], top: list[Pick]) -> list[tuple[Pick, ...]]:
-    """The sets :func:`combinations` grows from ``frontier`` at its next size, in its order."""
+    """The sets of one more change grown from ``frontier`` (no two of a kind), each once, in order."""
     out: dict[frozenset[str], tuple[Pick, ...]] = {}
     for base in frontier:
         for p in top:

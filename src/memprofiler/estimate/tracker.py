@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memprofiler.estimate import accumulation
 from memprofiler.estimate.allocator.caching import AllocatorReplay, MirroredReplay
-from memprofiler.estimate.fake import grouped_mm
+from memprofiler.estimate.fake import grouped_mm, queries
 from memprofiler.estimate.fake import layouts as fake_layouts
 
 #: torch's reference types, by value, to the names an estimate reports.
@@ -200,6 +200,10 @@ class LedgerMixin(MemTracker):
             self._quiet_metadata.__exit__(*args)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is queries.DEVICE:
+            found = queries.device_of(args)
+            if found is not None:
+                return found
         self._op = func
         if func in _STAND_INS and args and is_fake(args[0]):
             func = _STAND_INS[func]

@@ -14,6 +14,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprofiler.estimate.fake import queries
+
 
 class OpHook:
     """What a part does around one op: :meth:`before` it runs, :meth:`after` it returned."""
@@ -40,6 +42,10 @@ class OpHooks(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        if func is queries.DEVICE:
+            found = queries.device_of(args)
+            if found is not None:
+                return found
         kwargs = kwargs or {}
         for hook in self._before:
             hook.before(func)

@@ -41,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memprofiler.estimate.fake import queries
 from memprofiler.estimate.part import Part
 
 #: The most elements a tensor may have to be kept with its real values (the batch's ids and masks,
@@ -133,6 +134,10 @@ class KnownData(TorchDispatchMode):
             return func(*tree_map(to_real, args), **tree_map(to_real, kwargs))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is queries.DEVICE:
+            found = queries.device_of(args)
+            if found is not None:
+                return found
         if any(getattr(t, "__name__", "") == "DTensor" for t in types):
             return NotImplemented  # FSDP2's DTensor runs first and brings its local ops back here
         kwargs = kwargs or {}

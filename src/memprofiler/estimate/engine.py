@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_map_only
 
 from memprofiler.errors import ConfigError
@@ -121,6 +123,11 @@ def _cast_meta(model: nn.Module, dtype: torch.dtype) -> list[list[ties.Place]]:
     return tied
 
 
+def _default_device_set() -> bool:
+    """Whether a default device is in force (``torch.set_default_device``, ``with torch.device``)."""
+    return any(isinstance(m, DeviceContext) for m in _get_current_function_mode_stack())
+
+
 def _materialize(model: nn.Module, device: str, tied: list[list[ties.Place]]) -> None:
     model.to_empty(device=device)
     ties.restore_ties(tied)
@@ -190,7 +197,13 @@ def _estimate_rank(
         tied = _cast_meta(model, strategies.param_dtype(plan.precision))
         # Tensors made with no device (a loss's constant, Adam's step count) go to the run
         # device, not to a default device the caller set (`torch.set_default_device("cuda")`).
-        with torch.device(where), mode if mode is not None else contextlib.nullcontext():
+        # Without a default device of the caller's (torch's is the CPU, the run device), no device
+        # mode is entered: each tensor method and attribute of the steps (92,000 in two 7B steps)
+        # would pass through it for nothing.
+        redirect = (
+            torch.device(where) if where != "cpu" or _default_device_set() else contextlib.nullcontext()
+        )
+        with redirect, mode if mode is not None else contextlib.nullcontext():
             _materialize(model, where, tied)
             fake_batch = _to_fake(batch, mode, where, strategies.input_dtype(plan.precision), copies=cuda)
             opt = _optimizer(model, plan)

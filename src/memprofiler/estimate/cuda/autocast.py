@@ -84,6 +84,15 @@ def _up(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype in _LOW else t
 
 
+#: Every name :func:`cast` may change the arguments of.
+_CAST_NAMES = FP32 | FP32_OUTPUT
+
+
+def casts(func: Any) -> bool:
+    """Whether :func:`cast` may change ``func``'s arguments (autocast on, ``func`` in its lists)."""
+    return _name(func) in _CAST_NAMES and torch.is_autocast_enabled("cpu")
+
+
 def cast(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args``/``kwargs`` as CUDA autocast would pass them to ``func`` (unchanged when autocast is off)."""
     if not torch.is_autocast_enabled("cpu"):

@@ -47,6 +47,10 @@ _RNN = {getattr(torch, name): name for name in GATES}
 _BACKWARD = (torch.Tensor.backward, torch.autograd.backward)
 
 
+#: The calls this mode routes or logs itself (autocast's casts aside).
+_ROUTED = frozenset([*_BACKWARD, *_SDPA, *_DROPOUT, F.batch_norm, *_RNN, *_RMS_NORM])
+
+
 def _run_backward(mode: TorchFunctionMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func`` (``Tensor.backward`` or ``torch.autograd.backward``) with ``mode`` on during the engine's run."""
     try:
@@ -115,6 +119,8 @@ class CudaDispatch(TorchFunctionMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
+        if func not in _ROUTED and not cuda_autocast.casts(func):
+            return func(*args, **kwargs)  # most calls (a tensor's attributes, every op): as they are
         if func in _BACKWARD:
             return _run_backward(self, func, args, kwargs)
         if func in _SDPA:

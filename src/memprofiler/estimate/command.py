@@ -120,10 +120,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--batch-size", "`auto` needs the device's memory: --gpu H100 or --device-memory 80GiB"
             )
-        for ckpt in variants:
-            found = searches[ckpt] = batch_search.search(
-                functools.partial(one, ckpt), plan.memory, plan.reserve, jobs=args.jobs
-            )
+        searches = batch_search.search_many(
+            {ckpt: functools.partial(one, ckpt) for ckpt in variants},
+            plan.memory,
+            plan.reserve,
+            jobs=args.jobs,
+        )
+        for ckpt, found in searches.items():
             rows += [(ckpt, found.tried[k]) for k in sorted(found.tried)]
         if not rows:
             raise ConfigError("--batch-size", "no batch size was estimated")

@@ -54,33 +54,39 @@ def prefetch(tasks: Sequence[Callable[[], T]], jobs: int | None = None) -> list[
     :func:`default_jobs`); ``None`` where a task failed or nothing was run (one task, one job,
     no ``fork``): the caller runs those itself.
 
-    Until this process has run an estimate itself, the first task runs here before any child is
-    forked: torch's caches that an estimate fills (the fake tensors' dispatch cache, DTensor's
-    sharding propagation, transformers' lazy imports) are then the children's too. A second
-    estimate of a 7B FSDP2 step in one process took 12.7 s of CPU where the first took 18.4 s.
+    Until this process has run an estimate itself, the first task runs here, beside ``jobs - 1``
+    children forked before it: torch's caches that an estimate fills (the fake tensors' dispatch
+    cache, DTensor's sharding propagation, transformers' lazy imports) are then the later
+    children's too. A second estimate of a 7B FSDP2 step in one process took 12.7 s of CPU
+    where the first took 18.4 s.
     """
     jobs = default_jobs() if jobs is None else jobs
     if len(tasks) < 2 or jobs < 2 or not hasattr(os, "fork"):
         return [None] * len(tasks)
     results: list[Any] = [None] * len(tasks)
     pending = list(enumerate(tasks))
-    if not _warm:
-        index, task = pending.pop(0)
-        try:
-            results[index] = task()
-        except Exception:
-            results[index] = None
+    here = pending.pop(0) if not _warm else None
     running: dict[int, tuple[int, int, list[bytes]]] = {}  # fd -> (index, pid, chunks)
     sel = selectors.DefaultSelector()
     sys.stdout.flush()
     sys.stderr.flush()
+
+    def start_children(slots: int) -> None:
+        while pending and len(running) < slots:
+            index, task = pending.pop(0)
+            fd, pid = _start(task)
+            running[fd] = (index, pid, [])
+            sel.register(fd, selectors.EVENT_READ)
+
     try:
+        if here is not None:  # the other cores start cold beside it; later children start warm
+            start_children(jobs - 1)
+            try:
+                results[here[0]] = here[1]()
+            except Exception:
+                results[here[0]] = None
         while pending or running:
-            while pending and len(running) < jobs:
-                index, task = pending.pop(0)
-                fd, pid = _start(task)
-                running[fd] = (index, pid, [])
-                sel.register(fd, selectors.EVENT_READ)
+            start_children(jobs)
             for key, _ in sel.select():
                 fd = int(key.fd)
                 index, pid, chunks = running[fd]

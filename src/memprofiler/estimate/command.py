@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace, checkpointing: bool) -> tuple[NamedModel, list[str]]:
     """The named model (with checkpointing on every block when asked) and its notes."""
     named = load_model(args.model)
-    notes: list[str] = []
+    notes = [f"model: {named.built}"] if named.built else []
     if checkpointing:
         notes.append(named.checkpoint())
     if named.takes_labels:

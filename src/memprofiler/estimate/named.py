@@ -33,6 +33,12 @@ class NamedModel:
     """``forward`` has a ``labels`` argument: the batch passes the ids as labels, the model's
     own loss is trained (transformers' causal LM loss: shifted cross-entropy)."""
     huggingface: bool
+    encoder_decoder: bool = False
+    """An encoder-decoder (T5, BART): the decoder gets the same ids (``decoder_input_ids``), so no
+    start token is needed to shift the labels right."""
+    built: str = ""
+    """How the model was built, for the notes (``T5ForConditionalGeneration, transformers'
+    AutoModelForSeq2SeqLM.from_config``); empty for ``module:factory``."""
 
     def batch(self, rows: int, seq_len: int) -> Any:
         """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels)."""
@@ -43,11 +49,16 @@ class NamedModel:
                 "no token batch can be made; estimate it from Python with `estimate_memory(model, batch, ...)`",
             )
         ids = torch.randint(0, self.vocab_size, (rows, seq_len))
-        return {"input_ids": ids, "labels": ids} if self.takes_labels else ids
+        batch = {"input_ids": ids}
+        if self.encoder_decoder:
+            batch["decoder_input_ids"] = ids
+        if self.takes_labels:
+            batch["labels"] = ids
+        return batch if len(batch) > 1 else ids
 
     def loss_fn(self) -> engine.LossFn:
         """The model's own loss when it takes labels, else the output reduced to a scalar."""
-        if self.takes_labels:
+        if self.takes_labels or self.encoder_decoder:
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
 
@@ -59,10 +70,15 @@ class NamedModel:
         """
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        enable = getattr(self.model, "gradient_checkpointing_enable", None)
-        if self.huggingface and callable(enable):
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return "activation checkpointing: transformers' gradient_checkpointing_enable (non-reentrant)"
+        # transformers 5.24 renamed gradient_checkpointing_enable (kept, with a FutureWarning, until v6)
+        for name, kwarg in (
+            ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+            ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+        ):
+            enable = getattr(self.model, name, None)
+            if self.huggingface and callable(enable):
+                enable(**{kwarg: {"use_reentrant": False}})
+                return f"activation checkpointing: transformers' {name} (non-reentrant)"
         lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m)]
         if not lists:
             raise ConfigError(
@@ -134,13 +150,28 @@ def _from_config(spec: str, path: Path) -> NamedModel:
         config = transformers.AutoConfig.for_model(**raw)
     except (ValueError, KeyError) as err:
         raise ConfigError(KEY, f"{file}: transformers cannot read it ({err})") from None
-    with torch.device("meta"):
-        try:  # a causal LM trains on its own loss; an encoder without a head is still estimated
-            model: nn.Module = transformers.AutoModelForCausalLM.from_config(config)
-        except ValueError:
-            model = transformers.AutoModel.from_config(config)
+    model, auto = _build(transformers, config)
     vocab = getattr(config, "vocab_size", None)
-    return NamedModel(model, spec, vocab if isinstance(vocab, int) else None, _takes_labels(model), True)
+    built = f"{type(model).__name__}, transformers' {auto}.from_config"
+    pair = bool(getattr(config, "is_encoder_decoder", False))
+    return NamedModel(
+        model, spec, vocab if isinstance(vocab, int) else None, _takes_labels(model), True, pair, built
+    )
+
+
+#: The heads tried in order: a causal LM and an encoder-decoder (T5, BART) train on their own loss
+#: from ``labels``; a model with neither head (an encoder) is still estimated, its output summed.
+HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel")
+
+
+def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
+    with torch.device("meta"):
+        for auto in HEADS[:-1]:
+            try:
+                return getattr(transformers, auto).from_config(config), auto
+            except ValueError:  # the config's model type has no such head
+                continue
+        return transformers.AutoModel.from_config(config), HEADS[-1]
 
 
 def _takes_labels(model: nn.Module) -> bool:

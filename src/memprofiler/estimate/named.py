@@ -7,6 +7,7 @@ import importlib
 import inspect
 import json
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,21 @@ class NamedModel:
     """How the model was built, for the notes (``T5ForConditionalGeneration, transformers'
     AutoModelForSeq2SeqLM.from_config``); empty for ``module:factory``."""
 
+    input_shape: tuple[int, ...] | None = None
+    """``--input-shape``: each row is a float32 tensor of this shape (an image: ``3, 224, 224``)
+    in place of token ids; the output is reduced to a scalar."""
+
     def batch(self, rows: int, seq_len: int) -> Any:
-        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels)."""
+        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels), or of
+        ``rows`` float32 inputs of :attr:`input_shape`."""
+        if self.input_shape is not None:
+            return torch.randn(rows, *self.input_shape)
         if self.vocab_size is None:
             raise ConfigError(
                 KEY,
                 f"{self.name}: the model names no vocabulary (`config.vocab_size` or `vocab_size`), so "
-                "no token batch can be made; estimate it from Python with `estimate_memory(model, batch, ...)`",
+                "no token batch can be made; give the shape of one input row (`--input-shape 3,224,224` "
+                "for images), or estimate it from Python with `estimate_memory(model, batch, ...)`",
             )
         ids = torch.randint(0, self.vocab_size, (rows, seq_len))
         batch = {"input_ids": ids}
@@ -58,7 +67,7 @@ class NamedModel:
 
     def loss_fn(self) -> engine.LossFn:
         """The model's own loss when it takes labels, else the output reduced to a scalar."""
-        if self.takes_labels or self.encoder_decoder:
+        if self.input_shape is None and (self.takes_labels or self.encoder_decoder):
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
 
@@ -117,10 +126,23 @@ def load_model(spec: str) -> NamedModel:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise ConfigError(KEY, f"{spec!r}: cannot import it ({err})") from None
+    except Exception as err:  # the user's module ran code at import that failed
+        raise ConfigError(
+            KEY,
+            f"{spec!r}: importing `{module}` raised {_where(err)}; a module that trains when imported "
+            'needs `if __name__ == "__main__":` around that code (or put the factory in a module of its own)',
+        ) from None
     if not callable(factory):
         raise ConfigError(KEY, f"{spec!r} is not callable; give a function or class that returns the model")
     with torch.device("meta"):
-        model = factory()
+        try:
+            model = factory()
+        except Exception as err:
+            raise ConfigError(
+                KEY,
+                f"{spec!r}: calling it raised {_where(err)}; give a function or class that builds the model "
+                "with no arguments",
+            ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(KEY, f"{spec!r} returned {type(model).__name__}, not an nn.Module")
     config = getattr(model, "config", None)
@@ -172,6 +194,16 @@ def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
             except ValueError:  # the config's model type has no such head
                 continue
         return transformers.AutoModel.from_config(config), HEADS[-1]
+
+
+def _where(err: BaseException) -> str:
+    """``ValueError: bad value (train.py:30)``: the error and the last frame of the user's it was
+    raised from (none where it was raised calling the factory, a wrong signature)."""
+    ours = str(Path(__file__).parents[1])
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(ours)]
+    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ") + at
 
 
 def _takes_labels(model: nn.Module) -> bool:

@@ -87,6 +87,7 @@ class NamedModel:
             enable = getattr(self.model, name, None)
             if self.huggingface and callable(enable):
                 enable(**{kwarg: {"use_reentrant": False}})
+                _no_cache(self.model)
                 return f"activation checkpointing: transformers' {name} (non-reentrant)"
         lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m)]
         if not lists:
@@ -97,6 +98,15 @@ class NamedModel:
         for i in range(len(blocks)):
             blocks[i] = checkpoint_wrapper(blocks[i])
         return f"activation checkpointing: checkpoint_wrapper on each of {len(blocks)} blocks"
+
+
+def _no_cache(model: nn.Module) -> None:
+    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
+    training forward, where it warned once per process (once per estimate run side by side)."""
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
 
 
 def load_model(spec: str) -> NamedModel:

@@ -192,6 +192,17 @@ def test_nll_copies_only_what_is_not_contiguous() -> None:
     assert loss_scratch._nll_backward(call) == [[B * 1000 * 4]]
 
 
+def test_nll2d_copies_a_channels_last_input_where_it_reduces() -> None:
+    # GIVEN 2-D log-probabilities (B, C, H, W) in channels-last order and their (B, H, W) targets
+    logp = torch.empty(B, 8, 16, 16, device="meta").to(memory_format=torch.channels_last)
+    target = torch.zeros(B, 16, 16, dtype=torch.long, device="meta")
+    # THEN the forward copies the input where it reduces (mean), not with reduction none
+    mean = loss_scratch._Call((logp, target, None, 1, -100), {}, None, H200)
+    none = loss_scratch._Call((logp, target, None, 0, -100), {}, None, H200)
+    assert loss_scratch._nll2d(mean) == [[B * 8 * 16 * 16 * 4]]
+    assert loss_scratch._nll2d(none) == []
+
+
 def test_mixed_precision_mse_runs_in_float32_as_cuda_autocast_runs_it() -> None:
     # GIVEN a Linear whose output is bfloat16 under bf16-mixed; CUDA autocast runs mse_loss in float32
     with torch.device("meta"):

@@ -23,7 +23,9 @@ code, and their allocations, measured on real CPU tensors with torch 2.13, are t
   output.
 - ``nll_loss_forward`` / ``nll_loss_backward`` (``native/cuda/Loss.cu``): contiguous copies
   (``expect_contiguous``) of the input, the target, the weight and, in backward, of the output
-  gradient, where they are not contiguous; none for ``cross_entropy``, whose log-softmax is.
+  gradient, where they are not contiguous; ``nll_loss2d_forward`` (``LossNLL2d.cu``) copies the
+  input and the target where it reduces, its backward the target; the weight always. None for
+  ``cross_entropy``, whose log-softmax output is contiguous.
 
 Each reduction also takes the staging buffer and semaphores of CUDA's reduction kernel over the
 temporary (:mod:`memprofiler.estimate.cuda.reduce_scratch`). ``mse_loss_backward``,
@@ -55,6 +57,8 @@ SOFT_MARGIN_BWD = _aten.soft_margin_loss_backward.default
 BCE_LOGITS = _aten.binary_cross_entropy_with_logits.default
 NLL = _aten.nll_loss_forward.default
 NLL_BWD = _aten.nll_loss_backward.default
+NLL2D = _aten.nll_loss2d_forward.default
+NLL2D_BWD = _aten.nll_loss2d_backward.default
 CATEGORY = "loss"
 
 
@@ -165,6 +169,20 @@ def _nll_backward(c: _Call) -> list[list[int]]:
     return [copies] if copies else []
 
 
+def _nll2d(c: _Call) -> list[list[int]]:
+    weight = _arg(c.args, c.kwargs, 2, "weight")
+    reduces = c.reduction(3) != NONE
+    copies = _copies(*((c.args[0], c.args[1]) if reduces else ()), weight)
+    return [copies] if copies else []
+
+
+def _nll2d_backward(c: _Call) -> list[list[int]]:
+    weight = _arg(c.args, c.kwargs, 3, "weight")
+    reduces = c.reduction(4) != NONE
+    copies = _copies(*((c.args[2],) if reduces else ()), weight)
+    return [copies] if copies else []
+
+
 #: Each loss op whose CUDA kernel allocates temporaries inside itself -> (its name, its phases).
 RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
     loss_outputs.MSE: ("mse_loss", _binary),
@@ -176,6 +194,8 @@ RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
     BCE_LOGITS: ("binary_cross_entropy_with_logits", _bce_with_logits),
     NLL: ("nll_loss", _nll),
     NLL_BWD: ("nll_loss backward", _nll_backward),
+    NLL2D: ("nll_loss2d", _nll2d),
+    NLL2D_BWD: ("nll_loss2d backward", _nll2d_backward),
 }
 
 

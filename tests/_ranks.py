@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from _env import subprocess_env
 
@@ -58,3 +60,15 @@ def launch(
             if p.poll() is None:
                 p.kill()
     return results
+
+
+def rank_results(module: str | Path, call: str, out: Path, world: int = 2, timeout: float = 240) -> list[Any]:
+    """Run ``call`` (``_worker(...)``) of the test module ``module`` on ``world`` gloo ranks, where
+    each rank writes ``out/rank<r>.json``; what they wrote, rank by rank. A rank that fails fails
+    the test with the end of its output."""
+    module = Path(module)
+    out.mkdir(parents=True, exist_ok=True)
+    code = f"import sys; sys.path.insert(0, {str(module.parent)!r}); import {module.stem} as t; t.{call}"
+    for done in launch(lambda rank: ["-c", code], world, timeout):
+        assert done.returncode == 0, done.stdout[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]

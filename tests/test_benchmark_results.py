@@ -4,7 +4,6 @@ and every result the docs cite is there."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -13,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
-# Loaded by path: benchmarks/ on sys.path would shadow tests' packages (benchmarks/estimate.py).
-_spec = importlib.util.spec_from_file_location("_emit", ROOT / "benchmarks" / "_emit.py")
-assert _spec is not None and _spec.loader is not None
-_emit = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_emit)
+_emit = load_script("benchmarks/_emit.py")
 
 RESULTS = ROOT / "benchmarks" / "results"
 CITED = re.compile(r"benchmarks/results/([A-Za-z0-9_.*-]+)")

@@ -3,23 +3,18 @@ variant on both models and records them in the one result schema."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
+
+from _scripts import load_script
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "gpu_call_cost.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gpu_call_cost", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_call_cost"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/gpu_call_cost.py")
 
 
 def test_the_dry_run_times_each_part_and_every_variant_on_both_models(tmp_path):

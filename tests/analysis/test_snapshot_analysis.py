@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
 from memprofiler.analysis.snapshot.summary import NO_STACK, analyze, load_snapshot
 from memprofiler.errors import ArtifactError
 from snapshot_fixtures import KNOWN, ROUND_BASE, KiB, known_snapshot, rounded_snapshot, trace_only_snapshot
@@ -206,15 +207,8 @@ def test_full_resolution_timeline_is_the_state_after_every_entry():
 
 
 def _benchmark_generator():
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).parents[2] / "benchmarks" / "snapshot_analysis.py"
-    spec = importlib.util.spec_from_file_location("bench_snapshot_analysis", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_snapshot
+    return load_script("benchmarks/snapshot_analysis.py", "bench_snapshot_analysis").make_snapshot
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

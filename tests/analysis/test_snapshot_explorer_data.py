@@ -292,3 +292,34 @@ def test_cli_writes_an_explorer_for_two_devices_at_every_protocol(tmp_path, prot
     assert [(d["device"], d["peak"]) for d in meta["devices"]] == [(0, KNOWN["peak_allocated"]), (1, 300)]
     # and names nothing to fetch (the svg namespace URI is no request)
     assert not re.search(r"(src|href|import)\W+['\"]?https?:", html)
+
+
+def test_level_of_detail_bands_equal_a_direct_count_where_levels_hold_no_block():
+    # GIVEN 1,000 instants and blocks living 1, 20 and 600 entries (levels 0, 4 and 9: the
+    # levels between hold no block) and one too small to draw
+    from memprofiler.analysis.snapshot.replay import DeviceReplay
+
+    m = 1000
+    blocks = [(5, 6, 100), (7, 27, 300), (100, 700, 500), (-1, 1000, 7), (400, 401, 1000), (990, 1000, 50)]
+    start, end, size = (np.array([b[k] for b in blocks], dtype=np.int64) for k in range(3))
+    none = np.zeros(0, dtype=np.int64)
+    rep = DeviceReplay(
+        0, m, m, start, end, size, size * 0, size * 0, size * 0, none, none, none, none, none, none
+    )
+    # WHEN the level of detail is cut for a peak of 2048 * 10 bytes (threshold 10)
+    lod = level_of_detail(rep, 2048 * 10)
+    assert lod.level.tolist() == [0, 4, 9, -1, 0, 3]
+    # THEN each level's band is, per bucket, the most bytes live in blocks not drawn at that level
+    s = np.maximum(start, 0)
+    for lv in range(len(lod.offsets) - 1):
+        banded = [
+            sum(
+                int(z)
+                for a, e, z, lv_b in zip(s, end, size, lod.level, strict=True)
+                if a <= t < e and lv_b < lv
+            )
+            for t in range(m)
+        ]
+        width = 1 << lv
+        want = [max(banded[k : k + width]) for k in range(0, m, width)]
+        assert lod.band[lod.offsets[lv] : lod.offsets[lv + 1]].tolist() == want

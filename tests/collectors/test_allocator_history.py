@@ -15,6 +15,7 @@ import torch
 import yaml
 from torch import nn
 
+from _scripts import load_script
 from conftest import make_trainer, step_trainer
 from fake_cuda import SEGMENT_ADDR, FakeCudaBackend, load_fixture
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
@@ -646,14 +647,9 @@ def test_record_real_fixture(tmp_path):
 def test_benchmark_skips_cleanly_without_cuda(capsys, monkeypatch):
     # GIVEN the GPU benchmark on a machine without CUDA (whatever this machine has)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    import importlib.util
     import json
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "allocator_history.py"
-    spec = importlib.util.spec_from_file_location("bench_allocator_history", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("benchmarks/allocator_history.py", "bench_allocator_history")
     # WHEN it runs THEN it exits 0 with one JSON line saying why it skipped
     assert bench.main([]) == 0
     assert json.loads(capsys.readouterr().out) == {"skipped": "no CUDA"}

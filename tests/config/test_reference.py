@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import typing
 from pathlib import Path
 
 import yaml
 
+from _scripts import load_script
 from memprofiler.config import MemProfilerConfig
 from memprofiler.config.reference import config_fields, default_yaml, field_docstrings, render_markdown
 
@@ -66,10 +66,7 @@ def test_the_default_yaml_loads_back_into_the_default_config() -> None:
 
 
 def test_the_docs_hook_expands_every_marker() -> None:
-    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "tools" / "mkdocs_hooks.py")
-    assert spec is not None and spec.loader is not None
-    hooks = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hooks)
+    hooks = load_script("tools/mkdocs_hooks.py")
     page = (ROOT / "docs" / "reference" / "config.md").read_text()
     out = hooks.expand(page + "\n<!-- memprofiler-help check -->\n")
     assert "<!--" not in out

@@ -227,3 +227,34 @@ def test_a_mirrored_replay_serves_the_same_requests_with_what_if_sizes_from_its_
     r.free(1)
     r.free(3)
     assert r.mirror.allocated == 0
+
+
+def test_a_free_arriving_while_a_request_is_served_waits_for_it(monkeypatch):
+    # GIVEN two 4 MiB blocks and the 12 MiB rest of their 20 MiB segment, and a 6 MiB request
+    # during which a garbage collection ends the block beside that rest (the tracker's
+    # weak-reference callback frees its storage from inside the replay's own code)
+    def replay(reentrant: bool) -> AllocatorReplay:
+        r = AllocatorReplay()
+        r.alloc(1, 4 * MiB)
+        r.alloc(2, 4 * MiB)
+        if reentrant:
+            split = r._split
+
+            def collected_meanwhile(*args: object) -> None:
+                r.free(2)  # arrives while the rest is taken out of the free blocks and split
+                split(*args)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(r, "_split", collected_meanwhile)
+        r.alloc(3, 6 * MiB)
+        if not reentrant:
+            r.free(2)
+        r.free(1)
+        r.alloc(4, 8 * MiB)
+        return r
+
+    # THEN the pools are as when the free comes after the request, never changed halfway (the
+    # free merged the block with the one being served: "free block ... is not in its pool's index")
+    together, after = replay(True), replay(False)
+    assert together.layout() == after.layout()
+    assert (together.peak_allocated, together.peak_reserved) == (after.peak_allocated, after.peak_reserved)
+    assert together.allocated == after.allocated == 14 * MiB

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from _scripts import load_script
 from memprofiler.analysis.snapshot.summary import load_snapshot
 from memprofiler.estimate.allocator.caching import (
     NO_LIMIT,
@@ -249,16 +250,10 @@ def test_allocator_settings_become_the_models_config():
 
 
 def test_the_check_tool_prints_the_figures_and_fails_on_a_file_that_does_not_rewind(tmp_path, capsys):
-    import importlib.util
     import json
     import pickle
 
-    spec = importlib.util.spec_from_file_location(
-        "allocator_check", FIX.parents[1] / "tools" / "allocator_check.py"
-    )
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_script("tools/allocator_check.py")
 
     assert tool.main([str(OOM)]) == 0
     out = json.loads(capsys.readouterr().out)

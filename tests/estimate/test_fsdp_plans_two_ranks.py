@@ -21,10 +21,6 @@ in-place all-reduce of the input, then the rank's chunk copied out): its peak is
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -33,6 +29,7 @@ import pytest
 import torch
 from torch import nn
 
+from _ranks import rank_results
 from memprofiler.estimate import EstimatePlan, estimate_plan
 
 HERE = Path(__file__).resolve()
@@ -179,37 +176,12 @@ def _worker(out: str, name: str, reduce_scatter: str = "gloo") -> None:  # pragm
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_peaks(
     tmp_path: Path, name: str, world_size: int = 2, reduce_scatter: str = "gloo"
 ) -> dict[str, int]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    env["WORLD_SIZE"] = str(world_size)
-    src = str(HERE.parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, str(HERE.parent), env.get("PYTHONPATH", "")])
-    code = (
-        f"import test_fsdp_plans_two_ranks as t; t._worker({str(tmp_path)!r}, {name!r}, {reduce_scatter!r})"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world_size)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, out[-2000:]
-    return {k: int(v) for k, v in json.loads((tmp_path / "rank0.json").read_text()).items()}
+    call = f"_worker({str(tmp_path)!r}, {name!r}, {reduce_scatter!r})"
+    done = rank_results(HERE, call, tmp_path, world=world_size)
+    return {k: int(v) for k, v in done[0].items()}
 
 
 def _plan(name: str, **extra: Any) -> EstimatePlan:

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from _ranks import rank_results
 from memprofiler.estimate import estimate_memory
 
 HERE = Path(__file__).resolve()
@@ -72,31 +69,8 @@ def _worker(out: str) -> None:  # pragma: no cover - runs in the subprocesses
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_peak(tmp_path: Path) -> int:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    src = str(HERE.parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join([src, str(HERE.parent), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", f"import test_fsdp_two_ranks as t; t._worker({str(tmp_path)!r})"],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, out[-2000:]
-    return int(json.loads((tmp_path / "rank0.json").read_text())["peak"])
+    return int(rank_results(HERE, f"_worker({str(tmp_path)!r})", tmp_path)[0]["peak"])
 
 
 @pytest.mark.slow

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
+
+from _scripts import load_script
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "gpu_fsdp_scale.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("gpu_fsdp_scale", TOOL)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_fsdp_scale"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("tools/gpu_fsdp_scale.py")
 
 
 def test_the_cpu_dry_run_holds_rank_0s_share_of_every_parameter(tmp_path):

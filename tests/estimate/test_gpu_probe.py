@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _scripts import load_script
+
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 MiB = 1 << 20
 
@@ -489,10 +491,7 @@ def test_a_kept_trace_drops_the_frames_and_replays_to_the_same_figures(tmp_path:
     assert {k: v for k, v in again.items() if k != "seconds"} == {
         k: v for k, v in first.items() if k != "seconds"
     }
-    spec = importlib.util.spec_from_file_location("allocator_check", TOOLS / "allocator_check.py")
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_script("tools/allocator_check.py")
     assert tool.main([str(path)]) == 0  # the model decides every allocation as the (synthetic) allocator
 
 
@@ -576,10 +575,7 @@ def test_a_bf16_mixed_dry_run_runs_forward_under_autocast_on_both_sides() -> Non
 
 
 def test_a_probe_spec_names_the_model_its_attention_and_its_precision() -> None:
-    spec = importlib.util.spec_from_file_location("gpu_estimate_peak", TOOLS / "gpu_estimate_peak.py")
-    assert spec is not None and spec.loader is not None
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_script("tools/gpu_estimate_peak.py")
     assert probe.parse_spec("t5:eager") == ("t5", "eager", "32-true")
     assert probe.parse_spec("llama%bf16-mixed@alt") == ("llama", None, "bf16-mixed")
     assert probe.tag_of("llama:sdpa%bf16-mixed") == "llama_sdpa_bf16-mixed"

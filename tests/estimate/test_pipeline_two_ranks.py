@@ -4,10 +4,6 @@ stage equals a real 2-process gloo run's live tensor bytes on each rank (``tests
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from _ranks import rank_results
 
 HERE = Path(__file__).resolve()
 STEPS = 2
@@ -164,34 +162,9 @@ def _worker(out: str, schedule: str, kind: str) -> None:  # pragma: no cover - r
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_peaks(tmp_path: Path, schedule: str, kind: str = "mlp") -> list[int]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    src = str(HERE.parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [src, str(HERE.parent), str(HERE.parents[1]), env.get("PYTHONPATH", "")]
-    )
-    code = f"import test_pipeline_two_ranks as t; t._worker({str(tmp_path)!r}, {schedule!r}, {kind!r})"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, out[-3000:]
-    return [int(json.loads((tmp_path / f"rank{r}.json").read_text())["peak"]) for r in range(2)]
+    done = rank_results(HERE, f"_worker({str(tmp_path)!r}, {schedule!r}, {kind!r})", tmp_path)
+    return [int(rank["peak"]) for rank in done]
 
 
 #: Live tensor bytes per rank of the real 2-process gloo runs (``_real_peaks``, torch 2.13); the

@@ -4,10 +4,6 @@ mesh: the estimate equals a real 2-rank gloo run's live tensor bytes (``tests/ce
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from _ranks import rank_results
 
 HERE = Path(__file__).resolve()
 STEPS = 2
@@ -122,33 +120,8 @@ def _worker(out: str, plan: str) -> None:  # pragma: no cover - runs in the subp
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _real_peak(tmp_path: Path, plan: str) -> int:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2"}
-    src = str(HERE.parents[2] / "src")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [src, str(HERE.parent), str(HERE.parents[1]), env.get("PYTHONPATH", "")]
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", f"import test_tp_two_ranks as t; t._worker({str(tmp_path)!r}, {plan!r})"],
-            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        assert p.returncode == 0, out[-2000:]
-    return int(json.loads((tmp_path / "rank0.json").read_text())["peak"])
+    return int(rank_results(HERE, f"_worker({str(tmp_path)!r}, {plan!r})", tmp_path)[0]["peak"])
 
 
 def _estimate(plan: str, device: str = "cpu"):

@@ -49,6 +49,24 @@ def test_a_rise_over_the_allowed_percent_fails_with_both_figures(inner):
     )
 
 
+def test_a_rise_of_a_block_counts_its_submodules(inner):
+    # GIVEN a rise allowed on `net`, whose layers saved 192 KiB at width 256 (its own share: nothing)
+    test = TEST.replace('saved_tensors="{limit}"', '"saved_tensors.by_module.net=+10%"')
+    inner.write("test_grow", test.format(width=256))
+    inner.run("--memprofiler-dir", "base")
+    # WHEN the test, now at width 512, runs against it
+    inner.write("test_grow", test.format(width=512))
+    result = inner.run("--memprofiler-baseline", "base")
+    # THEN the block's rise of 64 KiB fails it
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "memory_budget: saved_tensors.by_module.net = 256.00 KiB (262,144), "
+            "baseline 192.00 KiB (196,608): +64.00 KiB, +33.3%*"
+        ]
+    )
+
+
 @pytest.mark.parametrize(
     ("limit", "passed"), [("+34%", True), ("+33%", False), ("+64KiB", True), ("+63KiB", False)]
 )

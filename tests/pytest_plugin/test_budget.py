@@ -61,6 +61,34 @@ def test_first_linear():
     assert "saved_tensors.count =" not in result.stdout.str()
 
 
+def test_a_budget_on_a_block_counts_its_submodules(inner):
+    # GIVEN a budget on `net`, the container whose layers saved 3 x 64 KiB (its own share: nothing),
+    # the figure the report's "by block" row gives it
+    inner.write(
+        "test_block",
+        """
+@pytest.mark.memory_budget("saved_tensors.by_module.net=128KiB")
+def test_over():
+    step()
+
+@pytest.mark.memory_budget("saved_tensors.by_module.net=192KiB")
+def test_at():
+    step()
+""",
+    )
+    # WHEN the suite runs
+    result = inner.run()
+    # THEN the block's 192 KiB are checked, not its own share of 0 (which passed any budget)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "memory_budget: saved_tensors.by_module.net = 192.00 KiB (196,608) (the module with its "
+            "submodules), over budget 128.00 KiB (131,072); top modules by saved bytes: net.0 64.00 KiB, "
+            "net.1 64.00 KiB, net.3 64.00 KiB",
+        ]
+    )
+
+
 def test_rss_transient_of_256mib_fails_a_128mib_budget_and_16mib_passes(inner):
     # GIVEN a 256 MiB and a 16 MiB transient host buffer (pages written, then freed)
     inner.write(

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import json
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,21 +34,40 @@ class NamedModel:
     """``forward`` has a ``labels`` argument: the batch passes the ids as labels, the model's
     own loss is trained (transformers' causal LM loss: shifted cross-entropy)."""
     huggingface: bool
+    encoder_decoder: bool = False
+    """An encoder-decoder (T5, BART): the decoder gets the same ids (``decoder_input_ids``), so no
+    start token is needed to shift the labels right."""
+    built: str = ""
+    """How the model was built, for the notes (``T5ForConditionalGeneration, transformers'
+    AutoModelForSeq2SeqLM.from_config``); empty for ``module:factory``."""
+
+    input_shape: tuple[int, ...] | None = None
+    """``--input-shape``: each row is a float32 tensor of this shape (an image: ``3, 224, 224``)
+    in place of token ids; the output is reduced to a scalar."""
 
     def batch(self, rows: int, seq_len: int) -> Any:
-        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels)."""
+        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels), or of
+        ``rows`` float32 inputs of :attr:`input_shape`."""
+        if self.input_shape is not None:
+            return torch.randn(rows, *self.input_shape)
         if self.vocab_size is None:
             raise ConfigError(
                 KEY,
                 f"{self.name}: the model names no vocabulary (`config.vocab_size` or `vocab_size`), so "
-                "no token batch can be made; estimate it from Python with `estimate_memory(model, batch, ...)`",
+                "no token batch can be made; give the shape of one input row (`--input-shape 3,224,224` "
+                "for images), or estimate it from Python with `estimate_memory(model, batch, ...)`",
             )
         ids = torch.randint(0, self.vocab_size, (rows, seq_len))
-        return {"input_ids": ids, "labels": ids} if self.takes_labels else ids
+        batch = {"input_ids": ids}
+        if self.encoder_decoder:
+            batch["decoder_input_ids"] = ids
+        if self.takes_labels:
+            batch["labels"] = ids
+        return batch if len(batch) > 1 else ids
 
     def loss_fn(self) -> engine.LossFn:
         """The model's own loss when it takes labels, else the output reduced to a scalar."""
-        if self.takes_labels:
+        if self.input_shape is None and (self.takes_labels or self.encoder_decoder):
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
 
@@ -59,19 +79,45 @@ class NamedModel:
         """
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        enable = getattr(self.model, "gradient_checkpointing_enable", None)
-        if self.huggingface and callable(enable):
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return "activation checkpointing: transformers' gradient_checkpointing_enable (non-reentrant)"
-        lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m)]
-        if not lists:
+        # transformers 5.24 renamed gradient_checkpointing_enable (kept, with a FutureWarning, until v6)
+        for name, kwarg in (
+            ("activation_checkpointing_enable", "activation_checkpointing_kwargs"),
+            ("gradient_checkpointing_enable", "gradient_checkpointing_kwargs"),
+        ):
+            enable = getattr(self.model, name, None)
+            if self.huggingface and callable(enable):
+                enable(**{kwarg: {"use_reentrant": False}})
+                _no_cache(self.model)
+                return f"activation checkpointing: transformers' {name} (non-reentrant)"
+        # the blocks: the largest nn.ModuleList, else the largest nn.Sequential (a model built of
+        # Sequentials, as torchvision's are)
+        for kind in (nn.ModuleList, nn.Sequential):
+            lists = [(n, m) for n, m in self.model.named_modules() if type(m) is kind and len(m) > 1]
+            if lists:
+                break
+        else:
             raise ConfigError(
-                "--checkpointing", f"{self.name}: no nn.ModuleList of blocks to wrap in checkpoint_wrapper"
+                "--checkpointing",
+                f"{self.name}: no nn.ModuleList or nn.Sequential of blocks to wrap in checkpoint_wrapper; "
+                "checkpoint the model in its factory and leave out --checkpointing",
             )
-        blocks = max(lists, key=len)
+        name, blocks = max(lists, key=lambda nm: len(nm[1]))
         for i in range(len(blocks)):
             blocks[i] = checkpoint_wrapper(blocks[i])
-        return f"activation checkpointing: checkpoint_wrapper on each of {len(blocks)} blocks"
+        where = f"`{name}`" if name else "the model"
+        return (
+            f"activation checkpointing: checkpoint_wrapper on each of the {len(blocks)} items of {where} "
+            f"({type(blocks).__name__})"
+        )
+
+
+def _no_cache(model: nn.Module) -> None:
+    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
+    training forward, where it warned once per process (once per estimate run side by side)."""
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
 
 
 def load_model(spec: str) -> NamedModel:
@@ -101,10 +147,23 @@ def load_model(spec: str) -> NamedModel:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise ConfigError(KEY, f"{spec!r}: cannot import it ({err})") from None
+    except Exception as err:  # the user's module ran code at import that failed
+        raise ConfigError(
+            KEY,
+            f"{spec!r}: importing `{module}` raised {_where(err)}; a module that trains when imported "
+            'needs `if __name__ == "__main__":` around that code (or put the factory in a module of its own)',
+        ) from None
     if not callable(factory):
         raise ConfigError(KEY, f"{spec!r} is not callable; give a function or class that returns the model")
     with torch.device("meta"):
-        model = factory()
+        try:
+            model = factory()
+        except Exception as err:
+            raise ConfigError(
+                KEY,
+                f"{spec!r}: calling it raised {_where(err)}; give a function or class that builds the model "
+                "with no arguments",
+            ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(KEY, f"{spec!r} returned {type(model).__name__}, not an nn.Module")
     config = getattr(model, "config", None)
@@ -134,13 +193,38 @@ def _from_config(spec: str, path: Path) -> NamedModel:
         config = transformers.AutoConfig.for_model(**raw)
     except (ValueError, KeyError) as err:
         raise ConfigError(KEY, f"{file}: transformers cannot read it ({err})") from None
-    with torch.device("meta"):
-        try:  # a causal LM trains on its own loss; an encoder without a head is still estimated
-            model: nn.Module = transformers.AutoModelForCausalLM.from_config(config)
-        except ValueError:
-            model = transformers.AutoModel.from_config(config)
+    model, auto = _build(transformers, config)
     vocab = getattr(config, "vocab_size", None)
-    return NamedModel(model, spec, vocab if isinstance(vocab, int) else None, _takes_labels(model), True)
+    built = f"{type(model).__name__}, transformers' {auto}.from_config"
+    pair = bool(getattr(config, "is_encoder_decoder", False))
+    return NamedModel(
+        model, spec, vocab if isinstance(vocab, int) else None, _takes_labels(model), True, pair, built
+    )
+
+
+#: The heads tried in order: a causal LM and an encoder-decoder (T5, BART) train on their own loss
+#: from ``labels``; a model with neither head (an encoder) is still estimated, its output summed.
+HEADS = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModel")
+
+
+def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
+    with torch.device("meta"):
+        for auto in HEADS[:-1]:
+            try:
+                return getattr(transformers, auto).from_config(config), auto
+            except ValueError:  # the config's model type has no such head
+                continue
+        return transformers.AutoModel.from_config(config), HEADS[-1]
+
+
+def _where(err: BaseException) -> str:
+    """``ValueError: bad value (train.py:30)``: the error and the last frame of the user's it was
+    raised from (none where it was raised calling the factory, a wrong signature)."""
+    ours = str(Path(__file__).parents[1])
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(ours)]
+    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ") + at
 
 
 def _takes_labels(model: nn.Module) -> bool:

@@ -64,11 +64,80 @@ def render_table(
         table.add_row(*row)
     console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
     console.print(table)
-    notes = list(dict.fromkeys(n for est in results for n in est.notes))  # first seen first: the target
-    lines = [console.export_text().rstrip()]
-    lines += [f"note: {n}" for n in notes]
+    lines = [console.export_text().rstrip(), *note_lines(results, labels, memory, reserve)]
     lines.append("not modelled: " + "; ".join(first.not_modelled))
     return "\n".join(lines)
+
+
+#: Beyond this many rows, a note of some rows only is printed for the rows the answer rests on.
+ALL_ROWS_NOTES = 4
+
+
+def note_lines(
+    results: list[MemoryEstimate],
+    labels: tuple[str, list[str]] | None = None,
+    memory: int | None = None,
+    reserve: int = 0,
+) -> list[str]:
+    """Each note once, first seen first (the target). A note that not every row has names its rows
+    (``note for batch 12 (checkpointing on): ...``), so a figure in it is read beside its own row.
+    Over :data:`ALL_ROWS_NOTES` rows with a device memory (a batch search), those notes are printed
+    for the rows the answer rests on only, the largest batch that fits and the smallest that does
+    not (of each label); one line says where the others are.
+
+    Example:
+        >>> a, b = (MemoryEstimate(peak_bytes=1, tensor_peak_bytes=1, batch_size=n) for n in (1, 2))
+        >>> a.notes, b.notes = ["target: H100"], ["target: H100", "released 1 B"]
+        >>> note_lines([a, b])
+        ['note: target: H100', 'note for batch 2: released 1 B']
+    """
+    rows: dict[str, list[int]] = {}
+    for i, est in enumerate(results):
+        for n in est.notes:
+            if i not in rows.setdefault(n, []):
+                rows[n].append(i)
+    shown = _answer_rows(results, labels, memory, reserve)
+
+    def row(i: int) -> str:
+        label = f" ({labels[0]} {labels[1][i]})" if labels is not None else ""
+        return f"batch {results[i].batch_size}{label}"
+
+    lines: list[str] = []
+    left_out: set[int] = set()
+    for n, at in rows.items():
+        if len(at) == len(results):
+            lines.append(f"note: {n}")
+            continue
+        left_out.update(i for i in at if i not in shown)
+        if at := [i for i in at if i in shown]:
+            lines.append(f"note for {', '.join(row(i) for i in at)}: {n}")
+    if left_out:
+        lines.append(
+            f"note: the notes of the {len(left_out)} other rows are in each estimate's `notes` "
+            "in memory_estimate.yaml"
+        )
+    return lines
+
+
+def _answer_rows(
+    results: list[MemoryEstimate], labels: tuple[str, list[str]] | None, memory: int | None, reserve: int
+) -> set[int]:
+    """Every row, or over :data:`ALL_ROWS_NOTES` rows of a search: per label, the largest batch
+    that fits and the smallest that does not."""
+    if memory is None or len(results) <= ALL_ROWS_NOTES:
+        return set(range(len(results)))
+    groups: dict[str, list[int]] = {}
+    for i in range(len(results)):
+        groups.setdefault(labels[1][i] if labels is not None else "", []).append(i)
+    shown: set[int] = set()
+    for members in groups.values():
+        fits = [i for i in members if results[i].headroom(memory, reserve) >= 0]
+        over = [i for i in members if i not in fits]
+        if fits:
+            shown.add(max(fits, key=lambda i: results[i].batch_size or 0))
+        if over:
+            shown.add(min(over, key=lambda i: results[i].batch_size or 0))
+    return shown
 
 
 def write_estimates(

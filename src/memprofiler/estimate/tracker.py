@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memprofiler.estimate import accumulation
 from memprofiler.estimate.allocator.caching import AllocatorReplay, MirroredReplay
-from memprofiler.estimate.fake import grouped_mm, queries
+from memprofiler.estimate.fake import grouped_mm, loss_outputs, queries
 from memprofiler.estimate.fake import layouts as fake_layouts
 
 #: torch's reference types, by value, to the names an estimate reports.
@@ -61,7 +61,11 @@ _HOST_RNG_OPS = frozenset({torch.ops.aten._scaled_dot_product_efficient_attentio
 #: Ops whose fake kernel allocates otherwise than the real CPU and CUDA kernels -> the stand-in the
 #: tracker dispatches instead, for fake operands: ``_grouped_mm`` (its fake kernel refuses all but
 #: bfloat16) and the output layouts of :data:`fake_layouts.REAL_LAYOUT`.
-_STAND_INS: dict[Any, Any] = {grouped_mm.OP: grouped_mm.Output(), **fake_layouts.REAL_LAYOUT}
+_STAND_INS: dict[Any, Any] = {
+    grouped_mm.OP: grouped_mm.Output(),
+    **fake_layouts.REAL_LAYOUT,
+    **loss_outputs.REAL_STORAGE,  # the 0-d losses real kernels keep in a storage the input's size
+}
 #: The ledger key of a storage whose bytes a gradient merged in place took over: its end frees nothing.
 _HANDED_OVER = 0
 

@@ -39,6 +39,25 @@ def top_modules(by_module: Mapping[str, int], n: int = TOP_MODULES) -> str:
     return ", ".join(f"{mod} {format_bytes(b)}" for mod, b in ranked) or "none"
 
 
+def with_submodules(flat: Mapping[str, float], metric: str) -> tuple[float, bool]:
+    """The bytes module ``metric`` (an exact ``saved_tensors.by_module.NAME``) and its submodules
+    saved: a block's figure, as the report's "by block" rows give it (a block's own share is often
+    nothing, its layers saved the bytes); 0 where none of them saved anything. Also whether a
+    submodule's bytes are in it. Patterns are left to match each module's own share.
+
+    Example:
+        >>> flat = {"saved_tensors.by_module.h.0.mlp": 3.0, "saved_tensors.by_module.h.0.attn": 2.0}
+        >>> with_submodules(flat, "saved_tensors.by_module.h.0")
+        (5.0, True)
+    """
+    below = [v for k, v in flat.items() if k.startswith(metric + ".")]
+    return flat.get(metric, 0.0) + sum(below), bool(below)
+
+
+def _exact_module(metric: str) -> bool:
+    return metric.startswith(BY_MODULE) and not any(c in metric for c in "*?[")
+
+
 def budget_values(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[str, float]:
     """The flat figures budgets are checked against (host ones as growth over the start)."""
     flat = flatten_metrics(end)
@@ -80,16 +99,22 @@ def check(
             unchecked.append(f"{BUDGET_MARKER}: {metric} not checked: no CUDA device in this run")
             continue
         names = sorted(fnmatch.filter(values, metric))
-        if not names and (metric.startswith(BY_MODULE) or b.cuda):
-            names, values[metric] = [metric], 0.0  # nothing saved by that module / CUDA never used
+        seen, inclusive = values, False
+        if _exact_module(metric):
+            total, inclusive = with_submodules(values, metric)
+            names, seen = [metric], {metric: total}
+        elif not names and b.cuda:
+            names, values[metric] = [metric], 0.0  # CUDA never used
         for name in names:
-            value = values[name]
+            value = seen[name]
             if value <= limit:
                 continue
             where = ""
             if name in _GROWTH_BASE:
                 base = _GROWTH_BASE[name]
                 where = f" above the {format_bytes(start[base])} {base.upper()} at the test's start"
+            if inclusive:
+                where = " (the module with its submodules)"
             lines.append(
                 f"{BUDGET_MARKER}: {name} = {_amount(name, value)}{where}, "
                 f"over budget {_amount(name, limit)}{tail}"
@@ -133,6 +158,9 @@ def _growth_lines(
     """
     if baseline is None:
         return []
+    if _exact_module(growth.metric):  # the module with its submodules, in both runs
+        values = {growth.metric: with_submodules(values, growth.metric)[0]}
+        baseline = {growth.metric: with_submodules(baseline, growth.metric)[0]}
     lines = []
     for name in sorted(fnmatch.filter(values, growth.metric)):
         a = baseline.get(name)

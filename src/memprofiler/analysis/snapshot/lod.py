@@ -53,14 +53,24 @@ def level_of_detail(rep: DeviceReplay, peak: int, rows: int = ROWS) -> LevelOfDe
         return d
 
     diff = step(level < 0)
+    counts = np.bincount(level[level >= 0], minlength=top + 1) if level.size else np.zeros(top + 1, int)
     bands: list[np.ndarray] = []
     offsets = [0]
     for lv in range(top + 1):
+        width = 1 << lv
+        buckets = -(-m // width)
+        if lv and not counts[lv - 1]:
+            # No block joins the band at this level: each bucket is two of the level below
+            # (the maximum of float32 values is the float32 of their maximum).
+            below = bands[-1]
+            if below.size % 2:
+                below = np.concatenate([below, below[-1:]])
+            bands.append(below.reshape(buckets, 2).max(axis=1))
+            offsets.append(offsets[-1] + buckets)
+            continue
         if lv:
             diff += step(level == lv - 1)
         banded = np.cumsum(diff[:m])
-        width = 1 << lv
-        buckets = -(-m // width)
         pad = buckets * width - m
         if pad:
             banded = np.concatenate([banded, np.full(pad, banded[-1])])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import itemgetter, methodcaller
+from operator import eq, itemgetter
 from typing import Any
 
 import numpy as np
@@ -31,10 +31,9 @@ _FRAME_KEY = itemgetter("name", "filename", "line")
 _ACTION = itemgetter("action")
 _ADDR = itemgetter("addr")
 _SIZE = itemgetter("size")
-_GET_TIME = methodcaller("get", "time_us")
-_GET_STREAM = methodcaller("get", "stream", 0)
-_GET_FRAMES = methodcaller("get", "frames")
 _ALLOC, _FREE, _RESERVE_CODE, _RELEASE_CODE, _OOM = 1, 2, 3, 4, 5
+#: Lists of one length that the probed positions are chosen on (see StackTable.intern_all).
+_LEARN = 4096
 _CODES = {"alloc": _ALLOC, "free_completed": _FREE, "oom": _OOM}
 _CODES.update({a: _RESERVE_CODE for a in _RESERVE})
 _CODES.update({a: _RELEASE_CODE for a in _RELEASE})
@@ -85,6 +84,53 @@ class StackTable:
             self.labels.append(fids[li] if li >= 0 else -1)
         self._remember(frames, sid, probe)
         return sid
+
+    def intern_all(self, lists: Sequence[Sequence[Mapping[str, Any]] | None]) -> np.ndarray:
+        """The stack id of each frame list (int64): what :meth:`intern` gives each, in order.
+
+        At a million allocations one call each costs more than the rest of the replay, so the
+        lists are grouped here in bulk: by length, then by the identity of the frames at a
+        few positions, chosen on the first lists of that length to tell its stacks apart.
+        Each list is compared with the
+        first of its group (identity, element by element, in C); only each group's first, and
+        a list that differs from it, is interned, in the order they first appear, so every id
+        is the one a pass in order gives.
+        """
+        self.intern(None)
+        n = len(lists)
+        have = np.fromiter(map(bool, lists), dtype=bool, count=n)
+        pos = np.flatnonzero(have)
+        sub: list[Any] = list(lists) if pos.size == n else list(map(lists.__getitem__, pos.tolist()))
+        try:
+            lens = np.fromiter(map(len, sub), dtype=np.int64, count=len(sub))
+        except TypeError:  # not a list of frames: intern() says how it is malformed
+            return np.asarray(list(map(self.intern, lists)), dtype=np.int64)
+        # first[k]: the first list of k's group equal to list k; every list then takes the
+        # id of its first, and the firsts, taken in order, are interned one by one.
+        first = np.empty(len(sub), dtype=np.int64)
+        order = np.argsort(lens, kind="stable")
+        cuts = np.flatnonzero(np.diff(lens[order])) + 1
+        for group in np.split(order, cuts) if order.size else ():
+            first[group] = self._firsts(sub, group.tolist())
+        firsts = np.flatnonzero(first == np.arange(first.size))  # (first[k] <= k)
+        ids = np.fromiter(map(self.intern, map(sub.__getitem__, firsts.tolist())), np.int64, firsts.size)
+        out = np.zeros(n, dtype=np.int64)
+        out[pos] = ids[np.searchsorted(firsts, first)]
+        return out
+
+    def _firsts(self, lists: list[Any], group: list[int]) -> list[int]:
+        """For each of ``group`` (indices of ``lists`` of one length), the first equal list."""
+        members = list(map(lists.__getitem__, group))
+        positions = list(self._positions.get(len(members[0])) or [len(members[0]) >> 1])
+        # The positions that tell this length's stacks apart are found on its first lists.
+        sample = members[:_LEARN]
+        _group(sample, positions, 0)
+        positions = _fewest(sample, positions)
+        firsts, same = _group(members, positions, len(members) // 64)
+        if all(same):
+            return list(map(group.__getitem__, firsts))
+        # the few lists unlike their group's first are groups of their own
+        return [group[f] if s else k for f, s, k in zip(firsts, same, group, strict=True)]
 
     def _probe(self, frames: Sequence[Any]) -> tuple[int, ...]:
         n = len(frames)
@@ -138,6 +184,37 @@ class StackTable:
             sid = self._string_ids[s] = len(self.strings)
             self.strings.append(s)
         return sid
+
+
+def _group(members: list[Any], positions: list[int], allowed: int) -> tuple[list[int], list[bool]]:
+    """Each member's first equal member (index), keyed by the identity of the frames at
+    ``positions``, and whether it is equal to it; adds a position where a member differs
+    from its first until at most ``allowed`` do (or 8 positions are probed)."""
+    while True:
+        probes = [map(id, map(itemgetter(p), members)) for p in positions]
+        keys: list[Any] = list(zip(*probes, strict=True)) if len(probes) > 1 else list(probes[0])
+        by_key = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        firsts = list(map(by_key.__getitem__, keys))
+        same = list(map(eq, map(members.__getitem__, firsts), members))
+        if len(same) - sum(same) <= allowed or len(positions) >= 8:
+            return firsts, same
+        j = same.index(False)
+        a, b = members[j], members[firsts[j]]
+        positions.append(next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x is not y))
+
+
+def _fewest(members: list[Any], positions: list[int]) -> list[int]:
+    """Of ``positions``, the fewest (chosen greedily) that tell ``members`` apart as all of them
+    do: each position probed costs a pass over every list of the length."""
+
+    def keys(chosen: list[int]) -> int:
+        return len(set(zip(*[map(id, map(itemgetter(p), members)) for p in chosen], strict=True)))
+
+    want = keys(positions)
+    chosen: list[int] = []
+    while not chosen or keys(chosen) < want:
+        chosen.append(max((p for p in positions if p not in chosen), key=lambda p: keys([*chosen, p])))
+    return chosen
 
 
 @dataclass
@@ -202,11 +279,27 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
 
 
 def _pick(entries: Sequence[Mapping[str, Any]], idx: np.ndarray) -> list[Mapping[str, Any]]:
-    return [entries[i] for i in idx.tolist()]
+    return list(map(entries.__getitem__, idx.tolist()))
 
 
-def _ints(values: Any) -> np.ndarray:
-    return np.asarray(list(values), dtype=np.int64)
+def _ints(values: Any, count: int = -1) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=count)
+
+
+def _field(entries: Sequence[Mapping[str, Any]], key: str, default: Any = None) -> Any:
+    # (dict.get on each entry, mapped in C: a third of the cost of a methodcaller)
+    get: Any = dict.get
+    return map(get, entries, repeat(key), repeat(default))
+
+
+def _times(entries: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Each entry's ``time_us``, 0 where torch recorded none."""
+    if not entries:
+        return np.zeros(1, dtype=np.int64)
+    try:
+        return _ints(_field(entries, "time_us"), len(entries))
+    except (TypeError, ValueError):  # a None (or another false value) among them
+        return np.asarray([t or 0 for t in _field(entries, "time_us")], dtype=np.int64)
 
 
 def _replay_device(
@@ -222,11 +315,10 @@ def _replay_device(
     n = len(entries)
     m = max(n, 1)
     code = np.fromiter(map(_CODES.get, map(_ACTION, entries), repeat(0)), dtype=np.int8, count=n)
-    times = [t or 0 for t in map(_GET_TIME, entries)]
     a_idx = np.flatnonzero(code == _ALLOC)
     f_idx = np.flatnonzero(code == _FREE)
     allocs, frees = _pick(entries, a_idx), _pick(entries, f_idx)
-    a_addr, f_addr = _ints(map(_ADDR, allocs)), _ints(map(_ADDR, frees))
+    a_addr, f_addr = _ints(map(_ADDR, allocs), len(allocs)), _ints(map(_ADDR, frees), len(frees))
     # A free closes the block of the event just before it at its address when that is an
     # alloc; otherwise the block was allocated before the trace began. An address allocated
     # twice without a free keeps its first block alive to the end, as the analysis counts it.
@@ -251,8 +343,8 @@ def _replay_device(
     both = np.concatenate([a_idx, f_idx[pre]])
     by_time = np.argsort(both, kind="stable")
     sids = np.empty(both.size, dtype=np.int64)
-    picked = _pick(entries, both[by_time])
-    frames_of: list[Any] = list(map(_GET_FRAMES, picked))
+    picked = allocs if not pre.size else _pick(entries, both[by_time])  # (no older block: the allocs)
+    frames_of: list[Any] = list(_field(picked, "frames"))
     is_pre = (by_time >= na).tolist()
     if roles is not None:  # a block freed in the trace but older than it may be named by the role map
         for p, older in enumerate(is_pre):
@@ -264,7 +356,7 @@ def _replay_device(
         names = spans.names(picked[p].get("time_us") or 0 for p in bare)
         for p, name in zip(bare, names, strict=True):
             frames_of[p] = spans.frames(name) or frames_of[p]
-    sids[by_time] = list(map(table.intern, frames_of))
+    sids[by_time] = table.intern_all(frames_of)
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}
@@ -305,7 +397,7 @@ def _replay_device(
     segs = np.asarray(seg, dtype=np.int64).reshape(-1, 5)
     seg_order = np.lexsort((segs[:, 2], segs[:, 0])) if len(segs) else np.zeros(0, dtype=np.int64)
     segs = segs[seg_order]
-    t = np.asarray(times or [0], dtype=np.int64)
+    t = _times(entries)
     t0 = t[t > 0].min() if (t > 0).any() else 0
     return DeviceReplay(
         device=dev,
@@ -313,10 +405,10 @@ def _replay_device(
         instants=m,
         start=np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)]),
         end=np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end]),
-        size=np.concatenate([_ints(map(_SIZE, pre_frees)), _ints(end_size), _ints(map(_SIZE, allocs))]),
+        size=np.concatenate([_ints(map(_SIZE, pre_frees)), _ints(end_size), _ints(map(_SIZE, allocs), na)]),
         addr=np.concatenate([f_addr[pre], _ints(end_addr), a_addr]),
         stream=np.concatenate(
-            [_ints(map(_GET_STREAM, pre_frees)), _ints(end_stream), _ints(map(_GET_STREAM, allocs))]
+            [_ints(_field(pre_frees, "stream", 0)), _ints(end_stream), _ints(_field(allocs, "stream", 0), na)]
         ),
         stack=np.concatenate([sids[na:], _ints(end_stack), sids[:na]]).astype(np.int32),
         seg_start=segs[:, 0],

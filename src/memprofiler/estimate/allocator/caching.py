@@ -243,6 +243,9 @@ class AllocatorReplay:
     by_stream: dict[int, StreamFigures] = field(default_factory=dict)
     """Each stream's own figures: its pools are its own (a block freed in one stream's pool is
     never given to a request on another)."""
+    _busy: bool = False
+    """Serving a call now: a free arriving meanwhile waits in ``_deferred``."""
+    _deferred: list[int] = field(default_factory=list)
 
     @classmethod
     def seeded(
@@ -285,6 +288,37 @@ class AllocatorReplay:
         """Serve request ``key`` of ``nbytes`` bytes on ``stream`` (0-byte requests take nothing)."""
         if nbytes <= 0:
             return
+        self._busy = True
+        try:
+            self._alloc(key, nbytes, stream)
+        finally:
+            self._settle()
+
+    def free(self, key: int) -> None:
+        """Return request ``key``'s block to its pool, merging it with free neighbours.
+
+        A free that arrives while a request is being served (a tensor's storage dies in a garbage
+        collection the replay's own Python objects set off, and the tracker's weak-reference
+        callback frees it) waits until that request is done: the pools are never changed halfway.
+        """
+        if self._busy:
+            self._deferred.append(key)
+            return
+        self._busy = True
+        try:
+            self._free_now(key)
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Apply the frees deferred while busy, then take calls again."""
+        try:
+            while self._deferred:
+                self._free_now(self._deferred.pop(0))
+        finally:
+            self._busy = False
+
+    def _alloc(self, key: int, nbytes: int, stream: int) -> None:
         size = round_size(nbytes, self.config)
         pool_key = (stream, size <= SMALL_SIZE)
         pool = self._pools.setdefault(pool_key, [])
@@ -304,8 +338,7 @@ class AllocatorReplay:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         self._stream(stream).allocate(blk.size)
 
-    def free(self, key: int) -> None:
-        """Return request ``key``'s block to its pool, merging it with free neighbours."""
+    def _free_now(self, key: int) -> None:
         found = self._live.pop(key, None)
         if found is None:
             return
@@ -549,13 +582,13 @@ class MirroredReplay(AllocatorReplay):
             self._mirror_sizes[key] = mirror_nbytes
         self.alloc(key, nbytes, stream)
 
-    def alloc(self, key: int, nbytes: int, stream: int = 0) -> None:
-        super().alloc(key, nbytes, stream)
+    def _alloc(self, key: int, nbytes: int, stream: int) -> None:
+        super()._alloc(key, nbytes, stream)
         if self.mirror is not None:
             self.mirror.alloc(key, self._mirror_sizes.pop(key, nbytes), stream)
 
-    def free(self, key: int) -> None:
-        super().free(key)
+    def _free_now(self, key: int) -> None:
+        super()._free_now(key)
         if self.mirror is not None:
             self.mirror.free(key)
 

@@ -19,6 +19,7 @@ from memprofiler.estimate.allocator.conf import AllocConf
 from memprofiler.estimate.cuda.dispatch import CudaDispatch
 from memprofiler.estimate.cuda.environment import allocator_note, workspace_notes
 from memprofiler.estimate.cuda.kernel_scratch import KernelScratch
+from memprofiler.estimate.cuda.loss_scratch import LossTemporaries
 from memprofiler.estimate.cuda.margins import CustomOps, Margin, margins
 from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.optim import foreach_as_on_cuda
@@ -205,6 +206,7 @@ class CudaModel:
             _Hook(self.custom),
             self.workspaces,
             Scratch(target, tracker),
+            LossTemporaries(target, tracker),
             Stats(),
             Dispatch(target, steps),
             Allocator(conf, tracker, model),

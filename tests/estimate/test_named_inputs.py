@@ -103,3 +103,17 @@ def test_bad_factories_and_shapes_are_one_line(here, capsys, args, message):
     assert main(["estimate", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def test_checkpointing_a_model_built_of_sequentials(here, tmp_path, capsys):
+    # WHEN a model with no nn.ModuleList (an nn.Sequential of blocks) is estimated with checkpointing
+    out = tmp_path / "out"
+    argv = ["estimate", "test_named_inputs:cnn", "--input-shape", "3,32,32", "--batch-size", "8"]
+    rc = main([*argv, "--checkpointing", "both", "--jobs", "1", "--save-dir", str(out)])
+    printed = capsys.readouterr().out
+    # THEN each item of the Sequential is checkpointed (it was refused), and the step keeps less
+    assert rc == 0
+    assert "checkpoint_wrapper on each of the 7 items of the model (Sequential)" in printed
+    off, on = yaml.safe_load((out / "memory_estimate.yaml").read_text())["estimates"]
+    assert (off["checkpointing"], on["checkpointing"]) == (False, True)
+    assert on["by_category"]["activations"] < off["by_category"]["activations"]

@@ -87,16 +87,37 @@ class NamedModel:
             enable = getattr(self.model, name, None)
             if self.huggingface and callable(enable):
                 enable(**{kwarg: {"use_reentrant": False}})
+                _no_cache(self.model)
                 return f"activation checkpointing: transformers' {name} (non-reentrant)"
-        lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m)]
-        if not lists:
+        # the blocks: the largest nn.ModuleList, else the largest nn.Sequential (a model built of
+        # Sequentials, as torchvision's are)
+        for kind in (nn.ModuleList, nn.Sequential):
+            lists = [(n, m) for n, m in self.model.named_modules() if type(m) is kind and len(m) > 1]
+            if lists:
+                break
+        else:
             raise ConfigError(
-                "--checkpointing", f"{self.name}: no nn.ModuleList of blocks to wrap in checkpoint_wrapper"
+                "--checkpointing",
+                f"{self.name}: no nn.ModuleList or nn.Sequential of blocks to wrap in checkpoint_wrapper; "
+                "checkpoint the model in its factory and leave out --checkpointing",
             )
-        blocks = max(lists, key=len)
+        name, blocks = max(lists, key=lambda nm: len(nm[1]))
         for i in range(len(blocks)):
             blocks[i] = checkpoint_wrapper(blocks[i])
-        return f"activation checkpointing: checkpoint_wrapper on each of {len(blocks)} blocks"
+        where = f"`{name}`" if name else "the model"
+        return (
+            f"activation checkpointing: checkpoint_wrapper on each of the {len(blocks)} items of {where} "
+            f"({type(blocks).__name__})"
+        )
+
+
+def _no_cache(model: nn.Module) -> None:
+    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
+    training forward, where it warned once per process (once per estimate run side by side)."""
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
 
 
 def load_model(spec: str) -> NamedModel:

@@ -334,3 +334,15 @@ def test_fsdp2_mixed_precision_without_fsdp_is_one_line(tiny, capsys):
     assert main(["estimate", str(tiny), "--param-dtype", "bf16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "`--param-dtype`: FSDP2's mixed precision needs --strategy fsdp" in err
+
+
+def test_checkpointing_a_transformers_model_turns_its_cache_off_as_training_would(tiny):
+    # GIVEN the tiny LLaMA, whose config keeps a cache in forward by default
+    from memprofiler.estimate.named import load_model
+
+    named = load_model(str(tiny))
+    assert named.model.config.use_cache is True
+    # WHEN checkpointing is turned on THEN no config of the model keeps a cache (transformers would
+    # turn it off in the first checkpointed forward, with a warning in every estimate's process)
+    named.checkpoint()
+    assert not [m for m in named.model.modules() if getattr(getattr(m, "config", None), "use_cache", False)]

@@ -104,6 +104,7 @@ class NamedModel:
             enable = getattr(self.model, name, None)
             if self.huggingface and callable(enable):
                 enable(**{kwarg: {"use_reentrant": False}})
+                _no_cache(self.model)
                 return f"activation checkpointing: transformers' {name} (non-reentrant)"
         # the blocks: the largest nn.ModuleList, else the largest nn.Sequential (a model built of
         # Sequentials, as torchvision's are)
@@ -125,6 +126,15 @@ class NamedModel:
             f"activation checkpointing: checkpoint_wrapper on each of the {len(blocks)} items of {where} "
             f"({type(blocks).__name__})"
         )
+
+
+def _no_cache(model: nn.Module) -> None:
+    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
+    training forward, where it warned once per process (once per estimate run side by side)."""
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
 
 
 def load_model(spec: str) -> NamedModel:

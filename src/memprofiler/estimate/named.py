@@ -71,6 +71,23 @@ class NamedModel:
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
 
+    def positions(self) -> tuple[str, int] | None:
+        """The config key and size of a learned position table (GPT-2's ``n_positions``, BERT's
+        ``max_position_embeddings``): a row longer than it cannot run. ``None`` for rotary or
+        relative positions (LLaMA, T5), which take longer rows.
+
+        A table is an ``nn.Embedding`` of as many rows as the config's key says, other than the
+        token embedding (a vocabulary of that size too would leave it undecided: ``None``).
+        """
+        config = getattr(self.model, "config", None)
+        for key in ("n_positions", "max_position_embeddings"):
+            size = getattr(config, key, None)
+            if not isinstance(size, int) or size == self.vocab_size:
+                continue
+            if any(isinstance(m, nn.Embedding) and m.num_embeddings == size for m in self.model.modules()):
+                return key, size
+        return None
+
     def checkpoint(self) -> str:
         """Turn activation checkpointing on for every block; return how, for the notes.
 

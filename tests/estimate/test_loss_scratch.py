@@ -204,6 +204,19 @@ def test_nll2d_copies_a_channels_last_input_where_it_reduces() -> None:
     assert loss_scratch._nll2d(none) == []
 
 
+def test_multi_margin_sums_one_value_a_row_and_copies_what_is_not_contiguous() -> None:
+    x = torch.empty(64, 1000, device="meta")
+    target = torch.zeros(64, dtype=torch.long, device="meta")
+    row_sum = loss_scratch.reduction_scratch(64, torch.float32, 2, H200)
+    # GIVEN a contiguous (64, 1000) input, reduced: 64 per-row losses and their sum's scratch
+    call = loss_scratch._Call((x, target, 1, 1.0, None, 1), {}, None, H200)
+    assert loss_scratch._multi_margin(call) == [[64 * 4, *row_sum]]
+    # AND a transposed one is copied first; with reduction none the kernel writes the output
+    xt = torch.empty(1000, 64, device="meta").t()
+    call = loss_scratch._Call((xt, target, 1, 1.0, None, 0), {}, None, H200)
+    assert loss_scratch._multi_margin(call) == [[64 * 1000 * 4]]
+
+
 def test_mixed_precision_mse_runs_in_float32_as_cuda_autocast_runs_it() -> None:
     # GIVEN a Linear whose output is bfloat16 under bf16-mixed; CUDA autocast runs mse_loss in float32
     with torch.device("meta"):

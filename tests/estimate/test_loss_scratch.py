@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_allocations import measured_peak
 from models import estimate_and_census
 from torch import nn
 
@@ -236,71 +237,15 @@ CPU_CALLS = {
 }
 
 
-def _measured_peak(op: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, int]:
-    """The op's output and the most bytes the CPU allocator held during the call, above its start
-    (torch's profiler records every allocation and free)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = op(*args)
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    held = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        held += e.nbytes()
-        peak = max(peak, held)
-    return out, peak
-
-
 @pytest.mark.parametrize("name", sorted(CPU_CALLS))
 def test_rules_hold_what_the_real_cpu_kernel_allocates(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a loss op run on real CPU tensors of 4 x 10,000 float32 (160,000 B), its allocations
     # recorded; the rule without CUDA's reduction scratch (CPU's reduction takes none that size)
     op, args = CPU_CALLS[name]
-    out, peak = _measured_peak(op, args)
+    out, peak = measured_peak(op, args)
     monkeypatch.setattr(loss_scratch, "reduction_scratch", lambda *a: [])
     phases = loss_scratch.RULES[op][1](loss_scratch._Call(args, {}, out, H200))
     # THEN the output's storage and the rule's largest phase are the kernel's peak, to the 12 B of
     # scalars CPU's mean and sum allocate (8 B + 4 B)
     expected = out.untyped_storage().nbytes() + max((sum(p) for p in phases), default=0)
     assert 0 <= peak - expected <= 12
-
-
-# --- CTC: log_beta (every call), the large problem's logsumexp, zero_infinity's second gradient
-
-
-def test_ctc_backward_holds_log_beta_the_size_of_log_alpha_as_the_real_cpu_kernel_does() -> None:
-    # GIVEN a real CTC forward over 300 steps, 8 sequences, 50 labels, targets of 40
-    t, b, c, s = 300, 8, 50, 40
-    log_probs = torch.randn(t, b, c).log_softmax(2)
-    targets = torch.randint(1, c, (b, s))
-    nll, log_alpha = _aten._ctc_loss.default(log_probs, targets, [t] * b, [s] * b, 0, False)
-    assert log_alpha.shape == (b, t, 2 * s + 1)
-    # WHEN its backward runs on the CPU, allocations recorded
-    args = (torch.ones(b), log_probs, targets, [t] * b, [s] * b, nll, log_alpha, 0, False)
-    grad, peak = _measured_peak(_aten._ctc_loss_backward.default, args)
-    # THEN it holds the gradient and log_beta (log_alpha's 777,600 B), nothing more
-    assert peak - grad.untyped_storage().nbytes() == log_alpha.untyped_storage().nbytes() == 777_600
-
-
-def test_ctc_backward_phases_on_cuda() -> None:
-    t, b, c, s = 400, 8, 1000, 60
-    log_probs = torch.empty(t, b, c, device="meta")
-    log_alpha = torch.empty(b, t, 2 * s + 1, device="meta")
-    grad = torch.empty(t, b, c, device="meta")
-    base = [8 * b] * 3 + [b * t * (2 * s + 1) * 4]  # the lengths and offsets on the device; log_beta
-    assert loss_scratch.ctc_is_large(t, b, c) and not loss_scratch.ctc_is_large(50, 4, 20)
-
-    def phases(zero_infinity: bool) -> list[list[int]]:
-        args = (torch.empty(b), log_probs, None, None, None, None, log_alpha, 0, zero_infinity)
-        return loss_scratch._ctc_backward(loss_scratch._Call(args, {}, grad, H200))
-
-    # GIVEN a large problem: log_beta, then the blanks' logsumexp (b x t x 61 float32: 780,800 B)
-    found = phases(False)
-    assert found[0] == base
-    assert found[3][:8] == [*base, b * t * 61 * 4, b * t * 4, b * t * 61 * 4, b * t * 4]
-    # AND with zero_infinity at::where makes a second gradient (12,800,000 B) beside the first
-    assert phases(True)[-1] == [*base, b, 4, t * b * c * 4]
-    # AND a small problem takes log_beta alone
-    small = loss_scratch._Call((None, torch.empty(50, 4, 20, device="meta"), None, None, None, None,
-                                torch.empty(4, 50, 21, device="meta"), 0, True), {}, None, H200)  # fmt: skip
-    assert loss_scratch._ctc_backward(small) == [[32] * 3 + [4 * 50 * 21 * 4]]

@@ -2,8 +2,9 @@
 
 A loss op that reduces (``mean`` or ``sum``) computes the elementwise loss into a temporary the
 size of its input and reduces that; the fake kernel allocates the 0-d loss alone. From torch's
-source (``aten/src/ATen/native/Loss.cpp``, ``native/cuda/Loss.cu``; the CPU kernels are the same
-code, and their allocations, measured on real CPU tensors with torch 2.13, are these):
+source (``aten/src/ATen/native/Loss.cpp``, ``native/cuda/Loss.cu``; for the first five items the
+CPU kernels are the same code, and their allocations, measured on real CPU tensors with torch 2.13,
+are these):
 
 - ``mse_loss``, ``smooth_l1_loss``: ``Tensor loss`` built as a binary op of input and target (their
   broadcast shape and common dtype), then ``at::mean_out`` / ``at::sum_out`` over it into the
@@ -26,12 +27,7 @@ code, and their allocations, measured on real CPU tensors with torch 2.13, are t
   gradient, where they are not contiguous; ``nll_loss2d_forward`` (``LossNLL2d.cu``) copies the
   input and the target where it reduces, its backward the target; the weight always. None for
   ``cross_entropy``, whose log-softmax output is contiguous.
-- ``_ctc_loss`` / ``_ctc_loss_backward`` (``native/cuda/LossCTC.cu``): each copies the target and
-  input lengths and the targets' batch offsets to the device (an int64 a sequence each); backward
-  fills ``log_beta``, the size of ``log_alpha``. Where torch's heuristic calls the problem large
-  (``2 T + 24 B / 10 + 2 C / 10 > 450``) it also takes a ``logsumexp`` over the blank positions
-  of ``log_alpha + log_beta`` (that sum, its max, ``self - max``, the result and the reductions'
-  scratch) and, with ``zero_infinity``, ``at::where`` makes a second gradient beside the first.
+- ``_ctc_loss`` / ``_ctc_loss_backward``: :mod:`memprofiler.estimate.cuda.ctc_scratch`.
 
 Each reduction also takes the staging buffer and semaphores of CUDA's reduction kernel over the
 temporary (:mod:`memprofiler.estimate.cuda.reduce_scratch`). ``mse_loss_backward``,
@@ -50,7 +46,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from memprofiler.estimate.cuda import reduce_scratch
+from memprofiler.estimate.cuda import ctc_scratch, reduce_scratch
 from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.target import CudaTarget
 from memprofiler.estimate.fake import loss_outputs
@@ -65,8 +61,6 @@ NLL = _aten.nll_loss_forward.default
 NLL_BWD = _aten.nll_loss_backward.default
 NLL2D = _aten.nll_loss2d_forward.default
 NLL2D_BWD = _aten.nll_loss2d_backward.default
-CTC = (_aten._ctc_loss.default, _aten._ctc_loss.Tensor)
-CTC_BWD = (_aten._ctc_loss_backward.default, _aten._ctc_loss_backward.Tensor)
 CATEGORY = "loss"
 
 
@@ -191,37 +185,9 @@ def _nll2d_backward(c: _Call) -> list[list[int]]:
     return [copies] if copies else []
 
 
-def _ctc_lengths(log_probs: torch.Tensor) -> list[int]:
-    """``tg_batch_offsets``, ``target_lengths_t`` and ``input_lengths_t`` on the device."""
-    return [8 * int(log_probs.size(1))] * 3
-
-
-def ctc_is_large(steps: int, batch: int, labels: int) -> bool:
-    """torch's choice of the backward's large-problem path (``is_large`` in ``LossCTC.cu``)."""
-    return 2 * steps + (24 * batch) // 10 + (2 * labels) // 10 > 450
-
-
 def _ctc_backward(c: _Call) -> list[list[int]]:
-    log_probs, log_alpha = c.args[1], c.args[6]
-    steps, batch, labels = (int(s) for s in log_probs.shape)
-    base = [*_ctc_lengths(log_probs), _nbytes(log_alpha)]  # and log_beta, log_alpha's size
-    if not ctc_is_large(steps, batch, labels):
-        return [base]
-    b, t = int(log_alpha.size(0)), int(log_alpha.size(1))
-    blanks = torch.empty(b, t, int(log_alpha.size(2)) // 2 + 1, dtype=log_alpha.dtype, device="meta")
-    summed, rows = _nbytes(blanks), b * t * blanks.element_size()
-    amax = reduce_scratch.op_scratch(_aten.amax.default, (blanks, [2], True), {}, c.device)
-    total = reduce_scratch.op_scratch(_aten.sum.dim_IntList, (blanks, [2], True), {}, c.device)
-    phases = [
-        base,
-        [*base, summed, rows, *amax],  # log_alpha + log_beta at the blanks, its max
-        [*base, summed, rows, rows, b * t],  # max.abs() == INFINITY
-        [*base, summed, rows, summed, rows, *total],  # (self - max).exp_() summed into the result
-    ]
-    if bool(_arg(c.args, c.kwargs, 8, "zero_infinity", False)):
-        # at::where(nll == INFINITY, zeros({}), grad): a second gradient while the first is held
-        phases.append([*base, batch, log_probs.element_size(), _nbytes(c.out)])
-    return phases
+    zero_infinity = bool(_arg(c.args, c.kwargs, 8, "zero_infinity", False))
+    return ctc_scratch.backward_phases(c.args[1], c.args[6], zero_infinity, _nbytes(c.out), c.device)
 
 
 #: Each loss op whose CUDA kernel allocates temporaries inside itself -> (its name, its phases).
@@ -237,8 +203,8 @@ RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
     NLL_BWD: ("nll_loss backward", _nll_backward),
     NLL2D: ("nll_loss2d", _nll2d),
     NLL2D_BWD: ("nll_loss2d backward", _nll2d_backward),
-    **{op: ("ctc_loss", lambda c: [_ctc_lengths(c.args[0])]) for op in CTC},
-    **{op: ("ctc_loss backward", _ctc_backward) for op in CTC_BWD},
+    **{op: ("ctc_loss", lambda c: [ctc_scratch.lengths(c.args[0])]) for op in ctc_scratch.FORWARD},
+    **{op: ("ctc_loss backward", _ctc_backward) for op in ctc_scratch.BACKWARD},
 }
 
 

@@ -156,7 +156,8 @@ def load_model(spec: str) -> NamedModel:
     if not sep or not module or not attr:
         raise ConfigError(
             KEY,
-            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory",
+            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory"
+            + (_hub_hint(spec) if not sep else ""),
         )
     if "" not in sys.path:
         sys.path.insert(0, "")
@@ -232,6 +233,17 @@ def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
             except ValueError:  # the config's model type has no such head
                 continue
         return transformers.AutoModel.from_config(config), HEADS[-1]
+
+
+def _hub_hint(spec: str) -> str:
+    """For a Hub model id (``Qwen/Qwen2-7B``): how to have its config here (the estimate never uses
+    the network)."""
+    here = Path(spec).name
+    save = f"AutoConfig.from_pretrained('{spec}').save_pretrained('{here}')"
+    return (
+        "; for a Hugging Face Hub model, save its config once where the network is: python -c "
+        f'"from transformers import AutoConfig; {save}", then: memprofiler estimate {here}'
+    )
 
 
 def _where(err: BaseException) -> str:

@@ -4,8 +4,10 @@ The plan (FSDP2 over 8 ranks, ``bf16-mixed``, AdamW, 2 x 4,096 tokens per rank, 
 does not fit; every candidate change is estimated, and sets of them when no single one fits.
 Prints JSON: wall time, CPU time (this process and the forked processes that ran estimates side
 by side), peak host RSS (this process, and the largest child), the number of estimates, the
-answer, and the load average before and after. ``--jobs`` sets how many estimates run at once
-(default: one per core); wall time also counts whatever else the machine was running.
+pools of estimates side by side (tasks in each, those a search asked for as others ended among
+them), the answer, and the load average before, during (every 10 s) and after. ``--jobs`` sets
+how many estimates run at once (default: one per core); wall time also counts whatever else the
+machine was running.
 
 Run: ``MALLOC_ARENA_MAX=1 PYTHONPATH=src python benchmarks/advise.py --name advise-side_by_side``
 """
@@ -16,6 +18,7 @@ import argparse
 import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +67,23 @@ def run(candidates: list[str] | None, jobs: int | None) -> dict[str, Any]:
     with torch.device("meta"):
         model = LlamaForCausalLM(LlamaConfig(**LLAMA_8B, attn_implementation="sdpa"))
     ids = torch.randint(0, LLAMA_8B["vocab_size"], (MICRO_BATCH, SEQ))
+    pools: list[dict[str, int]] = []
+    prefetch = workers.prefetch
+
+    def counted(tasks: Any, jobs: Any = None, **kw: Any) -> Any:
+        got = prefetch(tasks, jobs, **kw)
+        pools.append({"tasks": len(got), "asked_as_others_ended": len(got) - len(tasks)})
+        return got
+
+    workers.prefetch = counted  # type: ignore[assignment]
+    loads: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(10.0):
+            loads.append(os.getloadavg()[0])
+
+    threading.Thread(target=sample, daemon=True).start()
     load0 = os.getloadavg()
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -82,6 +102,8 @@ def run(candidates: list[str] | None, jobs: int | None) -> dict[str, Any]:
         jobs=jobs,
     )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    stop.set()
+    workers.prefetch = prefetch
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     kids_cpu = kids.ru_utime + kids.ru_stime - kids0.ru_utime - kids0.ru_stime
     best = advice.best or advice.closest
@@ -107,7 +129,9 @@ def run(candidates: list[str] | None, jobs: int | None) -> dict[str, Any]:
         "per_estimate_cpu_s": round((cpu + kids_cpu) / max(advice.estimates, 1), 1),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "largest_child_rss_bytes": kids.ru_maxrss * 1024,
+        "pools_side_by_side": pools,
         "loadavg_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)],
+        "loadavg_during_mean": round(sum(loads) / len(loads), 2) if loads else None,
         "base_reserved_bytes": advice.base.reserved_bytes,
         "answer": None
         if best is None

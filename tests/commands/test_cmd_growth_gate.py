@@ -108,6 +108,18 @@ def test_the_runs_own_noise_is_added_to_the_allowance(real_runs, tmp_path, capsy
         (["--max", "rss_peak=1.5"], "`--max rss_peak`: got '1.5' without a unit; rss_peak is in bytes"),
         (["--max", "rss_peak=700"], "write 700GiB or 700MiB (700B for 700 bytes)"),
         (["--max", "rss_peak=1.5B"], "= 1.5 bytes; a byte limit is a whole number"),
+        # a CUDA limit on runs without a GPU says so, for the rise and for a budget
+        (
+            ["--max", "allocated_bytes.all.peak=+5%", "--baseline", "A"],
+            "memprofiler); a CUDA figure, and no call there has one (no GPU in the run: leave CUDA limits "
+            "out on a CPU runner); metrics there: rss, rss_peak, ",
+        ),
+        (["--max", "reserved_bytes.all.peak=1GiB"], "memprofiler; a CUDA figure, and no call there has one"),
+        # a block whose layers saved the bytes (its own share: none) names the pattern of its layers
+        (
+            ["--max", "saved_tensors.by_module.enc=+5%", "--baseline", "A"],
+            "`saved_tensors.by_module.enc.*` limits each of its submodules; metrics there:",
+        ),
     ],
 )
 def test_bad_limits_one_line_exit_2(real_runs, capsys, args, message):

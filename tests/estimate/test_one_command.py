@@ -18,7 +18,7 @@ from torch import nn
 
 from memprofiler.__main__ import main
 from memprofiler.estimate import largest_batch, workers
-from memprofiler.estimate.batch_search import search
+from memprofiler.estimate.batch_search import search, search_many
 from memprofiler.estimate.cuda.devices import CUDA_CONTEXT, device_memory
 from memprofiler.estimate.result import MemoryEstimate
 
@@ -163,6 +163,87 @@ def test_side_by_side_the_search_confirms_each_guess_with_its_neighbour_at_once(
     assert found.tried[19].peak_bytes == one(19).peak_bytes
 
 
+#: A 7B Llama's step with checkpointing on 8 x H100 (FSDP2, AdamW, bf16-mixed, 4,096 tokens a row),
+#: as `memprofiler estimate` gave it: the tensors' peak and the allocator's reserved peak by rows.
+LLAMA_7B_CKPT = {
+    1: (28_995_822_080, 37_434_163_200),
+    2: (32_688_038_400, 40_913_338_368),
+    13: (73_315_164_672, 83_164_659_712),
+    14: (77_009_445_376, 84_852_867_072),
+    15: (80_701_628_928, 87_237_328_896),
+}
+
+
+def _recorded(calls: list[int]):
+    """The recorded 7B estimates; rows not recorded lie on the line through rows 1 and 2 with
+    the same allocator overhead as row 2."""
+
+    def one(rows: int) -> MemoryEstimate:
+        calls.append(rows)
+        peak, reserved = LLAMA_7B_CKPT.get(rows, (0, 0))
+        if not peak:
+            peak = 28_995_822_080 + (rows - 1) * 3_692_216_320
+            reserved = peak + 8_225_300_000
+        return MemoryEstimate(
+            peak_bytes=peak,
+            tensor_peak_bytes=peak,
+            reserved_peak_bytes=reserved,
+            margin_bytes=2**29,
+            batch_size=rows,
+        )
+
+    return one
+
+
+def test_the_prediction_follows_the_tensors_not_the_allocators_wandering_overhead():
+    # GIVEN the 7B step's estimates: the reserved peak grows 3.48 GB from row 1 to 2 but 3.84 GB a
+    # row from 2 to 13 (the allocator's overhead over the tensors wanders, 6.5-9.9 GB), while the
+    # tensors' peak grows 3.69 GB a row throughout
+    calls: list[int] = []
+    found = search(_recorded(calls), device_memory("H100").total, CUDA_CONTEXT, jobs=1)
+    # THEN the tensors' line less the larger overhead predicts 13 at once: 13 fits, 14 does not
+    # (the reserved peaks' own line predicted 14, which does not fit: side by side, 14 and its
+    # neighbour 15 were estimated, and 13 took a round of its own)
+    assert found.largest == 13 and calls == [1, 2, 13, 14]
+
+
+def test_searches_side_by_side_give_each_searchs_own_answer_in_shared_rounds():
+    # GIVEN the step without checkpointing (one row fits) and with it (13), one estimate at a time
+    gib = 2**30
+    calls: list[int] = []
+    without, _ = _linear(int(20 * gib), int(34 * gib))
+    ones = {False: lambda b: without(b), True: _recorded(calls)}
+    found = search_many(ones, device_memory("H100").total, CUDA_CONTEXT, jobs=1)
+    # THEN each search's answer and estimates are those it makes alone
+    assert {k: (f.largest, sorted(f.tried)) for k, f in found.items()} == {
+        False: (1, [1, 2]),
+        True: (13, [1, 2, 13, 14]),
+    }
+    alone = search(_recorded([]), device_memory("H100").total, CUDA_CONTEXT, jobs=1)
+    assert found[True].tried[13] == alone.tried[13]
+
+
+def test_two_searches_on_two_cores_take_three_rounds(monkeypatch):
+    # GIVEN the same two searches with two estimates at a time, each round counted
+    rounds: list[int] = []
+    prefetch = workers.prefetch
+
+    def counted(tasks, jobs=None):  # type: ignore[no-untyped-def]
+        rounds.append(len(tasks))
+        return prefetch(tasks, jobs)
+
+    monkeypatch.setattr(workers, "_warm", True)
+    monkeypatch.setattr(workers, "prefetch", counted)
+    gib = 2**30
+    without, _ = _linear(int(20 * gib), int(34 * gib))
+    ones = {False: without, True: _recorded([])}
+    found = search_many(ones, device_memory("H100").total, CUDA_CONTEXT, jobs=2)
+    # THEN rows 1 of both, rows 2 of both, then 13 with its neighbour 14: three rounds of two,
+    # where one search after the other takes four (the first search's second round runs alone)
+    assert rounds == [2, 2, 2]
+    assert (found[False].largest, found[True].largest) == (1, 13)
+
+
 def test_largest_batch_from_python_agrees_with_each_estimate():
     # GIVEN a small MLP estimated as tensor bytes (device cpu), with room for a few rows
     with torch.device("meta"):
@@ -253,3 +334,15 @@ def test_fsdp2_mixed_precision_without_fsdp_is_one_line(tiny, capsys):
     assert main(["estimate", str(tiny), "--param-dtype", "bf16"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "`--param-dtype`: FSDP2's mixed precision needs --strategy fsdp" in err
+
+
+def test_checkpointing_a_transformers_model_turns_its_cache_off_as_training_would(tiny):
+    # GIVEN the tiny LLaMA, whose config keeps a cache in forward by default
+    from memprofiler.estimate.named import load_model
+
+    named = load_model(str(tiny))
+    assert named.model.config.use_cache is True
+    # WHEN checkpointing is turned on THEN no config of the model keeps a cache (transformers would
+    # turn it off in the first checkpointed forward, with a warning in every estimate's process)
+    named.checkpoint()
+    assert not [m for m in named.model.modules() if getattr(getattr(m, "config", None), "use_cache", False)]

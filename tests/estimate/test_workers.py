@@ -80,3 +80,37 @@ def test_an_estimate_made_in_a_child_equals_the_same_estimate_in_process():
             here.by_category,
             here.notes,
         )
+
+
+def test_tasks_a_finished_one_asks_for_start_before_those_waiting(monkeypatch):
+    # GIVEN three tasks on two cores, the first run here, the second holding its core a while
+    monkeypatch.setattr(workers, "_warm", True)
+    here = os.getpid()
+
+    def then(index: int, result: object) -> list:
+        return [time_started] if index == 0 else []
+
+    # WHEN the first one's end asks for one more task
+    got = workers.prefetch(
+        [os.getpid, _held, time_started],
+        jobs=2,
+        here_first=True,
+        then=then,  # type: ignore[list-item]
+    )
+    # THEN the first ran here although this process is warm, the one asked for ran next, and its
+    # result follows the others
+    assert got[0] == here and len(got) == 4
+    assert got[3] is not None and got[2] is not None and got[3] < got[2]
+
+
+def _held() -> float:
+    import time
+
+    time.sleep(0.5)
+    return time.monotonic()
+
+
+def time_started() -> float:
+    import time
+
+    return time.monotonic()

@@ -16,7 +16,7 @@ from memprofiler.advice.checkpointing import need_blocks
 from memprofiler.advice.flops import ForwardFlops, recording
 from memprofiler.advice.plan import Plan
 from memprofiler.advice.progress import Progress
-from memprofiler.advice.result import Advice
+from memprofiler.advice.result import Advice, Row
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import default_loss
 
@@ -129,17 +129,22 @@ def advise_plan(
     flops = ForwardFlops()
     recorded = dataclasses.replace(base, loss_fn=recording(base.loss_fn or default_loss, flops))
     with Progress(progress) as bar:
-        est = search.Estimator(recorded, budget, reserve, bar, jobs)
-        base_row = est.base()
-        target = est.target
-        if base.gpu is None:  # the default target's memory bounds the budget too
-            budgets.parse_budget(budget, target.split(" ")[0])
-        ctx = cands.Context.of(base, flops)
+        est = search.Estimator(recorded, budget, reserve, bar, jobs, flops)
+        ctx = cands.Context.of(base, flops)  # its FLOPs are read once the base has run
         found, skipped = cands.candidates(ctx, names)
+
+        target: list[str] = []
+
+        def check(row: Row) -> None:
+            target.append(est.target)
+            if base.gpu is None:  # the default target's memory bounds the budget too
+                budgets.parse_budget(budget, est.target.split(" ")[0])
+
+        singles = search.singles(est, found, on_base=check)  # the base estimated beside them
+        base_row = est.base()
         advice = Advice(
-            budget=budget, reserve=reserve, base=base_row, rows=[], skipped=skipped, target=target
+            budget=budget, reserve=reserve, base=base_row, rows=[], skipped=skipped, target=target[0]
         )
-        singles = search.singles(est, found)
         advice.rows = search.rank([row for _, row in singles])
         fitting = [r for r in advice.rows if r.fits]
         if base_row.fits:

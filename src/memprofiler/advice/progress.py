@@ -62,4 +62,7 @@ class Progress:
             print(f"advise: {self.done} estimated ({took:.0f} s): {words}", file=sys.stderr, flush=True)
         if self._progress is None or self._task is None:
             return
-        self._progress.update(self._task, completed=self.done, description=words if row is None else "")
+        # the last change estimated stays named (side by side, rows come in faster than redraws),
+        # cut short enough that the count beside it is never cut on an 80-column terminal
+        short = change if len(change) <= 40 else change[:37] + "..."
+        self._progress.update(self._task, completed=self.done, description=short)

@@ -5,6 +5,7 @@ When no single change fits, the pairs of the ``pool`` changes that came nearest 
 different kinds) are each estimated, then sets of three grown from the nearest pairs, and so on.
 A variant family in a fitting set (how many blocks, how small a micro-batch) is then narrowed to
 its cheapest variant that still fits with the rest of the set, by bisection over estimates.
+The narrowings are :mod:`.lanes`: each asks for its next estimate while the others' run.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from memprofiler.advice import lanes
 from memprofiler.advice import plan as plans
 from memprofiler.advice.candidates import Candidate, Variant
 from memprofiler.advice.costs import Cost, combined
+from memprofiler.advice.flops import ForwardFlops
 from memprofiler.advice.plan import Plan
 from memprofiler.advice.result import Row
 from memprofiler.errors import MemProfilerError
-from memprofiler.estimate import MemoryEstimate, workers
+from memprofiler.estimate import MemoryEstimate
 
 Listener = Callable[[str, "Row | None"], None]
 
@@ -37,6 +41,22 @@ class Pick:
         return self.candidate.variants[self.index]
 
 
+@dataclass(frozen=True)
+class Refused:
+    """An estimate refused in the process that ran it: the error's words, raised again when read.
+
+    Only an error the search records (not raises) comes back so: the estimate's own refusal, or a
+    ``RuntimeError`` from a child of a process that never started CUDA (a child of one that did
+    cannot use CUDA at all: that error is not the plan's, and the plan is estimated here again).
+    """
+
+    message: str
+    runtime: bool
+
+    def error(self) -> Exception:
+        return RuntimeError(self.message) if self.runtime else MemProfilerError(self.message)
+
+
 class Estimator:
     """Runs the estimates, once per distinct plan, and turns each into a :class:`Row`."""
 
@@ -47,14 +67,17 @@ class Estimator:
         reserve: int,
         listener: Listener | None = None,
         jobs: int | None = None,
+        flops: ForwardFlops | None = None,
     ) -> None:
         self.base_plan = base
         self.jobs = jobs
         self.budget = budget
         self.reserve = reserve
         self.listener = listener
+        self.flops = flops
+        """Recorded by the base's forward in this process; a child never records its own."""
         self.runs = 0
-        self._cache: dict[str, MemoryEstimate] = {}
+        self._cache: dict[str, MemoryEstimate | Refused] = {}
         self.base_used = 0
         self.target = ""
         self.base_row: Row | None = None
@@ -62,7 +85,9 @@ class Estimator:
         """Candidates (or sets) whose step the estimate refused, with its reason."""
 
     def base(self) -> Row:
-        """The plan as given: every other row's saving is counted against it."""
+        """The plan as given: every other row's saving is counted against it (estimated once)."""
+        if self.base_row is not None:
+            return self.base_row
         row = self.row(())
         self.base_used = -row.saved_bytes
         row.saved_bytes = 0
@@ -91,34 +116,45 @@ class Estimator:
     def estimate(self, plan: Plan) -> MemoryEstimate:
         key = self._key(plan)
         if key not in self._cache:
-            self._cache[key] = plans.estimate(plan)
-            self.target = self._cache[key].target
-            self.runs += 1
-        return self._cache[key]
+            self.store(key, plans.estimate(plan))
+        found = self._cache[key]
+        if isinstance(found, Refused):
+            raise found.error()
+        return found
+
+    def pending(self, picks: tuple[Pick, ...]) -> tuple[str, Plan] | None:
+        """The key and plan of a set of changes not estimated yet; None when it is (or when a
+        change does not apply: :meth:`row` raises that, and the search records it)."""
+        plan = self.base_plan
+        try:
+            for p in picks:
+                plan = p.variant.apply(plan)
+        except (MemProfilerError, RuntimeError):
+            return None
+        key = self._key(plan)
+        return None if key in self._cache else (key, plan)
+
+    def task(self, plan: Plan, here: bool = False) -> Callable[[], MemoryEstimate | Refused]:
+        """The plan's estimate as a task for :func:`memprofiler.estimate.workers.prefetch`
+        (``here``: the one it runs in this process, where the base's FLOPs are recorded)."""
+        return functools.partial(_attempt, plan, None if here else self.flops)
+
+    def store(self, key: str, found: MemoryEstimate | Refused) -> None:
+        """An estimate made (or refused) elsewhere, for :meth:`row` to read."""
+        if isinstance(found, Refused):
+            if found.runtime and _cuda_started():  # perhaps the child's error, not the plan's
+                return
+            self._cache[key] = found
+            return
+        self._cache[key] = found
+        self.target = found.target
+        self.runs += 1
 
     def prefetch(self, picks: list[tuple[Pick, ...]]) -> None:
         """Estimate the plans of these sets of changes side by side (one process each, as many at
         once as ``jobs``), ahead of :meth:`row` asking for them one by one; a plan whose estimate
         failed there is estimated again in process when asked for, and raises there."""
-        todo: dict[str, Plan] = {}
-        for set_ in picks:
-            plan = self.base_plan
-            try:
-                for p in set_:
-                    plan = p.variant.apply(plan)
-            except (MemProfilerError, RuntimeError):  # raised again, and recorded, by row()
-                continue
-            key = self._key(plan)
-            if key not in self._cache:
-                todo.setdefault(key, plan)
-        if len(todo) > 1 and self.listener is not None:
-            self.listener(f"{len(todo)} plans side by side", None)
-        found = workers.prefetch([functools.partial(plans.estimate, p) for p in todo.values()], self.jobs)
-        for key, est in zip(todo, found, strict=True):
-            if est is not None:
-                self._cache[key] = est
-                self.target = est.target
-                self.runs += 1
+        lanes.run(self, [], picks)
 
     def row(self, picks: tuple[Pick, ...], base: Row | None = None) -> Row:
         plan = self.base_plan
@@ -152,8 +188,31 @@ class Estimator:
         return row
 
 
+def _attempt(plan: Plan, flops: ForwardFlops | None) -> MemoryEstimate | Refused:
+    if flops is not None:  # a child: the base's FLOPs are this process's parent's to record
+        flops.recorded = True
+    try:
+        return plans.estimate(plan)
+    except MemProfilerError as err:
+        return Refused(str(err), runtime=False)
+    except RuntimeError as err:
+        return Refused(str(err), runtime=True)
+
+
+def _cuda_started() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
 def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate) -> tuple[Pick, Row]:
-    """The first variant of ``family`` that fits with ``fixed``, else its last variant.
+    """The first variant of ``family`` that fits with ``fixed``, else its last variant (each
+    estimate made when :func:`narrowing` asks for it, one after another)."""
+    return lanes.run(est, [narrowing(est, fixed, family)])[0]
+
+
+def narrowing(est: Estimator, fixed: tuple[Pick, ...], family: Candidate) -> lanes.Lane[tuple[Pick, Row]]:
+    """The lane that finds the first variant of ``family`` that fits with ``fixed``, else its last.
 
     Memory falls along the variants, so the boundary is searched for: each next variant tried is
     where a straight line through the two nearest estimates crosses the budget (the figures are
@@ -162,15 +221,11 @@ def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate)
     """
     last = len(family.variants) - 1
     rows: dict[int, Row] = {}
+    yield [(), (*fixed, Pick(family, last))] if not fixed else [(*fixed, Pick(family, last))]
     if not fixed and est.base_row is not None:
         rows[-1] = est.base_row
-
-    def at(i: int) -> Row:
-        if i not in rows:
-            rows[i] = est.row((*fixed, Pick(family, i)))
-        return rows[i]
-
-    if not at(last).fits:
+    rows[last] = est.row((*fixed, Pick(family, last)))
+    if not rows[last].fits:
         return Pick(family, last), rows[last]
     lo, hi = -1, last  # hi fits; lo does not (-1: the family not applied)
     while hi - lo > 1:
@@ -180,7 +235,9 @@ def cheapest_fitting(est: Estimator, fixed: tuple[Pick, ...], family: Candidate)
         else:
             step = (hi - lo) * -below.headroom_bytes / (above.headroom_bytes - below.headroom_bytes)
             guess = min(max(lo + 1, lo + math.ceil(step)), hi - 1)
-        if at(guess).fits:
+        yield [(*fixed, Pick(family, guess))]
+        rows[guess] = est.row((*fixed, Pick(family, guess)))
+        if rows[guess].fits:
             hi = guess
         else:
             lo = guess
@@ -194,21 +251,57 @@ def rank(rows: list[Row]) -> list[Row]:
     return fit + rest
 
 
-def singles(est: Estimator, cands: list[Candidate]) -> list[tuple[Pick, Row]]:
+def singles(
+    est: Estimator, cands: list[Candidate], on_base: Callable[[Row], None] | None = None
+) -> list[tuple[Pick, Row]]:
     """Each candidate estimated on its own (a family at its cheapest fitting variant); one whose
-    step cannot be estimated goes to ``est.failed`` with the estimate's one-line reason."""
-    est.prefetch([(Pick(c, len(c.variants) - 1),) for c in cands])
+    step cannot be estimated goes to ``est.failed`` with the estimate's one-line reason.
+
+    The base (:meth:`Estimator.base`, then ``on_base`` on its row, which may raise) is estimated
+    in this process beside the first candidates, unless it was already; the families' narrowings
+    run beside the other candidates, the longest steps (accumulation) among those first.
+    """
+    families = [i for i, c in enumerate(cands) if len(c.variants) > 1]
+    runs = [_base_lane(est, on_base)] + [_guarded(narrowing(est, (), cands[i])) for i in families]
+    ahead = sorted(((Pick(c, len(c.variants) - 1),) for c in cands), key=lambda s: -_steps(est, s))
+    answers = lanes.run(est, runs, ahead, here_first=est.base_row is None)
+    narrowed = dict(zip(families, answers[1:], strict=True))
     out = []
-    for c in cands:
+    for i, c in enumerate(cands):
         try:
-            if len(c.variants) > 1:
-                out.append(cheapest_fitting(est, (), c))
+            if i in narrowed:
+                found = narrowed[i]
+                if isinstance(found, BaseException):
+                    raise found
+                out.append(found)
             else:
                 pick = Pick(c, 0)
                 out.append((pick, est.row((pick,))))
         except (MemProfilerError, RuntimeError) as err:
             est.failed[c.name] = "could not be estimated: " + " ".join(str(err).split())[:300]
     return out
+
+
+def _steps(est: Estimator, picks: tuple[Pick, ...]) -> int:
+    """Micro-batches the set's estimate runs per step (its length, nearly)."""
+    found = est.pending(picks)
+    return 1 if found is None else found[1].accumulation
+
+
+def _base_lane(est: Estimator, on_base: Callable[[Row], None] | None) -> lanes.Lane[Row]:
+    yield [()]
+    row = est.base()
+    if on_base is not None:
+        on_base(row)
+    return row
+
+
+def _guarded(lane: lanes.Lane[Any]) -> lanes.Lane[Any]:
+    """The lane's answer, or the error the search records rather than raises."""
+    try:
+        return (yield from lane)
+    except (MemProfilerError, RuntimeError) as err:
+        return err
 
 
 def combinations(
@@ -267,14 +360,15 @@ def _grown(frontier: list[tuple[Pick, ...]], top: list[Pick]) -> list[tuple[Pick
 
 
 def _narrowed(est: Estimator, fitting: list[tuple[tuple[Pick, ...], Row]]) -> list[Row]:
-    """Each fitting set with its families narrowed to the cheapest variant that still fits."""
-    out = []
-    for picks, row in fitting:
-        for i, p in enumerate(picks):
-            if len(p.candidate.variants) > 1:
-                rest = picks[:i] + picks[i + 1 :]
-                chosen, narrowed = cheapest_fitting(est, rest, p.candidate)
-                picks = (*rest[:i], chosen, *rest[i:])
-                row = narrowed
-        out.append(row)
-    return out
+    """Each fitting set with its families narrowed to the cheapest variant that still fits (the
+    sets side by side)."""
+    return lanes.run(est, [_narrowed_set(est, picks, row) for picks, row in fitting])
+
+
+def _narrowed_set(est: Estimator, picks: tuple[Pick, ...], row: Row) -> lanes.Lane[Row]:
+    for i, p in enumerate(picks):
+        if len(p.candidate.variants) > 1:
+            rest = picks[:i] + picks[i + 1 :]
+            chosen, row = yield from narrowing(est, rest, p.candidate)
+            picks = (*rest[:i], chosen, *rest[i:])
+    return row

@@ -11,6 +11,7 @@ from typing import Any
 
 from memprofiler.analysis.impossible import ImpossibleValues, possible
 from memprofiler.analysis.runs.artifacts import RunArtifacts, flatten_metrics, is_number, match_any
+from memprofiler.analysis.unmatched import unmatched
 from memprofiler.errors import ArtifactError, ConfigError
 from memprofiler.units import format_value, looks_like_bytes, parse_size
 
@@ -143,11 +144,9 @@ def check_budget(
         )
     for i, limit in enumerate(limits):
         if not matched[i]:
-            known = sorted({m for m in limits_of if "." not in m or m.count(".") < 3})
             raise ConfigError(
                 f"--max {limit.metric}",
-                f"matches no collected value in {run.root}; metrics there: {', '.join(known[:12])}"
-                + (" ..." if len(known) > 12 else ""),
+                f"matches no collected value in {run.root}; {unmatched(limit.metric, limits_of)}",
             )
     found.sort(key=lambda ikv: (ikv[0], ikv[1]))  # by limit as given, then by key (stable within one)
     return [v for _, _, v in found], sum(matched)

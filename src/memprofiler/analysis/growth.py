@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memprofiler.analysis.runs.artifacts import match_any
+from memprofiler.analysis.unmatched import unmatched
 from memprofiler.errors import ConfigError
 from memprofiler.units import format_value, parse_size
 
@@ -146,11 +147,9 @@ def check_growth(
     for limit in limits:
         matched = [r for r in rows if match_any(r.metric, [limit.metric])]
         if not matched:
-            known = sorted({r.metric for r in rows if r.metric.count(".") < 3})
             raise ConfigError(
                 f"{option} {limit.metric}",
-                f"matches no metric both runs hold ({where}); metrics there: {', '.join(known[:12])}"
-                + (" ..." if len(known) > 12 else ""),
+                f"matches no metric both runs hold ({where}); {unmatched(limit.metric, (r.metric for r in rows))}",
             )
         for r in matched:
             compared += 1

@@ -77,6 +77,12 @@ class EstimateCommand:
         )
         parser.add_argument("--seq-len", type=int, default=4096, help="tokens per row (default: 4096)")
         parser.add_argument(
+            "--input-shape",
+            default=None,
+            metavar="SHAPE",
+            help="one row of float32 input in place of tokens, e.g. 3,224,224 for images (the output is summed)",
+        )
+        parser.add_argument(
             "--context",
             default=None,
             metavar="SIZE",

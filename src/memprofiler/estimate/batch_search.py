@@ -154,7 +154,7 @@ def _search(
         x0, x1 = sorted(tried, key=lambda k: (abs(k - (lo if hi is None else (lo + hi) / 2)), k))[:2]
         # on the tensors' peak, which grows with the batch in a straight line, less the larger
         # of the two allocators' overheads (reserved over allocated: it wanders with the batch,
-        # 6.1-9.9 GB either way for a 7B model's rows, and would bend the line)
+        # 6.5-9.9 GB for a 7B model's rows 1-15, and would bend the line)
         r0, r1 = room(x0) + _overhead(tried[x0]), room(x1) + _overhead(tried[x1])
         over = max(_overhead(tried[x0]), _overhead(tried[x1]))
         slope = (r1 - r0) / (x1 - x0) if x1 != x0 else 0.0

@@ -155,10 +155,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def input_shape(text: str) -> tuple[int, ...]:
+    """``3,224,224`` (or ``3x224x224``) as a shape.
+
+    Raises:
+        ConfigError: not a list of positive whole numbers.
+
+    Example:
+        >>> input_shape("3x32x32")
+        (3, 32, 32)
+    """
+    parts = text.replace("x", ",").split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ConfigError("--input-shape", f"got {text!r}; give one input row's shape, e.g. 3,224,224")
+    return tuple(int(p) for p in parts)
+
+
 def _model(args: argparse.Namespace, checkpointing: bool) -> tuple[NamedModel, list[str]]:
     """The named model (with checkpointing on every block when asked) and its notes."""
     named = load_model(args.model)
+    table = named.positions() if not args.input_shape else None
+    if table is not None and args.seq_len > table[1]:
+        raise ConfigError(
+            "--seq-len",
+            f"got {args.seq_len}; {args.model}'s position table holds {table[1]} positions (`{table[0]}` in "
+            f"its config), so a longer row cannot run; give --seq-len {table[1]} or less",
+        )
     notes = [f"model: {named.built}"] if named.built else []
+    if args.input_shape:
+        named.input_shape = input_shape(args.input_shape)
+        shape = " x ".join(str(n) for n in named.input_shape)
+        notes.append(f"batch: rows of {shape} float32 (--input-shape); loss: the output summed")
     if checkpointing:
         notes.append(named.checkpoint())
     if named.takes_labels:

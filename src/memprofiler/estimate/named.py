@@ -7,6 +7,7 @@ import importlib
 import inspect
 import json
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +41,21 @@ class NamedModel:
     """How the model was built, for the notes (``T5ForConditionalGeneration, transformers'
     AutoModelForSeq2SeqLM.from_config``); empty for ``module:factory``."""
 
+    input_shape: tuple[int, ...] | None = None
+    """``--input-shape``: each row is a float32 tensor of this shape (an image: ``3, 224, 224``)
+    in place of token ids; the output is reduced to a scalar."""
+
     def batch(self, rows: int, seq_len: int) -> Any:
-        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels)."""
+        """A batch of ``rows`` x ``seq_len`` token ids (and the same ids as labels), or of
+        ``rows`` float32 inputs of :attr:`input_shape`."""
+        if self.input_shape is not None:
+            return torch.randn(rows, *self.input_shape)
         if self.vocab_size is None:
             raise ConfigError(
                 KEY,
                 f"{self.name}: the model names no vocabulary (`config.vocab_size` or `vocab_size`), so "
-                "no token batch can be made; estimate it from Python with `estimate_memory(model, batch, ...)`",
+                "no token batch can be made; give the shape of one input row (`--input-shape 3,224,224` "
+                "for images), or estimate it from Python with `estimate_memory(model, batch, ...)`",
             )
         ids = torch.randint(0, self.vocab_size, (rows, seq_len))
         batch = {"input_ids": ids}
@@ -58,9 +67,26 @@ class NamedModel:
 
     def loss_fn(self) -> engine.LossFn:
         """The model's own loss when it takes labels, else the output reduced to a scalar."""
-        if self.takes_labels or self.encoder_decoder:
+        if self.input_shape is None and (self.takes_labels or self.encoder_decoder):
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
+
+    def positions(self) -> tuple[str, int] | None:
+        """The config key and size of a learned position table (GPT-2's ``n_positions``, BERT's
+        ``max_position_embeddings``): a row longer than it cannot run. ``None`` for rotary or
+        relative positions (LLaMA, T5), which take longer rows.
+
+        A table is an ``nn.Embedding`` of as many rows as the config's key says, other than the
+        token embedding (a vocabulary of that size too would leave it undecided: ``None``).
+        """
+        config = getattr(self.model, "config", None)
+        for key in ("n_positions", "max_position_embeddings"):
+            size = getattr(config, key, None)
+            if not isinstance(size, int) or size == self.vocab_size:
+                continue
+            if any(isinstance(m, nn.Embedding) and m.num_embeddings == size for m in self.model.modules()):
+                return key, size
+        return None
 
     def checkpoint(self) -> str:
         """Turn activation checkpointing on for every block; return how, for the notes.
@@ -78,16 +104,37 @@ class NamedModel:
             enable = getattr(self.model, name, None)
             if self.huggingface and callable(enable):
                 enable(**{kwarg: {"use_reentrant": False}})
+                _no_cache(self.model)
                 return f"activation checkpointing: transformers' {name} (non-reentrant)"
-        lists = [m for m in self.model.modules() if isinstance(m, nn.ModuleList) and len(m)]
-        if not lists:
+        # the blocks: the largest nn.ModuleList, else the largest nn.Sequential (a model built of
+        # Sequentials, as torchvision's are)
+        for kind in (nn.ModuleList, nn.Sequential):
+            lists = [(n, m) for n, m in self.model.named_modules() if type(m) is kind and len(m) > 1]
+            if lists:
+                break
+        else:
             raise ConfigError(
-                "--checkpointing", f"{self.name}: no nn.ModuleList of blocks to wrap in checkpoint_wrapper"
+                "--checkpointing",
+                f"{self.name}: no nn.ModuleList or nn.Sequential of blocks to wrap in checkpoint_wrapper; "
+                "checkpoint the model in its factory and leave out --checkpointing",
             )
-        blocks = max(lists, key=len)
+        name, blocks = max(lists, key=lambda nm: len(nm[1]))
         for i in range(len(blocks)):
             blocks[i] = checkpoint_wrapper(blocks[i])
-        return f"activation checkpointing: checkpoint_wrapper on each of {len(blocks)} blocks"
+        where = f"`{name}`" if name else "the model"
+        return (
+            f"activation checkpointing: checkpoint_wrapper on each of the {len(blocks)} items of {where} "
+            f"({type(blocks).__name__})"
+        )
+
+
+def _no_cache(model: nn.Module) -> None:
+    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
+    training forward, where it warned once per process (once per estimate run side by side)."""
+    for m in model.modules():
+        config: Any = getattr(m, "config", None)
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
 
 
 def load_model(spec: str) -> NamedModel:
@@ -109,7 +156,8 @@ def load_model(spec: str) -> NamedModel:
     if not sep or not module or not attr:
         raise ConfigError(
             KEY,
-            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory",
+            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory"
+            + (_hub_hint(spec) if not sep else ""),
         )
     if "" not in sys.path:
         sys.path.insert(0, "")
@@ -117,10 +165,23 @@ def load_model(spec: str) -> NamedModel:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as err:
         raise ConfigError(KEY, f"{spec!r}: cannot import it ({err})") from None
+    except Exception as err:  # the user's module ran code at import that failed
+        raise ConfigError(
+            KEY,
+            f"{spec!r}: importing `{module}` raised {_where(err)}; a module that trains when imported "
+            'needs `if __name__ == "__main__":` around that code (or put the factory in a module of its own)',
+        ) from None
     if not callable(factory):
         raise ConfigError(KEY, f"{spec!r} is not callable; give a function or class that returns the model")
     with torch.device("meta"):
-        model = factory()
+        try:
+            model = factory()
+        except Exception as err:
+            raise ConfigError(
+                KEY,
+                f"{spec!r}: calling it raised {_where(err)}; give a function or class that builds the model "
+                "with no arguments",
+            ) from None
     if not isinstance(model, nn.Module):
         raise ConfigError(KEY, f"{spec!r} returned {type(model).__name__}, not an nn.Module")
     config = getattr(model, "config", None)
@@ -172,6 +233,27 @@ def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
             except ValueError:  # the config's model type has no such head
                 continue
         return transformers.AutoModel.from_config(config), HEADS[-1]
+
+
+def _hub_hint(spec: str) -> str:
+    """For a Hub model id (``Qwen/Qwen2-7B``): how to have its config here (the estimate never uses
+    the network)."""
+    here = Path(spec).name
+    save = f"AutoConfig.from_pretrained('{spec}').save_pretrained('{here}')"
+    return (
+        "; for a Hugging Face Hub model, save its config once where the network is: python -c "
+        f'"from transformers import AutoConfig; {save}", then: memprofiler estimate {here}'
+    )
+
+
+def _where(err: BaseException) -> str:
+    """``ValueError: bad value (train.py:30)``: the error and the last frame of the user's it was
+    raised from (none where it was raised calling the factory, a wrong signature)."""
+    ours = str(Path(__file__).parents[1])
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(ours)]
+    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ") + at
 
 
 def _takes_labels(model: nn.Module) -> bool:

@@ -19,7 +19,7 @@ NOT_MODELLED = (
     "float8 training (torchao's Float8Linear, fp8 all-gather): counted as the ops the fake step runs",
     "memory of torch.compile'd graphs and CUDA graphs (a compiled model gets a stated margin)",
     "scratch a kernel allocates inside itself beyond the cuBLAS workspaces, the stated cuDNN bound and, "
-    "for a CUDA target, the attention, layer norm, reduction and embedding backward scratch "
+    "for a CUDA target, the attention, layer norm, reduction, embedding backward and loss scratch "
     "replayed from torch's source",
 )
 

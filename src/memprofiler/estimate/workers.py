@@ -49,10 +49,22 @@ def warmed() -> None:
     _warm = True
 
 
-def prefetch(tasks: Sequence[Callable[[], T]], jobs: int | None = None) -> list[T | None]:
+def prefetch(
+    tasks: Sequence[Callable[[], T]],
+    jobs: int | None = None,
+    *,
+    here_first: bool = False,
+    then: Callable[[int, T | None], Sequence[Callable[[], T]]] | None = None,
+) -> list[T | None]:
     """Each task's result in order, run in forked children, ``jobs`` at a time (default
     :func:`default_jobs`); ``None`` where a task failed or nothing was run (one task, one job,
     no ``fork``): the caller runs those itself.
+
+    ``then(index, result)`` is called here as each task ends, in the order they end; the tasks it
+    returns run next, before those still waiting, and their results follow in the list in the
+    order given (a search asks for its next estimate as soon as the last one it needs is in,
+    while the cores stay busy with the rest). ``here_first``: the first task runs here even in a
+    process that has run an estimate (what it records in this process is wanted here).
 
     Until this process has run an estimate itself, the first task runs here, beside ``jobs - 1``
     children forked before it: torch's caches that an estimate fills (the fake tensors' dispatch
@@ -65,11 +77,18 @@ def prefetch(tasks: Sequence[Callable[[], T]], jobs: int | None = None) -> list[
         return [None] * len(tasks)
     results: list[Any] = [None] * len(tasks)
     pending = list(enumerate(tasks))
-    here = pending.pop(0) if not _warm else None
+    here = pending.pop(0) if here_first or not _warm else None
     running: dict[int, tuple[int, int, list[bytes]]] = {}  # fd -> (index, pid, chunks)
     sel = selectors.DefaultSelector()
     sys.stdout.flush()
     sys.stderr.flush()
+
+    def ended(index: int, result: Any) -> None:
+        results[index] = result
+        if then is not None:
+            more = list(then(index, result))
+            pending[:0] = [(len(results) + i, task) for i, task in enumerate(more)]
+            results.extend([None] * len(more))
 
     def start_children(slots: int) -> None:
         while pending and len(running) < slots:
@@ -82,9 +101,10 @@ def prefetch(tasks: Sequence[Callable[[], T]], jobs: int | None = None) -> list[
         if here is not None:  # the other cores start cold beside it; later children start warm
             start_children(jobs - 1)
             try:
-                results[here[0]] = here[1]()
+                result = here[1]()
             except Exception:
-                results[here[0]] = None
+                result = None
+            ended(here[0], result)
         while pending or running:
             start_children(jobs)
             for key, _ in sel.select():
@@ -98,8 +118,7 @@ def prefetch(tasks: Sequence[Callable[[], T]], jobs: int | None = None) -> list[
                 os.close(fd)
                 del running[fd]
                 _, status = os.waitpid(pid, 0)
-                if status == 0:
-                    results[index] = _loaded(b"".join(chunks))
+                ended(index, _loaded(b"".join(chunks)) if status == 0 else None)
     finally:
         for fd, (_, pid, _) in running.items():  # interrupted: no child outlives the call
             sel.unregister(fd)

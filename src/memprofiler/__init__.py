@@ -3,7 +3,7 @@
 The core (:class:`MemProfiler`, :func:`memprofilable`, :class:`MemProfilerConfig`) has no
 Lightning import; the Lightning adapters are loaded on first use. :class:`MemProfiler` (and
 with it torch) is loaded on first use too, so the ``memprofiler`` console script, which only
-reads files, starts without paying torch's import time.
+reads files, starts without paying torch's import time (nor the config's).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memprofiler._version import __version__
-from memprofiler.config import MemProfilerConfig
 from memprofiler.core.decorator import memprofilable
 from memprofiler.errors import ArtifactError, ConfigError, MemProfilerError
 
 if TYPE_CHECKING:
     from memprofiler.advice import Advice, advise
+    from memprofiler.config import MemProfilerConfig
     from memprofiler.core.profiler import MemProfiler
     from memprofiler.estimate import (
         EstimatePlan,
@@ -35,6 +35,8 @@ _LAZY = {
     "advise": "memprofiler.advice",
     "Advice": "memprofiler.advice",
     "MemProfiler": "memprofiler.core.profiler",
+    # (the `memprofiler` console script reads files; it needs no config)
+    "MemProfilerConfig": "memprofiler.config",
     "ExtendedPyTorchProfiler": "memprofiler.lightning.extended_profiler",
     "MemProfilerCallback": "memprofiler.lightning.callback",
     "MemProfilerCLI": "memprofiler.lightning.cli",

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_allocations import measured_peak
 from models import estimate_and_census
 from torch import nn
 
@@ -203,6 +204,19 @@ def test_nll2d_copies_a_channels_last_input_where_it_reduces() -> None:
     assert loss_scratch._nll2d(none) == []
 
 
+def test_multi_margin_sums_one_value_a_row_and_copies_what_is_not_contiguous() -> None:
+    x = torch.empty(64, 1000, device="meta")
+    target = torch.zeros(64, dtype=torch.long, device="meta")
+    row_sum = loss_scratch.reduction_scratch(64, torch.float32, 2, H200)
+    # GIVEN a contiguous (64, 1000) input, reduced: 64 per-row losses and their sum's scratch
+    call = loss_scratch._Call((x, target, 1, 1.0, None, 1), {}, None, H200)
+    assert loss_scratch._multi_margin(call) == [[64 * 4, *row_sum]]
+    # AND a transposed one is copied first; with reduction none the kernel writes the output
+    xt = torch.empty(1000, 64, device="meta").t()
+    call = loss_scratch._Call((xt, target, 1, 1.0, None, 0), {}, None, H200)
+    assert loss_scratch._multi_margin(call) == [[64 * 1000 * 4]]
+
+
 def test_mixed_precision_mse_runs_in_float32_as_cuda_autocast_runs_it() -> None:
     # GIVEN a Linear whose output is bfloat16 under bf16-mixed; CUDA autocast runs mse_loss in float32
     with torch.device("meta"):
@@ -236,27 +250,12 @@ CPU_CALLS = {
 }
 
 
-def _measured_peak(op: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, int]:
-    """The op's output and the most bytes the CPU allocator held during the call, above its start
-    (torch's profiler records every allocation and free)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = op(*args)
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    held = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        held += e.nbytes()
-        peak = max(peak, held)
-    return out, peak
-
-
 @pytest.mark.parametrize("name", sorted(CPU_CALLS))
 def test_rules_hold_what_the_real_cpu_kernel_allocates(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a loss op run on real CPU tensors of 4 x 10,000 float32 (160,000 B), its allocations
     # recorded; the rule without CUDA's reduction scratch (CPU's reduction takes none that size)
     op, args = CPU_CALLS[name]
-    out, peak = _measured_peak(op, args)
+    out, peak = measured_peak(op, args)
     monkeypatch.setattr(loss_scratch, "reduction_scratch", lambda *a: [])
     phases = loss_scratch.RULES[op][1](loss_scratch._Call(args, {}, out, H200))
     # THEN the output's storage and the rule's largest phase are the kernel's peak, to the 12 B of

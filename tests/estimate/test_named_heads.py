@@ -81,3 +81,42 @@ def test_t5_is_estimated_from_the_command_line(t5, tmp_path, capsys):
         "note: model: T5ForConditionalGeneration, transformers' AutoModelForSeq2SeqLM.from_config" in printed
     )
     assert "note: loss: the model's own, from `labels` (the input ids)" in printed
+
+
+GPT2 = {"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 300, "n_positions": 128}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "vocab_size": 300,
+    "max_position_embeddings": 128,
+}
+
+
+def _config(tmp_path: Path, name: str, config: dict) -> str:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(config))
+    return str(tmp_path / name)
+
+
+def test_a_row_longer_than_a_learned_position_table_is_refused(tmp_path, capsys):
+    # GIVEN GPT-2 with a table of 128 learned positions: a row of 129 tokens cannot run (an index out of
+    # range on the device), while fake tensors would estimate it
+    gpt2 = _config(tmp_path, "gpt2", GPT2)
+    # WHEN it is estimated with rows of 129 tokens
+    rc = main(["estimate", gpt2, "--seq-len", "129"])
+    err = capsys.readouterr().err
+    # THEN one line names the flag, the config key and the longest row
+    assert rc == 2 and err.count("\n") == 1, err
+    assert (
+        f"`--seq-len`: got 129; {gpt2}'s position table holds 128 positions (`n_positions` in its config), "
+        "so a longer row cannot run; give --seq-len 128 or less"
+    ) in err
+
+
+def test_rotary_positions_take_rows_longer_than_max_position_embeddings(tmp_path):
+    # LLaMA's `max_position_embeddings` is no table: longer rows run (the README's 7B recipe does)
+    assert load_model(_config(tmp_path, "llama", LLAMA)).positions() is None
+    assert load_model(_config(tmp_path, "gpt2", GPT2)).positions() == ("n_positions", 128)

@@ -94,6 +94,13 @@ def test_a_module_that_trains_when_imported_is_one_line(tmp_path, monkeypatch, c
             "positional argument: 'c'; give a function or class that builds the model with no arguments",
         ),
         (
+            ["Qwen/Qwen2-7B"],
+            "'Qwen/Qwen2-7B' is neither a file or directory (a Hugging Face config.json) nor module:factory; "
+            'for a Hugging Face Hub model, save its config once where the network is: python -c "from '
+            "transformers import AutoConfig; AutoConfig.from_pretrained('Qwen/Qwen2-7B')"
+            ".save_pretrained('Qwen2-7B')\", then: memprofiler estimate Qwen2-7B",
+        ),
+        (
             ["test_named_inputs:cnn", "--input-shape", "3,32,x"],
             "`--input-shape`: got '3,32,x'; give one input row's shape, e.g. 3,224,224",
         ),

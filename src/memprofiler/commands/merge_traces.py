@@ -8,18 +8,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from memprofiler.analysis.files.fs import as_given, is_url, localize, named_as_given
-from memprofiler.analysis.runs.evidence import check_merge, gather
-from memprofiler.analysis.runs.multi_dir import merge_rank_maps
-from memprofiler.analysis.traces.merge import (
-    find_profiler_traces,
-    find_rank_traces,
-    find_step_timelines,
-    merge_rank_traces,
-)
-from memprofiler.errors import ArtifactError
-from memprofiler.output.writers import write_json
-
 #: Output name when ``-o`` is not given, written into DIR.
 DEFAULT_OUTPUT = "memory_trace_merged.json"
 
@@ -53,6 +41,19 @@ class MergeTracesCommand:
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        # (here, not at the top: every command module is imported to build the parser)
+        from memprofiler.analysis.files.fs import as_given, is_url, localize, named_as_given
+        from memprofiler.analysis.runs.evidence import check_merge, gather
+        from memprofiler.analysis.runs.multi_dir import merge_rank_maps
+        from memprofiler.analysis.traces.merge import (
+            find_profiler_traces,
+            find_rank_traces,
+            find_step_timelines,
+            merge_rank_traces,
+        )
+        from memprofiler.errors import ArtifactError
+        from memprofiler.output.writers import write_json
+
         with named_as_given():
             local = [(d, localize(d)) for d in args.dir]
             traces = merge_rank_maps([(d, find_rank_traces(path)) for d, path in local])

@@ -60,7 +60,7 @@ class SnapshotCommand:
             parse_call,
         )
         from memprofiler.analysis.snapshot.roles import role_index
-        from memprofiler.analysis.snapshot.summary import analyze, load_snapshot
+        from memprofiler.analysis.snapshot.summary import analyze, analyze_columns, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
         from memprofiler.reporters.explorer.page import build_explorer
@@ -76,7 +76,8 @@ class SnapshotCommand:
         roles = role_index(index)
         ranges = call_ranges(snapshot, index)
         console = make_console()
-        whole = analyze(snapshot, args.file, top=args.top, roles=roles)
+        # (the page's replay shares the columns the analysis read of the traces)
+        whole, columns = analyze_columns(snapshot, args.file, top=args.top, roles=roles)
         if wanted is not None:
             rng = find_call(ranges, *wanted, source=args.file)
             ring = (index or {}).get("ring_entries")
@@ -110,7 +111,7 @@ class SnapshotCommand:
         if args.html:
             record = _oom_record(local, console) if whole.ooms else None
             try:
-                page = build_explorer(snapshot, args.file, whole, args.top, record, index, args.call)
+                page = build_explorer(snapshot, args.file, whole, args.top, record, index, args.call, columns)
                 write_text(args.html, page)
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None

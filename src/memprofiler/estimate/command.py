@@ -174,6 +174,13 @@ def input_shape(text: str) -> tuple[int, ...]:
 def _model(args: argparse.Namespace, checkpointing: bool) -> tuple[NamedModel, list[str]]:
     """The named model (with checkpointing on every block when asked) and its notes."""
     named = load_model(args.model)
+    table = named.positions() if not args.input_shape else None
+    if table is not None and args.seq_len > table[1]:
+        raise ConfigError(
+            "--seq-len",
+            f"got {args.seq_len}; {args.model}'s position table holds {table[1]} positions (`{table[0]}` in "
+            f"its config), so a longer row cannot run; give --seq-len {table[1]} or less",
+        )
     notes = [f"model: {named.built}"] if named.built else []
     if args.input_shape:
         named.input_shape = input_shape(args.input_shape)

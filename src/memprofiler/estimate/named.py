@@ -71,6 +71,23 @@ class NamedModel:
             return lambda model, batch: engine.as_loss(model(**batch))
         return engine.default_loss
 
+    def positions(self) -> tuple[str, int] | None:
+        """The config key and size of a learned position table (GPT-2's ``n_positions``, BERT's
+        ``max_position_embeddings``): a row longer than it cannot run. ``None`` for rotary or
+        relative positions (LLaMA, T5), which take longer rows.
+
+        A table is an ``nn.Embedding`` of as many rows as the config's key says, other than the
+        token embedding (a vocabulary of that size too would leave it undecided: ``None``).
+        """
+        config = getattr(self.model, "config", None)
+        for key in ("n_positions", "max_position_embeddings"):
+            size = getattr(config, key, None)
+            if not isinstance(size, int) or size == self.vocab_size:
+                continue
+            if any(isinstance(m, nn.Embedding) and m.num_embeddings == size for m in self.model.modules()):
+                return key, size
+        return None
+
     def checkpoint(self) -> str:
         """Turn activation checkpointing on for every block; return how, for the notes.
 
@@ -139,7 +156,8 @@ def load_model(spec: str) -> NamedModel:
     if not sep or not module or not attr:
         raise ConfigError(
             KEY,
-            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory",
+            f"{spec!r} is neither a file or directory (a Hugging Face config.json) nor module:factory"
+            + (_hub_hint(spec) if not sep else ""),
         )
     if "" not in sys.path:
         sys.path.insert(0, "")
@@ -215,6 +233,17 @@ def _build(transformers: Any, config: Any) -> tuple[nn.Module, str]:
             except ValueError:  # the config's model type has no such head
                 continue
         return transformers.AutoModel.from_config(config), HEADS[-1]
+
+
+def _hub_hint(spec: str) -> str:
+    """For a Hub model id (``Qwen/Qwen2-7B``): how to have its config here (the estimate never uses
+    the network)."""
+    here = Path(spec).name
+    save = f"AutoConfig.from_pretrained('{spec}').save_pretrained('{here}')"
+    return (
+        "; for a Hugging Face Hub model, save its config once where the network is: python -c "
+        f'"from transformers import AutoConfig; {save}", then: memprofiler estimate {here}'
+    )
 
 
 def _where(err: BaseException) -> str:

@@ -21,22 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from memprofiler.analysis.snapshot.columns import RELEASE, RESERVE, TraceColumns, read_columns
 from memprofiler.analysis.snapshot.frames import frame_kind, label_index
 from memprofiler.analysis.snapshot.roles import AnnotationSpans, RoleIndex
 
 _LIVE_STATES = ("active_allocated", "active_pending_free")
-_RESERVE = ("segment_alloc", "segment_map")
-_RELEASE = ("segment_free", "segment_unmap")
 _FRAME_KEY = itemgetter("name", "filename", "line")
-_ACTION = itemgetter("action")
-_ADDR = itemgetter("addr")
-_SIZE = itemgetter("size")
-_ALLOC, _FREE, _RESERVE_CODE, _RELEASE_CODE, _OOM = 1, 2, 3, 4, 5
 #: Lists of one length that the probed positions are chosen on (see StackTable.intern_all).
 _LEARN = 4096
-_CODES = {"alloc": _ALLOC, "free_completed": _FREE, "oom": _OOM}
-_CODES.update({a: _RESERVE_CODE for a in _RESERVE})
-_CODES.update({a: _RELEASE_CODE for a in _RELEASE})
 
 
 @dataclass
@@ -254,7 +246,12 @@ class DeviceReplay:
         return np.nonzero((self.start <= t) & (t < self.end))[0]
 
 
-def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None = None) -> list[DeviceReplay]:
+def replay(
+    data: Mapping[str, Any],
+    table: StackTable,
+    roles: RoleIndex | None = None,
+    columns: Mapping[int, TraceColumns] | None = None,
+) -> list[DeviceReplay]:
     """Every device of a checked ``_snapshot()`` dict (see :func:`snapshot.check_layout`).
 
     ``roles`` (the role map beside a recording) names the blocks older than the trace: their
@@ -262,6 +259,8 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
     :mod:`~memprofiler.analysis.snapshot.roles`.
     An allocation recorded with no Python stack is named by the ``record_function`` span it
     was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
+    ``columns``: the traces of ``data`` already read, by device
+    (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`); the others are read here.
 
     Raises:
         KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
@@ -272,14 +271,12 @@ def replay(data: Mapping[str, Any], table: StackTable, roles: RoleIndex | None =
     traces = data.get("device_traces") or []
     devices = sorted({d for d, t in enumerate(traces) if t} | {s.get("device", 0) for s in segments})
     spans = AnnotationSpans(data.get("external_annotations"))
-    return [
-        _replay_device(dev, traces[dev] if dev < len(traces) else [], segments, table, roles, spans)
-        for dev in devices
-    ]
-
-
-def _pick(entries: Sequence[Mapping[str, Any]], idx: np.ndarray) -> list[Mapping[str, Any]]:
-    return list(map(entries.__getitem__, idx.tolist()))
+    out = []
+    for dev in devices:
+        entries = traces[dev] if dev < len(traces) else []
+        cols = (columns or {}).get(dev) or read_columns(entries, f"device_traces[{dev}]")
+        out.append(_replay_device(dev, cols, entries, segments, table, roles, spans))
+    return out
 
 
 def _ints(values: Any, count: int = -1) -> np.ndarray:
@@ -304,51 +301,36 @@ def _times(entries: Sequence[Mapping[str, Any]]) -> np.ndarray:
 
 def _replay_device(
     dev: int,
+    cols: TraceColumns,
     entries: Sequence[Mapping[str, Any]],
     segments: Sequence[Mapping[str, Any]],
     table: StackTable,
     roles: RoleIndex | None = None,
     spans: AnnotationSpans | None = None,
 ) -> DeviceReplay:
-    # Column by column rather than entry by entry: each field is read by a C-level map over the
-    # entries, and allocations are paired with their frees by sorting the events by address.
-    n = len(entries)
+    # Column by column rather than entry by entry (the columns' read, shared with the analysis):
+    # allocations are paired with their frees by address (see TraceColumns.replay_ends).
+    n = cols.entries
     m = max(n, 1)
-    code = np.fromiter(map(_CODES.get, map(_ACTION, entries), repeat(0)), dtype=np.int8, count=n)
-    a_idx = np.flatnonzero(code == _ALLOC)
-    f_idx = np.flatnonzero(code == _FREE)
-    allocs, frees = _pick(entries, a_idx), _pick(entries, f_idx)
-    a_addr, f_addr = _ints(map(_ADDR, allocs), len(allocs)), _ints(map(_ADDR, frees), len(frees))
+    code = cols.code
+    is_alloc = cols.alloc
+    a_idx, f_idx = cols.index[is_alloc], cols.index[~is_alloc]
+    na = a_idx.size
     # A free closes the block of the event just before it at its address when that is an
     # alloc; otherwise the block was allocated before the trace began. An address allocated
     # twice without a free keeps its first block alive to the end, as the analysis counts it.
-    na = a_idx.size
-    ev_addr = np.concatenate([a_addr, f_addr])
-    ev_i = np.concatenate([a_idx, f_idx])
-    order = np.lexsort((ev_i, ev_addr))
-    s_addr, s_i, s_alloc = ev_addr[order], ev_i[order], order < na
-    same_prev = np.zeros(order.size, dtype=bool)
-    same_prev[1:] = s_addr[1:] == s_addr[:-1]
-    closes = ~s_alloc & same_prev  # (same_prev[0] is False)
-    closes[1:] &= s_alloc[:-1]
-    a_end = np.full(na, m, dtype=np.int64)
-    pos = np.flatnonzero(closes)
-    a_end[order[pos - 1]] = s_i[pos]
-    pre = np.sort(order[~s_alloc & ~closes] - na)  # frees of blocks older than the trace
-    last = np.ones(order.size, dtype=bool)
-    last[:-1] = s_addr[:-1] != s_addr[1:]
-    live = set(s_addr[last & s_alloc].tolist())
-    pre_frees = [frees[k] for k in pre.tolist()]
+    a_end = cols.replay_ends(m)
+    older = ~is_alloc & ~cols.after_alloc  # frees of blocks older than the trace
+    pre = np.flatnonzero(older[~is_alloc])  # (their positions among the frees)
+    live = cols.alive_at_end()
     # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
-    both = np.concatenate([a_idx, f_idx[pre]])
-    by_time = np.argsort(both, kind="stable")
-    sids = np.empty(both.size, dtype=np.int64)
-    picked = allocs if not pre.size else _pick(entries, both[by_time])  # (no older block: the allocs)
+    chosen = is_alloc | older
+    picked = cols.picked(chosen)
     frames_of: list[Any] = list(_field(picked, "frames"))
-    is_pre = (by_time >= na).tolist()
+    is_pre = older[chosen].tolist()
     if roles is not None:  # a block freed in the trace but older than it may be named by the role map
-        for p, older in enumerate(is_pre):
-            named = roles.frames(picked[p].get("addr")) if older else None
+        for p, old in enumerate(is_pre):
+            named = roles.frames(picked[p].get("addr")) if old else None
             if named is not None:
                 frames_of[p] = named
     if spans:  # an allocation with no Python stack: named by the span it was made in
@@ -356,18 +338,21 @@ def _replay_device(
         names = spans.names(picked[p].get("time_us") or 0 for p in bare)
         for p, name in zip(bare, names, strict=True):
             frames_of[p] = spans.frames(name) or frames_of[p]
-    sids[by_time] = table.intern_all(frames_of)
+    sids = table.intern_all(frames_of)
+    pre_sids, a_sids = sids[older[chosen]], sids[is_alloc[chosen]]
+    allocs = cols.picked(is_alloc) if pre.size else picked
+    pre_frees = cols.picked(older)
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}
     ooms: list[tuple[int, int]] = []
-    for i in np.flatnonzero(code >= _RESERVE_CODE).tolist():
+    for i in np.flatnonzero(code >= RESERVE).tolist():
         e = entries[i]
         c = code[i]
-        if c == _RESERVE_CODE:
+        if c == RESERVE:
             seg_live[e["addr"]] = len(seg)
             seg.append([i, m, e["addr"], e["size"], e.get("stream", 0)])
-        elif c == _RELEASE_CODE:
+        elif c == RELEASE:
             k = seg_live.pop(e["addr"], None)
             if k is None:
                 seg.append([-1, i, e["addr"], e["size"], e.get("stream", 0)])
@@ -405,12 +390,12 @@ def _replay_device(
         instants=m,
         start=np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)]),
         end=np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end]),
-        size=np.concatenate([_ints(map(_SIZE, pre_frees)), _ints(end_size), _ints(map(_SIZE, allocs), na)]),
-        addr=np.concatenate([f_addr[pre], _ints(end_addr), a_addr]),
+        size=np.concatenate([cols.size[older], _ints(end_size), cols.size[is_alloc]]),
+        addr=np.concatenate([cols.addr[older], _ints(end_addr), cols.addr[is_alloc]]),
         stream=np.concatenate(
             [_ints(_field(pre_frees, "stream", 0)), _ints(end_stream), _ints(_field(allocs, "stream", 0), na)]
         ),
-        stack=np.concatenate([sids[na:], _ints(end_stack), sids[:na]]).astype(np.int32),
+        stack=np.concatenate([pre_sids, _ints(end_stack), a_sids]).astype(np.int32),
         seg_start=segs[:, 0],
         seg_end=segs[:, 1],
         seg_addr=segs[:, 2],

@@ -21,8 +21,9 @@ and drops at ``free_requested``. Active bytes at trace entry ``i`` are
 ``baseline + sum(alloc) - sum(free_completed)`` up to ``i``. (``torch.cuda._memory_viz
 trace`` reuses its byte counter as the loop index, so its ``TOTAL MEM`` line is wrong.)
 
-Two linear passes over plain dicts, no per-entry objects: a million entries take well under
-a second after loading.
+The trace is read once into numpy columns (:mod:`~memprofiler.analysis.snapshot.columns`, which
+the explorer's replay shares): the running totals are cumulative sums, the blocks alive at an
+instant follow from pairing the events by address, and no Python step runs per entry.
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from memprofiler.analysis.files import safe_pickle
+from memprofiler.analysis.snapshot.columns import OOM, BadEntry, TraceColumns, read_columns
 from memprofiler.analysis.snapshot.frames import NO_STACK, PYTHON, frame_kind, frame_text, readable
 from memprofiler.analysis.snapshot.lean import LEAN_BYTES, FrameSharer
 from memprofiler.analysis.snapshot.roles import AnnotationSpans, RoleIndex
@@ -40,10 +44,6 @@ from memprofiler.errors import ArtifactError
 
 #: Block states that are still active: not yet ``free_completed`` (what memory_viz calls active).
 _LIVE_STATES = ("active_allocated", "active_pending_free")
-_RESERVE = ("segment_alloc", "segment_map")
-_RELEASE = ("segment_free", "segment_unmap")
-#: Actions whose ``size`` enters a running total.
-_SIZED = frozenset(("alloc", "free_completed", *_RESERVE, *_RELEASE))
 #: Python frames shown per stack group.
 STACK_DEPTH = 8
 
@@ -217,27 +217,46 @@ def analyze(
         >>> result = analyze(load_snapshot("oom_rank_0_0.pickle"))  # doctest: +SKIP
         >>> result.devices[0].peak_allocated
     """
+    return analyze_columns(data, source, top, points, roles)[0]
+
+
+def analyze_columns(
+    data: Mapping[str, Any],
+    source: str = "<snapshot>",
+    top: int = 10,
+    points: int = 600,
+    roles: RoleIndex | None = None,
+) -> tuple[SnapshotAnalysis, dict[int, TraceColumns]]:
+    """:func:`analyze`, and the columns it read of each device's trace (by device), which the
+    explorer's replay of the same ``data`` shares (:func:`~memprofiler.analysis.snapshot.replay.replay`).
+
+    Raises:
+        ArtifactError: an entry lacks a field the analysis needs.
+    """
+    columns: dict[int, TraceColumns] = {}
     try:
         _refuse_shared(data, source)
         segments = [_segment_info(s, k) for k, s in enumerate(data.get("segments", []))]
         traces = data.get("device_traces", []) or []
         spans = AnnotationSpans(data.get("external_annotations"))
         devices = []
-        seen = set()
         for dev, entries in enumerate(traces):
             if entries:
+                cols = columns[dev] = read_columns(entries, f"device_traces[{dev}]")
                 devices.append(
-                    _analyze_device(dev, entries, data.get("segments", []), top, points, roles, spans)
+                    _analyze_device(dev, cols, entries, data.get("segments", []), top, points, roles, spans)
                 )
-                seen.add(dev)
         # Devices with segments but no trace (history off): the current state is all we know.
-        for dev in sorted({s.device for s in segments} - seen):
-            devices.append(_analyze_device(dev, [], data.get("segments", []), top, points, roles))
+        for dev in sorted({s.device for s in segments} - set(columns)):
+            cols = read_columns([])
+            devices.append(_analyze_device(dev, cols, [], data.get("segments", []), top, points, roles))
+    except BadEntry as err:
+        raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
     except _BadField as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
     except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
-    return SnapshotAnalysis(source=source, devices=devices, segments=segments)
+    return SnapshotAnalysis(source=source, devices=devices, segments=segments), columns
 
 
 def _refuse_shared(data: Mapping[str, Any], source: str) -> None:
@@ -315,6 +334,7 @@ def _segment_info(seg: Mapping[str, Any], k: int) -> SegmentInfo:
 
 def _analyze_device(
     dev: int,
+    cols: TraceColumns,
     entries: Sequence[Mapping[str, Any]],
     segments: Sequence[Mapping[str, Any]],
     top: int,
@@ -322,63 +342,19 @@ def _analyze_device(
     roles: RoleIndex | None = None,
     spans: AnnotationSpans | None = None,
 ) -> DeviceAnalysis:
-    n = len(entries)
-    # ---- pass 1: running totals relative to the trace start, their peaks, a bucketed timeline
-    cur = res = 0
-    peak = res_peak = res_min = 0
-    peak_i = res_peak_i = -1
-    bucket_len = max(1, -(-n // max(1, points)))
-    timeline_rel: list[tuple[int, int, int]] = []
-    b_max = b_res = 0
-    b_edge = 0
-    ooms: list[OomEntry] = []
-    for i, e in enumerate(entries):
-        a = e["action"]
-        if a in _SIZED and (type(e["size"]) is not int or e["size"] < 0):
-            _size(e["size"], f"device_traces[{dev}][{i}] ({a}): size")
-        if i == b_edge:
-            if i:
-                timeline_rel.append((i - 1, b_max, b_res))
-            # A bucket's maximum starts from the state after its first entry; allocs and
-            # reserves below raise it, so only a first free/release must be applied here.
-            b_max = cur - e["size"] if a == "free_completed" else cur
-            b_res = res - e["size"] if a in _RELEASE else res
-            b_edge += bucket_len
-        if a == "alloc":
-            cur += e["size"]
-            if cur > peak:
-                peak, peak_i = cur, i
-            if cur > b_max:
-                b_max = cur
-        elif a == "free_completed":
-            cur -= e["size"]
-        elif a in _RESERVE:
-            res += e["size"]
-            if res > res_peak:
-                res_peak, res_peak_i = res, i
-            if res > b_res:
-                b_res = res
-        elif a in _RELEASE:
-            res -= e["size"]
-            if res < res_min:
-                res_min = res
-        elif a == "oom":
-            ooms.append(
-                OomEntry(
-                    device=dev,
-                    index=i,
-                    time_us=_opt_int(e.get("time_us"), f"device_traces[{dev}][{i}] (oom): time_us"),
-                    size=_int(e.get("size", 0), f"device_traces[{dev}][{i}] (oom): size"),
-                    device_free=_opt_int(
-                        e.get("device_free"), f"device_traces[{dev}][{i}] (oom): device_free"
-                    ),
-                    frames=_format_frames(e.get("frames")),
-                )
-            )
-    if n:
-        timeline_rel.append((n - 1, b_max, b_res))
+    n = cols.entries
+    # Running totals relative to the trace start (cumulative sums of the columns), their
+    # peaks (the first entry to reach each) and a timeline keeping each bucket's maximum.
+    cur, res = cols.active(), cols.reserved()
+    peak_i = int(np.argmax(cur)) if n and cur.max() > 0 else -1
+    res_peak_i = int(np.argmax(res)) if n and res.max() > 0 else -1
+    peak = int(cur[peak_i]) if peak_i >= 0 else 0
+    res_peak = int(res[res_peak_i]) if res_peak_i >= 0 else 0
+    res_min = min(0, int(res.min())) if n else 0
+    end_cur, end_res = (int(cur[-1]), int(res[-1])) if n else (0, 0)
+    ooms = [_oom(dev, i, entries[i]) for i in np.flatnonzero(cols.code == OOM).tolist()]
 
-    # ---- pass 2: who is alive at the peak, and what existed before the trace began
+    # Who is alive at the peak (and at the last OOM), and what existed before the trace began.
     end_blocks: dict[int, Mapping[str, Any]] = {}
     end_reserved = 0
     for seg in segments:
@@ -390,36 +366,23 @@ def _analyze_device(
                 end_blocks[b["address"]] = b
     # The last OOM: the allocation that failed, after which the live set is what held the memory.
     oom_i = ooms[-1].index if ooms else None
-    live: dict[int, Mapping[str, Any]] = {}
-    live_at_peak: dict[int, Mapping[str, Any]] = {}
-    live_at_oom: dict[int, Mapping[str, Any]] = {}
-    pre_freed_bytes = 0
-    pre_live_at_peak: list[Mapping[str, Any]] = []
-    pre_live_at_oom: list[Mapping[str, Any]] = []
-    for i, e in enumerate(entries):
-        a = e["action"]
-        if a == "alloc":
-            live[e["addr"]] = e
-        elif a == "free_completed" and live.pop(e["addr"], None) is None:
-            # Freed but never allocated in the trace: it predates the trace.
-            pre_freed_bytes += e["size"]
-            if i > peak_i:
-                pre_live_at_peak.append(e)
-            if oom_i is not None and i > oom_i:
-                pre_live_at_oom.append(e)
-        if i == peak_i:
-            live_at_peak = dict(live)
-        if i == oom_i:
-            live_at_oom = dict(live)
+    older = cols.older_frees()  # freed but never allocated in the trace: they predate it
+    older_at = cols.index[older]
+    pre_freed_bytes = int(cols.size[older].sum())
+    live_at_peak = cols.pick(cols.live_at(peak_i)) if peak_i >= 0 else []
+    pre_live_at_peak = cols.pick(older[older_at > peak_i])
+    live_at_oom = cols.pick(cols.live_at(oom_i)) if oom_i is not None else []
+    pre_live_at_oom = cols.pick(older[older_at > oom_i]) if oom_i is not None else []
     # Alive at the end but never allocated in the trace: predates it, so alive at the peak too.
     # (With no positive step the peak is the trace start, index -1: only these and the
     # pre-trace blocks freed later are alive then.)
+    live = cols.alive_at_end()
     pre_alive = [b for addr, b in end_blocks.items() if addr not in live]
     # Trace sizes are requested bytes, so the blocks count theirs too (not the rounded size).
     baseline = pre_freed_bytes + sum(_requested(b) for b in pre_alive)
     pre_live_at_peak.extend(pre_alive)
     pre_live_at_oom.extend(pre_alive)
-    res_baseline = max(end_reserved - res, -res_min)
+    res_baseline = max(end_reserved - end_res, -res_min)
     frame_cache: dict[int, tuple[str, ...]] = {}
     ranked, at_peak_count = _by_stack(live_at_peak, pre_live_at_peak, roles, spans, frame_cache)
     oom_ranked, at_oom_count = (
@@ -438,14 +401,14 @@ def _analyze_device(
         peak_allocated=baseline + peak,
         peak_allocated_index=peak_i,
         peak_allocated_time_us=_time(peak_i),
-        end_allocated=baseline + cur,
+        end_allocated=baseline + end_cur,
         peak_reserved=res_baseline + res_peak,
         peak_reserved_index=res_peak_i,
         peak_reserved_time_us=_time(res_peak_i),
-        end_reserved=res_baseline + res,
+        end_reserved=res_baseline + end_res,
         top_stacks=ranked[:top],
         live_blocks_at_peak=at_peak_count,
-        timeline=[(i, baseline + a, res_baseline + r) for i, a, r in timeline_rel],
+        timeline=_timeline(cur, res, points, baseline, res_baseline),
         ooms=ooms,
         oom_stacks=oom_ranked[:top],
         live_blocks_at_oom=at_oom_count,
@@ -453,8 +416,35 @@ def _analyze_device(
     )
 
 
+def _timeline(
+    cur: np.ndarray, res: np.ndarray, points: int, baseline: int, res_baseline: int
+) -> list[tuple[int, int, int]]:
+    """``(last entry, allocated, reserved)`` per bucket of ``ceil(entries / points)`` entries:
+    each the bucket's maximum of the state after its entries."""
+    n = cur.size
+    if not n:
+        return []
+    starts = np.arange(0, n, max(1, -(-n // max(1, points))))
+    last = np.append(starts[1:] - 1, n - 1).tolist()
+    allocated = (np.maximum.reduceat(cur, starts) + baseline).tolist()
+    reserved = (np.maximum.reduceat(res, starts) + res_baseline).tolist()
+    return list(zip(last, allocated, reserved, strict=True))
+
+
+def _oom(dev: int, i: int, e: Mapping[str, Any]) -> OomEntry:
+    where = f"device_traces[{dev}][{i}] (oom)"
+    return OomEntry(
+        device=dev,
+        index=i,
+        time_us=_opt_int(e.get("time_us"), f"{where}: time_us"),
+        size=_int(e.get("size", 0), f"{where}: size"),
+        device_free=_opt_int(e.get("device_free"), f"{where}: device_free"),
+        frames=_format_frames(e.get("frames")),
+    )
+
+
 def _by_stack(
-    live: Mapping[int, Mapping[str, Any]],
+    live: Sequence[Mapping[str, Any]],
     older: Sequence[Mapping[str, Any]],
     roles: RoleIndex | None,
     spans: AnnotationSpans | None,
@@ -463,7 +453,7 @@ def _by_stack(
     """The blocks alive at an instant grouped by allocating stack, largest first, and their count.
 
     Args:
-        live: blocks allocated in the trace and alive then, by address.
+        live: blocks allocated in the trace and alive then.
         older: blocks older than the trace and alive then.
         roles: names the older blocks by role (parameters, optimizer state) where it can.
         spans: names allocations without a Python stack by the span they ran in.
@@ -475,7 +465,7 @@ def _by_stack(
             b if (f := roles.category_frames(b.get("addr", b.get("address")))) is None else {**b, "frames": f}
             for b in older
         ]
-    at: list[Mapping[str, Any]] = list(live.values())
+    at: list[Mapping[str, Any]] = list(live)
     if spans:
         # Allocations with no Python stack (the autograd engine's thread): named by their span.
         bare = [k for k, e in enumerate(at) if not e.get("frames")]

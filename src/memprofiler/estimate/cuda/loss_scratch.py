@@ -2,8 +2,9 @@
 
 A loss op that reduces (``mean`` or ``sum``) computes the elementwise loss into a temporary the
 size of its input and reduces that; the fake kernel allocates the 0-d loss alone. From torch's
-source (``aten/src/ATen/native/Loss.cpp``, ``native/cuda/Loss.cu``; the CPU kernels are the same
-code, and their allocations, measured on real CPU tensors with torch 2.13, are these):
+source (``aten/src/ATen/native/Loss.cpp``, ``native/cuda/Loss.cu``; for the first five items the
+CPU kernels are the same code, and their allocations, measured on real CPU tensors with torch 2.13,
+are these):
 
 - ``mse_loss``, ``smooth_l1_loss``: ``Tensor loss`` built as a binary op of input and target (their
   broadcast shape and common dtype), then ``at::mean_out`` / ``at::sum_out`` over it into the
@@ -26,13 +27,18 @@ code, and their allocations, measured on real CPU tensors with torch 2.13, are t
   gradient, where they are not contiguous; ``nll_loss2d_forward`` (``LossNLL2d.cu``) copies the
   input and the target where it reduces, its backward the target; the weight always. None for
   ``cross_entropy``, whose log-softmax output is contiguous.
+- ``multi_margin_loss`` / ``multilabel_margin_loss`` (``LossMultiMargin.cu``,
+  ``LossMultiLabelMargin.cu``): contiguous copies of the input, the target and the weight; where a
+  2-D input reduces, a per-row loss (one value a row) summed into the output. Their backward
+  kernels copy the input, the target, the output gradient and ``is_target`` where not contiguous.
+- ``_ctc_loss`` / ``_ctc_loss_backward``: :mod:`memprofiler.estimate.cuda.ctc_scratch`.
 
 Each reduction also takes the staging buffer and semaphores of CUDA's reduction kernel over the
 temporary (:mod:`memprofiler.estimate.cuda.reduce_scratch`). ``mse_loss_backward``,
 ``smooth_l1_loss_backward``, ``huber_loss_backward`` and ``binary_cross_entropy_backward``
 write their gradient through one TensorIterator and take nothing more; ``l1_loss``, ``kl_div``,
-``poisson_nll_loss``, the margin losses and ``cross_entropy`` with probabilities are composites
-whose ops the fake step already sees. Each transient is freed when the op returns.
+``poisson_nll_loss``, the margin ranking, hinge and cosine embedding losses and ``cross_entropy``
+with probabilities are composites whose ops the fake step already sees. Each transient is freed when the op returns.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from memprofiler.estimate.cuda import reduce_scratch
+from memprofiler.estimate.cuda import ctc_scratch, reduce_scratch
 from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.target import CudaTarget
 from memprofiler.estimate.fake import loss_outputs
@@ -183,6 +189,44 @@ def _nll2d_backward(c: _Call) -> list[list[int]]:
     return [copies] if copies else []
 
 
+def _per_row(x: torch.Tensor, reduction: int, device: reduce_scratch.Device) -> list[int]:
+    """A 2-D margin loss's per-row values and the sum over them (``at::sum_out``), where it reduces."""
+    if reduction == NONE or x.dim() != 2:
+        return []
+    rows = int(x.size(0))
+    return [rows * x.element_size(), *reduction_scratch(rows, x.dtype, 2, device)]
+
+
+def _multi_margin(c: _Call) -> list[list[int]]:
+    x = c.args[0]
+    found = [
+        *_copies(x, c.args[1], _arg(c.args, c.kwargs, 4, "weight")),
+        *_per_row(x, c.reduction(5), c.device),
+    ]
+    return [found] if found else []
+
+
+def _multi_margin_backward(c: _Call) -> list[list[int]]:
+    copies = _copies(c.args[1], c.args[0], c.args[2], _arg(c.args, c.kwargs, 5, "weight"))
+    return [copies] if copies else []
+
+
+def _multilabel_margin(c: _Call) -> list[list[int]]:
+    x = c.args[0]
+    found = [*_copies(x, c.args[1]), *_per_row(x, c.reduction(2), c.device)]
+    return [found] if found else []
+
+
+def _multilabel_margin_backward(c: _Call) -> list[list[int]]:
+    copies = _copies(c.args[1], c.args[2], _arg(c.args, c.kwargs, 4, "is_target"), c.args[0])
+    return [copies] if copies else []
+
+
+def _ctc_backward(c: _Call) -> list[list[int]]:
+    zero_infinity = bool(_arg(c.args, c.kwargs, 8, "zero_infinity", False))
+    return ctc_scratch.backward_phases(c.args[1], c.args[6], zero_infinity, _nbytes(c.out), c.device)
+
+
 #: Each loss op whose CUDA kernel allocates temporaries inside itself -> (its name, its phases).
 RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
     loss_outputs.MSE: ("mse_loss", _binary),
@@ -196,6 +240,15 @@ RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
     NLL_BWD: ("nll_loss backward", _nll_backward),
     NLL2D: ("nll_loss2d", _nll2d),
     NLL2D_BWD: ("nll_loss2d backward", _nll2d_backward),
+    _aten.multi_margin_loss.default: ("multi_margin_loss", _multi_margin),
+    _aten.multi_margin_loss_backward.default: ("multi_margin_loss backward", _multi_margin_backward),
+    _aten.multilabel_margin_loss_forward.default: ("multilabel_margin_loss", _multilabel_margin),
+    _aten.multilabel_margin_loss_backward.default: (
+        "multilabel_margin_loss backward",
+        _multilabel_margin_backward,
+    ),
+    **{op: ("ctc_loss", lambda c: [ctc_scratch.lengths(c.args[0])]) for op in ctc_scratch.FORWARD},
+    **{op: ("ctc_loss backward", _ctc_backward) for op in ctc_scratch.BACKWARD},
 }
 
 

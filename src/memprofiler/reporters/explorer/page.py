@@ -21,6 +21,7 @@ import numpy as np
 
 from memprofiler.analysis.files.gc_pause import gc_paused
 from memprofiler.analysis.snapshot.calls import call_ranges, checked_index, entry_range
+from memprofiler.analysis.snapshot.columns import TraceColumns
 from memprofiler.analysis.snapshot.lod import level_of_detail
 from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay
 from memprofiler.analysis.snapshot.roles import role_index
@@ -114,6 +115,7 @@ def build_explorer(
     record: Mapping[str, Any] | None = None,
     index: Mapping[str, Any] | None = None,
     select: str | None = None,
+    columns: Mapping[int, TraceColumns] | None = None,
 ) -> str:
     """The explorer page of one ``_snapshot()`` dict already checked and analysed.
 
@@ -130,6 +132,9 @@ def build_explorer(
             role map names the blocks older than the trace (drawn and listed by role), and
             its calls (with those marked in the recording) can be picked to show their range.
         select: the call (``training_step:3``) whose range the page opens on.
+        columns: the columns the analysis read of ``data``'s traces
+            (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`), for the replay to
+            share; without them the replay reads the traces itself.
 
     Raises:
         ArtifactError: an entry lacks a field the replay needs.
@@ -140,7 +145,7 @@ def build_explorer(
     table = StackTable()
     try:
         with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
-            replays = replay(data, table, role_index(index))
+            replays = replay(data, table, role_index(index), columns)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     peaks = {d.device: d for d in analysis.devices}

@@ -369,10 +369,10 @@ def _analyze_device(
     older = cols.older_frees()  # freed but never allocated in the trace: they predate it
     older_at = cols.index[older]
     pre_freed_bytes = int(cols.size[older].sum())
-    live_at_peak = cols.pick(cols.live_at(peak_i)) if peak_i >= 0 else []
-    pre_live_at_peak = cols.pick(older[older_at > peak_i])
-    live_at_oom = cols.pick(cols.live_at(oom_i)) if oom_i is not None else []
-    pre_live_at_oom = cols.pick(older[older_at > oom_i]) if oom_i is not None else []
+    live_at_peak = cols.pick(entries, cols.live_at(peak_i)) if peak_i >= 0 else []
+    pre_live_at_peak = cols.pick(entries, older[older_at > peak_i])
+    live_at_oom = cols.pick(entries, cols.live_at(oom_i)) if oom_i is not None else []
+    pre_live_at_oom = cols.pick(entries, older[older_at > oom_i]) if oom_i is not None else []
     # Alive at the end but never allocated in the trace: predates it, so alive at the peak too.
     # (With no positive step the peak is the trace start, index -1: only these and the
     # pre-trace blocks freed later are alive then.)

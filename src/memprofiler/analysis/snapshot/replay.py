@@ -90,13 +90,16 @@ class StackTable:
         """
         self.intern(None)
         n = len(lists)
-        have = np.fromiter(map(bool, lists), dtype=bool, count=n)
-        pos = np.flatnonzero(have)
-        sub: list[Any] = list(lists) if pos.size == n else list(map(lists.__getitem__, pos.tolist()))
         try:
-            lens = np.fromiter(map(len, sub), dtype=np.int64, count=len(sub))
-        except TypeError:  # not a list of frames: intern() says how it is malformed
-            return np.asarray(list(map(self.intern, lists)), dtype=np.int64)
+            lens = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+        except TypeError:  # a None among them (no frames), or no list of frames
+            try:
+                lens = np.fromiter((len(f) if f else 0 for f in lists), dtype=np.int64, count=n)
+            except TypeError:  # not a list of frames: intern() says how it is malformed
+                return np.asarray(list(map(self.intern, lists)), dtype=np.int64)
+        pos = np.flatnonzero(lens)
+        sub: list[Any] = list(lists) if pos.size == n else list(map(lists.__getitem__, pos.tolist()))
+        lens = lens[pos]
         # first[k]: the first list of k's group equal to list k; every list then takes the
         # id of its first, and the firsts, taken in order, are interned one by one.
         if lens.size and lens.min() == lens.max():  # (one length, as a trace's stacks mostly are)

@@ -7,12 +7,14 @@ import json
 import re
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from torch import nn
 
+from conftest import step_trainer
 from fake_cuda import GIB, FakeCudaBackend
-from memprofiler import MemProfiler
+from memprofiler import MemProfiler, MemProfilerCallback
 from memprofiler.__main__ import main
 from memprofiler.analysis.runs.artifacts import load_run
 from memprofiler.analysis.snapshot.roles import ROLE_FILE, with_roles
@@ -238,3 +240,41 @@ def test_only_the_allocation_alive_at_the_end_takes_the_role():
     # AND the snapshot itself is untouched, and a window's map (taken at its start) names no trace entry
     assert trace[4]["frames"][0]["name"] == "f"
     assert with_roles(data, {**index, "roles_at": None})[0] is data
+
+
+class _OomAtStep3(pl.LightningModule):
+    """Adam over two linear layers; step 3 runs out of memory on the fake device."""
+
+    def __init__(self, fake: FakeCudaBackend) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 1))
+        self.fake = fake
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == 2:
+            self.fake.oom(GIB)
+        return self.body(batch[0]).pow(2).mean()
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 8)), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def test_a_trainer_that_runs_out_of_memory_names_its_module_in_both_records(tmp_path):
+    # GIVEN the callback with the recorder on, over a Trainer on CPU
+    fake = FakeCudaBackend()
+    cb = MemProfilerCallback(
+        {"oom": {"enabled": True}, **_NO_CALLS, "save_dir": str(tmp_path / "mp")}, cuda=fake
+    )
+    model = _OomAtStep3(fake)
+    # WHEN step 3 runs out of memory and training ends in the error
+    with pytest.raises(torch.OutOfMemoryError):
+        step_trainer(tmp_path, [cb], 5).fit(model)
+    # THEN the observer's record and the crash record each name the module's parameters and Adam state
+    params = {n: p.numel() * 4 for n, p in model.named_parameters()}
+    for n in (0, 1):
+        roles = json.loads((tmp_path / "mp" / f"oom_rank_0_{n}.json").read_text())["roles"]
+        assert {e["name"]: e["bytes"] for e in roles if e["role"] == "parameter"} == params
+        assert {e["name"]: e["bytes"] for e in roles if e.get("detail") == "exp_avg"} == params

@@ -156,6 +156,8 @@ PINNED: dict[str, Pin] = {
         TREE, params=("type_or_types_or_pred", "func", "tree", "is_leaf")
     ),
     "torch._subclasses.fake_tensor.FakeTensorMode": Pin(FAKE),
+    "torch.overrides._get_current_function_mode_stack": Pin(FAKE, params=()),
+    "torch.utils._device.DeviceContext": Pin(FAKE),
     "torch._subclasses.fake_tensor.FakeTensor": Pin(FAKE),
     "torch._subclasses.fake_tensor.is_fake": Pin(FAKE, params=("x",)),
     "torch._subclasses.fake_tensor.DataDependentOutputException": Pin(FAKE),

@@ -8,12 +8,14 @@ import os
 
 import pytest
 import torch
-from advice_models import adamw
+from advice_models import adamw, meta_stack, square_mean
 
+from memprofiler import advise
 from memprofiler.advice import search
 from memprofiler.advice.candidates import Candidate, Variant
 from memprofiler.advice.costs import THROUGHPUT, Cost
 from memprofiler.advice.plan import Plan
+from memprofiler.errors import ConfigError
 from memprofiler.estimate import MemoryEstimate, workers
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="side by side needs fork")
@@ -92,3 +94,23 @@ def test_a_change_a_child_could_not_estimate_is_reported_with_its_reason(monkeyp
     # AND it was estimated here again only where the child's error may have been the child's own
     # (this process had started CUDA, which a forked child cannot use)
     assert CALLS.count(("x",)) == (1 if cuda_started else 0)
+
+
+def test_a_budget_above_the_default_target_is_refused_once_the_base_is_in(monkeypatch):
+    # GIVEN no GPU named: the default target's memory is known once the base has been estimated,
+    # while the single changes are being estimated beside it
+    monkeypatch.setattr(workers, "_warm", True)
+    with pytest.raises(
+        ConfigError, match=r"`budget`: got 200.00 GiB, more than the 80 GiB of an H100"
+    ) as err:
+        advise(
+            meta_stack(32, 2),
+            torch.randn(2, 8, 32),
+            optimizer=adamw,
+            loss_fn=square_mean,
+            budget="200GiB",
+            progress=False,
+            jobs=2,
+        )
+    # THEN it is one line
+    assert "\n" not in str(err.value)

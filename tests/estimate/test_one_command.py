@@ -207,6 +207,63 @@ def test_the_prediction_follows_the_tensors_not_the_allocators_wandering_overhea
     assert found.largest == 13 and calls == [1, 2, 13, 14]
 
 
+#: The demo's FSDP2 GPT on 2 ranks (configs/fsdp_cpu.yaml, H100 rules): allocated and reserved
+#: peaks by rows, as the LightningCLI estimate gave them (rows 56-78 but 73 and 76 to the
+#: printed 0.01 MiB).
+DEMO_GPT = {
+    1: (77_619_200, 81_788_928),
+    2: (79_289_856, 83_886_080),
+    56: (209_987_829, 228_589_568),
+    57: (210_197_544, 228_589_568),
+    58: (210_396_774, 228_589_568),
+    59: (212_399_554, 249_561_088),
+    60: (214_737_879, 249_561_088),
+    61: (223_996_805, 249_561_088),
+    62: (224_070_205, 249_561_088),
+    63: (224_143_605, 249_561_088),
+    64: (224_217_006, 249_561_088),
+    65: (226_586_787, 270_532_608),
+    66: (228_956_569, 270_532_608),
+    67: (231_326_351, 270_532_608),
+    68: (239_830_302, 270_532_608),
+    69: (240_102_932, 270_532_608),
+    70: (240_396_533, 270_532_608),
+    71: (240_994_222, 270_532_608),
+    72: (243_164_774, 289_406_976),
+    73: (245_538_816, 291_504_128),
+    74: (247_904_337, 291_504_128),
+    75: (250_274_119, 291_504_128),
+    76: (262_076_928, 291_504_128),
+    77: (262_091_571, 291_504_128),
+    78: (262_091_571, 291_504_128),
+    79: (262_109_184, 291_504_128),
+    80: (262_113_792, 291_504_128),
+    81: (264_486_912, 350_224_384),
+    132: (385_276_928, 480_247_808),
+}
+
+
+def test_inside_the_bracket_the_search_follows_the_headroom_where_the_overhead_grows():
+    # GIVEN the demo GPT's steps on 800 MiB less NCCL's 512 MiB margin: the allocator's overhead
+    # above the tensors grows from 4 MiB at 2 rows to 91 MiB at 132
+    mib = 2**20
+    calls: list[int] = []
+
+    def one(rows: int) -> MemoryEstimate:
+        calls.append(rows)
+        peak, reserved = DEMO_GPT[rows]
+        return MemoryEstimate(
+            peak_bytes=peak, tensor_peak_bytes=peak, reserved_peak_bytes=reserved, margin_bytes=512 * mib
+        )
+
+    found = search(one, 800 * mib, 0, jobs=1)
+    # THEN 80 rows in 8 estimates: once a batch that does not fit is known (132), the guesses
+    # follow the headroom (holding the bracket ends' larger overhead back from the tensors' line
+    # kept every guess at the bracket's floor: 56, 57, 58, ... 81, 30 estimates)
+    assert found.largest == 80
+    assert calls[:3] == [1, 2, 132] and sorted(calls) == [1, 2, 73, 76, 79, 80, 81, 132]
+
+
 def test_searches_side_by_side_give_each_searchs_own_answer_in_shared_rounds():
     # GIVEN the step without checkpointing (one row fits) and with it (13), one estimate at a time
     gib = 2**30

@@ -13,21 +13,35 @@ side (one core, no ``fork``) or a child failed, the lane's rows are estimated he
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from memprofiler.estimate import workers
 
-if TYPE_CHECKING:
-    from memprofiler.advice.search import Estimator, Pick
-
 T = TypeVar("T")
-Wants = list[tuple["Pick", ...]]
+Wants = list[tuple[Any, ...]]
+"""Sets of changes (the search's picks)."""
 Lane = Generator[Wants, None, T]
 """Yields the sets it needs estimated next; returns its answer."""
 
 
+class Estimates(Protocol):
+    """What a run needs of the search's estimator: its cache, and a task per plan."""
+
+    @property
+    def jobs(self) -> int | None: ...
+
+    @property
+    def listener(self) -> Callable[[str, Any], None] | None: ...
+
+    def pending(self, picks: tuple[Any, ...]) -> tuple[str, Any] | None: ...
+
+    def task(self, plan: Any, here: bool = False) -> Callable[[], Any]: ...
+
+    def store(self, key: str, found: Any) -> None: ...
+
+
 def run(
-    est: Estimator, lanes: Sequence[Lane[T]], sets: Sequence[tuple[Pick, ...]] = (), here_first: bool = False
+    est: Estimates, lanes: Sequence[Lane[T]], sets: Sequence[tuple[Any, ...]] = (), here_first: bool = False
 ) -> list[T]:
     """Each lane's answer, in order, with ``sets`` estimated beside them (their rows are read later).
 
@@ -39,7 +53,7 @@ def run(
     asked: list[str] = []  # the key of each task, in the order prefetch numbers them
     flying: set[str] = set()
 
-    def tasks_for(wants: Sequence[tuple[Pick, ...]]) -> tuple[set[str], list[Callable[[], Any]]]:
+    def tasks_for(wants: Sequence[tuple[Any, ...]]) -> tuple[set[str], list[Callable[[], Any]]]:
         missing, new = set(), []
         for picks in wants:
             found = est.pending(picks)

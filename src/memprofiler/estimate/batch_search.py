@@ -152,11 +152,18 @@ def _search(
             break
         # the secant through the two nearest estimates; the bracket keeps it honest
         x0, x1 = sorted(tried, key=lambda k: (abs(k - (lo if hi is None else (lo + hi) / 2)), k))[:2]
-        # on the tensors' peak, which grows with the batch in a straight line, less the larger
-        # of the two allocators' overheads (reserved over allocated: it wanders with the batch,
-        # 6.5-9.9 GB for a 7B model's rows 1-15, and would bend the line)
-        r0, r1 = room(x0) + _overhead(tried[x0]), room(x1) + _overhead(tried[x1])
-        over = max(_overhead(tried[x0]), _overhead(tried[x1]))
+        if hi is None:
+            # beyond every estimate: on the tensors' peak, which grows with the batch in a
+            # straight line, less the larger of the two allocator overheads (reserved over
+            # allocated wanders with the batch, 6.5-9.9 GB for a 7B model's rows 1-15, and two
+            # near rows' reserved peaks can point a row or two too far)
+            r0, r1 = room(x0) + _overhead(tried[x0]), room(x1) + _overhead(tried[x1])
+            over = max(_overhead(tried[x0]), _overhead(tried[x1]))
+        else:
+            # between a batch that fits and one that does not: the headroom's own line (the
+            # overhead grows with the batch too, 4 MiB at 2 rows to 91 MiB at 132 for a small
+            # model: the larger of the two would hold every guess at the bracket's floor)
+            r0, r1, over = room(x0), room(x1), 0
         slope = (r1 - r0) / (x1 - x0) if x1 != x0 else 0.0
         guess = int(x0 - (r0 - over) / slope) if slope < 0 else (hi + lo) // 2 if hi is not None else lo * 2
         ceiling = hi - 1 if hi is not None else MAX_ROWS

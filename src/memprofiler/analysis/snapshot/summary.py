@@ -455,7 +455,8 @@ def _by_stack(
     Args:
         live: blocks allocated in the trace and alive then.
         older: blocks older than the trace and alive then.
-        roles: names the older blocks by role (parameters, optimizer state) where it can.
+        roles: names the older blocks by role (parameters, optimizer state) where it can, and
+            groups the blocks of the trace it named by category.
         spans: names allocations without a Python stack by the span they ran in.
         frame_cache: formatted frames by the ids of their frames (torch shares each frame's
             dict between the stacks that name it, each entry holding its own list of them),
@@ -468,6 +469,9 @@ def _by_stack(
             for b in older
         ]
     at: list[Mapping[str, Any]] = list(live)
+    if roles is not None:
+        # Blocks of the trace that an OOM record's role map named (roles.with_roles): by role too.
+        at = [b if (f := roles.group_frames(b.get("frames"))) is None else {**b, "frames": f} for b in at]
     if spans:
         # Allocations with no Python stack (the autograd engine's thread): named by their span.
         bare = [k for k, e in enumerate(at) if not e.get("frames")]

@@ -90,8 +90,9 @@ class StackTable:
         """
         self.intern(None)
         n = len(lists)
+        each: Any = lists  # (a None among them fails len(): handled below)
         try:
-            lens = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+            lens = np.fromiter(map(len, each), dtype=np.int64, count=n)
         except TypeError:  # a None among them (no frames), or no list of frames
             try:
                 lens = np.fromiter((len(f) if f else 0 for f in lists), dtype=np.int64, count=n)

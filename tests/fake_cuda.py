@@ -393,6 +393,14 @@ class FakeCudaBackend(CudaBackend):
         self._trace("alloc", addr=addr, size=size, frames=frames)
         return addr
 
+    def alloc_at(self, addr: int, size: int) -> None:
+        """Record an allocation at ``addr``, such as a parameter's storage moved to the device
+        after recording began; ``free`` releases it."""
+        frames = self._frames()
+        self._live[addr] = (size, frames)
+        self.allocated += size
+        self._trace("alloc", addr=addr, size=size, frames=frames)
+
     def free(self, addr: int) -> None:
         size, alloc_frames = self._live.pop(addr)
         self.allocated -= size

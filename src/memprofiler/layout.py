@@ -75,6 +75,9 @@ CALL_MARK_PREFIX = "memprofiler:"
 #: OOM flight records; ``n`` counts up from 0 so an earlier record is never overwritten.
 OOM_PICKLE = "oom_rank_{rank}_{n}.pickle"
 OOM_YAML = "oom_rank_{rank}_{n}.yaml"
+#: Beside an OOM record's pickle: the role map (parameters, gradients, optimizer state, buffers)
+#: of the blocks alive when it was written, in the window index's format (its reader is the same).
+OOM_ROLES = "oom_rank_{rank}_{n}.json"
 
 
 def cuda_alloc_pickle(rank: int, fn: str, call: int, phase: str) -> str:

@@ -115,3 +115,24 @@ def _register(tensors: Sequence[torch.Tensor], fn: Callable[..., None], mode: st
     if mode == "all":
         return _all_without_grads(tensors, fn)
     return _patch_original(tensors, fn, mode=mode)
+
+
+class DeadModulesSkipped:
+    """A mixin for torch's memory trackers: the backward hook of a module that no longer exists
+    (one made inside a forward and dropped before backward) is skipped as torch skips it, without
+    torch's ``UserWarning: Module is None`` once per such module and step; they are counted in
+    :attr:`dead_module_hooks` instead."""
+
+    dead_module_hooks = 0
+
+    def _pre_bw_hook(self, module: Any, args: Any) -> None:
+        if module is None:
+            self.dead_module_hooks += 1
+            return
+        super()._pre_bw_hook(module, args)  # type: ignore[misc]
+
+    def _post_bw_hook(self, module: Any, args: Any) -> None:
+        if module is None:
+            self.dead_module_hooks += 1
+            return
+        super()._post_bw_hook(module, args)  # type: ignore[misc]

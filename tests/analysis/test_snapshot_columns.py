@@ -5,6 +5,8 @@ addresses (an address allocated twice without a free, freed twice, freed before 
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -181,7 +183,9 @@ def test_the_replay_shares_the_analysis_columns(seed):
     cols = {0: read_columns(entries)}
     [shared] = replay(data, StackTable(), columns=cols)
     [own] = replay(data, StackTable())
-    # THEN both are the same, and the trace's blocks live as the replay's rule says
+    # THEN both are the same (the columns handed over: taken out of the dict), and the trace's
+    # blocks live as the replay's rule says
+    assert cols == {}
     for name in ("start", "end", "size", "addr", "stream", "stack", "seg_start", "seg_end", "time_us"):
         assert getattr(shared, name).tolist() == getattr(own, name).tolist(), name
     traced = shared.start >= 0
@@ -247,6 +251,29 @@ def test_a_size_no_allocator_writes_is_refused_naming_the_entry(size, message):
         analyze({"segments": [], "device_traces": [trace]}, "snap.pickle")
 
 
+@pytest.mark.parametrize(("addr", "shown"), [("0x10", "'0x10'"), (None, "None"), (1 << 64, str(1 << 64))])
+def test_an_address_that_is_no_integer_is_refused_naming_the_entry(addr, shown):
+    trace = [{"action": "alloc", "addr": 0, "size": 4}, {"action": "free_completed", "addr": addr, "size": 4}]
+    want = rf"device_traces\[0\]\[1\] \(free_completed\): addr must be an integer, got {re.escape(shown)}"
+    with pytest.raises(BadEntry, match=want):
+        read_columns(trace)
+
+
 def test_an_empty_trace_has_empty_columns():
     cols = read_columns([])
     assert (cols.entries, cols.active().size, cols.index.size, cols.alive_at_end()) == (0, 0, 0, set())
+
+
+def test_the_page_from_the_analysis_columns_is_the_page_the_replay_reads_itself():
+    from memprofiler.analysis.snapshot.summary import analyze_columns, load_snapshot
+    from memprofiler.reporters.explorer.page import build_explorer
+
+    # GIVEN the real capture
+    path = str(Path(__file__).parents[1] / "fixtures" / "gpu_transformer_forward_mixed.pickle")
+    data = load_snapshot(path)
+    # WHEN it is analysed, and the page is built from the analysis's columns and without them
+    analysis, columns = analyze_columns(data, path)
+    assert list(columns) == [0] and columns[0].entries == len(data["device_traces"][0])
+    shared = build_explorer(data, path, analysis, columns=columns)
+    # THEN the pages are the same, and the analysis is the one analyze() gives
+    assert shared == build_explorer(data, path, analyze(data, path))

@@ -323,3 +323,14 @@ def test_level_of_detail_bands_equal_a_direct_count_where_levels_hold_no_block()
         width = 1 << lv
         want = [max(banded[k : k + width]) for k in range(0, m, width)]
         assert lod.band[lod.offsets[lv] : lod.offsets[lv + 1]].tolist() == want
+
+
+@pytest.mark.parametrize("size", [1, 2, 17, 1000, 4096, 5001])
+def test_bucket_maxima_are_each_buckets_largest_value_at_every_width(size):
+    from memprofiler.analysis.snapshot.lod import _bucket_max
+
+    x = np.random.default_rng(size).integers(0, 1 << 40, size).astype(np.float64)
+    for lv in range(14):
+        width = 1 << lv
+        want = [max(x[k : k + width]) for k in range(0, size, width)]
+        assert _bucket_max(x, lv).tolist() == want

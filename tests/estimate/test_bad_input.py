@@ -100,3 +100,36 @@ def test_an_error_outside_any_forward_is_left_as_it_is():
 
     with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
         estimate_memory(nn.Linear(4, 4), torch.randn(2, 4), optimizer=SGD, loss_fn=loss_fn)
+
+
+class NeedsDecoderIds(nn.Module):
+    """Raises as an encoder-decoder does when the batch lacks an argument its forward needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.decoder = Decoder()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.encoder(x))
+
+
+class Decoder(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        if ids is None:
+            raise ValueError("You have to specify either decoder_input_ids or decoder_inputs_embeds")
+        return super().forward(x)
+
+
+def test_a_models_own_error_in_its_forward_is_one_line_with_where_it_was_raised():
+    # WHEN a module's forward raises an error of its own THEN one line names the module, its class,
+    # the error, and the file and line it was raised at; the model's traceback is its cause
+    with pytest.raises(ConfigError) as err:
+        estimate_memory(NeedsDecoderIds(), torch.randn(2, 4), optimizer=SGD)
+    line = str(err.value)
+    assert line.startswith("`model`: module `decoder` (Decoder) raised ValueError (test_bad_input.py:")
+    assert "You have to specify either decoder_input_ids or decoder_inputs_embeds; the model fails" in line
+    assert "\n" not in line and isinstance(err.value.__cause__, ValueError)

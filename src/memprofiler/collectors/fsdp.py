@@ -30,6 +30,7 @@ from memprofiler.collectors.base import Warn
 from memprofiler.collectors.faults import no_warn
 from memprofiler.collectors.tracker_window import TrackerCollector
 from memprofiler.errors import ConfigError
+from memprofiler.tracker_hooks import DeadModulesSkipped
 
 _KEY = "fsdp_mem_tracker_root_module"
 _MAX_LISTED = 20
@@ -87,7 +88,7 @@ def _tracker_class() -> type:
     # Imported lazily: the FSDP tracker pulls in DTensor and fake collectives.
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 
-    class _FSDPTracker(FSDPMemTracker):
+    class _FSDPTracker(DeadModulesSkipped, FSDPMemTracker):
         """``FSDPMemTracker`` over several optimizers, surviving a repeated root forward."""
 
         repeated_forward = False

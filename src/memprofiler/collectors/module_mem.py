@@ -21,6 +21,7 @@ from torch import nn
 from memprofiler import layout
 from memprofiler.collectors.tracker_window import TrackerCollector
 from memprofiler.errors import ConfigError
+from memprofiler.tracker_hooks import DeadModulesSkipped
 
 
 @functools.cache
@@ -28,7 +29,7 @@ def _tracker_class() -> type:
     # Imported lazily: torch.distributed._tools pulls in DTensor and friends.
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    class _MemTracker(MemTracker):
+    class _MemTracker(DeadModulesSkipped, MemTracker):
         """``MemTracker`` that survives a second forward of the root module in one window."""
 
         repeated_forward = False

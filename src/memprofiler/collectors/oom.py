@@ -10,7 +10,11 @@ before the OOM error is raised) and again when training ends in an exception (Li
   out, its free and total bytes, the allocation that failed (``failed_alloc_bytes``: the
   cudaMalloc the allocator attempted, at least 2 MiB; ``requested_bytes``: the block the
   tensor asked for, from the history's ``oom`` entry), the step and call counts, and the
-  consolidated snapshots collected so far.
+  consolidated snapshots collected so far;
+* ``oom_rank_{rank}_{n}.json``: the role map of the model's parameters, gradients, optimizer
+  state and buffers as they were when the record was written (:mod:`block_roles`, in the window
+  index's format), so readers name the blocks alive at the OOM by role and tensor, as they do
+  for a window's recording.
 
 Out-of-memory errors that PyTorch catches and recovers from (cuDNN's algorithm search tries
 workspaces until one fits) reach the observer too; ``oom.max_dumps`` bounds how many such
@@ -25,21 +29,26 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from memprofiler import layout
 from memprofiler.collectors.base import BaseCollector, ProfilerView, Warn
+from memprofiler.collectors.block_roles import role_map
 from memprofiler.collectors.cuda_backend import CudaBackend
 from memprofiler.collectors.history_recording import HistoryOptions, HistoryRecording
 from memprofiler.errors import log
-from memprofiler.output.writers import write_pickle, write_yaml
+from memprofiler.output.writers import write_json, write_pickle, write_yaml
 
 #: Holder name of the flight recorder's ring in :class:`HistoryRecording`.
 RING_HOLDER = "oom"
+#: Format version of the role map beside a record (the window index's version 2 fields, and
+#: ``roles_at: end``: the map was taken when the recording ended).
+ROLES_VERSION = 2
 
 
 class OomRecorder(BaseCollector):
@@ -75,6 +84,8 @@ class OomRecorder(BaseCollector):
         self._dumps = 0
         self._last_oom: dict[str, int] | None = None
         self._active = False
+        self._module: nn.Module | None = None
+        self._optimizers: Sequence[torch.optim.Optimizer] = ()
         self._lock = threading.RLock()
         if recording is not None:
             recording.plan(options)
@@ -93,6 +104,11 @@ class OomRecorder(BaseCollector):
                 f"no CUDA out-of-memory observer can be attached ({no_observer}); OOM records are "
                 "written from the exception handler only"
             )
+
+    def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """The model and optimizers whose storages each record's role map names."""
+        self._module = module
+        self._optimizers = list(optimizers)
 
     def crash(self, exc: BaseException) -> list[Path]:
         """Write a record for an exception that ends training, then stop the ring."""
@@ -166,6 +182,7 @@ class OomRecorder(BaseCollector):
         record.setdefault("failed_alloc_bytes", None)
         # Each part is taken on its own so that one failing still leaves the others.
         device = info.get("device")  # the observer's; the current device after an exception
+        snap: dict[str, Any] | None = None
         try:
             snap = self._backend.snapshot()
             pickle_name = layout.OOM_PICKLE.format(rank=prof.rank, n=n)
@@ -177,6 +194,15 @@ class OomRecorder(BaseCollector):
         except Exception as err:
             record["pickle"] = None
             record["pickle_error"] = repr(err)
+        if record["pickle"] is not None and snap is not None:
+            try:
+                roles_name = layout.OOM_ROLES.format(rank=prof.rank, n=n)
+                roles = self._roles_file(prof, n, record["pickle"], snap)
+                written.append(write_json(prof.save_dir / roles_name, roles))
+                record["roles"] = roles_name
+            except Exception as err:
+                record["roles"] = None
+                record["roles_error"] = repr(err)
         try:
             free, total = self._backend.mem_get_info(device)
             record.setdefault("device_free_bytes", free)  # the observer's figure is the OOM's own
@@ -191,6 +217,26 @@ class OomRecorder(BaseCollector):
         record["snapshots"] = dict(prof.snapshots)
         written.append(write_yaml(prof.save_dir / layout.OOM_YAML.format(rank=prof.rank, n=n), record))
         return written
+
+    def _roles_file(
+        self, prof: ProfilerView, n: int, pickle_name: str, snap: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The role map of the storages alive now, tied to the pickle as a window's index is."""
+        module = self._module if self._module is not None else getattr(prof, "module", None)
+        optimizers = self._optimizers or list(getattr(prof, "optimizers", None) or ())
+        return {
+            "format": layout.CUDA_ALLOC_WINDOW_FORMAT,
+            "version": ROLES_VERSION,
+            "rank": prof.rank,
+            "oom": n,
+            "pickle": pickle_name,
+            "run_id": getattr(prof, "run_id", None),
+            "trace_entries": sum(len(t) for t in snap.get("device_traces", ())),
+            "digest": layout.recording_digest(snap),
+            "calls": [],
+            "roles_at": "end",
+            "roles": role_map(module if isinstance(module, nn.Module) else None, optimizers),
+        }
 
     def _claim_number(self, save_dir: Path, rank: int) -> int:
         n = self._next_n

@@ -59,7 +59,8 @@ class SnapshotCommand:
             find_call,
             parse_call,
         )
-        from memprofiler.analysis.snapshot.roles import role_index
+        from memprofiler.analysis.snapshot.oom_roles import is_oom_pickle, oom_role_index
+        from memprofiler.analysis.snapshot.roles import with_roles
         from memprofiler.analysis.snapshot.summary import analyze, analyze_columns, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
@@ -70,10 +71,13 @@ class SnapshotCommand:
         with named_as_given():
             local = localize(args.file)
             snapshot = load_snapshot(local)
-        index, note = checked_index(local, snapshot)
+        # An OOM record's role map names what was alive at the OOM; without it the record reads as before.
+        index, note = (
+            oom_role_index(local, snapshot) if is_oom_pickle(local) else checked_index(local, snapshot)
+        )
         if note is not None:
             print(f"memprofiler {self.name}: warning: {note}", file=sys.stderr)
-        roles = role_index(index)
+        snapshot, roles = with_roles(snapshot, index)
         ranges = call_ranges(snapshot, index)
         console = make_console()
         # (the page's replay shares the columns the analysis read of the traces)

@@ -19,7 +19,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_map_only
 
-from memprofiler.errors import ConfigError
+from memprofiler.errors import ConfigError, MemProfilerError
 from memprofiler.estimate import workers
 from memprofiler.estimate.accumulation import lone_counts, routing_hooks
 from memprofiler.estimate.allocator.caching import AllocatorConfig, MirroredReplay
@@ -35,6 +35,7 @@ from memprofiler.estimate.failures import (
     device_failure,
     fake_errors,
     fake_failure,
+    forward_failure,
     mixed_devices,
     quiet_meta_failures,
     shape_failure,
@@ -450,6 +451,10 @@ def _one_step(
             if devices is not None:  # a tensor put on a fixed device in forward
                 raise device_failure(devices, stack.innermost(), stack.innermost_inputs()[0]) from None
             raise shape_failure(err, stack.innermost(), *stack.innermost_inputs()) from None
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            if isinstance(err, MemProfilerError) or not stack.stack:
+                raise
+            raise forward_failure(err, stack.innermost(), stack.innermost_inputs()[0]) from err
     tracker.mark_optimizer_state(opt)
     resident = _resident(model, opt, tracker._host)
     opt.zero_grad()

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,6 +58,24 @@ def shape_failure(err: BaseException, module: str, kind: str, shapes: list[list[
         "batch",
         f"module `{module}` ({kind}) failed on inputs of shape {got}: {first.rstrip('.')}; make the "
         "batch's shapes fit the model (`fit` would stop here too)",
+    )
+
+
+def forward_failure(err: BaseException, module: str, kind: str) -> ConfigError:
+    """A module's forward raised an error of its own (a ``ValueError`` on an argument it was not
+    given, a ``KeyError`` on a config key): one line with where it was raised."""
+    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    where = ""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        where = f" ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
+    return ConfigError(
+        "model",
+        f"module `{module}` ({kind}) raised {type(err).__name__}{where}: {first.rstrip('.')}; the model "
+        "fails on this batch and plan as a training step would (from Python, the error's cause holds "
+        "the traceback)",
     )
 
 

@@ -26,6 +26,7 @@ from memprofiler.estimate import accumulation
 from memprofiler.estimate.allocator.caching import AllocatorReplay, MirroredReplay
 from memprofiler.estimate.fake import grouped_mm, loss_outputs, queries
 from memprofiler.estimate.fake import layouts as fake_layouts
+from memprofiler.tracker_hooks import DeadModulesSkipped
 
 #: torch's reference types, by value, to the names an estimate reports.
 CATEGORY = {
@@ -150,7 +151,7 @@ class _NoHook:
 _NO_HOOKS = (_NoHook(), _NoHook())
 
 
-class LedgerMixin(MemTracker):
+class LedgerMixin(DeadModulesSkipped, MemTracker):
     """What an estimate adds to torch's trackers (:class:`SingleTracker`, :class:`FSDPTracker`):
     the ledger kept at every change, the host-side tensors left out, workspaces and kernel scratch
     held or passed through the allocator model, autograd's in-place merges."""

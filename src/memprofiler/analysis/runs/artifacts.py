@@ -67,6 +67,7 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "alloc_window_index": name_pattern(layout.CUDA_ALLOC_WINDOW_INDEX),
     "oom_pickle": name_pattern(layout.OOM_PICKLE),
     "oom_yaml": name_pattern(layout.OOM_YAML),
+    "oom_roles": name_pattern(layout.OOM_ROLES),
     "manifest": name_pattern(layout.RUN_MANIFEST),
     "trace": name_pattern(layout.MEMORY_TRACE_JSON),
     "profiler_trace": name_pattern(layout.PROFILER_TRACE_JSON),
@@ -76,7 +77,8 @@ NAME_PATTERNS: dict[str, re.Pattern[str]] = {
     "estimate": name_pattern(layout.MEMORY_ESTIMATE_YAML),
 }
 #: Kinds the report reads (traces are for ``merge-traces``, the estimate for
-#: ``analysis.estimate``), and that mark a directory as a run.
+#: ``analysis.estimate``; an OOM record's role map is read with its pickle), and that mark a
+#: directory as a run.
 _READ = frozenset(NAME_PATTERNS) - {
     "trace",
     "profiler_trace",
@@ -84,6 +86,7 @@ _READ = frozenset(NAME_PATTERNS) - {
     "profiler_memory_categories",
     "step_timeline",
     "estimate",
+    "oom_roles",
 }
 
 

@@ -74,8 +74,13 @@ def parse_call(text: str) -> tuple[str, int]:
     return fn, int(call)
 
 
-def read_index(pickle_path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The window index beside a recording (``...window_{n}.json``); ``None`` when absent.
+def read_index(pickle_path: str | os.PathLike[str], what: str = "window index") -> dict[str, Any] | None:
+    """The window index beside a recording (``...window_{n}.json``; an OOM record's role map,
+    ``oom_rank_{r}_{n}.json``, has its format); ``None`` when absent.
+
+    Args:
+        pickle_path: the recording.
+        what: the file's name in messages.
 
     Raises:
         ArtifactError: the file exists but is not a window index.
@@ -89,9 +94,9 @@ def read_index(pickle_path: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ArtifactError(f"{path}: unreadable window index ({err})") from None
+        raise ArtifactError(f"{path}: unreadable {what} ({err})") from None
     if not isinstance(data, dict) or data.get("format") != layout.CUDA_ALLOC_WINDOW_FORMAT:
-        raise ArtifactError(f"{path}: not a memprofiler allocator-window index (format tag missing)")
+        raise ArtifactError(f"{path}: not a memprofiler {what} (format tag missing)")
     return data
 
 

@@ -49,10 +49,8 @@ class TraceColumns:
     entries: int
     code: np.ndarray
     """Per entry (int8): :data:`CODES` of its action, 0 for any other."""
-    events: list[Mapping[str, Any]]
-    """The ``alloc`` and ``free_completed`` entries, in trace order."""
     index: np.ndarray
-    """Per event (int64): its entry index."""
+    """Per event, in trace order (int64): its entry index."""
     alloc: np.ndarray
     """Per event (bool): an ``alloc`` (else a ``free_completed``)."""
     addr: np.ndarray
@@ -74,14 +72,14 @@ class TraceColumns:
         """Requested bytes allocated in the trace and not yet freed, after each entry (int64)."""
         step = np.zeros(self.entries, dtype=np.int64)
         step[self.index] = np.where(self.alloc, self.size, -self.size)
-        return np.cumsum(step)
+        return np.cumsum(step, out=step)
 
     def reserved(self) -> np.ndarray:
         """Segment bytes reserved in the trace and not yet released, after each entry (int64)."""
         step = np.zeros(self.entries, dtype=np.int64)
         grows = self.code[self.segment_index] == RESERVE
         step[self.segment_index] = np.where(grows, self.segment_size, -self.segment_size)
-        return np.cumsum(step)
+        return np.cumsum(step, out=step)
 
     def live_at(self, t: int) -> np.ndarray:
         """Events (positions) of the blocks the analysis holds live after entry ``t``: allocated
@@ -104,13 +102,9 @@ class TraceColumns:
         closed = ~self.next_alloc & (self.next < self.entries)
         return np.where(closed, self.next, end)[self.alloc]
 
-    def pick(self, positions: np.ndarray) -> list[Mapping[str, Any]]:
-        """The entries of the events at ``positions``."""
-        return list(map(self.events.__getitem__, positions.tolist()))
-
-    def picked(self, mask: np.ndarray) -> list[Mapping[str, Any]]:
-        """The entries of the events where ``mask`` (per event) holds, in trace order."""
-        return list(compress(self.events, mask.tolist()))
+    def pick(self, entries: Sequence[Mapping[str, Any]], events: np.ndarray) -> list[Mapping[str, Any]]:
+        """The entries (of the trace read) of the events at ``events`` (positions, or a mask)."""
+        return list(map(entries.__getitem__, self.index[events].tolist()))
 
 
 def read_columns(entries: Sequence[Mapping[str, Any]], where: str = "device_traces[0]") -> TraceColumns:
@@ -123,17 +117,27 @@ def read_columns(entries: Sequence[Mapping[str, Any]], where: str = "device_trac
     """
     n = len(entries)
     code = np.fromiter(map(CODES.get, map(_ACTION, entries), repeat(0)), dtype=np.int8, count=n)
-    index = np.flatnonzero((code == ALLOC) | (code == FREE))
-    events = list(map(entries.__getitem__, index.tolist()))
+    is_event = (code == ALLOC) | (code == FREE)
+    index = np.flatnonzero(is_event)
+    events = list(compress(entries, is_event.tolist()))  # (a third less than picking by index)
     alloc = code[index] == ALLOC
     sizes = list(map(_SIZE, events))
     seg_index = np.flatnonzero((code == RESERVE) | (code == RELEASE))
     seg_sizes = list(map(_SIZE, map(entries.__getitem__, seg_index.tolist())))
     size = _sizes(sizes, index, entries, where)
     segment_size = _sizes(seg_sizes, seg_index, entries, where)
+    del sizes
     if float(size.sum(dtype=np.float64)) + float(segment_size.sum(dtype=np.float64)) >= _MOST:
         raise BadEntry(f"{where}: its sizes add up to more than 2**62 bytes")
-    addr = np.fromiter(map(_ADDR, events), dtype=np.int64, count=len(events))
+    try:
+        addr = np.fromiter(map(_ADDR, events), dtype=np.int64, count=len(events))
+    except (TypeError, ValueError, OverflowError):
+        k = next(
+            (k for k, e in enumerate(events) if type(e["addr"]) is not int or not 0 <= e["addr"] < 1 << 63), 0
+        )
+        got = events[k]["addr"]
+        raise BadEntry(_named(where, index, k, entries, f"addr must be an integer, got {got!r}")) from None
+    del events
     # Sorted by address, then by entry (the events already are in entry order: a stable sort).
     order = np.argsort(addr, kind="stable")
     s_addr, s_alloc = addr[order], alloc[order]
@@ -147,7 +151,6 @@ def read_columns(entries: Sequence[Mapping[str, Any]], where: str = "device_trac
     return TraceColumns(
         entries=n,
         code=code,
-        events=events,
         index=index,
         alloc=alloc,
         addr=addr,

@@ -35,7 +35,12 @@ class LevelOfDetail:
 
 
 def level_of_detail(rep: DeviceReplay, peak: int, rows: int = ROWS) -> LevelOfDetail:
-    """Each block's level and the band of every level for one device."""
+    """Each block's level and the band of every level for one device.
+
+    Every sum here is of whole byte counts, exact in float64 below 2**53 bytes, so the order in
+    which the blocks are added (level by level, into one running difference) never changes a
+    figure.
+    """
     m = rep.instants
     threshold = max(1, peak // rows)
     s = np.maximum(rep.start, 0)
@@ -44,21 +49,23 @@ def level_of_detail(rep: DeviceReplay, peak: int, rows: int = ROWS) -> LevelOfDe
     level[rep.size < threshold] = -1
     top = max(0, int(np.ceil(np.log2(m))))
     weights = rep.size.astype(np.float64)
+    # The blocks grouped by level (-1 first): each level's are one slice.
+    order = np.argsort(level, kind="stable")
+    cuts = np.searchsorted(level[order], np.arange(-1, top + 2)).tolist()
 
-    def step(mask: np.ndarray) -> np.ndarray:
-        # (bincount of nothing is an integer array: start from floats)
-        d = np.zeros(m + 1)
-        d += np.bincount(s[mask], weights=weights[mask], minlength=m + 1)[: m + 1]
-        d -= np.bincount(rep.end[mask], weights=weights[mask], minlength=m + 1)[: m + 1]
-        return d
+    def add(diff: np.ndarray, lv: int) -> None:
+        # (np.add.at: a level's few blocks, never an array of every instant)
+        k = order[cuts[lv + 1] : cuts[lv + 2]]
+        np.add.at(diff, s[k], weights[k])
+        np.subtract.at(diff, rep.end[k], weights[k])
 
-    diff = step(level < 0)
-    counts = np.bincount(level[level >= 0], minlength=top + 1) if level.size else np.zeros(top + 1, int)
+    diff = np.zeros(m + 1)
+    add(diff, -1)
+    counts = np.diff(cuts[1:])
     bands: list[np.ndarray] = []
     offsets = [0]
     for lv in range(top + 1):
-        width = 1 << lv
-        buckets = -(-m // width)
+        buckets = -(-m // (1 << lv))
         if lv and not counts[lv - 1]:
             # No block joins the band at this level: each bucket is two of the level below
             # (the maximum of float32 values is the float32 of their maximum).
@@ -69,11 +76,21 @@ def level_of_detail(rep: DeviceReplay, peak: int, rows: int = ROWS) -> LevelOfDe
             offsets.append(offsets[-1] + buckets)
             continue
         if lv:
-            diff += step(level == lv - 1)
-        banded = np.cumsum(diff[:m])
-        pad = buckets * width - m
-        if pad:
-            banded = np.concatenate([banded, np.full(pad, banded[-1])])
-        bands.append(banded.reshape(buckets, width).max(axis=1).astype(np.float32))
+            add(diff, lv - 1)
+        bands.append(_bucket_max(np.cumsum(diff[:m]), lv).astype(np.float32))
         offsets.append(offsets[-1] + buckets)
     return LevelOfDetail(threshold=threshold, level=level, band=np.concatenate(bands), offsets=offsets)
+
+
+def _bucket_max(x: np.ndarray, lv: int) -> np.ndarray:
+    """The maximum of each bucket of ``2**lv`` values (the last one may be shorter)."""
+    width = 1 << lv
+    full = x.size // width * width
+    head = x[:full]
+    if width > 16:
+        head = head.reshape(-1, width).max(axis=1)
+    else:  # (numpy reduces a short inner axis slowly: narrow buckets are halved pairwise)
+        while width > 1:
+            head = np.maximum(head[0::2], head[1::2])
+            width >>= 1
+    return np.append(head, x[full:].max()) if full < x.size else head

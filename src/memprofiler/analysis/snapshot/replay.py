@@ -90,39 +90,46 @@ class StackTable:
         """
         self.intern(None)
         n = len(lists)
-        have = np.fromiter(map(bool, lists), dtype=bool, count=n)
-        pos = np.flatnonzero(have)
-        sub: list[Any] = list(lists) if pos.size == n else list(map(lists.__getitem__, pos.tolist()))
+        each: Any = lists  # (a None among them fails len(): handled below)
         try:
-            lens = np.fromiter(map(len, sub), dtype=np.int64, count=len(sub))
-        except TypeError:  # not a list of frames: intern() says how it is malformed
-            return np.asarray(list(map(self.intern, lists)), dtype=np.int64)
+            lens = np.fromiter(map(len, each), dtype=np.int64, count=n)
+        except TypeError:  # a None among them (no frames), or no list of frames
+            try:
+                lens = np.fromiter((len(f) if f else 0 for f in lists), dtype=np.int64, count=n)
+            except TypeError:  # not a list of frames: intern() says how it is malformed
+                return np.asarray(list(map(self.intern, lists)), dtype=np.int64)
+        pos = np.flatnonzero(lens)
+        sub: list[Any] = list(lists) if pos.size == n else list(map(lists.__getitem__, pos.tolist()))
+        lens = lens[pos]
         # first[k]: the first list of k's group equal to list k; every list then takes the
         # id of its first, and the firsts, taken in order, are interned one by one.
-        first = np.empty(len(sub), dtype=np.int64)
-        order = np.argsort(lens, kind="stable")
-        cuts = np.flatnonzero(np.diff(lens[order])) + 1
-        for group in np.split(order, cuts) if order.size else ():
-            first[group] = self._firsts(sub, group.tolist())
+        if lens.size and lens.min() == lens.max():  # (one length, as a trace's stacks mostly are)
+            first = self._firsts(sub)
+        else:
+            first = np.empty(len(sub), dtype=np.int64)
+            order = np.argsort(lens, kind="stable")
+            cuts = np.flatnonzero(np.diff(lens[order])) + 1
+            for group in np.split(order, cuts) if order.size else ():
+                first[group] = group[self._firsts(list(map(sub.__getitem__, group.tolist())))]
         firsts = np.flatnonzero(first == np.arange(first.size))  # (first[k] <= k)
-        ids = np.fromiter(map(self.intern, map(sub.__getitem__, firsts.tolist())), np.int64, firsts.size)
+        ids = np.zeros(first.size, dtype=np.int64)
+        ids[firsts] = np.fromiter(
+            map(self.intern, map(sub.__getitem__, firsts.tolist())), np.int64, firsts.size
+        )
         out = np.zeros(n, dtype=np.int64)
-        out[pos] = ids[np.searchsorted(firsts, first)]
+        out[pos] = ids[first]
         return out
 
-    def _firsts(self, lists: list[Any], group: list[int]) -> list[int]:
-        """For each of ``group`` (indices of ``lists`` of one length), the first equal list."""
-        members = list(map(lists.__getitem__, group))
+    def _firsts(self, members: list[Any]) -> np.ndarray:
+        """For each of ``members`` (lists of one length), the index of the first equal one."""
         positions = list(self._positions.get(len(members[0])) or [len(members[0]) >> 1])
         # The positions that tell this length's stacks apart are found on its first lists.
         sample = members[:_LEARN]
         _group(sample, positions, 0)
         positions = _fewest(sample, positions)
         firsts, same = _group(members, positions, len(members) // 64)
-        if all(same):
-            return list(map(group.__getitem__, firsts))
         # the few lists unlike their group's first are groups of their own
-        return [group[f] if s else k for f, s, k in zip(firsts, same, group, strict=True)]
+        return np.where(same, firsts, np.arange(len(members)))
 
     def _probe(self, frames: Sequence[Any]) -> tuple[int, ...]:
         n = len(frames)
@@ -178,20 +185,27 @@ class StackTable:
         return sid
 
 
-def _group(members: list[Any], positions: list[int], allowed: int) -> tuple[list[int], list[bool]]:
+def _group(members: list[Any], positions: list[int], allowed: int) -> tuple[np.ndarray, np.ndarray]:
     """Each member's first equal member (index), keyed by the identity of the frames at
     ``positions``, and whether it is equal to it; adds a position where a member differs
     from its first until at most ``allowed`` do (or 8 positions are probed)."""
+    n = len(members)
     while True:
-        probes = [map(id, map(itemgetter(p), members)) for p in positions]
-        keys: list[Any] = list(zip(*probes, strict=True)) if len(probes) > 1 else list(probes[0])
-        by_key = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
-        firsts = list(map(by_key.__getitem__, keys))
-        same = list(map(eq, map(members.__getitem__, firsts), members))
-        if len(same) - sum(same) <= allowed or len(positions) >= 8:
+        # The frames' identities at the positions, mixed into one int64 per list (a collision
+        # only costs a list that differs from its group's first: it is a group of its own).
+        key = np.zeros(n, dtype=np.int64)
+        for p in positions:
+            key = key * 1_000_003 + np.fromiter(map(id, map(itemgetter(p), members)), np.int64, n)
+        order = np.argsort(key, kind="stable")
+        head = np.ones(n, dtype=bool)
+        head[1:] = key[order[1:]] != key[order[:-1]]
+        firsts = np.empty(n, dtype=np.int64)
+        firsts[order] = order[head][np.cumsum(head) - 1]  # (a run's head: its smallest index)
+        same = np.fromiter(map(eq, map(members.__getitem__, firsts.tolist()), members), bool, n)
+        if n - int(same.sum()) <= allowed or len(positions) >= 8:
             return firsts, same
-        j = same.index(False)
-        a, b = members[j], members[firsts[j]]
+        j = int(np.argmin(same))
+        a, b = members[j], members[int(firsts[j])]
         positions.append(next(i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x is not y))
 
 
@@ -250,7 +264,7 @@ def replay(
     data: Mapping[str, Any],
     table: StackTable,
     roles: RoleIndex | None = None,
-    columns: Mapping[int, TraceColumns] | None = None,
+    columns: dict[int, TraceColumns] | None = None,
 ) -> list[DeviceReplay]:
     """Every device of a checked ``_snapshot()`` dict (see :func:`snapshot.check_layout`).
 
@@ -260,7 +274,9 @@ def replay(
     An allocation recorded with no Python stack is named by the ``record_function`` span it
     was made in, when the snapshot kept its annotations (:class:`AnnotationSpans`).
     ``columns``: the traces of ``data`` already read, by device
-    (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`); the others are read here.
+    (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`), handed over: each is taken
+    out of the dict as its device is replayed, so its memory goes before the page's arrays are
+    built (at 1M entries, 30 MB of a 960 MB peak); the traces not in it are read here.
 
     Raises:
         KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
@@ -274,8 +290,10 @@ def replay(
     out = []
     for dev in devices:
         entries = traces[dev] if dev < len(traces) else []
-        cols = (columns or {}).get(dev) or read_columns(entries, f"device_traces[{dev}]")
+        cols = columns.pop(dev, None) if columns is not None else None
+        cols = cols or read_columns(entries, f"device_traces[{dev}]")
         out.append(_replay_device(dev, cols, entries, segments, table, roles, spans))
+        del cols  # (its memory goes before the next device's arrays)
     return out
 
 
@@ -325,9 +343,9 @@ def _replay_device(
     live = cols.alive_at_end()
     # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
     chosen = is_alloc | older
-    picked = cols.picked(chosen)
+    picked = cols.pick(entries, chosen)
     frames_of: list[Any] = list(_field(picked, "frames"))
-    is_pre = older[chosen].tolist()
+    is_pre = older[chosen].tolist() if roles is not None or spans else []
     if roles is not None:  # a block freed in the trace but older than it may be named by the role map
         for p, old in enumerate(is_pre):
             named = roles.frames(picked[p].get("addr")) if old else None
@@ -340,8 +358,8 @@ def _replay_device(
             frames_of[p] = spans.frames(name) or frames_of[p]
     sids = table.intern_all(frames_of)
     pre_sids, a_sids = sids[older[chosen]], sids[is_alloc[chosen]]
-    allocs = cols.picked(is_alloc) if pre.size else picked
-    pre_frees = cols.picked(older)
+    allocs = cols.pick(entries, is_alloc) if pre.size else picked
+    pre_frees = cols.pick(entries, older)
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}

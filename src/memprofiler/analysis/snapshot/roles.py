@@ -8,11 +8,15 @@ when its address is the start of one of those storages, readers show its role in
 under a category (``parameter``, ``gradient``, ``optimizer state (exp_avg)``, ``buffer``).
 
 The role appears as synthetic frames (file :data:`ROLE_FILE`): the category, then the tensor.
+
+An OOM record's role map (``oom_rank_{r}_{n}.json``, ``roles_at: end``) is taken when the record
+is written, at the end of its recording: there the blocks alive at the end that the trace saw
+allocated are named too, their role's frames above their own stack (:func:`with_roles`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 #: ``filename`` of the synthetic frames that carry a block's role.
@@ -53,6 +57,8 @@ class RoleIndex:
             if isinstance(e, Mapping) and type(e.get("addr")) is int:
                 self._by_addr.setdefault(e["addr"], e)
         self._frames: dict[int, list[dict[str, Any]]] = {}
+        # One list per category: the analysis caches formatted stacks by the frames' ``id``.
+        self._groups: dict[str, list[dict[str, Any]]] = {}
 
     def __len__(self) -> int:
         return len(self._by_addr)
@@ -76,13 +82,69 @@ class RoleIndex:
     def category_frames(self, addr: Any) -> list[dict[str, Any]] | None:
         """The category frame alone: the terminal analysis groups by category, not per tensor."""
         frames = self.frames(addr)
-        return frames[:1] if frames else None
+        return self._groups.setdefault(frames[0]["name"], frames[:1]) if frames else None
+
+    def group_frames(self, frames: Any) -> list[dict[str, Any]] | None:
+        """The category frame alone when ``frames`` begin with a role's two frames (a block
+        :func:`with_roles` named), else ``None``: grouped by category, as older blocks are."""
+        if not (isinstance(frames, list) and len(frames) >= 2):
+            return None
+        head = frames[:2]
+        if not all(isinstance(f, Mapping) and f.get("filename") == ROLE_FILE for f in head):
+            return None
+        return self._groups.setdefault(str(head[0].get("name")), [dict(head[0])])
 
 
 def role_index(index: Mapping[str, Any] | None) -> RoleIndex | None:
     """The role index of a window index (``None`` when it has no roles)."""
     roles = (index or {}).get("roles")
     return RoleIndex(roles) if isinstance(roles, list) and roles else None
+
+
+def with_roles(
+    data: dict[str, Any], index: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], RoleIndex | None]:
+    """``data`` as readers show it with the role map ``index`` beside it, and its role index.
+
+    A window's map is taken when its recording begins: it names the blocks older than the
+    trace, and readers look those up themselves. An OOM record's (``roles_at: end``) is taken
+    at the recording's end: each block the trace allocated and never freed whose address starts
+    a storage of the map is that storage, so a copy of ``data`` is returned in which its
+    allocation carries the role's frames above its own stack. Only the entries named are copied.
+    """
+    roles = role_index(index)
+    if roles is None or (index or {}).get("roles_at") != "end":
+        return data, roles
+    traces = data.get("device_traces")
+    if not isinstance(traces, list):
+        return data, roles
+    named = [_name_alive_at_end(t, roles) if isinstance(t, list) else t for t in traces]
+    return {**data, "device_traces": named}, roles
+
+
+def _name_alive_at_end(trace: Sequence[Any], roles: RoleIndex) -> Sequence[Any]:
+    """``trace`` with the allocation alive at its end at each role's address named by the role."""
+    seen: set[int] = set()
+    out: list[Any] | None = None
+    for i in range(len(trace) - 1, -1, -1):
+        e = trace[i]
+        if not isinstance(e, Mapping) or e.get("action") not in _BLOCK_ACTIONS:
+            continue
+        addr = e.get("addr")
+        if type(addr) is not int or addr in seen:
+            continue
+        seen.add(addr)  # the newest event at an address decides whether its block is alive
+        frames = roles.frames(addr) if e.get("action") == "alloc" else None
+        if frames is not None:
+            if out is None:
+                out = list(trace)
+            own = e.get("frames")
+            out[i] = {**e, "frames": [*frames, *(own if isinstance(own, list) else ())]}
+    return trace if out is None else out
+
+
+#: Trace actions that allocate or free a block (segment events share block addresses).
+_BLOCK_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
 
 
 class AnnotationSpans:

@@ -369,10 +369,10 @@ def _analyze_device(
     older = cols.older_frees()  # freed but never allocated in the trace: they predate it
     older_at = cols.index[older]
     pre_freed_bytes = int(cols.size[older].sum())
-    live_at_peak = cols.pick(cols.live_at(peak_i)) if peak_i >= 0 else []
-    pre_live_at_peak = cols.pick(older[older_at > peak_i])
-    live_at_oom = cols.pick(cols.live_at(oom_i)) if oom_i is not None else []
-    pre_live_at_oom = cols.pick(older[older_at > oom_i]) if oom_i is not None else []
+    live_at_peak = cols.pick(entries, cols.live_at(peak_i)) if peak_i >= 0 else []
+    pre_live_at_peak = cols.pick(entries, older[older_at > peak_i])
+    live_at_oom = cols.pick(entries, cols.live_at(oom_i)) if oom_i is not None else []
+    pre_live_at_oom = cols.pick(entries, older[older_at > oom_i]) if oom_i is not None else []
     # Alive at the end but never allocated in the trace: predates it, so alive at the peak too.
     # (With no positive step the peak is the trace start, index -1: only these and the
     # pre-trace blocks freed later are alive then.)
@@ -383,7 +383,7 @@ def _analyze_device(
     pre_live_at_peak.extend(pre_alive)
     pre_live_at_oom.extend(pre_alive)
     res_baseline = max(end_reserved - end_res, -res_min)
-    frame_cache: dict[int, tuple[str, ...]] = {}
+    frame_cache: dict[Any, tuple[str, ...]] = {}
     ranked, at_peak_count = _by_stack(live_at_peak, pre_live_at_peak, roles, spans, frame_cache)
     oom_ranked, at_oom_count = (
         _by_stack(live_at_oom, pre_live_at_oom, roles, spans, frame_cache) if ooms else ([], 0)
@@ -448,16 +448,19 @@ def _by_stack(
     older: Sequence[Mapping[str, Any]],
     roles: RoleIndex | None,
     spans: AnnotationSpans | None,
-    frame_cache: dict[int, tuple[str, ...]],
+    frame_cache: dict[Any, tuple[str, ...]],
 ) -> tuple[list[StackGroup], int]:
     """The blocks alive at an instant grouped by allocating stack, largest first, and their count.
 
     Args:
         live: blocks allocated in the trace and alive then.
         older: blocks older than the trace and alive then.
-        roles: names the older blocks by role (parameters, optimizer state) where it can.
+        roles: names the older blocks by role (parameters, optimizer state) where it can, and
+            groups the blocks of the trace it named by category.
         spans: names allocations without a Python stack by the span they ran in.
-        frame_cache: formatted frames by the id of their frames object, shared across calls.
+        frame_cache: formatted frames by the ids of their frames (torch shares each frame's
+            dict between the stacks that name it, each entry holding its own list of them),
+            shared across calls.
     """
     if roles is not None:
         # Blocks older than the trace that the role map names: grouped by their role.
@@ -466,6 +469,9 @@ def _by_stack(
             for b in older
         ]
     at: list[Mapping[str, Any]] = list(live)
+    if roles is not None:
+        # Blocks of the trace that an OOM record's role map named (roles.with_roles): by role too.
+        at = [b if (f := roles.group_frames(b.get("frames"))) is None else {**b, "frames": f} for b in at]
     if spans:
         # Allocations with no Python stack (the autograd engine's thread): named by their span.
         bare = [k for k, e in enumerate(at) if not e.get("frames")]
@@ -477,11 +483,12 @@ def _by_stack(
     groups: dict[tuple[str, ...], StackGroup] = {}
     for block in [*at, *older]:
         frames_obj = block.get("frames")
-        key = frame_cache.get(id(frames_obj)) if frames_obj is not None else None
+        ids = tuple(map(id, frames_obj)) if isinstance(frames_obj, (list, tuple)) else id(frames_obj)
+        key = frame_cache.get(ids) if frames_obj is not None else None
         if key is None:
             key = _format_frames(frames_obj) or (NO_STACK,)
             if frames_obj is not None:
-                frame_cache[id(frames_obj)] = key
+                frame_cache[ids] = key
         g = groups.get(key)
         if g is None:
             g = groups[key] = StackGroup(frames=key)

@@ -115,7 +115,7 @@ def build_explorer(
     record: Mapping[str, Any] | None = None,
     index: Mapping[str, Any] | None = None,
     select: str | None = None,
-    columns: Mapping[int, TraceColumns] | None = None,
+    columns: dict[int, TraceColumns] | None = None,
 ) -> str:
     """The explorer page of one ``_snapshot()`` dict already checked and analysed.
 
@@ -133,8 +133,8 @@ def build_explorer(
             its calls (with those marked in the recording) can be picked to show their range.
         select: the call (``training_step:3``) whose range the page opens on.
         columns: the columns the analysis read of ``data``'s traces
-            (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`), for the replay to
-            share; without them the replay reads the traces itself.
+            (:func:`~memprofiler.analysis.snapshot.summary.analyze_columns`), handed over to the
+            replay (which empties the dict as it goes); without them it reads the traces itself.
 
     Raises:
         ArtifactError: an entry lacks a field the replay needs.

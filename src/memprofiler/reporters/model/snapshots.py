@@ -8,7 +8,8 @@ from typing import Any
 
 from memprofiler.analysis.runs.artifacts import AllocPickle, AllocWindow, OomRecord, RunArtifacts
 from memprofiler.analysis.snapshot.calls import call_ranges, checked_index
-from memprofiler.analysis.snapshot.roles import role_index
+from memprofiler.analysis.snapshot.oom_roles import oom_role_index
+from memprofiler.analysis.snapshot.roles import with_roles
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, analyze, load_snapshot
 
 
@@ -26,7 +27,8 @@ class SnapshotEntry:
 def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
     """Load and analyse every allocator-history and OOM pickle of ``run``.
 
-    A window's recording is analysed with its role map, and titled with the calls marked in it.
+    A window's recording is analysed with its role map, and titled with the calls marked in it;
+    an OOM record with the role map written beside it (a record without one is one warning).
 
     Raises:
         ArtifactError: a pickle is unreadable, unsafe or not an allocator snapshot.
@@ -43,12 +45,19 @@ def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
         data = load_snapshot(path)
         title = snapshot_title(item)
         roles = None
+        run_id = str((run.manifest or {}).get("run_id") or "") or None
         if isinstance(item, AllocWindow):
-            index, note = checked_index(path, data, str((run.manifest or {}).get("run_id") or "") or None)
+            index, note = checked_index(path, data, run_id)
             if note is not None:
                 run.warnings.append(note)
-            roles = role_index(index)
+            data, roles = with_roles(data, index)
             title = window_title(item, [r.key for r in call_ranges(data, index)])
+        elif isinstance(item, OomRecord):
+            # the blocks alive at the OOM, named by the role map written with the record
+            index, note = oom_role_index(path, data, run_id)
+            if note is not None:
+                run.warnings.append(note)
+            data, roles = with_roles(data, index)
         analysis = analyze(data, str(path), top=top, roles=roles)
         record = item.info if isinstance(item, OomRecord) else None
         entries.append(SnapshotEntry(title, str(path), analysis, record))

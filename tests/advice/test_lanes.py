@@ -45,11 +45,11 @@ def _planted(plan: Plan) -> MemoryEstimate:
 
 
 def _singles(
-    monkeypatch: pytest.MonkeyPatch, jobs: int, cands: list[Candidate], estimate=None
+    monkeypatch: pytest.MonkeyPatch, jobs: int, cands: list[Candidate], estimate=None, listener=None
 ) -> tuple[search.Estimator, list]:
     monkeypatch.setattr(search.plans, "estimate", estimate or _planted)
     plan = Plan(model=torch.nn.Linear(1, 1), batch=torch.zeros(1, 1), optimizer=adamw)
-    est = search.Estimator(plan, budget=BUDGET, reserve=0, jobs=jobs)
+    est = search.Estimator(plan, budget=BUDGET, reserve=0, listener=listener, jobs=jobs)
     return est, search.singles(est, cands)
 
 
@@ -57,7 +57,10 @@ def test_the_narrowing_side_by_side_finds_what_it_finds_one_estimate_after_anoth
     # GIVEN a family whose memory falls 5 MiB a variant, beside two single changes
     # WHEN the singles are estimated side by side, then one after another in this process
     monkeypatch.setattr(workers, "_warm", True)
-    side, side_rows = _singles(monkeypatch, 2, _candidates())
+    shown: list[str] = []
+    side, side_rows = _singles(
+        monkeypatch, 2, _candidates(), listener=lambda words, row: row is not None and shown.append(words)
+    )
     alone, alone_rows = _singles(monkeypatch, 1, _candidates())
     # THEN the family's answer is its first fitting variant, k6, by the same estimates, and every
     # row is the same
@@ -67,6 +70,10 @@ def test_the_narrowing_side_by_side_finds_what_it_finds_one_estimate_after_anoth
     assert side.base_row.reserved_bytes == 100 * MiB
     # base, a, b, k8, then the secant's k6 (fits) and its confirmation k5 (does not)
     assert side.runs == alone.runs == 6
+    # AND the progress counted each row once, as its estimate came in
+    assert sorted(shown) == sorted(
+        ["the plan as given", *(f"change {c}" for c in ("a", "b", "k8", "k6", "k5"))]
+    )
 
 
 CALLS: list[tuple[str, ...]] = []

@@ -41,9 +41,14 @@ class Estimates(Protocol):
 
 
 def run(
-    est: Estimates, lanes: Sequence[Lane[T]], sets: Sequence[tuple[Any, ...]] = (), here_first: bool = False
+    est: Estimates,
+    lanes: Sequence[Lane[T]],
+    sets: Sequence[tuple[Any, ...]] = (),
+    here_first: bool = False,
+    arrived: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> list[T]:
-    """Each lane's answer, in order, with ``sets`` estimated beside them (their rows are read later).
+    """Each lane's answer, in order, with ``sets`` estimated beside them (their rows are read later;
+    ``arrived`` is called with each set whose estimate came in, as it does).
 
     ``here_first``: the first set a lane (or else ``sets``) asks for is estimated in this process.
     An error a lane raises (as the sequential search would have) is raised here.
@@ -52,6 +57,7 @@ def run(
     waits: list[set[str]] = [set() for _ in lanes]
     asked: list[str] = []  # the key of each task, in the order prefetch numbers them
     flying: set[str] = set()
+    wanted: dict[str, tuple[Any, ...]] = {}  # the key of each of ``sets`` not estimated yet
 
     def tasks_for(wants: Sequence[tuple[Any, ...]]) -> tuple[set[str], list[Callable[[], Any]]]:
         missing, new = set(), []
@@ -84,6 +90,8 @@ def run(
         flying.discard(key)
         if result is not None:
             est.store(key, result)
+            if arrived is not None and key in wanted and est.pending(wanted[key]) is None:  # kept
+                arrived(wanted[key])
         new: list[Callable[[], Any]] = []
         for i, wait in enumerate(waits):
             if key in wait:
@@ -96,6 +104,10 @@ def run(
     for i in range(len(lanes)):
         first += advance(i)
     first += tasks_for(sets)[1]
+    for picks in sets:
+        found = est.pending(picks)
+        if found is not None:
+            wanted.setdefault(found[0], picks)
     if len(asked) > 1 and est.listener is not None:
         est.listener(f"{len(asked)} plans side by side", None)
     workers.prefetch(first, est.jobs, here_first=here_first, then=then)

@@ -10,6 +10,7 @@ The narrowings are :mod:`.lanes`: each asks for its next estimate while the othe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -264,7 +265,14 @@ def singles(
     families = [i for i, c in enumerate(cands) if len(c.variants) > 1]
     runs = [_base_lane(est, on_base)] + [_guarded(narrowing(est, (), cands[i])) for i in families]
     ahead = sorted(((Pick(c, len(c.variants) - 1),) for c in cands), key=lambda s: -_steps(est, s))
-    answers = lanes.run(est, runs, ahead, here_first=est.base_row is None)
+    made: dict[tuple[Pick, ...], Row] = {}
+
+    def arrived(picks: tuple[Pick, ...]) -> None:  # its row now, so progress counts it now
+        if est.base_row is not None and len(picks[0].candidate.variants) == 1:
+            with contextlib.suppress(MemProfilerError, RuntimeError):  # recorded when read below
+                made[picks] = est.row(picks)
+
+    answers = lanes.run(est, runs, ahead, here_first=est.base_row is None, arrived=arrived)
     narrowed = dict(zip(families, answers[1:], strict=True))
     out = []
     for i, c in enumerate(cands):
@@ -276,7 +284,7 @@ def singles(
                 out.append(found)
             else:
                 pick = Pick(c, 0)
-                out.append((pick, est.row((pick,))))
+                out.append((pick, made.get((pick,)) or est.row((pick,))))
         except (MemProfilerError, RuntimeError) as err:
             est.failed[c.name] = "could not be estimated: " + " ".join(str(err).split())[:300]
     return out

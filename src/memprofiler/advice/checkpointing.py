@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from memprofiler.errors import ConfigError
+from memprofiler.estimate.named import caching_configs
 
 
 @dataclass(frozen=True)
@@ -60,27 +61,6 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
 def checkpointed_already(model: nn.Module) -> bool:
     """Whether the model already checkpoints (a ``checkpoint_wrapper`` or transformers' switch)."""
     return any(_wrapped(m) or getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
-
-
-def caching_configs(model: nn.Module) -> list[tuple[str, Any]]:
-    """``(module name, config)`` of each distinct config in ``model`` that fills a key/value cache
-    in forward (a transformers ``config.use_cache``), the first module holding it named.
-
-    An encoder-decoder keeps a copy of the config per stack: T5's decoder fills its cache by its
-    own ``decoder.config.use_cache`` whatever the model's ``config.use_cache`` says, and the cross
-    attention of a recomputed block then reads its keys and values from the cache where the
-    forward computed them (4 tensors fewer saved in a 2-layer T5: torch's checkpoint refuses).
-    """
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-    for name, mod in model.named_modules():
-        config = getattr(mod, "config", None)
-        if config is None or id(config) in seen:
-            continue
-        seen.add(id(config))
-        if getattr(config, "use_cache", False) is True:
-            found.append((name, config))
-    return found
 
 
 def need_blocks(model: nn.Module, key: str) -> int:

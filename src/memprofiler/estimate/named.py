@@ -104,7 +104,8 @@ class NamedModel:
             enable = getattr(self.model, name, None)
             if self.huggingface and callable(enable):
                 enable(**{kwarg: {"use_reentrant": False}})
-                _no_cache(self.model)
+                for _, config in caching_configs(self.model):  # as its first checkpointed
+                    config.use_cache = False  # forward would, warning once per estimate's process
                 return f"activation checkpointing: transformers' {name} (non-reentrant)"
         # the blocks: the largest nn.ModuleList, else the largest nn.Sequential (a model built of
         # Sequentials, as torchvision's are)
@@ -128,13 +129,25 @@ class NamedModel:
         )
 
 
-def _no_cache(model: nn.Module) -> None:
-    """``use_cache = False`` on every config of ``model``, as transformers sets it in a checkpointed
-    training forward, where it warned once per process (once per estimate run side by side)."""
-    for m in model.modules():
-        config: Any = getattr(m, "config", None)
-        if getattr(config, "use_cache", None) is True:
-            config.use_cache = False
+def caching_configs(model: nn.Module) -> list[tuple[str, Any]]:
+    """``(module name, config)`` of each distinct config in ``model`` that fills a key/value cache
+    in forward (a transformers ``config.use_cache``), the first module holding it named.
+
+    An encoder-decoder keeps a copy of the config per stack: T5's decoder fills its cache by its
+    own ``decoder.config.use_cache`` whatever the model's ``config.use_cache`` says, and the cross
+    attention of a recomputed block then reads its keys and values from the cache where the
+    forward computed them (4 tensors fewer saved in a 2-layer T5: torch's checkpoint refuses).
+    """
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+    for name, mod in model.named_modules():
+        config = getattr(mod, "config", None)
+        if config is None or id(config) in seen:
+            continue
+        seen.add(id(config))
+        if getattr(config, "use_cache", False) is True:
+            found.append((name, config))
+    return found
 
 
 def load_model(spec: str) -> NamedModel:

@@ -29,7 +29,8 @@ BACKWARD = (_aten._ctc_loss_backward.default, _aten._ctc_loss_backward.Tensor)
 INT64 = 8
 
 
-def _nbytes(t: torch.Tensor) -> int:
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes of ``t``'s elements."""
     return int(t.numel()) * t.element_size()
 
 
@@ -53,12 +54,12 @@ def backward_phases(
     """Phases of scratch (each a list of blocks live together) of one CUDA CTC backward whose
     gradient takes ``grad_bytes``."""
     steps, batch, labels = (int(s) for s in log_probs.shape)
-    base = [*lengths(log_probs), _nbytes(log_alpha)]  # and log_beta, log_alpha's size
+    base = [*lengths(log_probs), nbytes(log_alpha)]  # and log_beta, log_alpha's size
     if not is_large(steps, batch, labels):
         return [base]
     b, t = int(log_alpha.size(0)), int(log_alpha.size(1))
     blanks = torch.empty(b, t, int(log_alpha.size(2)) // 2 + 1, dtype=log_alpha.dtype, device="meta")
-    summed, rows = _nbytes(blanks), b * t * blanks.element_size()
+    summed, rows = nbytes(blanks), b * t * blanks.element_size()
     amax = reduce_scratch.op_scratch(_aten.amax.default, (blanks, [2], True), {}, device)
     total = reduce_scratch.op_scratch(_aten.sum.dim_IntList, (blanks, [2], True), {}, device)
     phases = [

@@ -44,17 +44,19 @@ with probabilities are composites whose ops the fake step already sees. Each tra
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
 
 from memprofiler.estimate.cuda import ctc_scratch, reduce_scratch
+from memprofiler.estimate.cuda.ctc_scratch import nbytes
+from memprofiler.estimate.cuda.kernel_scratch import ScratchLog
 from memprofiler.estimate.cuda.ops import OpHook
 from memprofiler.estimate.cuda.target import CudaTarget
 from memprofiler.estimate.fake import loss_outputs
-from memprofiler.estimate.fake.loss_outputs import NONE, binary_elements
+from memprofiler.estimate.fake.loss_outputs import NONE, arg, binary_elements
 from memprofiler.estimate.part import Part
 
 _aten = torch.ops.aten
@@ -66,14 +68,6 @@ NLL_BWD = _aten.nll_loss_backward.default
 NLL2D = _aten.nll_loss2d_forward.default
 NLL2D_BWD = _aten.nll_loss2d_backward.default
 CATEGORY = "loss"
-
-
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
-    return args[i] if len(args) > i else kwargs.get(key, default)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return int(t.numel()) * t.element_size()
 
 
 def reduction_scratch(n: int, dtype: torch.dtype, reduction: int, device: reduce_scratch.Device) -> list[int]:
@@ -101,7 +95,7 @@ class _Call:
     device: reduce_scratch.Device
 
     def reduction(self, at: int) -> int:
-        return int(_arg(self.args, self.kwargs, at, "reduction", 1))
+        return int(arg(self.args, self.kwargs, at, "reduction", 1))
 
 
 def _binary(c: _Call) -> list[list[int]]:
@@ -119,7 +113,7 @@ def _huber(c: _Call) -> list[list[int]]:
     if reduction == NONE:
         return []
     x = c.args[0]
-    return [[_nbytes(x), *reduction_scratch(x.numel(), x.dtype, reduction, c.device)]]
+    return [[nbytes(x), *reduction_scratch(x.numel(), x.dtype, reduction, c.device)]]
 
 
 def _reduced_in_place(at: int) -> Callable[[_Call], list[list[int]]]:
@@ -139,51 +133,51 @@ def _reduced_in_place(at: int) -> Callable[[_Call], list[list[int]]]:
 def _soft_margin_backward(c: _Call) -> list[list[int]]:
     x, target = c.args[1], c.args[2]
     prod = binary_elements((target, x)) * torch.result_type(target, x).itemsize
-    out = _nbytes(c.out)
-    return [_beside_output([_nbytes(target), prod, prod], out), [prod]]
+    out = nbytes(c.out)
+    return [_beside_output([nbytes(target), prod, prod], out), [prod]]
 
 
 def _bce_with_logits(c: _Call) -> list[list[int]]:
     x, target = c.args[0], c.args[1]
-    pos_weight = _arg(c.args, c.kwargs, 3, "pos_weight")
+    pos_weight = arg(c.args, c.kwargs, 3, "pos_weight")
     reduction = c.reduction(4)
-    lsi = _nbytes(x)
+    lsi = nbytes(x)
     phases = []
     if pos_weight is not None:
         log_weight = binary_elements((pos_weight, target)) * torch.result_type(pos_weight, target).itemsize
-        first = [lsi, _nbytes(pos_weight), log_weight]
-        phases.append(_beside_output(first, _nbytes(c.out)) if reduction == NONE else first)
+        first = [lsi, nbytes(pos_weight), log_weight]
+        phases.append(_beside_output(first, nbytes(c.out)) if reduction == NONE else first)
     if reduction == NONE:
         return [*phases, [lsi]]  # the loss is the output
-    loss = _nbytes(target)
+    loss = nbytes(target)
     return [*phases, [lsi, loss, *reduction_scratch(target.numel(), target.dtype, reduction, c.device)]]
 
 
 def _copies(*tensors: Any) -> list[int]:
     """What ``expect_contiguous()`` allocates for each of ``tensors`` (nothing for a contiguous one)."""
-    return [_nbytes(t) for t in tensors if isinstance(t, torch.Tensor) and not t.is_contiguous()]
+    return [nbytes(t) for t in tensors if isinstance(t, torch.Tensor) and not t.is_contiguous()]
 
 
 def _nll(c: _Call) -> list[list[int]]:
-    copies = _copies(c.args[0], c.args[1], _arg(c.args, c.kwargs, 2, "weight"))
+    copies = _copies(c.args[0], c.args[1], arg(c.args, c.kwargs, 2, "weight"))
     return [copies] if copies else []
 
 
 def _nll_backward(c: _Call) -> list[list[int]]:
     grad_output, x, target = c.args[:3]
-    copies = _copies(target, x, grad_output, _arg(c.args, c.kwargs, 3, "weight"))
+    copies = _copies(target, x, grad_output, arg(c.args, c.kwargs, 3, "weight"))
     return [copies] if copies else []
 
 
 def _nll2d(c: _Call) -> list[list[int]]:
-    weight = _arg(c.args, c.kwargs, 2, "weight")
+    weight = arg(c.args, c.kwargs, 2, "weight")
     reduces = c.reduction(3) != NONE
     copies = _copies(*((c.args[0], c.args[1]) if reduces else ()), weight)
     return [copies] if copies else []
 
 
 def _nll2d_backward(c: _Call) -> list[list[int]]:
-    weight = _arg(c.args, c.kwargs, 3, "weight")
+    weight = arg(c.args, c.kwargs, 3, "weight")
     reduces = c.reduction(4) != NONE
     copies = _copies(*((c.args[2],) if reduces else ()), weight)
     return [copies] if copies else []
@@ -200,14 +194,14 @@ def _per_row(x: torch.Tensor, reduction: int, device: reduce_scratch.Device) -> 
 def _multi_margin(c: _Call) -> list[list[int]]:
     x = c.args[0]
     found = [
-        *_copies(x, c.args[1], _arg(c.args, c.kwargs, 4, "weight")),
+        *_copies(x, c.args[1], arg(c.args, c.kwargs, 4, "weight")),
         *_per_row(x, c.reduction(5), c.device),
     ]
     return [found] if found else []
 
 
 def _multi_margin_backward(c: _Call) -> list[list[int]]:
-    copies = _copies(c.args[1], c.args[0], c.args[2], _arg(c.args, c.kwargs, 5, "weight"))
+    copies = _copies(c.args[1], c.args[0], c.args[2], arg(c.args, c.kwargs, 5, "weight"))
     return [copies] if copies else []
 
 
@@ -218,13 +212,13 @@ def _multilabel_margin(c: _Call) -> list[list[int]]:
 
 
 def _multilabel_margin_backward(c: _Call) -> list[list[int]]:
-    copies = _copies(c.args[1], c.args[2], _arg(c.args, c.kwargs, 4, "is_target"), c.args[0])
+    copies = _copies(c.args[1], c.args[2], arg(c.args, c.kwargs, 4, "is_target"), c.args[0])
     return [copies] if copies else []
 
 
 def _ctc_backward(c: _Call) -> list[list[int]]:
-    zero_infinity = bool(_arg(c.args, c.kwargs, 8, "zero_infinity", False))
-    return ctc_scratch.backward_phases(c.args[1], c.args[6], zero_infinity, _nbytes(c.out), c.device)
+    zero_infinity = bool(arg(c.args, c.kwargs, 8, "zero_infinity", False))
+    return ctc_scratch.backward_phases(c.args[1], c.args[6], zero_infinity, nbytes(c.out), c.device)
 
 
 #: Each loss op whose CUDA kernel allocates temporaries inside itself -> (its name, its phases).
@@ -252,16 +246,8 @@ RULES: dict[Any, tuple[str, Callable[[_Call], list[list[int]]]]] = {
 }
 
 
-@dataclass
-class LossLog:
+class LossLog(ScratchLog):
     """Per loss op: calls with scratch and the most one call held at once, for the notes."""
-
-    calls: dict[str, int] = field(default_factory=dict)
-    largest: dict[str, int] = field(default_factory=dict)
-
-    def add(self, name: str, nbytes: int) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-        self.largest[name] = max(self.largest.get(name, 0), nbytes)
 
     def notes(self) -> list[str]:
         return [

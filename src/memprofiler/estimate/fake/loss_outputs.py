@@ -39,7 +39,8 @@ SOFT_MARGIN = _aten.soft_margin_loss.default
 NONE = 0
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, key: str, default: Any) -> Any:
+def arg(args: tuple[Any, ...], kwargs: dict[str, Any], i: int, key: str, default: Any = None) -> Any:
+    """Argument ``i`` of an op's call, given by position or as ``key``."""
     return args[i] if len(args) > i else kwargs.get(key, default)
 
 
@@ -62,7 +63,7 @@ class _InputSized:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.op(*args, **kwargs)
-        if _arg(args, kwargs, self.reduction_at, "reduction", 1) == NONE:
+        if arg(args, kwargs, self.reduction_at, "reduction", 1) == NONE:
             return out
         n = self.elements(args)  # in the output's dtype: the op's common dtype
         if n * out.element_size() <= out.untyped_storage().nbytes():

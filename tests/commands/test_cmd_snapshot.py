@@ -53,13 +53,13 @@ def test_the_gc_is_paused_from_the_load_to_the_page_and_resumes_after(snap_file,
 
         return run
 
-    for module, name in ((summary, "load_snapshot"), (summary, "analyze_columns"), (page, "build_explorer")):
+    for module, name in ((summary, "load_snapshot"), (summary, "analyze_columns"), (page, "start_explorer")):
         monkeypatch.setattr(module, name, watched(getattr(module, name)))
     assert gc.isenabled()
     # WHEN the snapshot command writes the explorer
     assert main(["snapshot", str(snap_file), "--html", str(tmp_path / "p.html")]) == 0
     # THEN each ran with the GC off (a collection would rescan every loaded entry), and it is on again
-    assert seen == [("load_snapshot", False), ("analyze_columns", False), ("build_explorer", False)]
+    assert seen == [("load_snapshot", False), ("analyze_columns", False), ("start_explorer", False)]
     assert gc.isenabled()
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memprofiler.analysis.snapshot.calls import CallRange
 
 
 class SnapshotCommand:
@@ -55,16 +59,16 @@ class SnapshotCommand:
             call_ranges,
             call_view,
             checked_index,
-            entry_range,
             find_call,
             parse_call,
         )
         from memprofiler.analysis.snapshot.oom_roles import is_oom_pickle, oom_role_index
+        from memprofiler.analysis.snapshot.release import release
         from memprofiler.analysis.snapshot.roles import with_roles
         from memprofiler.analysis.snapshot.summary import analyze, analyze_columns, load_snapshot
         from memprofiler.errors import ArtifactError
         from memprofiler.output.writers import write_text
-        from memprofiler.reporters.explorer.page import build_explorer
+        from memprofiler.reporters.explorer.page import start_explorer
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
         wanted = parse_call(args.call) if args.call else None
@@ -93,34 +97,41 @@ class SnapshotCommand:
         else:
             render_snapshot(whole, console, top=args.top, segments=args.top)
         if ranges:
-            traces = snapshot.get("device_traces") or []
-            parts = []
-            for r in ranges:
-                spans = [entry_range(t, r) for t in traces if t]
-                span = next((s for s in spans if s is not None), None)
-                if span is None:
-                    where = "incomplete"
-                elif span[1] == 0:
-                    where = "no longer in the ring"
-                else:
-                    where = f"entries {span[0]:,}-{max(span[0], span[1] - 1):,}"
-                parts.append(f"{r.key} ({where})")
-            console.print(
-                f"calls marked in this recording ({len(ranges)}): "
-                + ", ".join(parts)
-                + ("" if wanted else "; show one with --call FN:N"),
-                markup=False,
-                highlight=False,
-            )
+            console.print(_calls_line(snapshot, ranges, wanted), markup=False, highlight=False)
         if args.html:
             record = _oom_record(local, console) if whole.ooms else None
+            finish = start_explorer(snapshot, args.file, whole, args.top, record, index, args.call, columns)
+            release(snapshot)  # (freed while the page's gzip runs in its worker thread)
+            del snapshot
             try:
-                page = build_explorer(snapshot, args.file, whole, args.top, record, index, args.call, columns)
-                write_text(args.html, page)
+                write_text(args.html, finish())
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
             console.print(f"HTML: {args.html}", markup=False, highlight=False)
         return 0
+
+
+def _calls_line(snapshot: Mapping[str, Any], ranges: list[CallRange], wanted: object) -> str:
+    """The calls marked in a recording, each with its entries in the trace."""
+    from memprofiler.analysis.snapshot.calls import entry_range
+
+    traces = snapshot.get("device_traces") or []
+    parts = []
+    for r in ranges:
+        spans = [entry_range(t, r) for t in traces if t]
+        span = next((s for s in spans if s is not None), None)
+        if span is None:
+            where = "incomplete"
+        elif span[1] == 0:
+            where = "no longer in the ring"
+        else:
+            where = f"entries {span[0]:,}-{max(span[0], span[1] - 1):,}"
+        parts.append(f"{r.key} ({where})")
+    return (
+        f"calls marked in this recording ({len(ranges)}): "
+        + ", ".join(parts)
+        + ("" if wanted else "; show one with --call FN:N")
+    )
 
 
 def _oom_record(pickle_path: Path, console: Any) -> dict[str, Any] | None:

@@ -9,10 +9,8 @@ that forbids every request.
 
 from __future__ import annotations
 
-import base64
 import os
-import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,12 @@ from memprofiler.analysis.files.gc_pause import gc_paused
 from memprofiler.analysis.snapshot.calls import call_ranges, checked_index, entry_range
 from memprofiler.analysis.snapshot.columns import TraceColumns
 from memprofiler.analysis.snapshot.lod import level_of_detail
+from memprofiler.analysis.snapshot.release import release
 from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay
 from memprofiler.analysis.snapshot.roles import role_index
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, load_snapshot
 from memprofiler.errors import ArtifactError
+from memprofiler.reporters.explorer.blob import Blob
 from memprofiler.reporters.explorer.oom import banner_html, oom_view
 from memprofiler.reporters.explorer.oom import meta as oom_meta
 from memprofiler.reporters.model.report import ReportModel, SnapshotEntry
@@ -43,44 +43,21 @@ def explorer_relpath(index: int, pickle_path: str) -> str:
     return f"{EXPLORER_DIR}/{index}-{Path(pickle_path).stem}.html"
 
 
-class _Blob:
-    """Typed arrays packed one after another (8-byte aligned, little-endian), with a manifest."""
-
-    _TYPES = {"<i1": "i8", "<i4": "i32", "<f4": "f32", "<f8": "f64"}
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.manifest: dict[str, list[Any]] = {}
-
-    def add(self, name: str, array: np.ndarray, dtype: str) -> None:
-        a = np.ascontiguousarray(array, dtype=np.dtype(dtype))
-        pad = -self.size % 8
-        if pad:
-            self.parts.append(b"\0" * pad)
-            self.size += pad
-        self.manifest[name] = [self._TYPES[dtype], self.size, int(a.size)]
-        raw = a.tobytes()
-        self.parts.append(raw)
-        self.size += len(raw)
-
-    def encode(self, level: int = 1) -> str:
-        # Level 1: at 1M entries 0.4 s and 11.5 MB against 2.5 s and 10.8 MB at level 6.
-        packer = zlib.compressobj(level, zlib.DEFLATED, 31)  # gzip: DecompressionStream reads it
-        body = b"".join(packer.compress(p) for p in self.parts) + packer.flush()
-        return base64.b64encode(body).decode("ascii")
-
-
-def _add_device(blob: _Blob, rep: DeviceReplay, d: int, peak: int) -> dict[str, Any]:
-    lod = level_of_detail(rep, peak)
+def _add_device(blob: Blob, rep: DeviceReplay, d: int, peak: int) -> dict[str, Any]:
     p = f"d{d}."
-    for name, arr, dtype in (
+    arrays: tuple[tuple[str, np.ndarray, str], ...] = (
         ("start", rep.start, "<i4"),
         ("end", rep.end, "<i4"),
         ("size", rep.size, "<f8"),
         ("addr", rep.addr, "<f8"),
         ("stack", rep.stack, "<i4"),
         ("stream", rep.stream, "<i4"),
+    )
+    for name, arr, dtype in arrays:
+        blob.add(p + name, arr, dtype)
+    blob.send()
+    lod = level_of_detail(rep, peak)  # (while the blocks' arrays are gzipped)
+    arrays = (
         ("level", lod.level, "<i1"),
         ("band", lod.band, "<f4"),
         ("time", rep.time_us, "<f8"),
@@ -89,12 +66,13 @@ def _add_device(blob: _Blob, rep: DeviceReplay, d: int, peak: int) -> dict[str, 
         ("segAddr", rep.seg_addr, "<f8"),
         ("segSize", rep.seg_size, "<f8"),
         ("segStream", rep.seg_stream, "<i4"),
-    ):
+    )
+    for name, arr, dtype in arrays:
         blob.add(p + name, arr, dtype)
     return {"threshold": lod.threshold, "bandOffsets": lod.offsets, "blocks": int(rep.start.size)}
 
 
-def _add_stacks(blob: _Blob, table: StackTable) -> None:
+def _add_stacks(blob: Blob, table: StackTable) -> None:
     frames = np.asarray(table.frames, dtype=np.int64).reshape(-1, 4)
     blob.add("frameName", frames[:, 0], "<i4")
     blob.add("frameFile", frames[:, 1], "<i4")
@@ -142,14 +120,56 @@ def build_explorer(
     Example:
         >>> html = build_explorer(snap, "snap.pickle", analyze(snap))  # doctest: +SKIP
     """
+    return start_explorer(data, source, analysis, top, record, index, select, columns)()
+
+
+def start_explorer(
+    data: Mapping[str, Any],
+    source: str,
+    analysis: SnapshotAnalysis,
+    top: int = 10,
+    record: Mapping[str, Any] | None = None,
+    index: Mapping[str, Any] | None = None,
+    select: str | None = None,
+    columns: dict[int, TraceColumns] | None = None,
+) -> Callable[[], str]:
+    """:func:`build_explorer` up to the wait for the page's gzip, which runs in a worker thread
+    (:mod:`~memprofiler.reporters.explorer.blob`); the function returned waits for it and gives
+    the page. ``data`` is no longer needed by then: a caller that drops it first frees the loaded
+    snapshot (at 1M entries 0.2 s) while the gzip runs. Arguments and errors as
+    :func:`build_explorer`.
+    """
     table = StackTable()
     try:
         with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
             replays = replay(data, table, role_index(index), columns)
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
+    blob = Blob()
+    try:
+        meta = _meta(blob, data, source, analysis, replays, table, index, select)
+        oom = oom_view(data, replays, record)
+        meta["initial"] = oom_meta(oom) if oom else None
+        summary = snapshot_html(SnapshotEntry(source, source, analysis), top)
+    except BaseException:
+        blob.close()
+        raise
+    banner = banner_html(oom) if oom else ""
+    return lambda: _page(source, meta, blob.encode(), summary, banner)
+
+
+def _meta(
+    blob: Blob,
+    data: Mapping[str, Any],
+    source: str,
+    analysis: SnapshotAnalysis,
+    replays: list[DeviceReplay],
+    table: StackTable,
+    index: Mapping[str, Any] | None,
+    select: str | None,
+) -> dict[str, Any]:
+    """The page's arrays, added to ``blob``, and what the page states of them."""
     peaks = {d.device: d for d in analysis.devices}
-    blob = _Blob()
     devices = []
     for k, rep in enumerate(replays):
         found = peaks.get(rep.device)
@@ -166,18 +186,16 @@ def build_explorer(
         )
         devices.append(info)
     _add_stacks(blob, table)
-    oom = oom_view(data, replays, record)
-    meta = {
+    blob.send()
+    return {
         "source": source,
         "devices": devices,
         "strings": table.strings,
         "arrays": blob.manifest,
-        "initial": oom_meta(oom) if oom else None,
+        "initial": None,
         "calls": _call_ranges(data, index),
         "select": select,
     }
-    summary = snapshot_html(SnapshotEntry(source, source, analysis), top)
-    return _page(source, meta, blob.encode(), summary, banner_html(oom) if oom else "")
 
 
 def _call_ranges(data: Mapping[str, Any], index: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -229,4 +247,6 @@ def explorer_pages(model: ReportModel, top: int = 10) -> Iterator[tuple[str, str
 def _explorer_page(entry: SnapshotEntry, top: int) -> str:
     data = load_snapshot(entry.path)
     index, _ = checked_index(entry.path, data)  # a foreign index was named in the report
-    return build_explorer(data, entry.path, entry.analysis, top, entry.record, index)
+    finish = start_explorer(data, entry.path, entry.analysis, top, entry.record, index)
+    release(data)  # (freed while the page's gzip runs)
+    return finish()

@@ -277,3 +277,38 @@ def test_the_page_from_the_analysis_columns_is_the_page_the_replay_reads_itself(
     shared = build_explorer(data, path, analysis, columns=columns)
     # THEN the pages are the same, and the analysis is the one analyze() gives
     assert shared == build_explorer(data, path, analyze(data, path))
+
+
+def sizes_read_one_by_one(sizes: list[Any]) -> list[int] | str:
+    """Each size checked in turn, as read_columns refuses them: the first that is no ``int``
+    (a ``bool`` neither); else the first outside an int64; else the first below 0."""
+    for k, v in enumerate(sizes):
+        if type(v) is not int:
+            return f"[{k}] (alloc): size must be an integer, got {v!r}"
+    for v in sizes:
+        if not -(1 << 63) <= v < 1 << 63:
+            first = next(j for j, w in enumerate(sizes) if not -(1 << 62) <= w < 1 << 62)
+            return f"[{first}] (alloc): size must be below 2**62, got {sizes[first]}"
+    for k, v in enumerate(sizes):
+        if v < 0:
+            return f"[{k}] (alloc): size must be >= 0 bytes, got {v}"
+    return sizes
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sizes_are_read_or_refused_as_one_by_one_checks_do(seed):
+    # GIVEN sizes mostly valid, with now and then a value no allocator writes (a bool, a float,
+    # a string, None, one past an int64, a negative one, 0 and 1 among them)
+    rng = random.Random(seed)
+    odd = [True, False, 1.5, 2.0, "3", None, 1 << 70, 1 << 63, -3, 0, 1, (1 << 62) - 1]
+    sizes = [rng.choice(odd) if rng.random() < 0.02 else rng.randrange(2, 1 << 30) for _ in range(100)]
+    trace = [{"action": "alloc", "addr": 8 * k, "size": s} for k, s in enumerate(sizes)]
+    want = sizes_read_one_by_one(sizes)
+    # WHEN the columns are read, THEN they hold the sizes, or the first fault is named as the checks name it
+    try:
+        got: list[int] | str = read_columns(trace).size.tolist()
+    except BadEntry as err:
+        got = str(err).removeprefix("device_traces[0]")
+    if isinstance(want, list) and sum(want) >= 1 << 62:
+        want = ": its sizes add up to more than 2**62 bytes"
+    assert got == want

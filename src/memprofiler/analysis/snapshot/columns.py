@@ -18,6 +18,7 @@ than the trace under both rules (:meth:`TraceColumns.older_frees`).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -166,22 +167,33 @@ def read_columns(entries: Sequence[Mapping[str, Any]], where: str = "device_trac
 def _sizes(
     values: list[Any], index: np.ndarray, entries: Sequence[Mapping[str, Any]], where: str
 ) -> np.ndarray:
-    """``values`` as int64, each checked to be a Python ``int`` (numpy would take ``1.5`` or
-    ``True``) of at least 0 bytes."""
-    if set(map(type, values)) - {int}:
-        k = next(k for k, v in enumerate(values) if type(v) is not int)
-        raise BadEntry(_named(where, index, k, entries, f"size must be an integer, got {values[k]!r}"))
+    """``values`` as int64, each checked to be an integer (numpy would take ``1.5`` or ``True``)
+    of at least 0 bytes.
+
+    ``array("q")`` refuses what is no integer (a float, a string, ``None``) as it converts, in
+    C; of what a pickle holds only a ``bool`` passes it, and is looked for only when a value is
+    0 or 1 (a scan of every value's type costs as much as the conversion).
+    """
     try:
-        out = np.fromiter(values, dtype=np.int64, count=len(values))
-    except OverflowError:
+        out: np.ndarray | None = np.frombuffer(array("q", values), dtype=np.int64)
+    except (TypeError, OverflowError):
+        out = None
+    least = int(out.min()) if out is not None and out.size else 0
+    if out is None or least <= 1:
+        _integers(values, index, entries, where)
+    if out is None:  # (integers all, and one of them too large)
         k = next(k for k, v in enumerate(values) if not -_MOST <= v < _MOST)
-        raise BadEntry(
-            _named(where, index, k, entries, f"size must be below 2**62, got {values[k]}")
-        ) from None
-    if out.size and out.min() < 0:
+        raise BadEntry(_named(where, index, k, entries, f"size must be below 2**62, got {values[k]}"))
+    if least < 0:
         k = int(np.argmax(out < 0))
         raise BadEntry(_named(where, index, k, entries, f"size must be >= 0 bytes, got {values[k]}"))
     return out
+
+
+def _integers(values: list[Any], index: np.ndarray, entries: Sequence[Mapping[str, Any]], where: str) -> None:
+    if set(map(type, values)) - {int}:
+        k = next(k for k, v in enumerate(values) if type(v) is not int)
+        raise BadEntry(_named(where, index, k, entries, f"size must be an integer, got {values[k]!r}"))
 
 
 def _named(where: str, index: np.ndarray, k: int, entries: Sequence[Mapping[str, Any]], what: str) -> str:

@@ -36,7 +36,7 @@ class Blob:
     def __init__(self) -> None:
         self.size = 0
         self.manifest: dict[str, list[Any]] = {}
-        self._held: list[bytes] = []
+        self._held: list[bytes | memoryview] = []
         self._todo: SimpleQueue[bytes | None] = SimpleQueue()
         self._done: list[bytes] = []
         self._error: BaseException | None = None
@@ -49,9 +49,8 @@ class Blob:
             self._held.append(b"\0" * pad)
             self.size += pad
         self.manifest[name] = [self._TYPES[dtype], self.size, int(a.size)]
-        raw = a.tobytes()  # (a copy: the caller's array may change after)
-        self._held.append(raw)
-        self.size += len(raw)
+        self._held.append(a.data.cast("B"))  # (copied by send(): the caller's array may change)
+        self.size += a.nbytes
 
     def send(self) -> None:
         """Start gzipping the arrays added so far (in the worker, after those sent before)."""

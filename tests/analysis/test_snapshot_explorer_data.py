@@ -334,3 +334,32 @@ def test_bucket_maxima_are_each_buckets_largest_value_at_every_width(size):
         width = 1 << lv
         want = [max(x[k : k + width]) for k in range(0, size, width)]
         assert _bucket_max(x, lv).tolist() == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_level_of_detail_of_byte_counts_added_as_int64_is_that_of_float64(seed):
+    # GIVEN random blocks over an odd number of instants, sizes up to 2**40 bytes (sums that
+    # float32 rounds), with levels that hold no block between those that do
+    from memprofiler.analysis.snapshot.replay import DeviceReplay
+
+    rng = np.random.default_rng(seed)
+    m, n = int(rng.integers(500, 5000)) | 1, 300
+    start = rng.integers(-1, m - 1, n)
+    life = np.where(rng.random(n) < 0.5, 1, 2 ** rng.integers(3, 12, n) + rng.integers(0, 7, n))
+    end = np.minimum(np.maximum(start, 0) + life, m)
+    size = rng.integers(1, 1 << 40, n)
+    none = np.zeros(0, dtype=np.int64)
+
+    def lod_of(sizes):
+        zero = sizes.astype(np.int64) * 0
+        rep = DeviceReplay(0, m, m, start, end, sizes, zero, zero, zero, none, none, none, none, none, none)
+        return level_of_detail(rep, int(size.sum()) // 50)
+
+    # WHEN the level of detail is cut from int64 sizes (as the replay holds them) and float64 ones
+    exact, floats = lod_of(size), lod_of(size.astype(np.float64))
+    # THEN every level, band and offset is the same (the bands' dtype too)
+    assert exact.threshold == floats.threshold
+    assert exact.level.tolist() == floats.level.tolist()
+    assert exact.offsets == floats.offsets
+    assert exact.band.dtype == floats.band.dtype == np.float32
+    assert exact.band.tobytes() == floats.band.tobytes()

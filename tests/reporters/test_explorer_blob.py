@@ -26,7 +26,7 @@ REAL = Path(__file__).parents[1] / "fixtures" / "gpu_transformer_forward_mixed.p
 DTYPES = ("<i1", "<i4", "<f4", "<f8")
 
 
-def one_thread(arrays: list[tuple[str, np.ndarray, str]]) -> tuple[str, dict[str, list[object]]]:
+def one_thread(arrays: list[tuple[str, np.ndarray, str]]) -> tuple[bytes, dict[str, list[object]]]:
     """The encoding as it was: each part compressed in turn on this thread, then flushed."""
     parts, size, manifest = [], 0, {}
     for name, array, dtype in arrays:
@@ -39,7 +39,7 @@ def one_thread(arrays: list[tuple[str, np.ndarray, str]]) -> tuple[str, dict[str
         size += a.nbytes
     packer = zlib.compressobj(1, zlib.DEFLATED, 31)
     body = b"".join(packer.compress(p) for p in parts) + packer.flush()
-    return base64.b64encode(body).decode("ascii"), manifest
+    return base64.b64encode(body), manifest
 
 
 def random_arrays(seed: int, count: int) -> list[tuple[str, np.ndarray, str]]:
@@ -66,7 +66,7 @@ def test_the_blob_is_byte_for_byte_the_one_thread_encoding_wherever_it_is_sent(s
             blob.add(name, array, dtype)
             if k in sends:
                 blob.send()
-        # THEN the text and the manifest are those of the one-thread encoding
+        # THEN the bytes and the manifest are those of the one-thread encoding
         assert blob.encode() == want
         assert blob.manifest == manifest
     # and the bytes are the arrays' own
@@ -126,4 +126,21 @@ def test_the_page_is_the_same_when_the_snapshot_is_freed_while_it_is_gzipped():
     # THEN the snapshot's traces are empty and the page is byte for byte the same
     assert entries == 5_992
     assert all(t == [] for t in data["device_traces"])
-    assert finish() == want
+    assert finish().decode() == want
+
+
+def test_a_summary_holding_the_mark_of_the_data_leaves_the_page_whole(monkeypatch):
+    # GIVEN summary tables that show the mark of the data's place (a frame named so, in a
+    # crafted file: JSON escapes its NULs, the tables' HTML does not)
+    from memprofiler.reporters.explorer import page
+
+    monkeypatch.setattr(page, "snapshot_html", lambda *args: f"<td>odd{page._DATA}name</td>")
+    data = load_snapshot(REAL)
+    # WHEN its page is built
+    html = build_explorer(data, "real.pickle", analyze(data), 5)
+    # THEN the name is shown as it is, and the data is whole in its own element
+    head, _, rest = html.partition("<script type='application/octet-stream' id='mp-data'>")
+    assert f"<td>odd{page._DATA}name</td>" in head
+    blob, _, tail = rest.partition("</script>")
+    assert page._DATA not in blob + tail
+    assert len(gzip.decompress(base64.b64decode(blob, validate=True))) > 100_000

@@ -67,7 +67,7 @@ class SnapshotCommand:
         from memprofiler.analysis.snapshot.roles import with_roles
         from memprofiler.analysis.snapshot.summary import analyze, analyze_columns, load_snapshot
         from memprofiler.errors import ArtifactError
-        from memprofiler.output.writers import write_text
+        from memprofiler.output.writers import atomic_write_bytes
         from memprofiler.reporters.explorer.page import start_explorer
         from memprofiler.reporters.terminal import make_console, render_snapshot
 
@@ -104,7 +104,7 @@ class SnapshotCommand:
             release(snapshot)  # (freed while the page's gzip runs in its worker thread)
             del snapshot
             try:
-                write_text(args.html, finish())
+                atomic_write_bytes(args.html, finish())
             except OSError as err:
                 raise ArtifactError(f"{args.html}: cannot write ({err.strerror or err})") from None
             console.print(f"HTML: {args.html}", markup=False, highlight=False)

@@ -63,8 +63,8 @@ class Blob:
         self._held.clear()
         self._todo.put(part)
 
-    def encode(self) -> str:
-        """The gzipped arrays, base64-encoded: sends the rest and waits for the worker."""
+    def encode(self) -> bytes:
+        """The gzipped arrays, base64-encoded (ASCII): sends the rest and waits for the worker."""
         self.send()
         if self._worker is None:  # (nothing added)
             self._compress_now()
@@ -73,7 +73,7 @@ class Blob:
             self._worker.join()
         if self._error is not None:
             raise self._error
-        return base64.b64encode(b"".join(self._done)).decode("ascii")
+        return base64.b64encode(b"".join(self._done))
 
     def close(self) -> None:
         """Let the worker go without the page (an error before :meth:`encode`)."""

@@ -60,6 +60,7 @@ from typing import Any
 
 import torch
 from _emit import emit
+from _packer_builds import this_build
 from torch import nn
 
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
@@ -549,6 +550,7 @@ def main() -> None:
         "warmup_rounds": args.warmup,
         "smoke": args.smoke,
         "threads": torch.get_num_threads(),
+        "packer": this_build(),
         "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
         "variants": list(VARIANTS),
         "skipped": skipped,

@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
 from memprofiler.collectors import saved_tensors
 from memprofiler.collectors.saved_tensors import SavedTensorsCollector
+
+
+def this_build() -> str:
+    """The pack hook these figures are of (``saved_tensors.packer_build``), recorded with them; a
+    stale build is said on stderr, since its figures are not the figures of the source beside it."""
+    build = saved_tensors.packer_build()
+    if build == "compiled, stale":
+        print(
+            "memprofiler._packer was built from another _packer.c: these figures are not this source's"
+            " (rebuild: `python setup.py build_ext --inplace`)",
+            file=sys.stderr,
+        )
+    return build
 
 
 def previous_packer(path: Path) -> type[Any]:

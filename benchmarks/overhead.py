@@ -20,13 +20,20 @@ Variants, one step each, interleaved in a fresh random order every round:
   on a GPU) around the step;
 * ``memory_history`` (CUDA only): ``torch.cuda.memory._record_memory_history`` on around the step.
 
-A step is timed from after its variant is set up to the end of the step (synchronised on CUDA):
-the profiler's start and stop, trace processing included, and the history's switch on and off
-are timed apart (``setup_teardown_ms``). Both the wall time and the main thread's CPU time are
-given; with ``torch.set_num_threads(1)`` the CPU time holds all of a CPU step's work and is the
-steadier figure on a shared machine. ``ratio_to_bare_hooks`` of ``inside_window`` is the figure
-the saved-tensor collector aims to keep within 1.02. The load average is recorded before and
-after every repeat (``--repeats``): an A/A pair far from 1 says the machine was too busy.
+A step is timed from after its variant is set up to the end of the step (synchronised on CUDA): the
+profiler's start and stop, trace processing included, and the history's switch on and off are timed
+apart (``setup_teardown_ms``). Each variant's teardown ends with ``gc.collect()`` then
+``gc.freeze()`` (timed with it; frozen, what survived is not walked again): the objects
+``torch_profiler`` leaves when it stops (its events) were otherwise collected inside whichever later
+step first allocated enough objects the collector tracks, which is never a ``baseline`` or
+``bare_hooks`` step and often an ``inside_window`` one: about 5 ms per collection at 122 modules,
+charged to the wrong variant. The collector's time inside the timed steps is given per variant
+(``gc_in_step``: milliseconds per step, and collections per generation over all its steps), so what
+a variant's own allocations cost it is still seen. Both the wall time and the main thread's CPU time
+are given; with ``torch.set_num_threads(1)`` the CPU time holds all of a CPU step's work and is the
+steadier figure on a shared machine. ``ratio_to_bare_hooks`` of ``inside_window`` is the figure the
+saved-tensor collector aims to keep within 1.02. The load average is recorded before and after every
+repeat (``--repeats``): an A/A pair far from 1 says the machine was too busy.
 
 Run as ``python benchmarks/overhead.py [--out benchmarks/results]`` (it sets
 ``MALLOC_ARENA_MAX=1`` and fixes glibc's mmap and trim thresholds, ``MALLOC_ENV``, by starting
@@ -38,6 +45,7 @@ sizes in seconds (the test suite does).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -52,6 +60,7 @@ from typing import Any
 
 import torch
 from _emit import emit
+from _packer_builds import this_build
 from torch import nn
 
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
@@ -182,9 +191,12 @@ class Variants:
         if self._open is not None:
             opened, self._open = self._open, None
             opened.__exit__(None, None, None)
+            del opened
         if name == "memory_history":
             torch.cuda.memory._record_memory_history(enabled=None)
         MemProfiler.detach(self.target)
+        gc.collect()  # what this variant left is collected here, not in another variant's step
+        gc.freeze()  # and the next full collection need not walk it again
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -200,6 +212,58 @@ def _sync(device: torch.device) -> None:
 
 
 Times = dict[str, list[tuple[float, float]]]
+
+
+class GcClock:
+    """The cyclic garbage collector's time and collections (per generation) so far."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections[info["generation"]] += 1
+
+    def now(self) -> tuple[float, list[int]]:
+        return self.seconds, list(self.collections)
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on)
+
+
+class GcInStep:
+    """The collector's work inside each variant's timed steps."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.clock = GcClock()
+        self.seconds = dict.fromkeys(names, 0.0)
+        self.collections = {k: [0, 0, 0] for k in names}
+        self.steps = dict.fromkeys(names, 0)
+
+    def add(self, name: str, before: tuple[float, list[int]]) -> None:
+        sec, counts = self.clock.now()
+        self.seconds[name] += sec - before[0]
+        self.collections[name] = [
+            a + b - c for a, b, c in zip(self.collections[name], counts, before[1], strict=True)
+        ]
+        self.steps[name] += 1
+
+    def summary(self) -> dict[str, Any]:
+        self.clock.close()
+        return {
+            k: {
+                "ms_per_step": round(self.seconds[k] / n * 1e3, 3),
+                "collections_by_generation": self.collections[k],
+            }
+            for k, n in self.steps.items()
+            if n
+        }
 
 
 def _summary(times: Times, rounds: list[dict[str, tuple[float, float]]], setup: Times) -> dict[str, Any]:
@@ -247,19 +311,24 @@ def plain(
     setup: Times = {k: [] for k in names}
     rounds: list[dict[str, tuple[float, float]]] = []
     rng = random.Random(seed)
+    gcs = GcInStep(names)
     for r in range(warmup + steps):
         for name in rng.sample(names, len(names)):
             up = var.enter(name)
             _sync(device)
+            g0 = gcs.clock.now()
             t0, c0 = time.perf_counter(), time.thread_time()
             loop.step(x)
             _sync(device)
             dt = (time.perf_counter() - t0, time.thread_time() - c0)
+            if r >= warmup:
+                gcs.add(name, g0)
             down = var.leave(name)
             if r >= warmup:
                 _record(times, rounds, name, dt)
                 setup[name].append((up, down))
     out = _summary(times, rounds, setup)
+    out["gc_in_step"] = gcs.summary()
     out["collected_calls_inside"] = var.inside.call_count("training_step")  # type: ignore[union-attr]
     var.close()
     return out
@@ -309,6 +378,7 @@ def trainer(
     times: Times = {k: [] for k in names}
     setup: Times = {k: [] for k in names}
     rounds: list[dict[str, tuple[float, float]]] = []
+    gcs = GcInStep(names)
 
     class Switch(pl.Callback):
         """Picks each step's variant (one shuffled round of them after another) and times it."""
@@ -318,6 +388,7 @@ def trainer(
             self.order: list[str] = []
             self.seen = 0
             self.now: tuple[str, float, float, float] | None = None
+            self.gc0 = gcs.clock.now()
 
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, idx: int) -> None:
             var.inside = inside.profiler
@@ -326,6 +397,7 @@ def trainer(
             name = self.order.pop()
             up = var.enter(name)
             _sync(device)
+            self.gc0 = gcs.clock.now()
             self.now = (name, up, time.perf_counter(), time.thread_time())
 
         def on_train_batch_end(
@@ -335,6 +407,8 @@ def trainer(
             name, up, t0, c0 = self.now
             _sync(device)
             dt = (time.perf_counter() - t0, time.thread_time() - c0)
+            if self.seen >= warmup * len(names):
+                gcs.add(name, self.gc0)
             down = var.leave(name)
             if self.seen >= warmup * len(names):
                 _record(times, rounds, name, dt)
@@ -356,6 +430,7 @@ def trainer(
     )
     fit.fit(lit, data)
     out = _summary(times, rounds, setup)
+    out["gc_in_step"] = gcs.summary()
     out["collected_calls_inside"] = var.inside.call_count("training_step") if var.inside else 0
     var.inside = None  # the callback tore it down at the fit's end
     var.close()
@@ -475,6 +550,7 @@ def main() -> None:
         "warmup_rounds": args.warmup,
         "smoke": args.smoke,
         "threads": torch.get_num_threads(),
+        "packer": this_build(),
         "malloc_env": {k: os.environ.get(k) for k in MALLOC_ENV},
         "variants": list(VARIANTS),
         "skipped": skipped,

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 from _emit import emit
-from _packer_builds import PreviousCollector, previous_packer
+from _packer_builds import PreviousCollector, previous_packer, this_build
 from overhead import ResMLP
 from scaling import _saved_count, width_for
 
@@ -210,6 +210,7 @@ def main() -> None:
             "benchmark": "saved_tensor_floor",
             "sizes": sizes,
             "threads": torch.get_num_threads(),
+            "packer": this_build(),
             "loadavg_1_5_15_before_after": [[round(x, 2) for x in la] for la in load],
         },
         args.out,

@@ -173,6 +173,7 @@ def main() -> None:
     counted = {name: totals[1 + 2 * i] for i, name in enumerate(variants)}
     sys.path.insert(0, str(Path(__file__).parent))
     import torch
+    from _packer_builds import this_build
     from overhead import ResMLP, saved_per_call
 
     saved = saved_per_call(ResMLP(args.width, args.depth), torch.randn(args.batch, args.width))
@@ -182,6 +183,7 @@ def main() -> None:
         "model": f"{args.depth} residual MLP blocks, width {args.width}, batch {args.batch}",
         "saved_tensors_per_step": saved,
         "steps": args.steps,
+        "packer": this_build(),
         "instructions_per_step": {k: round(v) for k, v in per_step.items()},
         "per_saved_tensor_over_baseline": {
             k: round((v - per_step["baseline"]) / saved) for k, v in per_step.items() if k != "baseline"

@@ -72,3 +72,7 @@ def test_overhead_smoke_times_every_variant_in_a_loop_and_a_trainer(tmp_path):
                 assert abs(figures["ratio_to_bare_hooks"]["inside_window"] - expected) < 2e-3
             # the profiler's start and stop are timed apart from its steps
             assert timed["setup_teardown_ms"]["torch_profiler"] > 0
+            # the collector's work inside each variant's steps is given, by generation
+            assert set(timed["gc_in_step"]) == CPU_VARIANTS
+            for gc_figures in timed["gc_in_step"].values():
+                assert gc_figures["ms_per_step"] >= 0 and len(gc_figures["collections_by_generation"]) == 3

@@ -796,5 +796,13 @@ PyMODINIT_FUNC PyInit__packer(void) {
         Py_DECREF(m);
         return NULL;
     }
+#ifndef PACKER_SOURCE_SHA256
+#define PACKER_SOURCE_SHA256 "" /* built without setup.py: the source it came from is not known */
+#endif
+    /* the SHA-256 of the _packer.c this was built from (setup.py): a stale build can be told */
+    if (PyModule_AddStringConstant(m, "SOURCE_SHA256", PACKER_SOURCE_SHA256) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -3,6 +3,8 @@
 from collections.abc import Callable
 from typing import Any
 
+SOURCE_SHA256: str
+
 class Holder:
     """What the autograd graph stores for one saved tensor."""
 

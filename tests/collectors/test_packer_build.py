@@ -29,6 +29,32 @@ def test_the_pack_hook_is_compiled_where_a_compiler_is():
     assert type(SavedTensorsCollector(compiled=False)._p) is saved_tensors._PyPacker
 
 
+def test_the_compiled_pack_hook_is_built_from_the_source_beside_it():
+    # GIVEN the compiled pack hook of this checkout, where one was built
+    if saved_tensors._CPacker is None:
+        pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
+    # THEN it was built from this _packer.c: a build left from an earlier _packer.c would run (and
+    # be timed) in place of the code being read and changed
+    assert saved_tensors.packer_build() == "compiled", (
+        "memprofiler._packer was built from another _packer.c than src/memprofiler/_packer.c: "
+        "rebuild it with `make install-dev` or `python setup.py build_ext --inplace`"
+    )
+
+
+def test_a_build_from_another_source_is_told_stale(monkeypatch: pytest.MonkeyPatch):
+    # GIVEN a compiled pack hook that records another source's hash (or none: built by hand)
+    if saved_tensors._CPacker is None:
+        pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
+    from memprofiler import _packer
+
+    for recorded in ("0" * 64, ""):
+        monkeypatch.setattr(_packer, "SOURCE_SHA256", recorded)
+        # THEN it is told stale; without a compiled hook, the Python one is named
+        assert saved_tensors.packer_build() == "compiled, stale"
+    monkeypatch.setattr(saved_tensors, "_CPacker", None)
+    assert saved_tensors.packer_build() == "python"
+
+
 def _mlp() -> tuple[nn.Module, torch.Tensor, SimpleNamespace]:
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))

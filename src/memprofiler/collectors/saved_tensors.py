@@ -289,6 +289,28 @@ except ImportError:  # pragma: no cover - built wherever a C compiler is found
     _CPacker = None
 
 
+def packer_build() -> str:
+    """Which pack hook runs: ``compiled``; ``compiled, stale`` where the ``_packer.c`` beside the
+    package (a source checkout) is not the one it was built from; ``python`` where none was built.
+
+    A stale build still counts the same figures as its source did, but it is not the code being
+    read or changed, and timing it says nothing about that code: rebuild it with ``make install``
+    (or ``python setup.py build_ext --inplace``).
+    """
+    if _CPacker is None:
+        return "python"
+    import hashlib
+    from pathlib import Path
+
+    from memprofiler import _packer
+
+    source = Path(__file__).parents[1] / "_packer.c"
+    built_from = getattr(_packer, "SOURCE_SHA256", "")
+    if source.is_file() and built_from != hashlib.sha256(source.read_bytes()).hexdigest():
+        return "compiled, stale"
+    return "compiled"
+
+
 class SavedTensorsCollector(BaseCollector):
     """Collects ``saved_tensors.{unique_bytes,packed_bytes,count,by_module}`` at end.
 

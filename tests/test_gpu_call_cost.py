@@ -4,8 +4,12 @@ variant on both models and records them in the one result schema."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from _scripts import load_script
@@ -51,3 +55,44 @@ def test_the_dry_run_times_each_part_and_every_variant_on_both_models(tmp_path):
             assert row["thread_cpu_us"] > 0 and row["wall_us"] > 0
             assert row["device_step_ms"] is None and row["device_idle_gap_ms"] is None
         assert set(model["shares"]) == set(tool.SHARES)
+        # AND the goal's ratios (the whole window, with memory hooks off, torch.profiler beside,
+        # the A/A pair) are the quotients of the variants' median steps, by CPU time without CUDA
+        ratios = model["ratios"]
+        assert ratios["clock"] == "thread_cpu_us"
+        for what, (a, b) in tool.RATIOS.items():
+            per = model["per_step"]
+            assert ratios[what] == round(per[a]["thread_cpu_us"] / per[b]["thread_cpu_us"], 4)
+    # AND GPT-2 ran as bf16-mixed: float32 weights, the forward under bf16 autocast
+    assert gpt2["precision"] == "bf16-mixed" and wide["precision"] == "bf16"
+    model, loss_of = tool.gpt2(tool.TINY, torch.device("cpu"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert loss_of(model).dtype == torch.float32  # cross-entropy runs in float32 under autocast
+
+
+@pytest.mark.slow
+def test_the_gpu_round_script_runs_both_checks_dry_and_writes_their_records(tmp_path):
+    # GIVEN the one script a lent GPU runs, in its dry mode (CPU, smallest sizes)
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "DRY": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", str(root / "tools" / "gpu_perf_round.sh")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    # THEN both checks ran and wrote their records and logs, and the pack hook it timed is named
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "pack hook: compiled" in done.stdout or "pack hook: python" in done.stdout
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"gpu_call_cost.log", "overhead.log"} <= names
+    (cost,) = [n for n in names if n.startswith("gpu_call_cost_") and n.endswith(".json")]
+    (overhead,) = [n for n in names if n.startswith("overhead_") and n.endswith(".json")]
+    assert json.loads((tmp_path / cost).read_text())["result"]["dry_run"] is True
+    assert json.loads((tmp_path / overhead).read_text())["result"]["smoke"] is True

@@ -17,17 +17,26 @@ trace's rows, flushed every ``flush_every`` calls. This probe times
   ``collected_again`` (the defaults: host RSS and peak, CUDA statistics, stats file, memory
   trace), ``no_host``, ``no_cuda_stats``, ``no_yaml``, ``no_trace`` (``collected`` less that
   part), ``no_collectors`` (the bookkeeping alone), ``history`` (plus allocator history and
-  its marks), ``module_hooks`` (plus the memory hooks). Per step: the training thread's CPU
+  its marks), ``module_hooks`` (plus the memory hooks), ``saved_tensors`` (the defaults with
+  the saved-tensor hooks on: the whole default window) and ``torch_profiler``
+  (``torch.profiler.profile(profile_memory=True)``, CPU and CUDA activity, on around the run's
+  steps; its start and its stop, trace processing included, are left out of the step times, as
+  the profiler's own set-up). Per step: the training thread's CPU
   time, the wall time and, on a GPU, the device time between consecutive steps' starts and
   the device's idle gap between a step's last queued work and the next step's first (CUDA
   events: a gap is the host falling behind the device).
 
-Models: ``gpt2`` (GPT-2 124M in bf16, written in plain torch so the GPU node needs nothing
-more, batch 8 x 1,024 tokens) and ``modules600`` (600 modules: 99 blocks of layer norm, two linears, GELU and
-dropout, width 1,024, bf16, a batch of 8,192 rows). ``--dry-run`` runs every part on CPU with tiny
-sizes and the test suite's fake allocator (``tests/fake_cuda.py``) in place of CUDA's: the
-code paths are the GPU run's, the figures are not (``tests/test_gpu_call_cost.py``
-runs it). The result is written through ``benchmarks/_emit.py`` (``gpu_call_cost_<hardware>_<yyyymmdd>.json``).
+Models: ``gpt2`` (GPT-2 124M in bf16-mixed: float32 weights, the forward under bf16 autocast, as
+Lightning's ``precision="bf16-mixed"``; ``--precision bf16`` for bf16 weights; written in plain
+torch so the GPU node needs nothing more, batch 8 x 1,024 tokens) and ``modules600`` (600 modules:
+99 blocks of layer norm, two linears, GELU and dropout, width 1,024, bf16, a batch of 8,192 rows).
+``--dry-run`` runs every part on CPU with tiny sizes and the test suite's fake allocator
+(``tests/fake_cuda.py``) in place of CUDA's: the code paths are the GPU run's, the figures are not
+(``tests/test_gpu_call_cost.py`` runs it). ``ratios`` gives per model the step-time ratios the
+performance goal reads: the window with memory hooks off (``collected``), the whole window
+(``saved_tensors``) and ``torch_profiler``, each over ``bare``, beside the A/A pair; by device time
+on a GPU, by training- thread CPU time otherwise. The result is written through
+``benchmarks/_emit.py`` (``gpu_call_cost_<hardware>_<yyyymmdd>.json``).
 
     PYTHONPATH=src:tests python tools/gpu_call_cost.py --out benchmarks/results        # on a GPU
     PYTHONPATH=src:tests python tools/gpu_call_cost.py --dry-run --out /tmp            # anywhere
@@ -36,6 +45,7 @@ runs it). The result is written through ``benchmarks/_emit.py`` (``gpu_call_cost
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import os
 import random
@@ -90,6 +100,17 @@ VARIANTS: dict[str, tuple[dict[str, Any], tuple[str, ...], str]] = {
     "no_collectors": ({}, ("*",), "training_step"),
     "history": ({"cuda_allocator_history": True}, (), "training_step"),
     "module_hooks": ({"enable_memory_hooks": True}, (), "training_step"),
+    "saved_tensors": ({"enable_saved_tensors_hooks": True}, (), "training_step"),
+    "torch_profiler": ({}, (), ""),
+}
+#: Variants that run no memprofiler: nothing, or torch's profiler around their steps.
+NO_PROFILER = ("bare", "torch_profiler")
+#: The ratios the performance goal reads (variant, over variant).
+RATIOS = {
+    "aa": ("collected_again", "collected"),
+    "window_memory_hooks_off": ("collected", "bare"),
+    "window_whole": ("saved_tensors", "bare"),
+    "torch_profiler": ("torch_profiler", "bare"),
 }
 #: What each part costs, as the difference of two variants' step times.
 SHARES = {
@@ -103,6 +124,7 @@ SHARES = {
     "window_bookkeeping": ("no_collectors", "bare"),
     "allocator_history_and_marks": ("history", "collected"),
     "module_hooks": ("module_hooks", "collected"),
+    "saved_tensor_hooks": ("saved_tensors", "collected"),
 }
 
 
@@ -166,14 +188,29 @@ class GPT2(nn.Module):
         return nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
 
-def gpt2(s: Sizes, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
-    """GPT-2 (124M at the real sizes) in bf16, and its next-token loss on a fixed token batch."""
-    model = GPT2(s).to(device=device, dtype=torch.bfloat16)
+#: ``--precision``: GPT-2's weights and forward (``modules600`` is bf16 either way).
+PRECISIONS = ("bf16-mixed", "bf16")
+
+
+def gpt2(
+    s: Sizes, device: torch.device, precision: str = "bf16-mixed"
+) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+    """GPT-2 (124M at the real sizes) and its next-token loss on a fixed token batch: float32
+    weights and the forward under bf16 autocast (``bf16-mixed``), or bf16 weights (``bf16``)."""
     tokens = torch.randint(0, s.gpt2_vocab, s.gpt2_batch, device=device)
-    return model, lambda m: m(tokens)
+    if precision == "bf16":
+        return GPT2(s).to(device=device, dtype=torch.bfloat16), lambda m: m(tokens)
+
+    def loss(m: nn.Module) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return m(tokens)
+
+    return GPT2(s).to(device=device), loss
 
 
-def modules600(s: Sizes, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
+def modules600(
+    s: Sizes, device: torch.device, precision: str = "bf16"
+) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
     """600 modules (the root, 99 blocks of six, five linears) in bf16, and a loss on a fixed batch."""
     w = s.width
     blocks = [nn.Sequential(nn.LayerNorm(w), nn.Linear(w, w), nn.GELU(), nn.Linear(w, w), nn.Dropout(0.0))
@@ -199,7 +236,7 @@ def _backend(dry_run: bool) -> CudaBackend:
 
 def _profiler(root: Path, name: str, variant: str, model: nn.Module, cuda: CudaBackend) -> MemProfiler | None:
     extra, drop, _ = VARIANTS[variant]
-    if variant == "bare":
+    if variant in NO_PROFILER:
         return None
     d = root / name
     d.mkdir()
@@ -239,25 +276,41 @@ class _Clock:
         return step, gap
 
 
+def _torch_profiler(gpu: bool) -> AbstractContextManager[Any]:
+    """torch's profiler with memory profiling, as a user would turn it on around training steps."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if gpu:
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=acts, profile_memory=True)
+
+
 def _steps(
     model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor], opt: torch.optim.Optimizer,
-    prof: MemProfiler | None, fn: str, n: int, gpu: bool,
+    prof: MemProfiler | None, fn: str, n: int, gpu: bool, torch_profiler: bool = False,
 ) -> dict[str, float | None]:  # fmt: skip
-    """``n`` training steps (the forward inside ``prof``'s window for ``fn``): medians per step."""
+    """``n`` training steps (the forward inside ``prof``'s window for ``fn``; with
+    ``torch_profiler``, every step inside torch's profiler, whose start and stop are not timed):
+    medians per step. What the run left is collected after it, outside the timed steps: the
+    profiler's events would otherwise be collected inside whichever later run allocates first."""
     clock = _Clock(gpu)
-    for _ in range(n):
-        window: AbstractContextManager[Any] = prof.profile(fn) if prof is not None else nullcontext()
-        t, c = time.perf_counter_ns(), time.thread_time_ns()
-        clock.starts.append(clock.event())
-        with window:
-            loss = loss_of(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        clock.ends.append(clock.event())
-        clock.cpu.append((time.thread_time_ns() - c) / 1e3)
-        clock.wall.append((time.perf_counter_ns() - t) / 1e3)
-    step, gap = clock.device_ms()
+    outer = _torch_profiler(gpu) if torch_profiler else nullcontext()
+    with outer:
+        for _ in range(n):
+            window: AbstractContextManager[Any] = prof.profile(fn) if prof is not None else nullcontext()
+            t, c = time.perf_counter_ns(), time.thread_time_ns()
+            clock.starts.append(clock.event())
+            with window:
+                loss = loss_of(model)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            clock.ends.append(clock.event())
+            clock.cpu.append((time.thread_time_ns() - c) / 1e3)
+            clock.wall.append((time.perf_counter_ns() - t) / 1e3)
+        step, gap = clock.device_ms()
+    del outer
+    gc.collect()
+    gc.freeze()  # what survived is not walked again by the next full collection
     return {
         "thread_cpu_us": statistics.median(clock.cpu),
         "wall_us": statistics.median(clock.wall),
@@ -313,22 +366,27 @@ def parts(cuda: CudaBackend, rounds: int, calls: int) -> dict[str, dict[str, flo
 
 
 def steps(
-    name: str, s: Sizes, device: torch.device, cuda: CudaBackend, rounds: int, n: int, root: Path
-) -> dict[str, Any]:
-    """Every variant's steps on model ``name``, interleaved; medians over rounds and each part's share."""
+    name: str, s: Sizes, device: torch.device, cuda: CudaBackend, rounds: int, n: int, root: Path,
+    precision: str = "bf16-mixed",
+) -> dict[str, Any]:  # fmt: skip
+    """Every variant's steps on model ``name``, interleaved; medians over rounds, each part's
+    share, and the goal's ratios."""
     torch.manual_seed(0)
-    model, loss_of = MODELS[name](s, device)
+    model, loss_of = MODELS[name](s, device, precision)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gpu = device.type == "cuda"
     profs = {v: _profiler(root, f"{name}-{v}", v, model, cuda) for v in VARIANTS}
     got: dict[str, list[dict[str, float | None]]] = {v: [] for v in VARIANTS}
     try:
         for v in VARIANTS:  # warm up: allocator, kernels, first flush
-            _steps(model, loss_of, opt, profs[v], VARIANTS[v][2], 2, device.type == "cuda")
+            _steps(model, loss_of, opt, profs[v], VARIANTS[v][2], 2, gpu, v == "torch_profiler")
         for _ in range(rounds):
             order = list(VARIANTS)
             random.shuffle(order)
             for v in order:
-                got[v].append(_steps(model, loss_of, opt, profs[v], VARIANTS[v][2], n, device.type == "cuda"))
+                got[v].append(
+                    _steps(model, loss_of, opt, profs[v], VARIANTS[v][2], n, gpu, v == "torch_profiler")
+                )
     finally:
         with warnings.catch_warnings():  # `outside` never calls the collected function: said at teardown
             warnings.simplefilter("ignore", MemProfilerWarning)
@@ -347,11 +405,18 @@ def steps(
         shares[part] = {
             k: None if (x := per[a][k]) is None or (y := per[b][k]) is None else round(x - y, 3) for k in keys
         }
+    clock = "device_step_ms" if gpu else "thread_cpu_us"
+    ratios: dict[str, Any] = {"clock": clock}
+    for what, (a, b) in RATIOS.items():
+        x, y = per[a][clock], per[b][clock]
+        ratios[what] = None if x is None or not y else round(x / y, 4)
     return {
         "modules": len(list(model.modules())),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "precision": precision if name == "gpt2" else "bf16",
         "per_step": per,
         "shares": shares,
+        "ratios": ratios,
     }
 
 
@@ -365,6 +430,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     ap.add_argument(
         "--calls", type=int, default=None, help="calls per part and round (default 2,000; dry run 20)"
+    )
+    ap.add_argument(
+        "--precision", default="bf16-mixed", choices=PRECISIONS, help="GPT-2's weights and forward"
     )
     ap.add_argument("--out", type=Path, default=None, help="results folder or file (benchmarks/_emit.py)")
     args = ap.parse_args(argv)
@@ -396,7 +464,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "rounds": rounds,
             "steps_per_round": n,
             "parts": parts(cuda, rounds, calls),
-            "models": {m: steps(m, sizes, device, cuda, rounds, n, Path(tmp)) for m in models},
+            "models": {
+                m: steps(m, sizes, device, cuda, rounds, n, Path(tmp), args.precision) for m in models
+            },
+            "goal": "window_memory_hooks_off <= 1.01 and window_whole <= 1.03 on gpt2 (H200, bf16-mixed), "
+            "torch_profiler beside them, A/A near 1",
         }
     result["machine_load"] = (
         f"1-minute load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"

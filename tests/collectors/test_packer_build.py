@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+import sys
 import sysconfig
 from types import SimpleNamespace
 
@@ -45,8 +46,7 @@ def test_a_build_from_another_source_is_told_stale(monkeypatch: pytest.MonkeyPat
     # GIVEN a compiled pack hook that records another source's hash (or none: built by hand)
     if saved_tensors._CPacker is None:
         pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
-    from memprofiler import _packer
-
+    _packer = sys.modules[saved_tensors._CPacker.__module__]
     for recorded in ("0" * 64, ""):
         monkeypatch.setattr(_packer, "SOURCE_SHA256", recorded)
         # THEN it is told stale; without a compiled hook, the Python one is named

@@ -302,10 +302,8 @@ def packer_build() -> str:
     import hashlib
     from pathlib import Path
 
-    from memprofiler import _packer
-
     source = Path(__file__).parents[1] / "_packer.c"
-    built_from = getattr(_packer, "SOURCE_SHA256", "")
+    built_from = getattr(sys.modules[_CPacker.__module__], "SOURCE_SHA256", "")
     if source.is_file() and built_from != hashlib.sha256(source.read_bytes()).hexdigest():
         return "compiled, stale"
     return "compiled"

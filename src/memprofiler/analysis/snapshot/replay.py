@@ -13,7 +13,7 @@ of blocks the trace never allocated (whose stack is then the free's).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import eq, itemgetter
@@ -282,19 +282,54 @@ def replay(
         KeyError, TypeError, ValueError, OverflowError: a malformed entry; callers turn these
             into :class:`~memprofiler.errors.ArtifactError` naming the file.
     """
+    return [blocks.replay() for blocks in replay_blocks(data, table, roles, columns)]
+
+
+def replay_blocks(
+    data: Mapping[str, Any],
+    table: StackTable,
+    roles: RoleIndex | None = None,
+    columns: dict[int, TraceColumns] | None = None,
+) -> Iterator[DeviceBlocks]:
+    """:func:`replay` a device at a time, each first as its blocks' lifetimes, sizes and
+    addresses (read off the columns, a few milliseconds), then, from
+    :meth:`DeviceBlocks.replay`, whole: its stacks, streams and times (the rest of the work).
+    The stacks are interned device after device, each before the next is yielded, so the ids
+    are those of :func:`replay`. Arguments and errors as :func:`replay`.
+    """
     table.intern(None)
     segments = data.get("segments") or []
     traces = data.get("device_traces") or []
     devices = sorted({d for d, t in enumerate(traces) if t} | {s.get("device", 0) for s in segments})
     spans = AnnotationSpans(data.get("external_annotations"))
-    out = []
     for dev in devices:
         entries = traces[dev] if dev < len(traces) else []
         cols = columns.pop(dev, None) if columns is not None else None
         cols = cols or read_columns(entries, f"device_traces[{dev}]")
-        out.append(_replay_device(dev, cols, entries, segments, table, roles, spans))
+        blocks = _replay_device(dev, cols, entries, segments, table, roles, spans)
         del cols  # (its memory goes before the next device's arrays)
-    return out
+        yield blocks
+        blocks.replay()  # (in device order, whether the caller asked for it or not)
+
+
+@dataclass
+class DeviceBlocks:
+    """One device's blocks before its stacks are interned: :class:`DeviceReplay`'s ``start``,
+    ``end``, ``size`` and ``addr``; :meth:`replay` gives the whole replay."""
+
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+    addr: np.ndarray
+    _rest: Callable[[], DeviceReplay] | None = field(repr=False)
+    _done: DeviceReplay | None = field(default=None, repr=False)
+
+    def replay(self) -> DeviceReplay:
+        """The device's replay: interns its stacks (once) and reads its streams and times."""
+        if self._done is None:
+            assert self._rest is not None
+            self._done, self._rest = self._rest(), None  # (what it read of the trace goes)
+        return self._done
 
 
 def _ints(values: Any, count: int = -1) -> np.ndarray:
@@ -325,7 +360,7 @@ def _replay_device(
     table: StackTable,
     roles: RoleIndex | None = None,
     spans: AnnotationSpans | None = None,
-) -> DeviceReplay:
+) -> DeviceBlocks:
     # Column by column rather than entry by entry (the columns' read, shared with the analysis):
     # allocations are paired with their frees by address (see TraceColumns.replay_ends).
     n = cols.entries
@@ -333,7 +368,6 @@ def _replay_device(
     code = cols.code
     is_alloc = cols.alloc
     a_idx, f_idx = cols.index[is_alloc], cols.index[~is_alloc]
-    na = a_idx.size
     # A free closes the block of the event just before it at its address when that is an
     # alloc; otherwise the block was allocated before the trace began. An address allocated
     # twice without a free keeps its first block alive to the end, as the analysis counts it.
@@ -341,25 +375,6 @@ def _replay_device(
     older = ~is_alloc & ~cols.after_alloc  # frees of blocks older than the trace
     pre = np.flatnonzero(older[~is_alloc])  # (their positions among the frees)
     live = cols.alive_at_end()
-    # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
-    chosen = is_alloc | older
-    picked = cols.pick(entries, chosen)
-    frames_of: list[Any] = list(_field(picked, "frames"))
-    is_pre = older[chosen].tolist() if roles is not None or spans else []
-    if roles is not None:  # a block freed in the trace but older than it may be named by the role map
-        for p, old in enumerate(is_pre):
-            named = roles.frames(picked[p].get("addr")) if old else None
-            if named is not None:
-                frames_of[p] = named
-    if spans:  # an allocation with no Python stack: named by the span it was made in
-        bare = [p for p, f in enumerate(frames_of) if not f and not is_pre[p]]
-        names = spans.names(picked[p].get("time_us") or 0 for p in bare)
-        for p, name in zip(bare, names, strict=True):
-            frames_of[p] = spans.frames(name) or frames_of[p]
-    sids = table.intern_all(frames_of)
-    pre_sids, a_sids = sids[older[chosen]], sids[is_alloc[chosen]]
-    allocs = cols.pick(entries, is_alloc) if pre.size else picked
-    pre_frees = cols.pick(entries, older)
 
     seg: list[list[int]] = []  # [start, end, addr, size, stream]
     seg_live: dict[int, int] = {}
@@ -381,7 +396,7 @@ def _replay_device(
     end_size: list[int] = []
     end_addr: list[int] = []
     end_stream: list[int] = []
-    end_stack: list[int] = []
+    end_frames: list[Any] = []  # (interned after the trace's stacks, as they always were)
     for s in segments:
         if s.get("device", 0) != dev:
             continue
@@ -393,35 +408,67 @@ def _replay_device(
                 end_addr.append(blk["address"])
                 end_stream.append(s.get("stream", 0))
                 named = roles.frames(blk["address"]) if roles is not None else None
-                end_stack.append(table.intern(named or blk.get("frames")))
+                end_frames.append(named or blk.get("frames"))
     # Blocks in allocation order: those older than the trace (freed in it, then alive at its
     # end), then the trace's allocations.
-    k_pre, k_end = len(pre_frees), len(end_size)
-    segs = np.asarray(seg, dtype=np.int64).reshape(-1, 5)
-    seg_order = np.lexsort((segs[:, 2], segs[:, 0])) if len(segs) else np.zeros(0, dtype=np.int64)
-    segs = segs[seg_order]
-    t = _times(entries)
-    t0 = t[t > 0].min() if (t > 0).any() else 0
-    return DeviceReplay(
-        device=dev,
-        entries=n,
-        instants=m,
-        start=np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)]),
-        end=np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end]),
-        size=np.concatenate([cols.size[older], _ints(end_size), cols.size[is_alloc]]),
-        addr=np.concatenate([cols.addr[older], _ints(end_addr), cols.addr[is_alloc]]),
-        stream=np.concatenate(
-            [_ints(_field(pre_frees, "stream", 0)), _ints(end_stream), _ints(_field(allocs, "stream", 0), na)]
-        ),
-        stack=np.concatenate([pre_sids, _ints(end_stack), a_sids]).astype(np.int32),
-        seg_start=segs[:, 0],
-        seg_end=segs[:, 1],
-        seg_addr=segs[:, 2],
-        seg_size=segs[:, 3],
-        seg_stream=segs[:, 4],
-        time_us=np.where(t > 0, t - t0, 0),
-        ooms=ooms,
-    )
+    k_pre, k_end = int(np.count_nonzero(older)), len(end_size)
+    start = np.concatenate([np.full(k_pre + k_end, -1, dtype=np.int64), a_idx.astype(np.int64)])
+    end = np.concatenate([f_idx[pre].astype(np.int64), np.full(k_end, m, dtype=np.int64), a_end])
+    size = np.concatenate([cols.size[older], _ints(end_size), cols.size[is_alloc]])
+    addr = np.concatenate([cols.addr[older], _ints(end_addr), cols.addr[is_alloc]])
+
+    def rest() -> DeviceReplay:
+        # Stacks are interned in trace order, as the ids of an entry-by-entry pass would be.
+        chosen = is_alloc | older
+        picked = cols.pick(entries, chosen)
+        frames_of: list[Any] = list(_field(picked, "frames"))
+        is_pre = older[chosen].tolist() if roles is not None or spans else []
+        if roles is not None:  # a block freed in the trace but older than it may be named by the role map
+            for p, old in enumerate(is_pre):
+                named = roles.frames(picked[p].get("addr")) if old else None
+                if named is not None:
+                    frames_of[p] = named
+        if spans:  # an allocation with no Python stack: named by the span it was made in
+            bare = [p for p, f in enumerate(frames_of) if not f and not is_pre[p]]
+            names = spans.names(picked[p].get("time_us") or 0 for p in bare)
+            for p, name in zip(bare, names, strict=True):
+                frames_of[p] = spans.frames(name) or frames_of[p]
+        sids = table.intern_all(frames_of)
+        pre_sids, a_sids = sids[older[chosen]], sids[is_alloc[chosen]]
+        end_stack = [table.intern(f) for f in end_frames]
+        allocs = cols.pick(entries, is_alloc) if pre.size else picked
+        pre_frees = cols.pick(entries, older)
+        segs = np.asarray(seg, dtype=np.int64).reshape(-1, 5)
+        seg_order = np.lexsort((segs[:, 2], segs[:, 0])) if len(segs) else np.zeros(0, dtype=np.int64)
+        segs = segs[seg_order]
+        t = _times(entries)
+        t0 = t[t > 0].min() if (t > 0).any() else 0
+        return DeviceReplay(
+            device=dev,
+            entries=n,
+            instants=m,
+            start=start,
+            end=end,
+            size=size,
+            addr=addr,
+            stream=np.concatenate(
+                [
+                    _ints(_field(pre_frees, "stream", 0)),
+                    _ints(end_stream),
+                    _ints(_field(allocs, "stream", 0), a_idx.size),
+                ]
+            ),
+            stack=np.concatenate([pre_sids, _ints(end_stack), a_sids]).astype(np.int32),
+            seg_start=segs[:, 0],
+            seg_end=segs[:, 1],
+            seg_addr=segs[:, 2],
+            seg_size=segs[:, 3],
+            seg_stream=segs[:, 4],
+            time_us=np.where(t > 0, t - t0, 0),
+            ooms=ooms,
+        )
+
+    return DeviceBlocks(start=start, end=end, size=size, addr=addr, _rest=rest)
 
 
 def _live_bytes(m: int, start: np.ndarray, end: np.ndarray, size: np.ndarray) -> np.ndarray:

@@ -22,8 +22,8 @@ from memprofiler.analysis.snapshot.calls import call_ranges, checked_index, entr
 from memprofiler.analysis.snapshot.columns import TraceColumns
 from memprofiler.analysis.snapshot.lod import level_of_detail
 from memprofiler.analysis.snapshot.release import release
-from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay
-from memprofiler.analysis.snapshot.roles import role_index
+from memprofiler.analysis.snapshot.replay import DeviceReplay, StackTable, replay_blocks
+from memprofiler.analysis.snapshot.roles import RoleIndex, role_index
 from memprofiler.analysis.snapshot.summary import SnapshotAnalysis, load_snapshot
 from memprofiler.errors import ArtifactError
 from memprofiler.reporters.explorer.blob import Blob
@@ -45,21 +45,53 @@ def explorer_relpath(index: int, pickle_path: str) -> str:
     return f"{EXPLORER_DIR}/{index}-{Path(pickle_path).stem}.html"
 
 
-def _add_device(blob: Blob, rep: DeviceReplay, d: int, peak: int) -> dict[str, Any]:
-    p = f"d{d}."
-    arrays: tuple[tuple[str, np.ndarray, str], ...] = (
-        ("start", rep.start, "<i4"),
-        ("end", rep.end, "<i4"),
-        ("size", rep.size, "<f8"),
-        ("addr", rep.addr, "<f8"),
-        ("stack", rep.stack, "<i4"),
-        ("stream", rep.stream, "<i4"),
-    )
-    for name, arr, dtype in arrays:
-        blob.add(p + name, arr, dtype)
+def _add_devices(
+    blob: Blob,
+    data: Mapping[str, Any],
+    analysis: SnapshotAnalysis,
+    table: StackTable,
+    roles: RoleIndex | None,
+    columns: dict[int, TraceColumns] | None,
+) -> tuple[list[DeviceReplay], list[dict[str, Any]]]:
+    """Each device's replay, its arrays added to ``blob`` as they are ready (its blocks' before
+    its stacks are interned), and what the page states of it."""
+    peaks = {d.device: d for d in analysis.devices}
+    replays, devices = [], []
+    for k, blocks in enumerate(replay_blocks(data, table, roles, columns)):
+        p = f"d{k}."
+        for name, arr, dtype in (
+            ("start", blocks.start, "<i4"),
+            ("end", blocks.end, "<i4"),
+            ("size", blocks.size, "<f8"),
+            ("addr", blocks.addr, "<f8"),
+        ):
+            blob.add(p + name, arr, dtype)
+        blob.send()  # (gzipped while the stacks are interned)
+        rep = blocks.replay()
+        found = peaks.get(rep.device)
+        peak = found.peak_allocated if found else int(rep.size[rep.end >= rep.instants].sum())
+        info = _add_device(blob, rep, p, peak)
+        info.update(
+            device=rep.device,
+            entries=rep.entries,
+            instants=rep.instants,
+            peak=peak,
+            peakIndex=max(found.peak_allocated_index, 0) if found else 0,
+            peakReserved=found.peak_reserved if found else int(rep.seg_size.sum()),
+            ooms=rep.ooms,
+        )
+        replays.append(rep)
+        devices.append(info)
+    return replays, devices
+
+
+def _add_device(blob: Blob, rep: DeviceReplay, p: str, peak: int) -> dict[str, Any]:
+    """The arrays of a device after its blocks' (named ``p`` + name), its level of detail's too."""
+    blob.add(p + "stack", rep.stack, "<i4")
+    blob.add(p + "stream", rep.stream, "<i4")
     blob.send()
     lod = level_of_detail(rep, peak)  # (while the blocks' arrays are gzipped)
-    arrays = (
+    arrays: tuple[tuple[str, np.ndarray, str], ...] = (
         ("level", lod.level, "<i1"),
         ("band", lod.band, "<f4"),
         ("time", rep.time_us, "<f8"),
@@ -143,16 +175,27 @@ def start_explorer(
     errors as :func:`build_explorer`.
     """
     table = StackTable()
-    try:
-        with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
-            replays = replay(data, table, role_index(index), columns)
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
-        raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
     blob = Blob()
     try:
-        meta = _meta(blob, data, source, analysis, replays, table, index, select)
+        try:
+            with gc_paused():  # the replay builds plain data only, next to millions of loaded objects
+                replays, devices = _add_devices(blob, data, analysis, table, role_index(index), columns)
+        except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as err:
+            raise ArtifactError(
+                f"{source}: malformed allocator snapshot (missing or bad field {err})"
+            ) from None
+        _add_stacks(blob, table)
+        blob.send()
         oom = oom_view(data, replays, record)
-        meta["initial"] = oom_meta(oom) if oom else None
+        meta = {
+            "source": source,
+            "devices": devices,
+            "strings": table.strings,
+            "arrays": blob.manifest,
+            "initial": oom_meta(oom) if oom else None,
+            "calls": _call_ranges(data, index),
+            "select": select,
+        }
         summary = snapshot_html(SnapshotEntry(source, source, analysis), top)
     except BaseException:
         blob.close()
@@ -162,46 +205,6 @@ def start_explorer(
     head, _, tail = _page(source, meta, _DATA, summary, banner_html(oom) if oom else "").rpartition(_DATA)
     before, after = head.encode(), tail.encode()
     return lambda: b"".join((before, blob.encode(), after))
-
-
-def _meta(
-    blob: Blob,
-    data: Mapping[str, Any],
-    source: str,
-    analysis: SnapshotAnalysis,
-    replays: list[DeviceReplay],
-    table: StackTable,
-    index: Mapping[str, Any] | None,
-    select: str | None,
-) -> dict[str, Any]:
-    """The page's arrays, added to ``blob``, and what the page states of them."""
-    peaks = {d.device: d for d in analysis.devices}
-    devices = []
-    for k, rep in enumerate(replays):
-        found = peaks.get(rep.device)
-        peak = found.peak_allocated if found else int(rep.size[rep.end >= rep.instants].sum())
-        info = _add_device(blob, rep, k, peak)
-        info.update(
-            device=rep.device,
-            entries=rep.entries,
-            instants=rep.instants,
-            peak=peak,
-            peakIndex=max(found.peak_allocated_index, 0) if found else 0,
-            peakReserved=found.peak_reserved if found else int(rep.seg_size.sum()),
-            ooms=rep.ooms,
-        )
-        devices.append(info)
-    _add_stacks(blob, table)
-    blob.send()
-    return {
-        "source": source,
-        "devices": devices,
-        "strings": table.strings,
-        "arrays": blob.manifest,
-        "initial": None,
-        "calls": _call_ranges(data, index),
-        "select": select,
-    }
 
 
 def _call_ranges(data: Mapping[str, Any], index: Mapping[str, Any] | None) -> list[dict[str, Any]]:

@@ -10,17 +10,7 @@
 # Each writes its result file (named by the GPU and the date) and its log to $OUT. DRY=1 runs both
 # on CPU at their smallest sizes (the fake allocator, --smoke), to check the script anywhere.
 # The machine needs torch and lightning; wheels of what it lacks go in .whl/ (see gpu_suite.sh).
-set -uo pipefail
-OUT=${OUT:-/tmp/memprofiler_gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+source "$(dirname "$0")/gpu_env.sh"
 python3 -c "from memprofiler.collectors.saved_tensors import packer_build as b; print('pack hook:', b())"
 if [ "${DRY:-0}" = 1 ]; then
     cost=(--dry-run --rounds 1 --steps 2 --calls 5)

@@ -12,17 +12,7 @@
 # The machine needs torch and lightning; wheels of what it lacks go in .whl/
 # (jsonargparse with docstring-parser and typeshed-client for its `signatures` extra, msgspec).
 # The S3 and browser tests skip without moto/s3fs/playwright.
-set -uo pipefail
-OUT=${OUT:-/tmp/memprofiler_gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-python3 setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+source "$(dirname "$0")/gpu_env.sh"
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).replace(' ', '_'))") || exit 1
 echo "GPU: $gpu"
 

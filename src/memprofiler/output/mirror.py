@@ -30,6 +30,9 @@ from memprofiler.output.remote import RemoteDir, fix_hint
 MIN_INTERVAL_S = 5.0
 #: How long the final flush waits for the store before giving up (and saying where the files are).
 FINAL_TIMEOUT_S = 120.0
+#: Seconds the upload thread waits for a request before it ends (the next :meth:`sync` starts
+#: another): a finished run leaves no thread behind in a process that goes on.
+IDLE_EXIT_S = 30.0
 
 _Signature = tuple[int, int, int]
 
@@ -52,6 +55,7 @@ class RemoteMirror:
         remote: the claimed run directory on the store.
         warn: called once with a one-line message when the store fails.
         min_interval_s: seconds between two uploads before the final one.
+        idle_exit_s: seconds without a request after which the upload thread ends.
     """
 
     def __init__(
@@ -60,10 +64,12 @@ class RemoteMirror:
         remote: RemoteDir,
         warn: Callable[[str], None],
         min_interval_s: float = MIN_INTERVAL_S,
+        idle_exit_s: float = IDLE_EXIT_S,
     ) -> None:
         self.local = local
         self.remote = remote
         self.min_interval_s = min_interval_s
+        self.idle_exit_s = idle_exit_s
         #: Held by the writers while a file is mid-append; the uploads read files under it.
         self.lock = threading.Lock()
         self._warn = warn
@@ -92,7 +98,7 @@ class RemoteMirror:
             self._requested += 1
             ticket = self._requested
             self._urgent = self._urgent or wait
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None or not self._thread.is_alive():  # none, or the last one ended
                 self._thread = threading.Thread(target=self._run, name="memprofiler-remote", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
@@ -130,9 +136,21 @@ class RemoteMirror:
         return out
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            with self._cond:  # one that ended on an error is replaced at the next sync
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._requested > self._done)
+                if not self._cond.wait_for(lambda: self._requested > self._done, timeout=self.idle_exit_s):
+                    # idle: this thread ends, said under the lock `sync` takes, so that a request
+                    # made from now on starts another thread and none is missed
+                    self._thread = None
+                    return
                 while not self._urgent:
                     left = self._last_pass + self.min_interval_s - time.monotonic()
                     if left <= 0 or not self._cond.wait(timeout=left):

@@ -144,3 +144,25 @@ def test_a_summary_holding_the_mark_of_the_data_leaves_the_page_whole(monkeypatc
     blob, _, tail = rest.partition("</script>")
     assert page._DATA not in blob + tail
     assert len(gzip.decompress(base64.b64decode(blob, validate=True))) > 100_000
+
+
+def test_a_trace_the_replay_cannot_read_is_refused_after_its_blocks_were_sent_and_the_worker_goes():
+    # GIVEN a trace the analysis reads but whose second allocation's stream is no integer (read
+    # by the replay only, after the device's blocks are handed to the gzip worker)
+    from memprofiler.errors import ArtifactError
+
+    frames = [{"name": "f", "filename": "/home/u/train.py", "line": 1}]
+    trace = [
+        {"action": "alloc", "addr": 0, "size": 8, "stream": 0, "time_us": 1, "frames": frames},
+        {"action": "alloc", "addr": 64, "size": 8, "stream": "x", "time_us": 2, "frames": frames},
+    ]
+    data = {"segments": [], "device_traces": [trace]}
+    before = {t for t in threading.enumerate() if t.name == "explorer-gzip"}
+    # WHEN its page is built, THEN one line names the file, and no gzip worker is left waiting
+    with pytest.raises(
+        ArtifactError, match=r"^s\.pickle: malformed allocator snapshot \(missing or bad field"
+    ):
+        build_explorer(data, "s.pickle", analyze(data, "s.pickle"))
+    for worker in {t for t in threading.enumerate() if t.name == "explorer-gzip"} - before:
+        worker.join(timeout=10)
+        assert not worker.is_alive()

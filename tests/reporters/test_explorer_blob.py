@@ -106,10 +106,11 @@ def test_an_error_in_the_worker_is_raised_by_encode(monkeypatch):
 
 
 def test_a_blob_closed_before_encoding_lets_its_worker_go():
+    before = set(threading.enumerate())
     blob = Blob()
     blob.add("a", np.arange(1000), "<f8")
     blob.send()
-    worker = next(t for t in threading.enumerate() if t.name == "explorer-gzip" and t.is_alive())
+    (worker,) = [t for t in set(threading.enumerate()) - before if t.name == "explorer-gzip"]
     blob.close()
     worker.join(timeout=10)
     assert not worker.is_alive()

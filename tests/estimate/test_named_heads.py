@@ -10,13 +10,13 @@ the relative position bias (32 x 4) of each stack's first layer and each stack's
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
+from _hf_config import config_dir
 from memprofiler.__main__ import main
 from memprofiler.estimate.named import load_model
 
@@ -36,9 +36,7 @@ T5 = {
 
 @pytest.fixture
 def t5(tmp_path: Path) -> Path:
-    (tmp_path / "t5").mkdir()
-    (tmp_path / "t5" / "config.json").write_text(json.dumps(T5))
-    return tmp_path / "t5"
+    return config_dir(tmp_path, "t5", T5)
 
 
 def test_an_encoder_decoder_gets_its_seq2seq_head_and_a_decoder_batch(t5):
@@ -96,9 +94,7 @@ LLAMA = {
 
 
 def _config(tmp_path: Path, name: str, config: dict) -> str:
-    (tmp_path / name).mkdir()
-    (tmp_path / name / "config.json").write_text(json.dumps(config))
-    return str(tmp_path / name)
+    return str(config_dir(tmp_path, name, config))
 
 
 def test_a_row_longer_than_a_learned_position_table_is_refused(tmp_path, capsys):

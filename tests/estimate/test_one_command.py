@@ -8,7 +8,6 @@ the final norm (64): 2 x 16,384 + 2 x 41,088 + 64.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 import yaml
 from torch import nn
 
+from _hf_config import config_dir
 from memprofiler.__main__ import main
 from memprofiler.estimate import largest_batch, workers
 from memprofiler.estimate.batch_search import search, search_many
@@ -37,9 +37,7 @@ CONFIG = {
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Path:
-    (tmp_path / "tiny").mkdir()
-    (tmp_path / "tiny" / "config.json").write_text(json.dumps(CONFIG))
-    return tmp_path / "tiny"
+    return config_dir(tmp_path, "tiny", CONFIG)
 
 
 def _estimates(out: Path) -> list[dict]:

@@ -61,6 +61,16 @@ class ProfilerView(Protocol):
         """The snapshots collected so far (read only)."""
         ...
 
+    @property
+    def module(self) -> nn.Module | None:
+        """The model bound (``bind``), given at set-up, or of the method the profiler is attached to."""
+        ...
+
+    @property
+    def optimizers(self) -> Sequence[torch.optim.Optimizer]:
+        """The optimizers bound with the model (none before ``bind``)."""
+        ...
+
     def current_step(self) -> int | None: ...
 
     def call_counts(self) -> Mapping[str, int]:

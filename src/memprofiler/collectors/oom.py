@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from memprofiler import layout
 from memprofiler.collectors.base import BaseCollector, ProfilerView, Warn
@@ -84,8 +83,6 @@ class OomRecorder(BaseCollector):
         self._dumps = 0
         self._last_oom: dict[str, int] | None = None
         self._active = False
-        self._module: nn.Module | None = None
-        self._optimizers: Sequence[torch.optim.Optimizer] = ()
         self._lock = threading.RLock()
         if recording is not None:
             recording.plan(options)
@@ -104,11 +101,6 @@ class OomRecorder(BaseCollector):
                 f"no CUDA out-of-memory observer can be attached ({no_observer}); OOM records are "
                 "written from the exception handler only"
             )
-
-    def bind_model(self, module: nn.Module | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """The model and optimizers whose storages each record's role map names."""
-        self._module = module
-        self._optimizers = list(optimizers)
 
     def crash(self, exc: BaseException) -> list[Path]:
         """Write a record for an exception that ends training, then stop the ring."""
@@ -222,8 +214,6 @@ class OomRecorder(BaseCollector):
         self, prof: ProfilerView, n: int, pickle_name: str, snap: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The role map of the storages alive now, tied to the pickle as a window's index is."""
-        module = self._module if self._module is not None else getattr(prof, "module", None)
-        optimizers = self._optimizers or list(getattr(prof, "optimizers", None) or ())
         return {
             "format": layout.CUDA_ALLOC_WINDOW_FORMAT,
             "version": ROLES_VERSION,
@@ -235,7 +225,7 @@ class OomRecorder(BaseCollector):
             "digest": layout.recording_digest(snap),
             "calls": [],
             "roles_at": "end",
-            "roles": role_map(module if isinstance(module, nn.Module) else None, optimizers),
+            "roles": role_map(prof.module, prof.optimizers),  # the bound or attached model
         }
 
     def _claim_number(self, save_dir: Path, rank: int) -> int:

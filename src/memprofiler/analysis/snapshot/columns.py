@@ -40,7 +40,8 @@ _SIZE = itemgetter("size")
 
 
 class BadEntry(ValueError):
-    """A byte count no allocator writes; the message names the entry, the field and the value."""
+    """A field holding what no allocator writes (a negative or non-integer byte count, address or
+    time); the message names where it is, the field and the value."""
 
 
 @dataclass(frozen=True)

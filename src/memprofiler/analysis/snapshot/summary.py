@@ -250,9 +250,7 @@ def analyze_columns(
         for dev in sorted({s.device for s in segments} - set(columns)):
             cols = read_columns([])
             devices.append(_analyze_device(dev, cols, [], data.get("segments", []), top, points, roles))
-    except BadEntry as err:
-        raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
-    except _BadField as err:
+    except BadEntry as err:  # (a field no allocator writes: the message names it)
         raise ArtifactError(f"{source}: malformed allocator snapshot ({err})") from None
     except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as err:
         raise ArtifactError(f"{source}: malformed allocator snapshot (missing or bad field {err})") from None
@@ -280,15 +278,11 @@ def _refuse_shared(data: Mapping[str, Any], source: str) -> None:
             seen.add(id(obj))
 
 
-class _BadField(Exception):
-    """A field holds the wrong type; the message names it, where it is, and what it holds."""
-
-
 def _int(value: Any, what: str) -> int:
     # torch writes every size, address, device and time as a Python int; a string or a
     # float (NaN, inf) would otherwise surface as a traceback far from the file.
     if type(value) is not int:
-        raise _BadField(f"{what} must be an integer, got {value!r}"[:200])
+        raise BadEntry(f"{what} must be an integer, got {value!r}"[:200])
     return value
 
 
@@ -296,7 +290,7 @@ def _size(value: Any, what: str) -> int:
     # A byte count below zero is no allocator state: it would draw a negative memory curve
     # and a peak below what was live.
     if _int(value, what) < 0:
-        raise _BadField(f"{what} must be >= 0 bytes, got {value}"[:200])
+        raise BadEntry(f"{what} must be >= 0 bytes, got {value}"[:200])
     return value
 
 
@@ -318,7 +312,7 @@ def _segment_info(seg: Mapping[str, Any], k: int) -> SegmentInfo:
             largest_free = size
     total_size = _size(seg["total_size"], f"{where}: total_size")
     if blocks_total > total_size:
-        raise _BadField(
+        raise BadEntry(
             f"{where}: its blocks hold {blocks_total} bytes, more than its total_size {total_size}"
         )
     return SegmentInfo(

@@ -39,25 +39,22 @@ def snapshot_entries(run: RunArtifacts, top: int = 10) -> list[SnapshotEntry]:
         *run.alloc_pickles,
         *[o for o in run.ooms if o.pickle_path],
     ]
+    run_id = str((run.manifest or {}).get("run_id") or "") or None
     for item in items:
         path = item.pickle_path if isinstance(item, OomRecord) else item.path
         assert path is not None
         data = load_snapshot(path)
         title = snapshot_title(item)
         roles = None
-        run_id = str((run.manifest or {}).get("run_id") or "") or None
-        if isinstance(item, AllocWindow):
-            index, note = checked_index(path, data, run_id)
+        if isinstance(item, (AllocWindow, OomRecord)):
+            # a window's index, or the role map written with an OOM record: the blocks it names
+            find = checked_index if isinstance(item, AllocWindow) else oom_role_index
+            index, note = find(path, data, run_id)
             if note is not None:
                 run.warnings.append(note)
             data, roles = with_roles(data, index)
-            title = window_title(item, [r.key for r in call_ranges(data, index)])
-        elif isinstance(item, OomRecord):
-            # the blocks alive at the OOM, named by the role map written with the record
-            index, note = oom_role_index(path, data, run_id)
-            if note is not None:
-                run.warnings.append(note)
-            data, roles = with_roles(data, index)
+            if isinstance(item, AllocWindow):
+                title = window_title(item, [r.key for r in call_ranges(data, index)])
         analysis = analyze(data, str(path), top=top, roles=roles)
         record = item.info if isinstance(item, OomRecord) else None
         entries.append(SnapshotEntry(title, str(path), analysis, record))

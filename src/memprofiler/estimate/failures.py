@@ -61,16 +61,31 @@ def shape_failure(err: BaseException, module: str, kind: str, shapes: list[list[
     )
 
 
+def raised_at(err: BaseException, outside: str | None = None) -> str:
+    """`` (train.py:30)``: the file and line of the last frame of ``err``'s traceback (of the last
+    one not under the path ``outside``, given), or ``""`` where there is none."""
+    frames = [(tb.tb_frame.f_code.co_filename, tb.tb_lineno) for tb in _walk(err.__traceback__)]
+    if outside is not None:
+        frames = [f for f in frames if not f[0].startswith(outside)]
+    return f" ({Path(frames[-1][0]).name}:{frames[-1][1]})" if frames else ""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message (``""`` for none)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _walk(tb: Any) -> Iterator[Any]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
 def forward_failure(err: BaseException, module: str, kind: str) -> ConfigError:
     """A module's forward raised an error of its own (a ``ValueError`` on an argument it was not
     given, a ``KeyError`` on a config key): one line with where it was raised."""
-    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    where = ""
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is not None:
-        where = f" ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})"
+    first, where = first_line(err), raised_at(err)
     return ConfigError(
         "model",
         f"module `{module}` ({kind}) raised {type(err).__name__}{where}: {first.rstrip('.')}; the model "

@@ -7,7 +7,6 @@ import importlib
 import inspect
 import json
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from torch import nn
 
 from memprofiler.errors import ConfigError
 from memprofiler.estimate import engine
+from memprofiler.estimate.failures import first_line, raised_at
 
 KEY = "MODEL"
 
@@ -262,11 +262,8 @@ def _hub_hint(spec: str) -> str:
 def _where(err: BaseException) -> str:
     """``ValueError: bad value (train.py:30)``: the error and the last frame of the user's it was
     raised from (none where it was raised calling the factory, a wrong signature)."""
-    ours = str(Path(__file__).parents[1])
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(ours)]
-    at = f" ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ") + at
+    at = raised_at(err, outside=str(Path(__file__).parents[1]))
+    return f"{type(err).__name__}: {first_line(err)}".rstrip(": ") + at
 
 
 def _takes_labels(model: nn.Module) -> bool:

@@ -109,6 +109,13 @@ PINNED: dict[str, Pin] = {
     "torch.distributed._tools.mem_tracker.MemTracker._pre_fw_hook": Pin(
         MODMEM, params=("self", "module", "inputs")
     ),
+    # overridden by tracker_hooks.DeadModulesSkipped (every memory tracker, the estimate's too)
+    "torch.distributed._tools.mem_tracker.MemTracker._pre_bw_hook": Pin(
+        MODMEM, params=("self", "module", "args")
+    ),
+    "torch.distributed._tools.mem_tracker.MemTracker._post_bw_hook": Pin(
+        MODMEM, params=("self", "module", "args")
+    ),
     "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker": Pin(FSDP),
     "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker._fsdp_state_pre_forward": Pin(
         FSDP, params=("self", "fsdp_mod", "orig_fsdp_state_pre_fw")

@@ -19,19 +19,26 @@ $(VENV)/.torch: | $(PY)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	touch $@
 
-# setup.py builds the one C extension (the saved-tensor pack hook) in place.
-PACKER := setup.py src/memprofiler/_packer.c
+# setup.py builds the saved-tensor pack hook's extensions in place: the C hook, and the C++ part
+# that reads tensors against the torch just installed. That one needs torch while building, so the
+# build is not isolated, and setuptools comes first.
+PACKER := setup.py src/memprofiler/_packer.c src/memprofiler/_tensor_facts.cpp src/memprofiler/_tensor_facts.h
+PIP_E := $(PY) -m pip install -q --no-build-isolation -e
 
-$(VENV)/.installed: pyproject.toml $(PACKER) $(VENV)/.torch
-	$(PY) -m pip install -q -e .
+$(VENV)/.build-deps: | $(PY)
+	$(PY) -m pip install -q "setuptools>=77"
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml $(PACKER) $(VENV)/.torch
-	$(PY) -m pip install -q -e ".[dev]"
+$(VENV)/.installed: pyproject.toml $(PACKER) $(VENV)/.torch $(VENV)/.build-deps
+	$(PIP_E) .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(PACKER) $(VENV)/.torch $(VENV)/.build-deps
+	$(PIP_E) ".[dev]"
 	touch $@ $(VENV)/.installed
 
-$(VENV)/.installed-docs: pyproject.toml $(PACKER) $(VENV)/.torch
-	$(PY) -m pip install -q -e ".[docs]"
+$(VENV)/.installed-docs: pyproject.toml $(PACKER) $(VENV)/.torch $(VENV)/.build-deps
+	$(PIP_E) ".[docs]"
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed

@@ -1,10 +1,16 @@
-"""The one compiled part: the saved-tensor pack hook (src/memprofiler/_packer.c).
+"""The compiled parts of the saved-tensor pack hook. Everything else is in pyproject.toml.
 
-Everything else is in pyproject.toml. The extension is optional: where it cannot be built
-(no C compiler), the install goes on and the pure-Python pack hook runs instead, with the
-same results (`python -c "import memprofiler._packer"` tells whether it was built). The build
-records the SHA-256 of the source it was made from (`memprofiler._packer.SOURCE_SHA256`): a
-checkout whose `_packer.c` changed since its last build is told so (`saved_tensors.packer_build`).
+* ``memprofiler._packer`` (``_packer.c``, C and Python's C API only): the pack hook itself.
+* ``memprofiler._tensor_facts`` (``_tensor_facts.cpp``, against torch's headers): what the hook
+  reads of each saved tensor (its storage, node numbers, whether it is a view), read from the
+  C++ tensor instead of through Python objects. It is built only where torch is importable
+  while building (``pip install --no-build-isolation``, as ``make install`` does) and records
+  the torch it was built against: another torch does not load it.
+
+Both are optional: without a C compiler the pure-Python pack hook runs, and without the second
+the compiled hook asks Python, all with the same results (``saved_tensors.packer_build()`` tells
+which runs). Each build records the SHA-256 of the sources it was made from: a checkout whose
+sources changed since its last build is told so.
 """
 
 import hashlib
@@ -12,16 +18,56 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-SOURCE = "src/memprofiler/_packer.c"
-SHA256 = hashlib.sha256((Path(__file__).parent / SOURCE).read_bytes()).hexdigest()
+HERE = Path(__file__).parent
+PACKER = "src/memprofiler/_packer.c"
+FACTS = "src/memprofiler/_tensor_facts.cpp"
+FACTS_HEADER = "src/memprofiler/_tensor_facts.h"
+
+
+def sha256(*sources: str) -> str:
+    """What ``saved_tensors.packer_build`` compares: the sources' bytes, in this order."""
+    h = hashlib.sha256()
+    for source in sources:
+        h.update((HERE / source).read_bytes())
+    return h.hexdigest()
+
+
+def facts_extension() -> list[Extension]:
+    try:
+        import torch
+        from torch.utils.cpp_extension import include_paths, library_paths
+    except ImportError:  # an isolated build: the compiled hook reads tensors through Python
+        return []
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    return [
+        Extension(
+            "memprofiler._tensor_facts",
+            [FACTS],
+            depends=[FACTS_HEADER],
+            include_dirs=include_paths(),
+            library_dirs=library_paths(),
+            libraries=["c10", "torch", "torch_cpu", "torch_python"],
+            language="c++",
+            extra_compile_args=["-std=c++20", "-fvisibility=hidden"],
+            define_macros=[
+                ("_GLIBCXX_USE_CXX11_ABI", str(abi)),
+                ("FACTS_TORCH_VERSION", f'"{torch.__version__}"'),
+                ("FACTS_SOURCE_SHA256", f'"{sha256(FACTS, FACTS_HEADER)}"'),
+            ],
+            optional=True,
+        )
+    ]
+
 
 setup(
     ext_modules=[
         Extension(
             "memprofiler._packer",
-            [SOURCE],
-            define_macros=[("PACKER_SOURCE_SHA256", f'"{SHA256}"')],
+            [PACKER],
+            depends=[FACTS_HEADER],
+            define_macros=[("PACKER_SOURCE_SHA256", f'"{sha256(PACKER, FACTS_HEADER)}"')],
             optional=True,
-        )
+        ),
+        *facts_extension(),
     ]
 )

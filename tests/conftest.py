@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,15 +107,21 @@ def save_dir(tmp_path: Path) -> Path:
     return tmp_path / "memprofiler"
 
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=["compiled", "compiled, tensors through python", "python"])
 def packer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test with the compiled saved-tensor pack hook and again with the Python one."""
+    """Runs a test with the compiled saved-tensor pack hook reading tensors in C++, again with it
+    reading them through Python, and again with the Python hook."""
     from memprofiler.collectors import saved_tensors
 
     if request.param == "python":
         monkeypatch.setattr(saved_tensors, "_CPacker", None)
     elif saved_tensors._CPacker is None:
         pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
+    elif request.param == "compiled" and saved_tensors.NO_TENSOR_FACTS:
+        pytest.skip(saved_tensors.NO_TENSOR_FACTS)
+    elif request.param != "compiled":
+        sys.modules[saved_tensors._CPacker.__module__].use_facts(None)
+        request.addfinalizer(saved_tensors._use_tensor_facts)
     return str(request.param)
 
 

@@ -20,6 +20,12 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_tensor_facts.h"
+
+/* The C++ answers to what the fast path asks of a plain tensor (`use_facts`), or NULL: then it
+ * asks Python. */
+static const TensorFacts *facts = NULL;
+
 /* The stack walk reads CPython 3.11's interpreter frames directly: the public walk
  * (PyEval_GetFrame, PyFrame_GetBack, `f_locals`) makes a frame object for every frame it passes
  * and a locals dict for every `Module.__call__` it reads, about half of what attributing a new
@@ -475,7 +481,11 @@ static int new_entry(Packer *self, PyObject *key, long long n, long long nr, Hol
     return set;
 }
 
-static long long next_node_nr(Packer *self) { return as_ll(PyObject_CallNoArgs(self->next_nr)); }
+static long long next_node_nr(Packer *self) {
+    if (facts != NULL)
+        return facts->next_nr();
+    return as_ll(PyObject_CallNoArgs(self->next_nr));
+}
 
 static Holder *holder_of_detached(Packer *self, PyObject *t) {
     PyCFunction detach = Py_TYPE(t) == (PyTypeObject *)self->tensor_type ? self->t_detach : NULL;
@@ -532,9 +542,99 @@ done:
     return result;
 }
 
+/* The storage of a plain tensor as the fast path reads it: from the C++ tensor where
+ * `_tensor_facts` is loaded, else through its Python storage object (`st`). */
+typedef struct {
+    PyObject *st;  /* the storage object, or NULL where the facts answered */
+    PyObject *key; /* `st._cdata` */
+    long long nbytes;
+    int null_data;
+} StorageFacts;
+
+/* 1 with `sf` set, 0 where `t` has no storage (sparse, nested), -1 with an exception set. */
+static int storage_facts(Packer *self, PyObject *t, StorageFacts *sf) {
+    void *impl;
+    sf->st = NULL;
+    sf->nbytes = -1;
+    sf->null_data = -1;
+    if (facts != NULL && facts->storage(t, &impl, &sf->nbytes, &sf->null_data) == 0) {
+        sf->key = PyLong_FromVoidPtr(impl);
+        return sf->key == NULL ? -1 : 1;
+    }
+    sf->st = call_noargs(t, self->t_untyped_storage, s_untyped_storage);
+    if (sf->st == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
+            !PyErr_ExceptionMatches(PyExc_NotImplementedError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    storage_methods(self, sf->st);
+    sf->key = get_attr(sf->st, self->st_cdata, self->st_cdata_closure, s_cdata);
+    if (sf->key == NULL) {
+        Py_CLEAR(sf->st);
+        return -1;
+    }
+    return 1;
+}
+
+static void storage_facts_clear(StorageFacts *sf) {
+    Py_CLEAR(sf->st);
+    Py_CLEAR(sf->key);
+}
+
+/* The storage's bytes; -1 with an exception set on failure. */
+static long long storage_nbytes(Packer *self, StorageFacts *sf) {
+    if (sf->st == NULL)
+        return sf->nbytes;
+    return as_ll(call_noargs(sf->st, self->st_nbytes, s_nbytes));
+}
+
+/* Whether the storage's data pointer is null (empty, or on the meta device); -1 on failure. */
+static int storage_null(Packer *self, StorageFacts *sf) {
+    if (sf->st == NULL)
+        return sf->null_data;
+    long long ptr = as_ll(call_noargs(sf->st, self->st_data_ptr, s_data_ptr));
+    if (ptr == -1 && PyErr_Occurred())
+        return -1;
+    return ptr == 0;
+}
+
+/* Whether `t` is an output its own node `nr - 1` saves; -1 with an exception set. */
+static int own_output(Packer *self, PyObject *t, long long nr) {
+    long long g_nr;
+    int has = facts != NULL ? facts->grad_fn_nr(t, &g_nr) : FACTS_ASK_PYTHON;
+    if (has == FACTS_ASK_PYTHON) {
+        PyObject *g = get_attr(t, self->t_grad_fn, self->t_grad_fn_closure, s_grad_fn);
+        if (g == NULL)
+            return -1;
+        has = g != Py_None;
+        if (has)
+            g_nr = call_ll(g, s_sequence_nr);
+        Py_DECREF(g);
+        if (has && g_nr == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return has && g_nr == nr - 1;
+}
+
+/* Whether `t` is a view of a parameter; -1 with an exception set. */
+static int parameter_view(Packer *self, PyObject *t) {
+    if (facts != NULL && facts->is_view(t) == 0)
+        return 0;
+    PyObject *base = get_attr(t, self->t_base, self->t_base_closure, s_base);
+    if (base == NULL)
+        return -1;
+    int param_view = 0;
+    if (base != Py_None && Py_TYPE(base) != (PyTypeObject *)self->tensor_type)
+        param_view = PyObject_IsInstance(base, self->param_type);
+    Py_DECREF(base);
+    return param_view;
+}
+
 /* The fast path; NULL with an exception set where the caller reports a fault. */
 static Holder *pack_fast(Packer *self, PyObject *t) {
-    PyObject *st = NULL, *key = NULL, *g = NULL;
+    StorageFacts sf = {NULL, NULL, -1, -1};
     Entry *live = NULL;
     Holder *h = NULL, *result = NULL;
     if (!state_ok(self))
@@ -548,29 +648,22 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
             return holder_of(t);
         return pack_subclass(self, t);
     }
-    st = call_noargs(t, self->t_untyped_storage, s_untyped_storage);
-    if (st == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
-            !PyErr_ExceptionMatches(PyExc_NotImplementedError) && !PyErr_ExceptionMatches(PyExc_TypeError))
-            return NULL;
-        PyErr_Clear(); /* no storage (sparse, nested): saved detached, counted as nothing */
+    int has_storage = storage_facts(self, t, &sf);
+    if (has_storage < 0)
+        return NULL;
+    if (!has_storage) /* no storage (sparse, nested): saved detached, counted as nothing */
         return holder_of_detached(self, t);
-    }
-    storage_methods(self, st);
-    key = get_attr(st, self->st_cdata, self->st_cdata_closure, s_cdata);
-    if (key == NULL)
-        goto done;
-    int known = live_entry(self, key, &live);
+    int known = live_entry(self, sf.key, &live);
     if (known < 0)
         goto done;
-    Py_XINCREF(live); /* Python code runs below (the node number, grad_fn): keep it */
+    Py_XINCREF(live); /* Python code may run below (the node number, grad_fn): keep it */
     if (!known) {
-        int excluded = PyDict_Contains(self->excluded, key);
+        int excluded = PyDict_Contains(self->excluded, sf.key);
         if (excluded < 0)
             goto done;
         if (excluded) {
             /* a parameter or buffer, or a view of one: resident anyway, made before the node */
-            long long n = as_ll(call_noargs(st, self->st_nbytes, s_nbytes));
+            long long n = storage_nbytes(self, &sf);
             if (n == -1 && PyErr_Occurred())
                 goto done;
             self->packed_bytes += n;
@@ -581,16 +674,9 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
     long long nr = next_node_nr(self);
     if (nr == -1 && PyErr_Occurred())
         goto done;
-    g = get_attr(t, self->t_grad_fn, self->t_grad_fn_closure, s_grad_fn);
-    if (g == NULL)
+    int own = own_output(self, t, nr);
+    if (own < 0)
         goto done;
-    int own = 0;
-    if (g != Py_None) {
-        long long g_nr = call_ll(g, s_sequence_nr);
-        if (g_nr == -1 && PyErr_Occurred())
-            goto done;
-        own = g_nr == nr - 1;
-    }
     /* an output saved by its own node is detached, as autograd detaches it (no cycle) */
     h = own ? holder_of_detached(self, t) : holder_of(t);
     if (h == NULL)
@@ -603,37 +689,29 @@ static Holder *pack_fast(Packer *self, PyObject *t) {
         h = NULL;
         goto done;
     }
-    long long n = as_ll(call_noargs(st, self->st_nbytes, s_nbytes));
+    long long n = storage_nbytes(self, &sf);
     if (n == -1 && PyErr_Occurred())
         goto done;
-    long long ptr = n ? as_ll(call_noargs(st, self->st_data_ptr, s_data_ptr)) : 0;
-    if (ptr == -1 && PyErr_Occurred())
+    int null = n ? storage_null(self, &sf) : 1;
+    if (null < 0)
         goto done;
-    if (ptr == 0) { /* empty, or on the meta device: no bytes */
+    if (null) { /* empty, or on the meta device: no bytes */
         result = h;
         h = NULL;
         goto done;
     }
     self->packed_bytes += n;
-    PyObject *base = get_attr(t, self->t_base, self->t_base_closure, s_base);
-    if (base == NULL)
-        goto done;
-    int param_view = 0;
-    if (base != Py_None && Py_TYPE(base) != (PyTypeObject *)self->tensor_type)
-        param_view = PyObject_IsInstance(base, self->param_type);
-    Py_DECREF(base);
+    int param_view = parameter_view(self, t);
     if (param_view < 0)
         goto done;
     /* a view of a parameter the model does not list (no model given) is not counted */
-    if (!param_view && new_entry(self, key, n, nr, h) < 0)
+    if (!param_view && new_entry(self, sf.key, n, nr, h) < 0)
         goto done;
     result = h;
     h = NULL;
 done:
-    Py_XDECREF(st);
-    Py_XDECREF(key);
+    storage_facts_clear(&sf);
     Py_XDECREF(live);
-    Py_XDECREF(g);
     Py_XDECREF(h);
     return result;
 }
@@ -698,6 +776,33 @@ fail:
     return NULL;
 }
 
+/* `use_facts(capsule)`: read plain tensors through `memprofiler._tensor_facts.API` from now on;
+ * `use_facts(None)`: through Python again. */
+static PyObject *use_facts(PyObject *module, PyObject *capsule) {
+    if (capsule == Py_None) {
+        facts = NULL;
+        Py_RETURN_NONE;
+    }
+    const TensorFacts *api = PyCapsule_GetPointer(capsule, TENSOR_FACTS_CAPSULE);
+    if (api == NULL)
+        return NULL;
+    if (api->version != TENSOR_FACTS_VERSION)
+        return PyErr_Format(PyExc_ValueError, "tensor facts version %d, expected %d", api->version,
+                            TENSOR_FACTS_VERSION);
+    facts = api;
+    Py_RETURN_NONE;
+}
+
+static PyObject *facts_in_use(PyObject *module, PyObject *unused) { return PyBool_FromLong(facts != NULL); }
+
+static PyMethodDef module_methods[] = {
+    {"use_facts", use_facts, METH_O,
+     "Read plain tensors through this tensor-facts capsule (None: through Python)."},
+    {"facts_in_use", facts_in_use, METH_NOARGS,
+     "Whether plain tensors are read through the tensor-facts capsule."},
+    {NULL},
+};
+
 static PyMethodDef Packer_methods[] = {
     {"pack", (PyCFunction)Packer_pack, METH_O, "The saved-tensor pack hook: a holder of `t`."},
     {"still_held", (PyCFunction)Packer_still_held, METH_NOARGS,
@@ -760,7 +865,7 @@ static struct PyModuleDef packer_module = {
     "memprofiler._packer",
     "The compiled saved-tensor pack hook (see memprofiler.collectors.saved_tensors).",
     -1,
-    NULL,
+    module_methods,
 };
 
 PyMODINIT_FUNC PyInit__packer(void) {

@@ -5,6 +5,12 @@ from typing import Any
 
 SOURCE_SHA256: str
 
+def use_facts(capsule: object | None, /) -> None:
+    """Read plain tensors through this tensor-facts capsule (None: through Python)."""
+
+def facts_in_use() -> bool:
+    """Whether plain tensors are read through the tensor-facts capsule."""
+
 class Holder:
     """What the autograd graph stores for one saved tensor."""
 

@@ -92,12 +92,14 @@ def test_user_pre_forward_hook_that_raises_is_switched_off(tmp_path):
         assert end["saved_tensors.unique_bytes"] == sum(SAVED_BY_MODULE.values())
 
 
-def test_pack_hook_fault_drops_saved_tensor_figures_only(tmp_path, monkeypatch):
+def test_pack_hook_fault_drops_saved_tensor_figures_only(tmp_path, monkeypatch, packer):
     # GIVEN the saved-tensor pack hook failing on its first activation with a history
     def boom() -> int:
         raise RuntimeError("injected pack fault")
 
     monkeypatch.setattr(saved_tensors, "_next_node_nr", boom)
+    if packer == "compiled":  # the node number is read in C++ there: the hook asks Python for it
+        pytest.skip("the fault is injected where the hook asks Python (the other builds)")
     # WHEN a Trainer runs with memory hooks too
     with pytest.warns(MemProfilerWarning) as record:
         _, stats = _fit(tmp_path, {"enable_memory_hooks": True})

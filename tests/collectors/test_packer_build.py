@@ -36,10 +36,23 @@ def test_the_compiled_pack_hook_is_built_from_the_source_beside_it():
         pytest.skip("memprofiler._packer is not built (no C compiler when installed)")
     # THEN it was built from this _packer.c: a build left from an earlier _packer.c would run (and
     # be timed) in place of the code being read and changed
-    assert saved_tensors.packer_build() == "compiled", (
-        "memprofiler._packer was built from another _packer.c than src/memprofiler/_packer.c: "
-        "rebuild it with `make install-dev` or `python setup.py build_ext --inplace`"
+    assert saved_tensors.packer_build() in ("compiled", "compiled, tensors through python"), (
+        "memprofiler._packer or _tensor_facts was built from other sources than those in "
+        "src/memprofiler: rebuild them with `make install-dev` or `python setup.py build_ext --inplace`"
     )
+
+
+def test_the_tensor_facts_are_built_where_a_cpp_compiler_is():
+    # GIVEN a C++ compiler here, and torch (importable while `make install` builds)
+    cxx = (sysconfig.get_config_var("CXX") or "").split()
+    if saved_tensors._CPacker is None or not cxx or shutil.which(cxx[0]) is None:
+        pytest.skip("no C++ compiler (or no compiled hook) here: the hook reads tensors through Python")
+    # THEN the compiled hook reads tensors in C++
+    assert saved_tensors.NO_TENSOR_FACTS == "", (
+        f"{saved_tensors.NO_TENSOR_FACTS}: rebuild with `make install-dev` (torch must be importable "
+        "while building: `pip install --no-build-isolation -e .`) and read the compiler's error"
+    )
+    assert saved_tensors.packer_build() == "compiled"
 
 
 def test_a_build_from_another_source_is_told_stale(monkeypatch: pytest.MonkeyPatch):

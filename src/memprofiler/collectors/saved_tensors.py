@@ -26,7 +26,9 @@ innermost ``nn.Module.__call__`` of a module of the profiled model, once per new
 Every module, of this model or any other, keeps ``nn.Module``'s hook-free fast path.
 
 The pack hook is ``memprofiler._packer.Packer`` where the install could compile it
-(setup.py), else its Python twin :class:`_PyPacker`, with the same figures. The Python one
+(setup.py), else its Python twin :class:`_PyPacker`, with the same figures. The compiled one
+reads each plain tensor's storage, node numbers and view flag from the C++ tensor where
+``memprofiler._tensor_facts`` was built against this torch, and through Python otherwise. The Python one
 learns of a holder's death through a weak reference with a callback; the C one counts live
 holders per storage in the holders themselves, pays no interpreter frame per saved tensor, and
 makes nothing per saved tensor that the cyclic garbage collector tracks.
@@ -289,9 +291,44 @@ except ImportError:  # pragma: no cover - built wherever a C compiler is found
     _CPacker = None
 
 
+def _use_tensor_facts() -> str:
+    """Hand the compiled hook the C++ tensor facts (``_tensor_facts``); why not, where it cannot."""
+    if _CPacker is None:
+        return "no compiled pack hook"
+    try:
+        from memprofiler._tensor_facts import API, TORCH_VERSION
+    except ImportError as err:  # not built (no torch while building), or for another torch
+        return f"memprofiler._tensor_facts does not load ({err})"
+    if torch.__version__ != TORCH_VERSION:
+        return f"memprofiler._tensor_facts was built for torch {TORCH_VERSION}"
+    sys.modules[_CPacker.__module__].use_facts(API)
+    return ""
+
+
+#: Why the compiled hook reads tensors through Python ("" where it reads them in C++).
+NO_TENSOR_FACTS = _use_tensor_facts()
+
+
+def _stale(module: str, *sources: str) -> bool:
+    """Whether the extension ``module`` (loaded) was built from other sources than those beside
+    the package (a source checkout; an installed package has none and is never stale)."""
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parents[1]
+    if not all((here / name).is_file() for name in sources):
+        return False
+    h = hashlib.sha256()
+    for name in sources:
+        h.update((here / name).read_bytes())
+    return getattr(sys.modules[module], "SOURCE_SHA256", "") != h.hexdigest()
+
+
 def packer_build() -> str:
-    """Which pack hook runs: ``compiled``; ``compiled, stale`` where the ``_packer.c`` beside the
-    package (a source checkout) is not the one it was built from; ``python`` where none was built.
+    """Which pack hook runs: ``compiled`` (reading each tensor from C++); ``compiled, tensors
+    through python`` where ``_tensor_facts`` was not built or not for this torch
+    (:data:`NO_TENSOR_FACTS` says why); ``compiled, stale`` where the sources beside the package
+    (a source checkout) are not the ones it was built from; ``python`` where none was built.
 
     A stale build still counts the same figures as its source did, but it is not the code being
     read or changed, and timing it says nothing about that code: rebuild it with ``make install``
@@ -299,14 +336,12 @@ def packer_build() -> str:
     """
     if _CPacker is None:
         return "python"
-    import hashlib
-    from pathlib import Path
-
-    source = Path(__file__).parents[1] / "_packer.c"
-    built_from = getattr(sys.modules[_CPacker.__module__], "SOURCE_SHA256", "")
-    if source.is_file() and built_from != hashlib.sha256(source.read_bytes()).hexdigest():
+    stale = _stale(_CPacker.__module__, "_packer.c", "_tensor_facts.h")
+    if not NO_TENSOR_FACTS:
+        stale = stale or _stale("memprofiler._tensor_facts", "_tensor_facts.cpp", "_tensor_facts.h")
+    if stale:
         return "compiled, stale"
-    return "compiled"
+    return "compiled" if not NO_TENSOR_FACTS else "compiled, tensors through python"
 
 
 class SavedTensorsCollector(BaseCollector):

@@ -16,6 +16,8 @@ Variants, one step each, interleaved in a fresh random order every round:
 * ``outside_window``: a memprofiler profiler attached whose schedule has finished;
 * ``inside_window``: memprofiler collecting every call (host RSS and its peak, saved tensors
   with per-module attribution; on CUDA also the allocator's statistics);
+* ``inside_window_py_tensors``: the same, with the compiled pack hook reading each tensor through
+  Python instead of from the C++ tensor (``memprofiler._tensor_facts``): what those reads save;
 * ``torch_profiler``: ``torch.profiler.profile(profile_memory=True)`` (CPU, and CUDA activity
   on a GPU) around the step;
 * ``memory_history`` (CUDA only): ``torch.cuda.memory._record_memory_history`` on around the step.
@@ -64,6 +66,7 @@ from _packer_builds import this_build
 from torch import nn
 
 from memprofiler import MemProfiler, MemProfilerCallback, memprofilable
+from memprofiler.collectors import saved_tensors
 
 
 class ResBlock(nn.Module):
@@ -111,10 +114,13 @@ VARIANTS = (
     "bare_hooks",
     "outside_window",
     "inside_window",
+    "inside_window_py_tensors",
     "torch_profiler",
     "memory_history",
 )
 CUDA_ONLY = ("memory_history",)
+#: The variant that needs the compiled hook's C++ tensor reads (``saved_tensors.NO_TENSOR_FACTS``).
+FACTS_ONLY = ("inside_window_py_tensors",)
 INSIDE = {
     "schedule": {"warmup": 0, "active": 1, "repeat": 0},
     "enable_saved_tensors_hooks": True,
@@ -136,6 +142,14 @@ SMOKE = {"depths": [2, 4], "base_width": 16, "batch": 4, "steps": 2, "warmup": 1
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def _use_facts(on: bool) -> None:
+    """The compiled pack hook reads tensors in C++ (on) or through Python (off)."""
+    packer = sys.modules[saved_tensors._CPacker.__module__]  # type: ignore[union-attr]
+    packer.use_facts(None)
+    if on:
+        saved_tensors._use_tensor_facts()
 
 
 def _bare_hooks() -> AbstractContextManager[Any]:
@@ -168,8 +182,10 @@ class Variants:
     def enter(self, name: str) -> float:
         t0 = time.perf_counter()
         MemProfiler.detach(self.target)
-        if name == "inside_window":
+        if name in ("inside_window", "inside_window_py_tensors"):
             assert self.inside is not None
+            if name == "inside_window_py_tensors":
+                _use_facts(False)
             self.inside.attach(self.target)
         elif name == "outside_window":
             self.outside.attach(self.target)
@@ -195,6 +211,8 @@ class Variants:
         if name == "memory_history":
             torch.cuda.memory._record_memory_history(enabled=None)
         MemProfiler.detach(self.target)
+        if name == "inside_window_py_tensors":
+            _use_facts(True)
         gc.collect()  # what this variant left is collected here, not in another variant's step
         gc.freeze()  # and the next full collection need not walk it again
         return time.perf_counter() - t0
@@ -283,7 +301,9 @@ def _summary(times: Times, rounds: list[dict[str, tuple[float, float]]], setup: 
                 if k != "baseline" and full
             },
             "ratio_to_bare_hooks": {
-                k: round(med[k] / med["bare_hooks"], 4) for k in ("inside_window",) if "bare_hooks" in med
+                k: round(med[k] / med["bare_hooks"], 4)
+                for k in ("inside_window", "inside_window_py_tensors")
+                if "bare_hooks" in med and k in med
             },
         }
     out["setup_teardown_ms"] = {
@@ -459,7 +479,12 @@ def one_repeat(args: argparse.Namespace, devices: list[torch.device], seed: int,
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     for device in devices:
-        names = [v for v in VARIANTS if device.type == "cuda" or v not in CUDA_ONLY]
+        names = [
+            v
+            for v in VARIANTS
+            if (device.type == "cuda" or v not in CUDA_ONLY)
+            and (not saved_tensors.NO_TENSOR_FACTS or v not in FACTS_ONLY)
+        ]
         for depth in args.depths:
             width = width_for(depth, args.base_width)
             torch.manual_seed(0)

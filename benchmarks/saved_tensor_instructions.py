@@ -9,6 +9,8 @@ valgrind's callgrind, one process for every variant, forward and backward ``--st
 * ``identity_hooks``: pack and unpack return the tensor;
 * ``holder_hooks``: a ``_Saved`` holder per tensor, unpacked in C (what the collector stores);
 * ``collector``: ``SavedTensorsCollector`` with per-module attribution, as a collected call runs it;
+* ``collector_py_tensors``: the same, with the compiled hook reading each tensor through Python
+  instead of from the C++ tensor (where ``memprofiler._tensor_facts`` is built);
 * ``collector_previous`` (with ``--previous FILE``): another build of the compiled pack hook;
 * ``window`` and ``window_without_saved_tensors`` (``--variants``): the forward in a
   ``@memprofilable`` call of a ``MemProfiler`` collecting every call, with and without saved
@@ -34,7 +36,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-VARIANTS = ("baseline", "identity_hooks", "holder_hooks", "collector", "collector_previous")
+VARIANTS = (
+    "baseline",
+    "identity_hooks",
+    "holder_hooks",
+    "collector",
+    "collector_py_tensors",
+    "collector_previous",
+)
 WINDOWS = ("window", "window_without_saved_tensors")
 
 
@@ -46,6 +55,7 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
     from overhead import INSIDE, ResMLP
 
     from memprofiler import MemProfiler, memprofilable
+    from memprofiler.collectors import saved_tensors
     from memprofiler.collectors.saved_tensors import SavedTensorsCollector, _Saved, _unpack
 
     torch.set_num_threads(1)
@@ -53,7 +63,11 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
     model = ResMLP(width, depth)
     x = torch.randn(batch, width)
     ctx: Any = SimpleNamespace(module=model, closes_window=False, fn_name="training_step", scratch={})
-    colls: dict[str, Any] = {"collector": SavedTensorsCollector()}
+    colls: dict[str, Any] = {
+        "collector": SavedTensorsCollector(),
+        "collector_py_tensors": SavedTensorsCollector(),
+    }
+    packer = sys.modules[type(SavedTensorsCollector()._p).__module__]
     if previous:
         PreviousCollector.packer = previous_packer(Path(previous))
         colls["collector_previous"] = PreviousCollector()
@@ -84,11 +98,15 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
             profs[name].attach(call)
             loss = call.training_step(x)
         elif name in colls:
+            if name == "collector_py_tensors":
+                packer.use_facts(None)
             colls[name].start(ctx)
             try:
                 loss = model(x).pow(2).mean()
             finally:
                 colls[name].end(ctx, True)
+                if name == "collector_py_tensors":
+                    saved_tensors._use_tensor_facts()
         elif name == "baseline":
             loss = model(x).pow(2).mean()
         else:
@@ -104,6 +122,13 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
         for _ in range(steps):
             step(name)
         os.getppid()
+
+
+def _tensors_in_cpp() -> bool:
+    """Whether the compiled hook reads tensors in C++ here (else ``collector_py_tensors`` is left out)."""
+    from memprofiler.collectors import saved_tensors
+
+    return not saved_tensors.NO_TENSOR_FACTS
 
 
 def _totals(files: list[Path]) -> list[int]:
@@ -142,7 +167,11 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("saved_tensor_instructions.py: valgrind is not installed (apt-get install valgrind)")
     chosen = [
-        v for v in args.variants or VARIANTS if v != "baseline" and (v != "collector_previous" or previous)
+        v
+        for v in args.variants or VARIANTS
+        if v != "baseline"
+        and (v != "collector_previous" or previous)
+        and (v != "collector_py_tensors" or _tensors_in_cpp())
     ]
     variants = ["baseline", *chosen]
     work = Path(tempfile.mkdtemp(prefix="memprofiler-callgrind-"))

@@ -33,5 +33,3 @@ print(' '.join(['-I' + p for p in include_paths()] + ['-L' + p for p in library_
         >>"$OUT/build.log" 2>&1 || echo "tensor facts not built: the hook reads tensors through Python" >&2
 fi
 export PYTHONPATH=$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
-python3 -c "import torch; from memprofiler.collectors import saved_tensors as s; print('pack hook:', s.packer_build(), s.NO_TENSOR_FACTS)" \
-    2>&1 | tee -a "$OUT/build.log" >&2

@@ -11,7 +11,7 @@
 # on CPU at their smallest sizes (the fake allocator, --smoke), to check the script anywhere.
 # The machine needs torch and lightning; wheels of what it lacks go in .whl/ (see gpu_suite.sh).
 source "$(dirname "$0")/gpu_env.sh"
-python3 -c "from memprofiler.collectors.saved_tensors import packer_build as b; print('pack hook:', b())"
+python3 -c "from memprofiler.collectors import saved_tensors as s; print('pack hook:', s.packer_build(), s.NO_TENSOR_FACTS)"
 if [ "${DRY:-0}" = 1 ]; then
     cost=(--dry-run --rounds 1 --steps 2 --calls 5)
     overhead=(--smoke --devices cpu)

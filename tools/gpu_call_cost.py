@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from memprofiler import MemProfiler
+from memprofiler.collectors import saved_tensors
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
 from memprofiler.collectors.host import HostCollector
 from memprofiler.errors import MemProfilerWarning
@@ -457,6 +458,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "profiler variant (interleaved, A/A pair); training-thread CPU and wall microseconds, device "
             "milliseconds from CUDA events",
             "dry_run": dry,
+            "packer": saved_tensors.packer_build(),
             "device": "cpu (dry run: tiny sizes, the fake allocator)"
             if dry
             else torch.cuda.get_device_name(),

@@ -36,16 +36,18 @@ def facts_extension() -> list[Extension]:
     try:
         import torch
         from torch.utils.cpp_extension import include_paths, library_paths
-    except ImportError:  # an isolated build: the compiled hook reads tensors through Python
+
+        abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+        includes, library_dirs = include_paths(), library_paths()
+    except Exception:  # an isolated build (no torch), or a torch without its headers
         return []
-    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     return [
         Extension(
             "memprofiler._tensor_facts",
             [FACTS],
             depends=[FACTS_HEADER],
-            include_dirs=include_paths(),
-            library_dirs=library_paths(),
+            include_dirs=includes,
+            library_dirs=library_dirs,
             libraries=["c10", "torch", "torch_cpu", "torch_python"],
             language="c++",
             extra_compile_args=["-std=c++20", "-fvisibility=hidden"],

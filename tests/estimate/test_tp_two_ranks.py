@@ -120,8 +120,17 @@ def _worker(out: str, plan: str) -> None:  # pragma: no cover - runs in the subp
     dist.destroy_process_group()
 
 
-def _real_peak(tmp_path: Path, plan: str) -> int:
-    return int(rank_results(HERE, f"_worker({str(tmp_path)!r}, {plan!r})", tmp_path)[0]["peak"])
+def _real_peak(tmp_path: Path, plan: str, runs: int = 3) -> int:
+    """Rank 0's live tensor bytes at the real run's peak: the lowest of ``runs`` runs.
+
+    A gloo collective's buffers are let go by its worker thread, and now and then that thread
+    lets go only after the next op has ended: that run then counts one buffer more at its peak
+    (+8-16 KiB here, in about one run in six). Such a late release only ever adds, so the lowest of
+    a few runs is the peak of the program as written, which is what the estimate replays."""
+    return min(
+        int(rank_results(HERE, f"_worker({str(out)!r}, {plan!r})", out)[0]["peak"])
+        for out in (tmp_path / f"run{i}" for i in range(runs))
+    )
 
 
 def _estimate(plan: str, device: str = "cpu"):

@@ -144,14 +144,6 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _use_facts(on: bool) -> None:
-    """The compiled pack hook reads tensors in C++ (on) or through Python (off)."""
-    packer = sys.modules[saved_tensors._CPacker.__module__]  # type: ignore[union-attr]
-    packer.use_facts(None)
-    if on:
-        saved_tensors._use_tensor_facts()
-
-
 def _bare_hooks() -> AbstractContextManager[Any]:
     """Hooks that only return the tensor. (A Python holder per save is no floor: thousands of
     objects the cyclic garbage collector tracks, living through the step, cost it more than
@@ -185,7 +177,7 @@ class Variants:
         if name in ("inside_window", "inside_window_py_tensors"):
             assert self.inside is not None
             if name == "inside_window_py_tensors":
-                _use_facts(False)
+                saved_tensors.read_tensors_in_cpp(False)
             self.inside.attach(self.target)
         elif name == "outside_window":
             self.outside.attach(self.target)
@@ -212,7 +204,7 @@ class Variants:
             torch.cuda.memory._record_memory_history(enabled=None)
         MemProfiler.detach(self.target)
         if name == "inside_window_py_tensors":
-            _use_facts(True)
+            saved_tensors.read_tensors_in_cpp(True)
         gc.collect()  # what this variant left is collected here, not in another variant's step
         gc.freeze()  # and the next full collection need not walk it again
         return time.perf_counter() - t0

@@ -67,7 +67,6 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
         "collector": SavedTensorsCollector(),
         "collector_py_tensors": SavedTensorsCollector(),
     }
-    packer = sys.modules[type(SavedTensorsCollector()._p).__module__]
     if previous:
         PreviousCollector.packer = previous_packer(Path(previous))
         colls["collector_previous"] = PreviousCollector()
@@ -99,14 +98,14 @@ def child(variants: list[str], depth: int, width: int, batch: int, steps: int, p
             loss = call.training_step(x)
         elif name in colls:
             if name == "collector_py_tensors":
-                packer.use_facts(None)
+                saved_tensors.read_tensors_in_cpp(False)
             colls[name].start(ctx)
             try:
                 loss = model(x).pow(2).mean()
             finally:
                 colls[name].end(ctx, True)
                 if name == "collector_py_tensors":
-                    saved_tensors._use_tensor_facts()
+                    saved_tensors.read_tensors_in_cpp(True)
         elif name == "baseline":
             loss = model(x).pow(2).mean()
         else:

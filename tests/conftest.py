@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +119,8 @@ def packer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     elif request.param == "compiled" and saved_tensors.NO_TENSOR_FACTS:
         pytest.skip(saved_tensors.NO_TENSOR_FACTS)
     elif request.param != "compiled":
-        sys.modules[saved_tensors._CPacker.__module__].use_facts(None)
-        request.addfinalizer(saved_tensors._use_tensor_facts)
+        saved_tensors.read_tensors_in_cpp(False)
+        request.addfinalizer(lambda: saved_tensors.read_tensors_in_cpp(True))
     return str(request.param)
 
 

@@ -31,7 +31,7 @@ def facts() -> Any:
     if saved_tensors.NO_TENSOR_FACTS:
         pytest.skip(saved_tensors.NO_TENSOR_FACTS)
     yield module
-    saved_tensors._use_tensor_facts()
+    saved_tensors.read_tensors_in_cpp(True)
 
 
 class _Odd(nn.Module):
@@ -53,10 +53,7 @@ class _Odd(nn.Module):
 
 
 def _figures(model: nn.Module, x: torch.Tensor, use_facts: bool, module: Any | None) -> list[object]:
-    packer = sys.modules[saved_tensors._CPacker.__module__]  # type: ignore[union-attr]
-    packer.use_facts(None)
-    if use_facts:
-        saved_tensors._use_tensor_facts()
+    saved_tensors.read_tensors_in_cpp(use_facts)
     ctx = SimpleNamespace(module=module, closes_window=False, fn_name="step", scratch={})
     coll = SavedTensorsCollector()
     out: list[object] = []
@@ -115,7 +112,7 @@ def test_a_build_for_another_torch_is_not_used(monkeypatch: pytest.MonkeyPatch):
         pytest.skip("memprofiler._tensor_facts is not built here")
     monkeypatch.setattr(_tensor_facts, "TORCH_VERSION", "1.0.0")
     try:
-        module.use_facts(None)
+        saved_tensors.read_tensors_in_cpp(False)
         # WHEN the collector hands them to the hook
         why = saved_tensors._use_tensor_facts()
         monkeypatch.setattr(saved_tensors, "NO_TENSOR_FACTS", why)
@@ -125,7 +122,7 @@ def test_a_build_for_another_torch_is_not_used(monkeypatch: pytest.MonkeyPatch):
         assert saved_tensors.packer_build() == "compiled, tensors through python"
     finally:
         monkeypatch.undo()
-        saved_tensors._use_tensor_facts()
+        saved_tensors.read_tensors_in_cpp(True)
     assert module.facts_in_use()
 
 

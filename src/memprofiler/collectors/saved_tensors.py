@@ -309,6 +309,16 @@ def _use_tensor_facts() -> str:
 NO_TENSOR_FACTS = _use_tensor_facts()
 
 
+def read_tensors_in_cpp(on: bool) -> None:
+    """Switch the compiled hook's C++ tensor reads on (where they load) or off (through Python),
+    for every packer: to compare the two routes (tests, benchmarks)."""
+    if _CPacker is None:
+        return
+    sys.modules[_CPacker.__module__].use_facts(None)
+    if on:
+        _use_tensor_facts()
+
+
 def _stale(module: str, *sources: str) -> bool:
     """Whether the extension ``module`` (loaded) was built from other sources than those beside
     the package (a source checkout; an installed package has none and is never stale)."""

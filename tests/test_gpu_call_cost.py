@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,9 @@ def test_the_dry_run_times_each_part_and_every_variant_on_both_models(tmp_path):
             assert row["thread_cpu_us"] > 0 and row["wall_us"] > 0
             assert row["device_step_ms"] is None and row["device_idle_gap_ms"] is None
         assert set(model["shares"]) == set(tool.SHARES)
+        # AND each variant but torch's profiler took a step under the sync watch, which tells
+        # nothing on CPU
+        assert model["host_device_syncs"] == {v: None for v in tool.VARIANTS if v != "torch_profiler"}
         # AND the goal's ratios (the whole window, with memory hooks off, torch.profiler beside,
         # the A/A pair) are the quotients of the variants' median steps, by CPU time without CUDA
         ratios = model["ratios"]
@@ -96,3 +100,30 @@ def test_the_gpu_round_script_runs_both_checks_dry_and_writes_their_records(tmp_
     (overhead,) = [n for n in names if n.startswith("overhead_") and n.endswith(".json")]
     assert json.loads((tmp_path / cost).read_text())["result"]["dry_run"] is True
     assert json.loads((tmp_path / overhead).read_text())["result"]["smoke"] is True
+
+
+def test_the_sync_watch_counts_each_wait_and_names_the_frame_in_memprofiler_that_made_it(recwarn):
+    tool = _tool()
+    # GIVEN a function in memprofiler's package (by its code's file name) that warns as torch's
+    # sync debug mode warns of an operation that waits for the device, and one outside it
+    inside = tool.PACKAGE / "collectors" / "cuda_stats.py"
+    code = compile(f"def waits():\n    warnings.warn({tool.SYNC_WARNING!r})\n", str(inside), "exec")
+    scope = {"warnings": warnings}
+    exec(code, scope)
+
+    def elsewhere():
+        warnings.warn(tool.SYNC_WARNING, stacklevel=1)
+
+    # WHEN both are called twice under the watch, beside an unrelated warning
+    with tool.SyncWatch(gpu=False) as watch:
+        for _ in range(2):
+            scope["waits"]()
+            elsewhere()
+        warnings.warn("something else", UserWarning, stacklevel=1)
+    # THEN every wait is counted, once each call, and the one made in memprofiler is named by
+    # its file, line and function; the unrelated warning passes through untouched
+    assert watch.count == 4
+    assert watch.ours == {"collectors/cuda_stats.py:2 waits"}
+    assert [str(w.message) for w in recwarn] == ["something else"]
+    # AND on CPU the record says nothing was measured rather than "no wait"
+    assert watch.result() is None

@@ -24,7 +24,12 @@ trace's rows, flushed every ``flush_every`` calls. This probe times
   the profiler's own set-up). Per step: the training thread's CPU
   time, the wall time and, on a GPU, the device time between consecutive steps' starts and
   the device's idle gap between a step's last queued work and the next step's first (CUDA
-  events: a gap is the host falling behind the device).
+  events: a gap is the host falling behind the device);
+- **the host-device waits** (``host_device_syncs``): one more step of each variant but
+  ``torch_profiler`` under torch's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``), which tells every
+  operation that makes the host wait for the device: how many there were, and where in
+  memprofiler's own code any of them was made (none is the goal: a wait in a collected call
+  would cost the host its lead over the device, whatever its CPU time).
 
 Models: ``gpt2`` (GPT-2 124M in bf16-mixed: float32 weights, the forward under bf16 autocast, as
 Lightning's ``precision="bf16-mixed"``; ``--precision bf16`` for bf16 weights; written in plain
@@ -52,16 +57,18 @@ import random
 import statistics
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from torch import nn
 
+import memprofiler
 from memprofiler import MemProfiler
 from memprofiler.collectors import saved_tensors
 from memprofiler.collectors.cuda_backend import CudaBackend, default_backend
@@ -277,6 +284,59 @@ class _Clock:
         return step, gap
 
 
+#: What torch's sync debug mode warns of an operation that makes the host wait for the device.
+SYNC_WARNING = "called a synchronizing CUDA operation"
+#: memprofiler's own code: a wait made from a frame in here is the profiler's.
+PACKAGE = Path(memprofiler.__file__).resolve().parent
+
+
+class SyncWatch:
+    """The host-device waits while it is on, told by torch's sync debug mode on a GPU (on CPU
+    nothing turns it on, and only warnings raised otherwise are seen): their count and, for each
+    made from memprofiler's code, its innermost frame there (``collectors/x.py:12 f``)."""
+
+    def __init__(self, gpu: bool) -> None:
+        self.gpu = gpu
+        self.count = 0
+        self.ours: set[str] = set()
+        self._caught = warnings.catch_warnings()
+
+    def __enter__(self) -> SyncWatch:
+        self._caught.__enter__()
+        warnings.simplefilter("always")
+        show = warnings.showwarning
+
+        def seen(
+            message: Warning | str, category: type[Warning], filename: str, lineno: int,
+            file: TextIO | None = None, line: str | None = None,
+        ) -> None:  # fmt: skip
+            if SYNC_WARNING not in str(message):
+                show(message, category, filename, lineno, file, line)
+                return
+            self.count += 1
+            for fr in reversed(traceback.extract_stack()[:-1]):
+                where = Path(fr.filename).resolve()
+                if where.is_relative_to(PACKAGE):
+                    self.ours.add(f"{where.relative_to(PACKAGE)}:{fr.lineno} {fr.name}")
+                    break
+
+        warnings.showwarning = seen
+        if self.gpu:
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.gpu:
+                torch.cuda.set_sync_debug_mode("default")
+        finally:
+            self._caught.__exit__(*exc)
+
+    def result(self) -> dict[str, Any] | None:
+        """What was seen; None on CPU, where torch tells no wait."""
+        return {"count": self.count, "from_memprofiler": sorted(self.ours)} if self.gpu else None
+
+
 def _torch_profiler(gpu: bool) -> AbstractContextManager[Any]:
     """torch's profiler with memory profiling, as a user would turn it on around training steps."""
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -388,6 +448,14 @@ def steps(
                 got[v].append(
                     _steps(model, loss_of, opt, profs[v], VARIANTS[v][2], n, gpu, v == "torch_profiler")
                 )
+        # one step each under the sync debug mode (one: the steps' clock waits for the device
+        # after two or more), apart from the timed ones, as the mode's checks cost time
+        syncs: dict[str, dict[str, Any] | None] = {}
+        for v in VARIANTS:
+            if v != "torch_profiler":
+                with SyncWatch(gpu) as watch:
+                    _steps(model, loss_of, opt, profs[v], VARIANTS[v][2], 1, gpu)
+                syncs[v] = watch.result()
     finally:
         with warnings.catch_warnings():  # `outside` never calls the collected function: said at teardown
             warnings.simplefilter("ignore", MemProfilerWarning)
@@ -418,6 +486,7 @@ def steps(
         "per_step": per,
         "shares": shares,
         "ratios": ratios,
+        "host_device_syncs": syncs,
     }
 
 
@@ -470,7 +539,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 m: steps(m, sizes, device, cuda, rounds, n, Path(tmp), args.precision) for m in models
             },
             "goal": "window_memory_hooks_off <= 1.01 and window_whole <= 1.03 on gpt2 (H200, bf16-mixed), "
-            "torch_profiler beside them, A/A near 1",
+            "torch_profiler beside them, A/A near 1; no host-device wait made from memprofiler's code",
         }
     result["machine_load"] = (
         f"1-minute load average {load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"

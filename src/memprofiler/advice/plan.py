@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from torch import nn
 from memprofiler.advice import checkpointing
 from memprofiler.advice.optimizers import OptimizerSpec
 from memprofiler.estimate import EstimatePlan, MemoryEstimate, estimate_plan
+from memprofiler.estimate.engine import meta_copy
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -82,16 +82,6 @@ class Plan:
 
     def with_change(self, label: str, **changes: Any) -> Plan:
         return dataclasses.replace(self, labels=(*self.labels, label), **changes)
-
-
-def meta_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose parameters and buffers are on the meta device (costs no memory)."""
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
-    return copy.deepcopy(model, memo)
 
 
 def build_model(plan: Plan) -> nn.Module:

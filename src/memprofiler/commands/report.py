@@ -148,18 +148,21 @@ def _views(
     return views
 
 
+def _trace_label(views: ProfilerViews, n: int, rank: int | None, device: str) -> str:
+    """``rank R · trace N · device``: the rank where known, the trace where there are several."""
+    return (
+        ("" if rank is None else f"rank {rank} · ")
+        + (f"trace {n + 1} · " if len(views.traces) > 1 else "")
+        + device
+    )
+
+
 def _timelines(views: ProfilerViews | None) -> list[tuple[str, CategoryTimeline]]:
     """Each memory-categories timeline of the traces, labelled by its trace, rank and device."""
     if views is None:
         return []
-    several = len(views.traces) > 1
     return [
-        (
-            ("" if tv.rank is None else f"rank {tv.rank} · ")
-            + (f"trace {n + 1} · " if several else "")
-            + tl.device,
-            tl,
-        )
+        (_trace_label(views, n, tv.rank, tl.device), tl)
         for n, tv in enumerate(views.traces)
         for tl in tv.categories
     ]
@@ -169,14 +172,8 @@ def _allocator_peaks(views: ProfilerViews | None) -> list[tuple[str, int]]:
     """Each trace device's allocator-curve peak, labelled as :func:`_timelines` labels them."""
     if views is None:
         return []
-    several = len(views.traces) > 1
     return [
-        (
-            ("" if tv.rank is None else f"rank {tv.rank} · ")
-            + (f"trace {n + 1} · " if several else "")
-            + dv.memory.device,
-            dv.memory.peak_allocated,
-        )
+        (_trace_label(views, n, tv.rank, dv.memory.device), dv.memory.peak_allocated)
         for n, tv in enumerate(views.traces)
         for dv in tv.devices
     ]

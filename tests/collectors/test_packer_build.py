@@ -167,3 +167,17 @@ def test_the_compiled_walk_names_the_modules_the_python_walk_names():
         "inner": act,
         "(outside forward)": 3 * 4 * F32,
     }
+
+
+def test_the_build_says_what_the_hook_reads_with_now():
+    # GIVEN the compiled hook reading tensors in C++
+    if saved_tensors._CPacker is None or saved_tensors.NO_TENSOR_FACTS:
+        pytest.skip("the compiled hook does not read tensors in C++ here")
+    try:
+        # WHEN its C++ reads are switched off (as the benchmarks' Python-read variants do)
+        saved_tensors.read_tensors_in_cpp(False)
+        # THEN the build it reports is the one that runs
+        assert saved_tensors.packer_build() == "compiled, tensors through python"
+    finally:
+        saved_tensors.read_tensors_in_cpp(True)
+    assert saved_tensors.packer_build() == "compiled"

@@ -337,8 +337,9 @@ def _stale(module: str, *sources: str) -> bool:
 def packer_build() -> str:
     """Which pack hook runs: ``compiled`` (reading each tensor from C++); ``compiled, tensors
     through python`` where ``_tensor_facts`` was not built or not for this torch
-    (:data:`NO_TENSOR_FACTS` says why); ``compiled, stale`` where the sources beside the package
-    (a source checkout) are not the ones it was built from; ``python`` where none was built.
+    (:data:`NO_TENSOR_FACTS` says why), or its reads are off (:func:`read_tensors_in_cpp`);
+    ``compiled, stale`` where the sources beside the package (a source checkout) are not the ones
+    it was built from; ``python`` where none was built.
 
     A stale build still counts the same figures as its source did, but it is not the code being
     read or changed, and timing it says nothing about that code: rebuild it with ``make install``
@@ -346,12 +347,13 @@ def packer_build() -> str:
     """
     if _CPacker is None:
         return "python"
+    in_cpp = sys.modules[_CPacker.__module__].facts_in_use()  # as the hook reads now
     stale = _stale(_CPacker.__module__, "_packer.c", "_tensor_facts.h")
-    if not NO_TENSOR_FACTS:
+    if in_cpp:
         stale = stale or _stale("memprofiler._tensor_facts", "_tensor_facts.cpp", "_tensor_facts.h")
     if stale:
         return "compiled, stale"
-    return "compiled" if not NO_TENSOR_FACTS else "compiled, tensors through python"
+    return "compiled" if in_cpp else "compiled, tensors through python"
 
 
 class SavedTensorsCollector(BaseCollector):

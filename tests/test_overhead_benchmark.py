@@ -76,8 +76,11 @@ def test_overhead_smoke_times_every_variant_in_a_loop_and_a_trainer(tmp_path):
                 assert set(figures["paired_ratio"]) == CPU_VARIANTS - {"baseline"}
                 med = figures["median_step_ms"]
                 for inside in INSIDE_VARIANTS:
-                    expected = round(med[inside] / med["bare_hooks"], 4)
-                    assert abs(figures["ratio_to_bare_hooks"][inside] - expected) < 2e-3
+                    # the ratio is taken before the medians are rounded to 0.001 ms, so the two
+                    # agree within what that rounding moves a quotient of short smoke steps
+                    expected = med[inside] / med["bare_hooks"]
+                    slack = 0.0005 * (1 + expected) / (med["bare_hooks"] - 0.0005) + 1e-4
+                    assert abs(figures["ratio_to_bare_hooks"][inside] - expected) <= slack
             # the profiler's start and stop are timed apart from its steps
             assert timed["setup_teardown_ms"]["torch_profiler"] > 0
             # the collector's work inside each variant's steps is given, by generation

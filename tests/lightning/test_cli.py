@@ -352,3 +352,20 @@ def test_a_profiler_option_that_is_not_a_bool_is_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match="`profile_memory`: got 'yes'; expected true or false"):
         ExtendedPyTorchProfiler(profile_memory="yes")  # type: ignore[arg-type]
+
+
+def test_the_parsers_use_no_deprecated_jsonargparse_call(monkeypatch, capsys):
+    # GIVEN jsonargparse's deprecated way to add a dataclass group made to fail (it warns in a
+    # user's every run from jsonargparse 4.35, and goes in 5.0)
+    import jsonargparse
+
+    def deprecated(*args, **kwargs):
+        raise AssertionError("add_dataclass_arguments called")
+
+    monkeypatch.setattr(jsonargparse.ArgumentParser, "add_dataclass_arguments", deprecated)
+    # WHEN every subcommand's parser is built (the group, `estimate` and `advise` among them)
+    with pytest.raises(SystemExit) as exited:
+        MemProfilerCLI(DemoGPT, trainer_defaults={"accelerator": "cpu"}, args=["fit", "--help"])
+    # THEN help is printed, with the group's keys
+    assert exited.value.code == 0
+    assert "--memprofiler.schedule.warmup" in capsys.readouterr().out

@@ -60,7 +60,7 @@ class MemProfilerCLI(EstimateSubcommand, LightningCLI):
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         super().add_arguments_to_parser(parser)
-        parser.add_dataclass_arguments(MemProfilerConfig, GROUP)
+        parser.add_class_arguments(MemProfilerConfig, GROUP)
 
     @override
     def before_instantiate_classes(self) -> None:

@@ -99,7 +99,7 @@ class EstimateSubcommand:
                 options, _, help_ = self.META_SUBCOMMANDS[name]
                 sp = cli.init_parser(**{"description": help_, **kwargs.get(name, {})})
                 compat.add_arguments(cli, sp)
-                sp.add_dataclass_arguments(options, name)
+                sp.add_class_arguments(options, name)
                 compat.register_subcommand(cli, name, sp, method_arguments={})
             else:
                 help_ = compat.short_description(getattr(trainer_class, name)) or name
